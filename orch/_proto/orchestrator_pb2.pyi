@@ -1,0 +1,269 @@
+from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class RunState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    RUN_STATE_UNSPECIFIED: _ClassVar[RunState]
+    PENDING: _ClassVar[RunState]
+    RUNNING: _ClassVar[RunState]
+    SUCCEEDED: _ClassVar[RunState]
+    FAILED: _ClassVar[RunState]
+    STOPPED: _ClassVar[RunState]
+
+class RankState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    RANK_STATE_UNSPECIFIED: _ClassVar[RankState]
+    RANK_REGISTERED: _ClassVar[RankState]
+    RANK_RUNNING: _ClassVar[RankState]
+    RANK_SUCCEEDED: _ClassVar[RankState]
+    RANK_FAILED: _ClassVar[RankState]
+    RANK_STOPPED: _ClassVar[RankState]
+    RANK_LOST: _ClassVar[RankState]
+
+class Command(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    COMMAND_UNSPECIFIED: _ClassVar[Command]
+    CONTINUE: _ClassVar[Command]
+    STOP: _ClassVar[Command]
+    ABORT: _ClassVar[Command]
+RUN_STATE_UNSPECIFIED: RunState
+PENDING: RunState
+RUNNING: RunState
+SUCCEEDED: RunState
+FAILED: RunState
+STOPPED: RunState
+RANK_STATE_UNSPECIFIED: RankState
+RANK_REGISTERED: RankState
+RANK_RUNNING: RankState
+RANK_SUCCEEDED: RankState
+RANK_FAILED: RankState
+RANK_STOPPED: RankState
+RANK_LOST: RankState
+COMMAND_UNSPECIFIED: Command
+CONTINUE: Command
+STOP: Command
+ABORT: Command
+
+class RegisterRequest(_message.Message):
+    __slots__ = ("worker_id", "host", "pid", "address", "rendezvous_port", "local_rank", "backend", "run_id")
+    WORKER_ID_FIELD_NUMBER: _ClassVar[int]
+    HOST_FIELD_NUMBER: _ClassVar[int]
+    PID_FIELD_NUMBER: _ClassVar[int]
+    ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    RENDEZVOUS_PORT_FIELD_NUMBER: _ClassVar[int]
+    LOCAL_RANK_FIELD_NUMBER: _ClassVar[int]
+    BACKEND_FIELD_NUMBER: _ClassVar[int]
+    RUN_ID_FIELD_NUMBER: _ClassVar[int]
+    worker_id: str
+    host: str
+    pid: int
+    address: str
+    rendezvous_port: int
+    local_rank: int
+    backend: str
+    run_id: str
+    def __init__(self, worker_id: _Optional[str] = ..., host: _Optional[str] = ..., pid: _Optional[int] = ..., address: _Optional[str] = ..., rendezvous_port: _Optional[int] = ..., local_rank: _Optional[int] = ..., backend: _Optional[str] = ..., run_id: _Optional[str] = ...) -> None: ...
+
+class RegisterResponse(_message.Message):
+    __slots__ = ("rank", "world_size", "run_id", "fn", "config_json", "total_steps")
+    RANK_FIELD_NUMBER: _ClassVar[int]
+    WORLD_SIZE_FIELD_NUMBER: _ClassVar[int]
+    RUN_ID_FIELD_NUMBER: _ClassVar[int]
+    FN_FIELD_NUMBER: _ClassVar[int]
+    CONFIG_JSON_FIELD_NUMBER: _ClassVar[int]
+    TOTAL_STEPS_FIELD_NUMBER: _ClassVar[int]
+    rank: int
+    world_size: int
+    run_id: str
+    fn: str
+    config_json: str
+    total_steps: int
+    def __init__(self, rank: _Optional[int] = ..., world_size: _Optional[int] = ..., run_id: _Optional[str] = ..., fn: _Optional[str] = ..., config_json: _Optional[str] = ..., total_steps: _Optional[int] = ...) -> None: ...
+
+class CanStartTrainingRequest(_message.Message):
+    __slots__ = ("run_id", "worker_id")
+    RUN_ID_FIELD_NUMBER: _ClassVar[int]
+    WORKER_ID_FIELD_NUMBER: _ClassVar[int]
+    run_id: str
+    worker_id: str
+    def __init__(self, run_id: _Optional[str] = ..., worker_id: _Optional[str] = ...) -> None: ...
+
+class CanStartTrainingResponse(_message.Message):
+    __slots__ = ("ready", "registered", "world_size", "master_addr", "master_port", "backend")
+    READY_FIELD_NUMBER: _ClassVar[int]
+    REGISTERED_FIELD_NUMBER: _ClassVar[int]
+    WORLD_SIZE_FIELD_NUMBER: _ClassVar[int]
+    MASTER_ADDR_FIELD_NUMBER: _ClassVar[int]
+    MASTER_PORT_FIELD_NUMBER: _ClassVar[int]
+    BACKEND_FIELD_NUMBER: _ClassVar[int]
+    ready: bool
+    registered: int
+    world_size: int
+    master_addr: str
+    master_port: int
+    backend: str
+    def __init__(self, ready: _Optional[bool] = ..., registered: _Optional[int] = ..., world_size: _Optional[int] = ..., master_addr: _Optional[str] = ..., master_port: _Optional[int] = ..., backend: _Optional[str] = ...) -> None: ...
+
+class Series(_message.Message):
+    __slots__ = ("rank", "name", "steps", "values", "times")
+    RANK_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    STEPS_FIELD_NUMBER: _ClassVar[int]
+    VALUES_FIELD_NUMBER: _ClassVar[int]
+    TIMES_FIELD_NUMBER: _ClassVar[int]
+    rank: int
+    name: str
+    steps: _containers.RepeatedScalarFieldContainer[int]
+    values: _containers.RepeatedScalarFieldContainer[float]
+    times: _containers.RepeatedScalarFieldContainer[float]
+    def __init__(self, rank: _Optional[int] = ..., name: _Optional[str] = ..., steps: _Optional[_Iterable[int]] = ..., values: _Optional[_Iterable[float]] = ..., times: _Optional[_Iterable[float]] = ...) -> None: ...
+
+class HeartbeatRequest(_message.Message):
+    __slots__ = ("run_id", "worker_id", "step", "total_steps", "series", "dropped_points")
+    RUN_ID_FIELD_NUMBER: _ClassVar[int]
+    WORKER_ID_FIELD_NUMBER: _ClassVar[int]
+    STEP_FIELD_NUMBER: _ClassVar[int]
+    TOTAL_STEPS_FIELD_NUMBER: _ClassVar[int]
+    SERIES_FIELD_NUMBER: _ClassVar[int]
+    DROPPED_POINTS_FIELD_NUMBER: _ClassVar[int]
+    run_id: str
+    worker_id: str
+    step: int
+    total_steps: int
+    series: _containers.RepeatedCompositeFieldContainer[Series]
+    dropped_points: int
+    def __init__(self, run_id: _Optional[str] = ..., worker_id: _Optional[str] = ..., step: _Optional[int] = ..., total_steps: _Optional[int] = ..., series: _Optional[_Iterable[_Union[Series, _Mapping]]] = ..., dropped_points: _Optional[int] = ...) -> None: ...
+
+class HeartbeatResponse(_message.Message):
+    __slots__ = ("command",)
+    COMMAND_FIELD_NUMBER: _ClassVar[int]
+    command: Command
+    def __init__(self, command: _Optional[_Union[Command, str]] = ...) -> None: ...
+
+class CompletionRequest(_message.Message):
+    __slots__ = ("run_id", "worker_id", "outcome", "error", "param_checksum", "step")
+    RUN_ID_FIELD_NUMBER: _ClassVar[int]
+    WORKER_ID_FIELD_NUMBER: _ClassVar[int]
+    OUTCOME_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    PARAM_CHECKSUM_FIELD_NUMBER: _ClassVar[int]
+    STEP_FIELD_NUMBER: _ClassVar[int]
+    run_id: str
+    worker_id: str
+    outcome: RankState
+    error: str
+    param_checksum: str
+    step: int
+    def __init__(self, run_id: _Optional[str] = ..., worker_id: _Optional[str] = ..., outcome: _Optional[_Union[RankState, str]] = ..., error: _Optional[str] = ..., param_checksum: _Optional[str] = ..., step: _Optional[int] = ...) -> None: ...
+
+class CompletionResponse(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class GetStateRequest(_message.Message):
+    __slots__ = ("cursor",)
+    CURSOR_FIELD_NUMBER: _ClassVar[int]
+    cursor: bytes
+    def __init__(self, cursor: _Optional[bytes] = ...) -> None: ...
+
+class RankInfo(_message.Message):
+    __slots__ = ("rank", "worker_id", "host", "pid", "state", "step", "total_steps", "steps_per_sec", "heartbeat_age", "loss", "param_checksum", "error", "exit_code", "dropped_points")
+    RANK_FIELD_NUMBER: _ClassVar[int]
+    WORKER_ID_FIELD_NUMBER: _ClassVar[int]
+    HOST_FIELD_NUMBER: _ClassVar[int]
+    PID_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    STEP_FIELD_NUMBER: _ClassVar[int]
+    TOTAL_STEPS_FIELD_NUMBER: _ClassVar[int]
+    STEPS_PER_SEC_FIELD_NUMBER: _ClassVar[int]
+    HEARTBEAT_AGE_FIELD_NUMBER: _ClassVar[int]
+    LOSS_FIELD_NUMBER: _ClassVar[int]
+    PARAM_CHECKSUM_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    EXIT_CODE_FIELD_NUMBER: _ClassVar[int]
+    DROPPED_POINTS_FIELD_NUMBER: _ClassVar[int]
+    rank: int
+    worker_id: str
+    host: str
+    pid: int
+    state: RankState
+    step: int
+    total_steps: int
+    steps_per_sec: float
+    heartbeat_age: float
+    loss: float
+    param_checksum: str
+    error: str
+    exit_code: int
+    dropped_points: int
+    def __init__(self, rank: _Optional[int] = ..., worker_id: _Optional[str] = ..., host: _Optional[str] = ..., pid: _Optional[int] = ..., state: _Optional[_Union[RankState, str]] = ..., step: _Optional[int] = ..., total_steps: _Optional[int] = ..., steps_per_sec: _Optional[float] = ..., heartbeat_age: _Optional[float] = ..., loss: _Optional[float] = ..., param_checksum: _Optional[str] = ..., error: _Optional[str] = ..., exit_code: _Optional[int] = ..., dropped_points: _Optional[int] = ...) -> None: ...
+
+class Event(_message.Message):
+    __slots__ = ("time", "kind", "rank", "message")
+    TIME_FIELD_NUMBER: _ClassVar[int]
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    RANK_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    time: float
+    kind: str
+    rank: int
+    message: str
+    def __init__(self, time: _Optional[float] = ..., kind: _Optional[str] = ..., rank: _Optional[int] = ..., message: _Optional[str] = ...) -> None: ...
+
+class GetStateResponse(_message.Message):
+    __slots__ = ("run_id", "state", "world_size", "registered", "total_steps", "elapsed", "ranks", "series", "events", "failure", "cursor", "full")
+    RUN_ID_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    WORLD_SIZE_FIELD_NUMBER: _ClassVar[int]
+    REGISTERED_FIELD_NUMBER: _ClassVar[int]
+    TOTAL_STEPS_FIELD_NUMBER: _ClassVar[int]
+    ELAPSED_FIELD_NUMBER: _ClassVar[int]
+    RANKS_FIELD_NUMBER: _ClassVar[int]
+    SERIES_FIELD_NUMBER: _ClassVar[int]
+    EVENTS_FIELD_NUMBER: _ClassVar[int]
+    FAILURE_FIELD_NUMBER: _ClassVar[int]
+    CURSOR_FIELD_NUMBER: _ClassVar[int]
+    FULL_FIELD_NUMBER: _ClassVar[int]
+    run_id: str
+    state: RunState
+    world_size: int
+    registered: int
+    total_steps: int
+    elapsed: float
+    ranks: _containers.RepeatedCompositeFieldContainer[RankInfo]
+    series: _containers.RepeatedCompositeFieldContainer[Series]
+    events: _containers.RepeatedCompositeFieldContainer[Event]
+    failure: str
+    cursor: bytes
+    full: bool
+    def __init__(self, run_id: _Optional[str] = ..., state: _Optional[_Union[RunState, str]] = ..., world_size: _Optional[int] = ..., registered: _Optional[int] = ..., total_steps: _Optional[int] = ..., elapsed: _Optional[float] = ..., ranks: _Optional[_Iterable[_Union[RankInfo, _Mapping]]] = ..., series: _Optional[_Iterable[_Union[Series, _Mapping]]] = ..., events: _Optional[_Iterable[_Union[Event, _Mapping]]] = ..., failure: _Optional[str] = ..., cursor: _Optional[bytes] = ..., full: _Optional[bool] = ...) -> None: ...
+
+class StopRunRequest(_message.Message):
+    __slots__ = ("reason",)
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    reason: str
+    def __init__(self, reason: _Optional[str] = ...) -> None: ...
+
+class StopRunResponse(_message.Message):
+    __slots__ = ("state",)
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    state: RunState
+    def __init__(self, state: _Optional[_Union[RunState, str]] = ...) -> None: ...
+
+class StateCursor(_message.Message):
+    __slots__ = ("run_id", "offsets", "keys", "events")
+    RUN_ID_FIELD_NUMBER: _ClassVar[int]
+    OFFSETS_FIELD_NUMBER: _ClassVar[int]
+    KEYS_FIELD_NUMBER: _ClassVar[int]
+    EVENTS_FIELD_NUMBER: _ClassVar[int]
+    run_id: str
+    offsets: _containers.RepeatedScalarFieldContainer[int]
+    keys: _containers.RepeatedScalarFieldContainer[str]
+    events: int
+    def __init__(self, run_id: _Optional[str] = ..., offsets: _Optional[_Iterable[int]] = ..., keys: _Optional[_Iterable[str]] = ..., events: _Optional[int] = ...) -> None: ...

@@ -1,0 +1,137 @@
+"""The worker's heartbeat thread: batches logged points into heartbeats, obeys commands.
+
+``log()`` runs in the training thread and only appends to a bounded deque (no lock, no
+I/O), so it never waits on the network. The thread wakes every ``interval`` seconds,
+drains the deque into one columnar ``HeartbeatRequest`` and keeps points it could not
+send for the next try. When the master has not answered for ``master_timeout`` seconds
+the worker is ended: an orphaned rank must not train on alone.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+
+import grpc
+
+from ._proto import orchestrator_pb2 as pb
+from ._proto import orchestrator_pb2_grpc as pb_grpc
+
+log = logging.getLogger(__name__)
+
+Point = tuple[int, float, dict[str, float]]
+
+
+class HeartbeatSender:
+    def __init__(
+        self,
+        stub: pb_grpc.OrchestratorStub,
+        *,
+        run_id: str,
+        worker_id: str,
+        interval: float = 0.25,
+        master_timeout: float = 10.0,
+        max_queue: int = 1_000_000,
+        max_batch: int = 100_000,
+        on_stop: Callable[[], None],
+        on_abort: Callable[[str], None],
+    ) -> None:
+        self._stub = stub
+        self.run_id = run_id
+        self.worker_id = worker_id
+        self.interval = interval
+        self.master_timeout = master_timeout
+        self.max_queue = max_queue
+        self.max_batch = max_batch
+        self._on_stop = on_stop
+        self._on_abort = on_abort
+        self._queue: deque[Point] = deque()
+        self._unsent: list[Point] = []
+        self.step = 0
+        self.total_steps = 0
+        self.dropped = 0
+        self._closing = threading.Event()
+        self._last_ok = time.monotonic()
+        self._thread = threading.Thread(target=self._loop, name="orch-heartbeat", daemon=True)
+
+    def start(self) -> HeartbeatSender:
+        self._last_ok = time.monotonic()
+        self._thread.start()
+        return self
+
+    def log(self, step: int, values: dict[str, float]) -> None:
+        """Queue one point; called from the training thread, never blocks."""
+        if len(self._queue) >= self.max_queue:
+            self.dropped += 1
+            return
+        self._queue.append((step, time.time(), values))
+
+    def close(self, timeout: float = 5.0) -> bool:
+        """Send what is queued and stop the thread; True when everything went out."""
+        self._closing.set()
+        self._thread.join(timeout)
+        return not self._queue and not self._unsent
+
+    def _loop(self) -> None:
+        while not self._closing.wait(self.interval):
+            self._beat()
+        deadline = time.monotonic() + self.interval * 4 + 2.0
+        while (self._queue or self._unsent) and time.monotonic() < deadline:
+            if not self._beat():
+                time.sleep(0.05)
+
+    def _drain(self) -> list[Point]:
+        points, self._unsent = self._unsent, []
+        q = self._queue
+        while q and len(points) < self.max_batch:
+            points.append(q.popleft())
+        return points
+
+    def _request(self, points: list[Point]) -> pb.HeartbeatRequest:
+        columns: dict[str, tuple[list[int], list[float], list[float]]] = {}
+        for step, t, values in points:
+            for name, value in values.items():
+                col = columns.get(name)
+                if col is None:
+                    col = columns[name] = ([], [], [])
+                col[0].append(step)
+                col[1].append(value)
+                col[2].append(t)
+        return pb.HeartbeatRequest(
+            run_id=self.run_id,
+            worker_id=self.worker_id,
+            step=self.step,
+            total_steps=self.total_steps,
+            dropped_points=self.dropped,
+            series=[
+                pb.Series(name=name, steps=c[0], values=c[1], times=c[2]) for name, c in columns.items()
+            ],
+        )
+
+    def _beat(self) -> bool:
+        points = self._drain()
+        try:
+            reply = self._stub.SendHeartbeat(self._request(points), timeout=max(1.0, self.interval * 4))
+        except grpc.RpcError as e:
+            self._unsent = points + self._unsent
+            silent = time.monotonic() - self._last_ok
+            code = e.code()
+            if code in (grpc.StatusCode.FAILED_PRECONDITION, grpc.StatusCode.NOT_FOUND):
+                self._on_abort(f"the master refused this worker's heartbeat: {e.details()}")
+            elif silent > self.master_timeout:
+                self._on_abort(
+                    f"the master has not answered for {silent:.1f}s ({code.name}): "
+                    "it is gone, so this worker ends instead of training on alone"
+                )
+            else:
+                log.debug("heartbeat failed (%s), retrying", code.name)
+            return False
+        self._last_ok = time.monotonic()
+        if reply.command == pb.STOP:
+            self._on_stop()
+        elif reply.command == pb.ABORT:
+            self._on_abort("the master aborted the run (another rank failed)")
+        return True

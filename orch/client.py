@@ -1,0 +1,170 @@
+"""Reading a master from outside: a small client and a mirror of the run's state.
+
+:class:`MasterClient` wraps the stub with deadlines and clear errors;
+:class:`StateMirror` folds the incremental ``GetState`` replies into full per-rank
+series, so each poll only moves the new points over the wire. The terminal dashboard,
+the notebook panel and ``orch status`` all read a run through these two.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from ._proto import orchestrator_pb2 as pb
+from ._proto import orchestrator_pb2_grpc as pb_grpc
+from .coordinator import RANK_STATE_FROM_PB, RankState, RunState
+from .errors import MasterUnavailable
+from .master import SERVICE_NAME
+
+
+class MasterClient:
+    """A connection to an orch master at ``"host:port"``."""
+
+    def __init__(self, address: str, *, timeout: float = 5.0) -> None:
+        self.address = address
+        self.timeout = timeout
+        self._channel = grpc.insecure_channel(address)
+        self.stub = pb_grpc.OrchestratorStub(self._channel)
+
+    def wait_ready(self, timeout: float = 10.0) -> None:
+        """Block until the master's health service answers SERVING."""
+        health_stub = health_pb2_grpc.HealthStub(self._channel)
+        try:
+            reply = health_stub.Check(
+                health_pb2.HealthCheckRequest(service=SERVICE_NAME), timeout=timeout, wait_for_ready=True
+            )
+        except grpc.RpcError as e:
+            raise MasterUnavailable(
+                f"no orch master answered at {self.address} within {timeout:g}s "
+                f"({e.code().name}): check the address and that `orch master` is running"
+            ) from e
+        if reply.status != health_pb2.HealthCheckResponse.SERVING:
+            raise MasterUnavailable(f"the master at {self.address} is not serving")
+
+    def get_state(self, cursor: bytes = b"") -> pb.GetStateResponse:
+        try:
+            reply: pb.GetStateResponse = self.stub.GetState(
+                pb.GetStateRequest(cursor=cursor), timeout=self.timeout
+            )
+        except grpc.RpcError as e:
+            raise MasterUnavailable(f"GetState from {self.address} failed: {e.code().name}: {e.details()}") from e
+        return reply
+
+    def stop_run(self, reason: str = "") -> RunState:
+        try:
+            reply = self.stub.StopRun(pb.StopRunRequest(reason=reason), timeout=self.timeout)
+        except grpc.RpcError as e:
+            raise MasterUnavailable(f"StopRun to {self.address} failed: {e.code().name}: {e.details()}") from e
+        return RunState(pb.RunState.Name(reply.state))
+
+    def close(self) -> None:
+        self._channel.close()
+
+    def __enter__(self) -> MasterClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+@dataclass
+class RankView:
+    rank: int
+    worker_id: str
+    host: str
+    pid: int
+    state: RankState
+    step: int
+    total_steps: int
+    steps_per_sec: float
+    heartbeat_age: float
+    loss: float
+    param_checksum: str
+    error: str
+    exit_code: int
+
+    @classmethod
+    def from_pb(cls, r: pb.RankInfo) -> RankView:
+        return cls(
+            rank=r.rank, worker_id=r.worker_id, host=r.host, pid=r.pid,
+            state=RANK_STATE_FROM_PB.get(r.state, RankState.REGISTERED), step=r.step,
+            total_steps=r.total_steps, steps_per_sec=r.steps_per_sec,
+            heartbeat_age=r.heartbeat_age, loss=r.loss, param_checksum=r.param_checksum,
+            error=r.error, exit_code=r.exit_code,
+        )
+
+    def as_dict(self) -> dict[str, Any]:
+        d = dict(self.__dict__)
+        d["state"] = self.state.value
+        if isinstance(d["loss"], float) and not math.isfinite(d["loss"]):
+            d["loss"] = str(d["loss"])
+        return d
+
+
+@dataclass
+class StateMirror:
+    """The full state of a run, rebuilt from incremental ``GetState`` replies."""
+
+    run_id: str = ""
+    state: RunState = RunState.PENDING
+    world_size: int = 0
+    registered: int = 0
+    total_steps: int = 0
+    elapsed: float = 0.0
+    failure: str = ""
+    ranks: list[RankView] = field(default_factory=list)
+    series: dict[tuple[int, str], tuple[list[int], list[float]]] = field(default_factory=dict)
+    events: list[tuple[float, str, int, str]] = field(default_factory=list)
+    cursor: bytes = b""
+    last_points: int = 0  # points the last reply carried
+
+    def apply(self, reply: pb.GetStateResponse) -> None:
+        if reply.full:
+            self.series.clear()
+            self.events.clear()
+        self.run_id = reply.run_id
+        self.state = RunState(pb.RunState.Name(reply.state))
+        self.world_size = reply.world_size
+        self.registered = reply.registered
+        self.total_steps = reply.total_steps
+        self.elapsed = reply.elapsed
+        self.failure = reply.failure
+        self.ranks = [RankView.from_pb(r) for r in reply.ranks]
+        self.last_points = 0
+        for s in reply.series:
+            steps, values = self.series.setdefault((s.rank, s.name), ([], []))
+            steps.extend(s.steps)
+            values.extend(s.values)
+            self.last_points += len(s.steps)
+        self.events.extend((e.time, e.kind, e.rank, e.message) for e in reply.events)
+        self.cursor = reply.cursor
+
+    def poll(self, client: MasterClient) -> StateMirror:
+        self.apply(client.get_state(self.cursor))
+        return self
+
+    def metric_names(self) -> list[str]:
+        return sorted({name for _, name in self.series})
+
+    def progress(self) -> tuple[int, int]:
+        """(slowest rank's step, total steps) — total is 0 when unknown."""
+        done = min((r.step for r in self.ranks), default=0)
+        return done, self.total_steps
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "run_id": self.run_id,
+            "state": self.state.value,
+            "world_size": self.world_size,
+            "registered": self.registered,
+            "total_steps": self.total_steps,
+            "elapsed": round(self.elapsed, 3),
+            "failure": self.failure,
+            "ranks": [r.as_dict() for r in self.ranks],
+            "points": {f"{rank}/{name}": len(s[0]) for (rank, name), s in sorted(self.series.items())},
+        }

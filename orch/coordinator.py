@@ -1,0 +1,507 @@
+"""The master's logic, free of gRPC: registry, ranks, start barrier, series, run state.
+
+The gRPC servicer in :mod:`orch.master` is a thin layer over :class:`Coordinator`; the
+launcher calls it directly too (a child's exit code). Everything here runs under one lock
+and reads time from injected clocks, so it is unit-tested without sockets or sleeps.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import threading
+import time
+import uuid
+from collections import deque
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Literal
+
+from ._proto import orchestrator_pb2 as pb
+
+log = logging.getLogger(__name__)
+
+MAX_ID_LEN = 256
+MAX_ERROR_LEN = 64 * 1024
+BACKENDS = ("", "gloo", "nccl")
+
+
+class RunState(str, Enum):
+    """State of a run.
+
+    PENDING -> RUNNING (every rank registered: the barrier opens)
+    RUNNING -> SUCCEEDED (every rank finished) | FAILED (a rank failed or was lost)
+            | STOPPED (stop requested, every rank ended)
+    PENDING -> FAILED | STOPPED (a launch that failed or was stopped before it started)
+    SUCCEEDED, FAILED and STOPPED are final.
+    """
+
+    PENDING = "PENDING"
+    RUNNING = "RUNNING"
+    SUCCEEDED = "SUCCEEDED"
+    FAILED = "FAILED"
+    STOPPED = "STOPPED"
+
+    @property
+    def done(self) -> bool:
+        return self in (RunState.SUCCEEDED, RunState.FAILED, RunState.STOPPED)
+
+
+class RankState(str, Enum):
+    """State of one rank: REGISTERED -> RUNNING -> SUCCEEDED | FAILED | STOPPED | LOST."""
+
+    REGISTERED = "REGISTERED"
+    RUNNING = "RUNNING"
+    SUCCEEDED = "SUCCEEDED"
+    FAILED = "FAILED"
+    STOPPED = "STOPPED"
+    LOST = "LOST"
+
+    @property
+    def done(self) -> bool:
+        return self in (RankState.SUCCEEDED, RankState.FAILED, RankState.STOPPED, RankState.LOST)
+
+
+RUN_STATE_PB = {s: getattr(pb, s) for s in RunState.__members__}
+RANK_STATE_PB = {s: getattr(pb, "RANK_" + s) for s in RankState.__members__}
+RANK_STATE_FROM_PB = {v: RankState(k) for k, v in RANK_STATE_PB.items()}
+
+RejectKind = Literal["invalid_argument", "failed_precondition", "not_found", "resource_exhausted"]
+
+
+class Reject(Exception):
+    """A request the master refuses; ``kind`` maps to a gRPC status code."""
+
+    def __init__(self, kind: RejectKind, message: str) -> None:
+        self.kind = kind
+        super().__init__(message)
+
+
+@dataclass
+class _Series:
+    steps: list[int] = field(default_factory=list)
+    values: list[float] = field(default_factory=list)
+    times: list[float] = field(default_factory=list)
+
+
+@dataclass
+class RankRecord:
+    rank: int
+    worker_id: str
+    host: str
+    pid: int
+    address: str
+    rendezvous_port: int
+    backend: str
+    state: RankState = RankState.REGISTERED
+    step: int = 0
+    total_steps: int = 0
+    last_heartbeat: float | None = None
+    loss: float = math.nan
+    param_checksum: str = ""
+    error: str = ""
+    exit_code: int = 0
+    dropped_points: int = 0
+    ended_at: float | None = None
+    progress: deque[tuple[float, int]] = field(default_factory=lambda: deque(maxlen=16))
+
+    def steps_per_sec(self) -> float:
+        if len(self.progress) < 2:
+            return 0.0
+        (t0, s0), (t1, s1) = self.progress[0], self.progress[-1]
+        return (s1 - s0) / (t1 - t0) if t1 > t0 else 0.0
+
+
+@dataclass(frozen=True)
+class Registration:
+    rank: int
+    world_size: int
+    run_id: str
+    fn: str
+    config_json: str
+    total_steps: int
+
+
+def _check_id(name: str, value: str, *, required: bool = True) -> None:
+    if required and not value:
+        raise Reject("invalid_argument", f"{name} is empty: pass a non-empty {name}")
+    if len(value) > MAX_ID_LEN:
+        raise Reject("invalid_argument", f"{name} is {len(value)} characters; the limit is {MAX_ID_LEN}")
+
+
+class Coordinator:
+    """Registry, barrier, metric series and state of one run."""
+
+    def __init__(
+        self,
+        world_size: int,
+        *,
+        run_id: str | None = None,
+        fn: str = "orch.example:train",
+        config_json: str = "{}",
+        total_steps: int = 0,
+        rendezvous_port: int = 0,
+        backend: str = "",
+        heartbeat_timeout: float = 30.0,
+        clock: Callable[[], float] = time.monotonic,
+        wall: Callable[[], float] = time.time,
+    ) -> None:
+        if world_size < 1:
+            raise ValueError(f"world_size must be at least 1, got {world_size}")
+        self.world_size = world_size
+        self.run_id = run_id or uuid.uuid4().hex[:12]
+        self.fn = fn
+        self.config_json = config_json
+        self.total_steps = total_steps
+        self.rendezvous_port = rendezvous_port
+        self.backend = backend
+        self.heartbeat_timeout = heartbeat_timeout
+        self._clock = clock
+        self._wall = wall
+        self._lock = threading.Lock()
+        self._changed = threading.Condition(self._lock)
+        self.state = RunState.PENDING
+        self.ranks: list[RankRecord] = []
+        self._by_worker: dict[str, RankRecord] = {}
+        self._series: dict[tuple[int, str], _Series] = {}
+        self.events: list[pb.Event] = []
+        self.failure = ""
+        self.root_cause: RankRecord | None = None
+        self.stop_requested = False
+        self.started_at: float | None = None
+        self.ended_at: float | None = None
+
+    # -- worker RPCs -------------------------------------------------------------------
+    def register(self, req: pb.RegisterRequest) -> Registration:
+        _check_id("worker_id", req.worker_id)
+        _check_id("host", req.host, required=False)
+        _check_id("address", req.address, required=False)
+        if req.pid < 0:
+            raise Reject("invalid_argument", f"pid must be >= 0, got {req.pid}")
+        if not 0 <= req.rendezvous_port < 65536:
+            raise Reject("invalid_argument", f"rendezvous_port {req.rendezvous_port} is not a port")
+        if req.backend not in BACKENDS:
+            raise Reject("invalid_argument", f"backend {req.backend!r} is not one of gloo, nccl")
+        with self._lock:
+            if req.run_id and req.run_id != self.run_id:
+                raise Reject(
+                    "failed_precondition",
+                    f"this master runs run {self.run_id}, not {req.run_id}: "
+                    "the worker belongs to another run",
+                )
+            rec = self._by_worker.get(req.worker_id)
+            if rec is None:
+                if self.state.done:
+                    raise Reject("failed_precondition", f"run {self.run_id} is already {self.state.value}")
+                if len(self.ranks) >= self.world_size:
+                    raise Reject(
+                        "resource_exhausted",
+                        f"run {self.run_id} already has all {self.world_size} ranks registered",
+                    )
+                rec = RankRecord(
+                    rank=len(self.ranks),
+                    worker_id=req.worker_id,
+                    host=req.host,
+                    pid=req.pid,
+                    address=req.address or req.host,
+                    rendezvous_port=req.rendezvous_port,
+                    backend=req.backend,
+                )
+                self.ranks.append(rec)
+                self._by_worker[req.worker_id] = rec
+                self._event("registered", rec.rank, f"{req.worker_id} on {req.host} pid {req.pid}")
+                if len(self.ranks) == self.world_size:
+                    self.state = RunState.RUNNING
+                    self.started_at = self._clock()
+                    self._event("started", -1, f"all {self.world_size} ranks registered")
+            return Registration(
+                rec.rank, self.world_size, self.run_id, self.fn, self.config_json, self.total_steps
+            )
+
+    def can_start(self, req: pb.CanStartTrainingRequest) -> pb.CanStartTrainingResponse:
+        with self._lock:
+            rec = self._known(req.run_id, req.worker_id)
+            ready = self.state is RunState.RUNNING and len(self.ranks) == self.world_size
+            reply = pb.CanStartTrainingResponse(
+                ready=ready, registered=len(self.ranks), world_size=self.world_size
+            )
+            if ready:
+                rank0 = self.ranks[0]
+                reply.master_addr = rank0.address
+                reply.master_port = self.rendezvous_port or rank0.rendezvous_port
+                reply.backend = self.backend or (
+                    "nccl" if all(r.backend == "nccl" for r in self.ranks) else "gloo"
+                )
+                if rec.state is RankState.REGISTERED:
+                    rec.state = RankState.RUNNING
+                    rec.last_heartbeat = self._clock()
+            return reply
+
+    def heartbeat(self, req: pb.HeartbeatRequest) -> int:
+        """Record progress and points; return the command for the worker (a pb.Command)."""
+        if req.step < 0 or req.total_steps < 0 or req.dropped_points < 0:
+            raise Reject("invalid_argument", "step, total_steps and dropped_points must be >= 0")
+        for s in req.series:
+            if not s.name or len(s.name) > MAX_ID_LEN:
+                raise Reject("invalid_argument", "every series needs a name of 1-256 characters")
+            if len(s.steps) != len(s.values) or (s.times and len(s.times) != len(s.steps)):
+                raise Reject(
+                    "invalid_argument",
+                    f"series {s.name!r}: steps, values and times must have the same length",
+                )
+        with self._lock:
+            rec = self._known(req.run_id, req.worker_id)
+            now = self._clock()
+            if rec.state is RankState.REGISTERED:
+                raise Reject(
+                    "failed_precondition",
+                    f"worker {req.worker_id} sent a heartbeat before the start barrier opened: "
+                    "poll CanStartTraining until ready first",
+                )
+            rec.last_heartbeat = now
+            if rec.state.done:
+                return self._command_for(rec)
+            rec.step = max(rec.step, req.step)
+            if req.total_steps:
+                rec.total_steps = req.total_steps
+            rec.dropped_points = req.dropped_points
+            rec.progress.append((now, rec.step))
+            wall = self._wall()
+            for s in req.series:
+                series = self._series.setdefault((rec.rank, s.name), _Series())
+                series.steps.extend(s.steps)
+                series.values.extend(s.values)
+                series.times.extend(s.times if s.times else [wall] * len(s.steps))
+                if s.name == "loss" and s.values:
+                    rec.loss = s.values[-1]
+            self._changed.notify_all()
+            return self._command_for(rec)
+
+    def complete(self, req: pb.CompletionRequest) -> None:
+        outcome = RANK_STATE_FROM_PB.get(req.outcome)
+        if outcome not in (RankState.SUCCEEDED, RankState.FAILED, RankState.STOPPED):
+            raise Reject("invalid_argument", "outcome must be RANK_SUCCEEDED, RANK_FAILED or RANK_STOPPED")
+        if len(req.param_checksum) > MAX_ID_LEN:
+            raise Reject("invalid_argument", "param_checksum is too long")
+        with self._lock:
+            rec = self._known(req.run_id, req.worker_id)
+            if rec.state.done:
+                return  # a retried report, or a rank already declared failed: keep the first
+            rec.step = max(rec.step, req.step)
+            rec.param_checksum = req.param_checksum
+            self._end_rank(rec, outcome, error=req.error[:MAX_ERROR_LEN])
+
+    # -- launcher and tools --------------------------------------------------------------
+    def rank_exited(self, worker_id: str, exit_code: int) -> None:
+        """The launcher saw a worker process exit with ``exit_code`` (negative: signal)."""
+        with self._lock:
+            rec = self._by_worker.get(worker_id)
+            if rec is None:
+                if exit_code != 0 and not self.state.done:
+                    self._fail_run(None, f"worker {worker_id} exited with {_describe_exit(exit_code)} "
+                                   "before it registered")
+                return
+            rec.exit_code = exit_code
+            if rec.state.done:
+                return
+            what = _describe_exit(exit_code)
+            if exit_code == 0:
+                what += " without reporting completion"
+            self._end_rank(rec, RankState.FAILED, error=f"process exited with {what}")
+
+    def request_stop(self, reason: str = "") -> RunState:
+        with self._lock:
+            if self.state.done:
+                return self.state
+            self._event("stop_requested", -1, reason or "stop requested")
+            if self.state is RunState.PENDING:
+                self._finish(RunState.STOPPED)
+            else:
+                self.stop_requested = True
+            return self.state
+
+    def fail(self, message: str) -> None:
+        """Fail the run from outside (the launcher gave up on it)."""
+        with self._lock:
+            if not self.state.done:
+                self._fail_run(None, message)
+
+    def expire(self) -> None:
+        """Mark ranks whose heartbeats stopped as LOST (and so the run FAILED)."""
+        with self._lock:
+            now = self._clock()
+            for rec in self.ranks:
+                if (
+                    rec.state is RankState.RUNNING
+                    and rec.last_heartbeat is not None
+                    and now - rec.last_heartbeat > self.heartbeat_timeout
+                ):
+                    self._end_rank(
+                        rec,
+                        RankState.LOST,
+                        error=f"no heartbeat for {now - rec.last_heartbeat:.1f}s "
+                        f"(timeout {self.heartbeat_timeout:g}s)",
+                    )
+
+    def wait_changed(self, timeout: float) -> None:
+        with self._changed:
+            self._changed.wait(timeout)
+
+    def series(self, rank: int, name: str) -> tuple[list[int], list[float]]:
+        with self._lock:
+            s = self._series.get((rank, name), _Series())
+            return list(s.steps), list(s.values)
+
+    def snapshot(self, cursor: bytes = b"") -> pb.GetStateResponse:
+        """The run's state, with only the points and events after ``cursor``."""
+        prev = pb.StateCursor()
+        if cursor:
+            try:
+                prev.ParseFromString(cursor)
+            except Exception as e:  # protobuf raises DecodeError; any parse failure is bad input
+                raise Reject("invalid_argument", "cursor is not one this master returned") from e
+            if len(prev.keys) != len(prev.offsets):
+                raise Reject("invalid_argument", "cursor is not one this master returned")
+        self.expire()
+        with self._lock:
+            full = not cursor or prev.run_id != self.run_id
+            sent = {} if full else dict(zip(prev.keys, prev.offsets, strict=True))
+            now = self._clock()
+            reply = pb.GetStateResponse(
+                run_id=self.run_id,
+                state=RUN_STATE_PB[self.state.value],
+                world_size=self.world_size,
+                registered=len(self.ranks),
+                total_steps=self.total_steps or max((r.total_steps for r in self.ranks), default=0),
+                elapsed=self._elapsed(now),
+                failure=self.failure,
+                full=full,
+            )
+            for rec in self.ranks:
+                reply.ranks.append(self._rank_info(rec, now))
+            nxt = pb.StateCursor(run_id=self.run_id)
+            for (rank, name), s in sorted(self._series.items()):
+                key = f"{rank}/{name}"
+                start = sent.get(key, 0)
+                end = len(s.steps)
+                if end > start:
+                    reply.series.append(
+                        pb.Series(
+                            rank=rank,
+                            name=name,
+                            steps=s.steps[start:end],
+                            values=s.values[start:end],
+                            times=s.times[start:end],
+                        )
+                    )
+                nxt.keys.append(key)
+                nxt.offsets.append(end)
+            first_event = 0 if full else max(0, prev.events)
+            reply.events.extend(self.events[first_event:])
+            nxt.events = len(self.events)
+            reply.cursor = nxt.SerializeToString()
+            return reply
+
+    # -- internals (lock held) -------------------------------------------------------------
+    def _known(self, run_id: str, worker_id: str) -> RankRecord:
+        _check_id("worker_id", worker_id)
+        if not run_id:
+            raise Reject(
+                "failed_precondition",
+                "the request carries no run_id: call Register first and use the run_id it returns",
+            )
+        if run_id != self.run_id:
+            raise Reject(
+                "failed_precondition",
+                f"this master runs run {self.run_id}, not {run_id}: the worker belongs to another run",
+            )
+        rec = self._by_worker.get(worker_id)
+        if rec is None:
+            raise Reject("not_found", f"no worker {worker_id!r} is registered in run {self.run_id}")
+        return rec
+
+    def _command_for(self, rec: RankRecord) -> int:
+        if self.state is RunState.FAILED:
+            return int(pb.ABORT)
+        if self.stop_requested or self.state is RunState.STOPPED:
+            return int(pb.STOP)
+        return int(pb.CONTINUE)
+
+    def _end_rank(self, rec: RankRecord, outcome: RankState, *, error: str = "") -> None:
+        rec.state = outcome
+        rec.ended_at = self._clock()
+        if error:
+            rec.error = error
+        if outcome in (RankState.FAILED, RankState.LOST):
+            self._event("rank_failed", rec.rank, error or outcome.value)
+            if not self.state.done:
+                self._fail_run(rec, f"rank {rec.rank} ({rec.worker_id} on {rec.host}, pid {rec.pid}) "
+                               f"{'was lost' if outcome is RankState.LOST else 'failed'}: "
+                               f"{_last_line(error)}")
+            return
+        self._event("rank_" + outcome.value.lower(), rec.rank, f"at step {rec.step}")
+        if self.state.done or not all(r.state.done for r in self.ranks) or len(self.ranks) < self.world_size:
+            return
+        if all(r.state is RankState.SUCCEEDED for r in self.ranks) and not self.stop_requested:
+            self._finish(RunState.SUCCEEDED)
+        else:
+            self._finish(RunState.STOPPED)
+
+    def _fail_run(self, rec: RankRecord | None, message: str) -> None:
+        self.root_cause = rec
+        self.failure = message
+        self._finish(RunState.FAILED)
+
+    def _finish(self, state: RunState) -> None:
+        self.state = state
+        self.ended_at = self._clock()
+        self._event("finished", -1, state.value + (f": {self.failure}" if self.failure else ""))
+        self._changed.notify_all()
+
+    def _event(self, kind: str, rank: int, message: str) -> None:
+        self.events.append(pb.Event(time=self._wall(), kind=kind, rank=rank, message=message))
+        log.debug("run %s: %s rank=%d %s", self.run_id, kind, rank, message)
+
+    def _elapsed(self, now: float) -> float:
+        if self.started_at is None:
+            return 0.0
+        return (self.ended_at if self.ended_at is not None else now) - self.started_at
+
+    def _rank_info(self, rec: RankRecord, now: float) -> pb.RankInfo:
+        return pb.RankInfo(
+            rank=rec.rank,
+            worker_id=rec.worker_id,
+            host=rec.host,
+            pid=rec.pid,
+            state=RANK_STATE_PB[rec.state.value],
+            step=rec.step,
+            total_steps=rec.total_steps,
+            steps_per_sec=rec.steps_per_sec() if not rec.state.done else 0.0,
+            heartbeat_age=-1.0 if rec.last_heartbeat is None else now - rec.last_heartbeat,
+            loss=rec.loss,
+            param_checksum=rec.param_checksum,
+            error=rec.error,
+            exit_code=rec.exit_code,
+            dropped_points=rec.dropped_points,
+        )
+
+
+def _describe_exit(code: int) -> str:
+    if code < 0:
+        import signal
+
+        try:
+            return f"signal {signal.Signals(-code).name}"
+        except ValueError:
+            return f"signal {-code}"
+    return f"exit code {code}"
+
+
+def _last_line(text: str) -> str:
+    lines = [ln for ln in text.strip().splitlines() if ln.strip()]
+    return lines[-1].strip() if lines else "no error message"
+
+
+def rank_states(reply: pb.GetStateResponse) -> Iterable[RankState]:
+    return (RANK_STATE_FROM_PB[r.state] for r in reply.ranks)

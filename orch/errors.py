@@ -1,0 +1,60 @@
+"""Every exception orch raises, in one place.
+
+::
+
+    OrchError                      base of everything below
+    ├── ConfigError                bad arguments, caught before anything starts
+    │   └── PortInUseError         a port the user named is taken
+    ├── MasterUnavailable          no orch master answers at the address
+    ├── RunFailed                  a run ended FAILED; carries the root cause
+    └── WorkerError                a worker could not join or finish its run
+"""
+
+from __future__ import annotations
+
+
+class OrchError(Exception):
+    """Base class of every orch error."""
+
+
+class ConfigError(OrchError, ValueError):
+    """An argument is wrong; the message says which and what to pass instead."""
+
+
+class PortInUseError(ConfigError):
+    """A port the user asked for is taken."""
+
+    def __init__(self, port: int, what: str, option: str) -> None:
+        self.port = port
+        super().__init__(
+            f"port {port} ({what}) is already in use on this machine: "
+            f"stop whatever holds it, or pass {option}=<another port> "
+            f"(or 0 to pick a free one)"
+        )
+
+
+class MasterUnavailable(OrchError):
+    """No orch master answered at the given address."""
+
+
+class WorkerError(OrchError):
+    """A worker could not register, pass the start barrier, or report back."""
+
+
+class RunFailed(OrchError):
+    """A run ended FAILED. ``rank``, ``exit_code`` and ``traceback`` name the root cause."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        rank: int | None = None,
+        exit_code: int | None = None,
+        traceback: str = "",
+        state: object = None,
+    ) -> None:
+        self.rank = rank
+        self.exit_code = exit_code
+        self.traceback = traceback
+        self.state = state
+        super().__init__(message)

@@ -1,0 +1,289 @@
+"""Start a run on this machine: the master in this process, N workers spawned beside it.
+
+:class:`Run` is what ``orch.launch`` returns and what ``orch run`` drives. Workers are
+started with the *spawn* method, so no child inherits this process's gRPC threads (or
+CUDA state); the training function travels to them cloudpickled. A monitor thread
+watches the children's exit codes every ``poll_interval`` seconds, beside the master's
+heartbeat expiry, so a dead rank fails the run at once instead of leaving the others
+blocked in a collective.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import multiprocessing as mp
+import os
+import signal
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ._net import DEFAULT_RENDEZVOUS_PORT, choose_port
+from .client import StateMirror
+from .coordinator import Coordinator, RankState, RunState
+from .errors import ConfigError, RunFailed
+from .master import MasterServer
+from .worker import TrainFn, WorkerSpec, spawn_main
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class LaunchSpec:
+    """What to run and how; validated before anything starts."""
+
+    fn: TrainFn | str | None = None
+    world_size: int = 4
+    config: dict[str, Any] = field(default_factory=dict)
+    steps: int | None = None
+    master_host: str = "127.0.0.1"
+    master_port: int | None = None
+    rdzv_port: int | None = None
+    run_root: str = "runs"
+    heartbeat_timeout: float = 30.0
+    heartbeat_interval: float = 0.25
+    threads: int | None = None
+    poll_interval: float = 0.1
+    grace: float = 3.0
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.world_size, int) or self.world_size < 1:
+            raise ConfigError(f"world_size must be a positive integer, got {self.world_size!r}")
+        if self.steps is not None:
+            if self.steps < 1:
+                raise ConfigError(f"steps must be at least 1, got {self.steps}")
+            self.config = {**self.config, "steps": self.steps}
+        try:
+            json.dumps(self.config)
+        except (TypeError, ValueError) as e:
+            raise ConfigError(f"config must be JSON-serialisable (numbers, strings, lists, dicts): {e}") from e
+        if self.heartbeat_timeout <= self.heartbeat_interval * 2:
+            raise ConfigError("heartbeat_timeout must be well above heartbeat_interval")
+
+    @property
+    def fn_name(self) -> str:
+        if self.fn is None:
+            return "orch.example:train"
+        if isinstance(self.fn, str):
+            return self.fn
+        return f"{getattr(self.fn, '__module__', '?')}:{getattr(self.fn, '__qualname__', '?')}"
+
+
+@contextlib.contextmanager
+def _child_env(values: dict[str, str]) -> Iterator[None]:
+    """Set environment variables for children started inside; restore them after."""
+    old = {k: os.environ.get(k) for k in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for k, v in old.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+@dataclass
+class RunResult:
+    """How a finished run ended."""
+
+    run_id: str
+    state: RunState
+    world_size: int
+    elapsed: float
+    steps: list[int]
+    final_loss: list[float]
+    param_checksums: list[str]
+    run_dir: Path
+
+
+class Run:
+    """A run started on this machine. Use :func:`orch.launch` to make one."""
+
+    def __init__(self, spec: LaunchSpec) -> None:
+        self.spec = spec
+        self.coordinator = Coordinator(
+            spec.world_size,
+            fn=spec.fn_name,
+            config_json=json.dumps(spec.config),
+            total_steps=int(spec.config.get("steps", 0) or 0),
+            heartbeat_timeout=spec.heartbeat_timeout,
+        )
+        self.run_id = self.coordinator.run_id
+        self.run_dir = Path(spec.run_root) / self.run_id
+        self.server: MasterServer | None = None
+        self.procs: list[mp.process.BaseProcess] = []
+        self.worker_ids = [f"{self.run_id}-w{i}" for i in range(spec.world_size)]
+        self._exited: dict[int, int] = {}
+        self._done = threading.Event()
+        self._closing = threading.Event()
+        self._monitor: threading.Thread | None = None
+        self.exit_codes: dict[str, int] = {}
+
+    # -- lifecycle --------------------------------------------------------------------
+    def start(self) -> Run:
+        try:
+            self._start()
+        except BaseException:
+            self.close()
+            raise
+        return self
+
+    def _start(self) -> None:
+        import cloudpickle
+
+        spec = self.spec
+        self.server = MasterServer(self.coordinator, host=spec.master_host, port=spec.master_port).start()
+        self.coordinator.rendezvous_port = choose_port(
+            spec.rdzv_port, DEFAULT_RENDEZVOUS_PORT, what="torch.distributed rendezvous",
+            option="rdzv_port",
+        )
+        (self.run_dir / "logs").mkdir(parents=True, exist_ok=True)
+        ctx = mp.get_context("spawn")
+        threads = spec.threads or max(1, (os.cpu_count() or 1) // spec.world_size)
+        for i, wid in enumerate(self.worker_ids):
+            wspec = WorkerSpec(
+                master=self.server.address, worker_id=wid, fn=spec.fn, config=spec.config,
+                local_rank=i, local_world_size=spec.world_size, advertise_addr="127.0.0.1",
+                threads=threads, heartbeat_interval=spec.heartbeat_interval,
+                master_timeout=max(5.0, spec.heartbeat_timeout / 2), watch_parent=os.getpid(),
+                log_file=str(self.run_dir / "logs" / f"{wid}.log"),
+            )
+            payload = cloudpickle.dumps(wspec)
+            with _child_env({"OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)}):
+                p = ctx.Process(target=spawn_main, args=(payload,), name=f"orch-{wid}")
+                p.start()
+            self.procs.append(p)
+        self._monitor = threading.Thread(target=self._watch, name="orch-monitor", daemon=True)
+        self._monitor.start()
+        log.info("run %s: master on %s, %d workers", self.run_id, self.address, spec.world_size)
+
+    @property
+    def address(self) -> str:
+        """``host:port`` of this run's master."""
+        return self.server.address if self.server is not None else ""
+
+    def _watch(self) -> None:
+        coord = self.coordinator
+        while not self._closing.is_set():
+            for i, p in enumerate(self.procs):
+                if i not in self._exited and p.exitcode is not None:
+                    self._exited[i] = p.exitcode
+                    self.exit_codes[self.worker_ids[i]] = p.exitcode
+                    coord.rank_exited(self.worker_ids[i], p.exitcode)
+            if coord.state is RunState.FAILED:
+                self._terminate_workers()
+            if len(self._exited) == len(self.procs):
+                if not coord.state.done:
+                    coord.fail("every worker exited before the run finished")
+                break
+            time.sleep(self.spec.poll_interval)
+        self._done.set()
+
+    def _terminate_workers(self) -> None:
+        """SIGTERM, a bounded grace, SIGKILL, join — all against one deadline."""
+        alive = [p for p in self.procs if p.exitcode is None]
+        for p in alive:
+            with contextlib.suppress(ProcessLookupError, AttributeError):
+                p.terminate()
+        deadline = time.monotonic() + self.spec.grace
+        for p in alive:
+            p.join(max(0.0, deadline - time.monotonic()))
+        for p in alive:
+            if p.exitcode is None and p.pid is not None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(p.pid, signal.SIGKILL)
+        for p in alive:
+            p.join(5.0)
+
+    def wait(self, timeout: float | None = None) -> RunResult:
+        """Block until the run ends; raise :class:`orch.RunFailed` if it failed."""
+        if not self._done.wait(timeout):
+            raise TimeoutError(f"run {self.run_id} still {self.coordinator.state.value} after {timeout}s")
+        return self.result()
+
+    def result(self) -> RunResult:
+        coord = self.coordinator
+        if coord.state is RunState.FAILED:
+            cause = coord.root_cause
+            raise RunFailed(
+                f"run {self.run_id} failed: {coord.failure}",
+                rank=cause.rank if cause else None,
+                exit_code=cause.exit_code if cause else None,
+                traceback=cause.error if cause else "",
+                state=self.state(),
+            )
+        mirror = self.state()
+        return RunResult(
+            run_id=self.run_id,
+            state=coord.state,
+            world_size=coord.world_size,
+            elapsed=mirror.elapsed,
+            steps=[r.step for r in mirror.ranks],
+            final_loss=[r.loss for r in mirror.ranks],
+            param_checksums=[r.param_checksum for r in mirror.ranks],
+            run_dir=self.run_dir,
+        )
+
+    @property
+    def done(self) -> bool:
+        return self._done.is_set()
+
+    def state(self) -> StateMirror:
+        """A full snapshot of the run, read from the master in this process."""
+        mirror = StateMirror()
+        mirror.apply(self.coordinator.snapshot())
+        return mirror
+
+    def history(self) -> dict[str, dict[int, dict[str, list[float]]]]:
+        """``{metric: {rank: {"step": [...], "value": [...]}}}`` for every logged scalar."""
+        out: dict[str, dict[int, dict[str, list[float]]]] = {}
+        for (rank, name), (steps, values) in sorted(self.state().series.items()):
+            out.setdefault(name, {})[rank] = {"step": [float(s) for s in steps], "value": values}
+        return out
+
+    def stop(self, reason: str = "stopped by the user") -> RunState:
+        """Ask every rank to finish its current step and end; returns at once."""
+        return self.coordinator.request_stop(reason)
+
+    def close(self) -> None:
+        """Tear everything down: workers (SIGTERM, grace, SIGKILL), then the master."""
+        self._closing.set()
+        if self._monitor is not None and self._monitor is not threading.current_thread():
+            self._monitor.join(5.0)
+        for i, p in enumerate(self.procs):
+            if p.exitcode is None:
+                break
+            self._exited.setdefault(i, p.exitcode)
+        else:
+            self._stop_server()
+            self._done.set()
+            return
+        if not self.coordinator.state.done:
+            self.coordinator.fail("the run was closed while it was running")
+        self._terminate_workers()
+        for i, p in enumerate(self.procs):
+            if i not in self._exited and p.exitcode is not None:
+                self.exit_codes[self.worker_ids[i]] = p.exitcode
+        self._stop_server()
+        self._done.set()
+
+    def _stop_server(self) -> None:
+        if self.server is not None:
+            self.server.stop(grace=0.5)
+            self.server = None
+
+    def __enter__(self) -> Run:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def ranks_in(self, state: RankState) -> list[int]:
+        return [r.rank for r in self.coordinator.ranks if r.state is state]

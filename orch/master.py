@@ -1,0 +1,198 @@
+"""The gRPC master: the Orchestrator service over a :class:`~orch.coordinator.Coordinator`.
+
+Runs in its own process (``orch master``) or in the background of the process that
+launches the workers (``orch run``, ``orch.launch``). Serves the standard gRPC health
+service and server reflection beside it, so stock gRPC tools can talk to it.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from concurrent import futures
+from typing import NoReturn
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+
+from ._net import DEFAULT_MASTER_PORT, choose_port
+from ._proto import orchestrator_pb2 as pb
+from ._proto import orchestrator_pb2_grpc as pb_grpc
+from .coordinator import Coordinator, Reject
+from .errors import PortInUseError
+
+log = logging.getLogger(__name__)
+
+SERVICE_NAME = pb.DESCRIPTOR.services_by_name["Orchestrator"].full_name
+MAX_MESSAGE_BYTES = 16 * 1024 * 1024
+
+_STATUS = {
+    "invalid_argument": grpc.StatusCode.INVALID_ARGUMENT,
+    "failed_precondition": grpc.StatusCode.FAILED_PRECONDITION,
+    "not_found": grpc.StatusCode.NOT_FOUND,
+    "resource_exhausted": grpc.StatusCode.RESOURCE_EXHAUSTED,
+}
+
+
+def _abort(context: grpc.ServicerContext, e: Reject) -> NoReturn:
+    context.abort(_STATUS[e.kind], str(e))
+    raise AssertionError("context.abort returned")  # pragma: no cover
+
+
+class OrchestratorServicer(pb_grpc.OrchestratorServicer):
+    """Each method validates through the coordinator and maps refusals to status codes."""
+
+    def __init__(self, coordinator: Coordinator) -> None:
+        self.coordinator = coordinator
+
+    def Register(
+        self, request: pb.RegisterRequest, context: grpc.ServicerContext
+    ) -> pb.RegisterResponse:
+        try:
+            reg = self.coordinator.register(request)
+        except Reject as e:
+            _abort(context, e)
+        return pb.RegisterResponse(
+            rank=reg.rank,
+            world_size=reg.world_size,
+            run_id=reg.run_id,
+            fn=reg.fn,
+            config_json=reg.config_json,
+            total_steps=reg.total_steps,
+        )
+
+    def CanStartTraining(
+        self, request: pb.CanStartTrainingRequest, context: grpc.ServicerContext
+    ) -> pb.CanStartTrainingResponse:
+        try:
+            return self.coordinator.can_start(request)
+        except Reject as e:
+            _abort(context, e)
+
+    def SendHeartbeat(
+        self, request: pb.HeartbeatRequest, context: grpc.ServicerContext
+    ) -> pb.HeartbeatResponse:
+        try:
+            return pb.HeartbeatResponse(command=self.coordinator.heartbeat(request))  # type: ignore[arg-type]
+        except Reject as e:
+            _abort(context, e)
+
+    def ReportCompletion(
+        self, request: pb.CompletionRequest, context: grpc.ServicerContext
+    ) -> pb.CompletionResponse:
+        try:
+            self.coordinator.complete(request)
+        except Reject as e:
+            _abort(context, e)
+        return pb.CompletionResponse()
+
+    def GetState(
+        self, request: pb.GetStateRequest, context: grpc.ServicerContext
+    ) -> pb.GetStateResponse:
+        try:
+            return self.coordinator.snapshot(request.cursor)
+        except Reject as e:
+            _abort(context, e)
+
+    def StopRun(self, request: pb.StopRunRequest, context: grpc.ServicerContext) -> pb.StopRunResponse:
+        if len(request.reason) > 1024:
+            _abort(context, Reject("invalid_argument", "reason is longer than 1024 characters"))
+        state = self.coordinator.request_stop(request.reason)
+        return pb.StopRunResponse(state=getattr(pb, state.value))
+
+
+class MasterServer:
+    """A running gRPC master. ``start()`` binds and serves; ``stop()`` shuts it down."""
+
+    def __init__(
+        self,
+        coordinator: Coordinator,
+        *,
+        host: str = "127.0.0.1",
+        port: int | None = None,
+        max_workers: int = 16,
+        expire_interval: float = 0.25,
+    ) -> None:
+        self.coordinator = coordinator
+        self.host = host
+        self.requested_port = port
+        self.port = 0
+        self.max_workers = max_workers
+        self.expire_interval = expire_interval
+        self._server: grpc.Server | None = None
+        self._health = health.HealthServicer()
+        self._stopped = threading.Event()
+        self._ticker: threading.Thread | None = None
+
+    @property
+    def address(self) -> str:
+        host = "127.0.0.1" if self.host in ("0.0.0.0", "") else self.host
+        if ":" in host:
+            host = f"[{host}]"
+        return f"{host}:{self.port}"
+
+    def start(self) -> MasterServer:
+        port = choose_port(
+            self.requested_port,
+            DEFAULT_MASTER_PORT,
+            what="orch master",
+            option="--port" if self.requested_port else "master_port",
+            host=self.host if self.host not in ("", "::") else "0.0.0.0",
+        )
+        server = grpc.server(
+            futures.ThreadPoolExecutor(max_workers=self.max_workers, thread_name_prefix="orch-master"),
+            options=[
+                # gRPC sets SO_REUSEPORT by default: a second master would share the port silently.
+                ("grpc.so_reuseport", 0),
+                ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+                ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+            ],
+        )
+        pb_grpc.add_OrchestratorServicer_to_server(OrchestratorServicer(self.coordinator), server)
+        health_pb2_grpc.add_HealthServicer_to_server(self._health, server)
+        reflection.enable_server_reflection(
+            (SERVICE_NAME, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
+             reflection.SERVICE_NAME),
+            server,
+        )
+        target = f"[{self.host}]:{port}" if ":" in self.host else f"{self.host}:{port}"
+        try:
+            bound = server.add_insecure_port(target)
+        except RuntimeError as e:
+            raise PortInUseError(port, "orch master", "--port") from e
+        if bound == 0:
+            raise PortInUseError(port, "orch master", "--port")
+        self.port = bound
+        server.start()
+        self._server = server
+        for name in ("", SERVICE_NAME):
+            self._health.set(name, health_pb2.HealthCheckResponse.SERVING)
+        self._ticker = threading.Thread(target=self._tick, name="orch-master-expiry", daemon=True)
+        self._ticker.start()
+        log.info("orch master serving run %s on %s", self.coordinator.run_id, self.address)
+        return self
+
+    def _tick(self) -> None:
+        while not self._stopped.wait(self.expire_interval):
+            self.coordinator.expire()
+
+    def stop(self, grace: float = 1.0) -> None:
+        self._stopped.set()
+        if self._server is not None:
+            self._health.enter_graceful_shutdown()
+            self._server.stop(grace).wait(grace + 1.0)
+            self._server = None
+        if self._ticker is not None:
+            self._ticker.join(timeout=2.0)
+            self._ticker = None
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Block until the server stops; True if it did within ``timeout``."""
+        return self._stopped.wait(timeout)
+
+    def __enter__(self) -> MasterServer:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()

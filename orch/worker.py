@@ -1,0 +1,265 @@
+"""A worker: register with the master, pass the start barrier, train, report back.
+
+Run as ``orch worker --master HOST:PORT`` or spawned by the launcher through
+:func:`spawn_main`. The training function is either a callable carried from the launcher
+to its own children (cloudpickled, never over the network) or an import path
+``package.module:function``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import importlib
+import json
+import logging
+import os
+import socket
+import sys
+import threading
+import time
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import grpc
+
+from ._net import DEFAULT_RENDEZVOUS_PORT, address_towards, choose_port, split_address
+from ._proto import orchestrator_pb2 as pb
+from ._proto import orchestrator_pb2_grpc as pb_grpc
+from ._sender import HeartbeatSender
+from .errors import ConfigError, WorkerError
+
+log = logging.getLogger(__name__)
+
+TrainFn = Callable[[Any], Any]
+
+EXIT_FAILED = 1
+EXIT_ABORTED = 70  # the master aborted the run, or vanished
+
+
+@dataclass
+class WorkerSpec:
+    """How one worker process joins a run."""
+
+    master: str
+    worker_id: str = ""
+    fn: TrainFn | str | None = None  # None: the function the master names
+    config: dict[str, Any] | None = None  # None: the master's config
+    local_rank: int = 0
+    local_world_size: int = 1
+    advertise_addr: str | None = None
+    threads: int | None = None
+    register_timeout: float = 60.0
+    barrier_timeout: float = 300.0
+    heartbeat_interval: float = 0.25
+    master_timeout: float = 10.0
+    collective_timeout: float = 1800.0
+    watch_parent: int | None = None  # exit when this pid is no longer our parent
+    log_file: str | None = None
+    env: dict[str, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        split_address(self.master)
+        if not self.worker_id:
+            self.worker_id = f"{socket.gethostname()}-{os.getpid()}-{self.local_rank}"
+        if self.local_world_size < 1 or not 0 <= self.local_rank < self.local_world_size:
+            raise ConfigError(
+                f"local_rank {self.local_rank} does not fit local_world_size {self.local_world_size}"
+            )
+
+
+def resolve_fn(fn: TrainFn | str) -> TrainFn:
+    """An import path ``package.module:function`` -> the function, with a clear error."""
+    if callable(fn):
+        return fn
+    module_name, sep, attr = fn.partition(":")
+    if not sep or not module_name or not attr:
+        raise ConfigError(f"expected a training function as package.module:function, got {fn!r}")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as e:
+        raise ConfigError(f"cannot import {module_name!r} for --fn {fn}: {e}") from e
+    target: Any = module
+    for part in attr.split("."):
+        target = getattr(target, part, None)
+        if target is None:
+            raise ConfigError(f"{module_name} has no attribute {attr!r} (from --fn {fn})")
+    if not callable(target):
+        raise ConfigError(f"{fn} is not callable")
+    return target  # type: ignore[no-any-return]
+
+
+def _set_threads(spec: WorkerSpec) -> None:
+    import torch
+
+    # As torchrun does: N processes on one host share its cores instead of each taking all.
+    n = spec.threads or max(1, (os.cpu_count() or 1) // spec.local_world_size)
+    torch.set_num_threads(n)
+    with contextlib.suppress(RuntimeError):  # only settable before the first parallel op
+        torch.set_num_interop_threads(max(1, min(n, 2)))
+
+
+def _watch_parent(ppid: int) -> None:
+    while True:
+        if os.getppid() != ppid:
+            # The launcher died (a killed notebook kernel, a crashed `orch run`): end now.
+            os._exit(EXIT_ABORTED)
+        time.sleep(0.2)
+
+
+class _Abort:
+    """What the heartbeat thread does when the run must end now."""
+
+    def __init__(self) -> None:
+        self.reason = ""
+
+    def __call__(self, reason: str) -> None:
+        self.reason = reason
+        sys.stderr.write(f"orch worker: {reason}; exiting\n")
+        sys.stderr.flush()
+        os._exit(EXIT_ABORTED)
+
+
+def _register(stub: pb_grpc.OrchestratorStub, spec: WorkerSpec) -> pb.RegisterResponse:
+    host, port = split_address(spec.master)
+    address = spec.advertise_addr or address_towards(host, port)
+    rdzv = choose_port(None, DEFAULT_RENDEZVOUS_PORT, what="rendezvous", option="--rdzv-port",
+                       host="0.0.0.0")
+    req = pb.RegisterRequest(
+        worker_id=spec.worker_id, host=socket.gethostname(), pid=os.getpid(), address=address,
+        rendezvous_port=rdzv, local_rank=spec.local_rank,
+        backend="nccl" if _cuda_available() else "gloo",
+    )
+    deadline = time.monotonic() + spec.register_timeout
+    while True:
+        left = deadline - time.monotonic()
+        try:
+            reply: pb.RegisterResponse = stub.Register(req, timeout=max(0.5, min(left, 5.0)),
+                                                       wait_for_ready=True)
+            return reply
+        except grpc.RpcError as e:
+            if e.code() not in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
+                raise WorkerError(f"the master at {spec.master} refused registration: "
+                                  f"{e.code().name}: {e.details()}") from e
+            if time.monotonic() >= deadline:
+                raise WorkerError(
+                    f"no orch master answered at {spec.master} within {spec.register_timeout:g}s: "
+                    "check the address and that the master is running"
+                ) from e
+
+
+def _barrier(stub: pb_grpc.OrchestratorStub, spec: WorkerSpec, run_id: str) -> pb.CanStartTrainingResponse:
+    deadline = time.monotonic() + spec.barrier_timeout
+    delay = 0.02
+    req = pb.CanStartTrainingRequest(run_id=run_id, worker_id=spec.worker_id)
+    while True:
+        reply: pb.CanStartTrainingResponse = stub.CanStartTraining(req, timeout=5.0)
+        if reply.ready:
+            return reply
+        if time.monotonic() >= deadline:
+            raise WorkerError(
+                f"the start barrier did not open within {spec.barrier_timeout:g}s: "
+                f"{reply.registered} of {reply.world_size} ranks registered"
+            )
+        time.sleep(delay)
+        delay = min(delay * 1.5, 0.5)
+
+
+def _cuda_available() -> bool:
+    import torch
+
+    return bool(torch.cuda.is_available())
+
+
+def run_worker(spec: WorkerSpec) -> int:
+    """Join the run at ``spec.master`` and train; returns the process exit code."""
+    import torch
+    import torch.distributed as dist
+
+    from .context import Context
+
+    if spec.watch_parent is not None:
+        threading.Thread(target=_watch_parent, args=(spec.watch_parent,), daemon=True).start()
+    _set_threads(spec)
+    channel = grpc.insecure_channel(spec.master)
+    stub = pb_grpc.OrchestratorStub(channel)
+    reg = _register(stub, spec)
+    run_id, rank, world = reg.run_id, reg.rank, reg.world_size
+    log.info("worker %s registered as rank %d of %d in run %s", spec.worker_id, rank, world, run_id)
+    outcome, error, checksum, step = pb.RANK_SUCCEEDED, "", "", 0
+    sender: HeartbeatSender | None = None
+    try:
+        fn = resolve_fn(spec.fn if spec.fn is not None else reg.fn or "orch.example:train")
+        config = spec.config if spec.config is not None else json.loads(reg.config_json or "{}")
+        go = _barrier(stub, spec, run_id)
+        backend = go.backend or "gloo"
+        if backend == "nccl":
+            torch.cuda.set_device(spec.local_rank)
+            device = torch.device("cuda", spec.local_rank)
+        else:
+            device = torch.device("cpu")
+        dist.init_process_group(
+            backend, init_method=f"tcp://{go.master_addr}:{go.master_port}", rank=rank,
+            world_size=world, timeout=datetime.timedelta(seconds=spec.collective_timeout),
+        )
+        control = dist.new_group(backend="gloo") if world > 1 else None
+        ctx: Context
+        sender = HeartbeatSender(
+            stub, run_id=run_id, worker_id=spec.worker_id, interval=spec.heartbeat_interval,
+            master_timeout=spec.master_timeout, on_stop=lambda: ctx.request_stop(), on_abort=_Abort(),
+        )
+        ctx = Context(rank=rank, world_size=world, local_rank=spec.local_rank, device=device,
+                      config=dict(config), run_id=run_id, sender=sender, control_group=control)
+        sender.total_steps = reg.total_steps
+        sender.start()
+        fn(ctx)
+        checksum = ctx.param_checksum()
+        step = sender.step
+        if ctx.stopped:
+            outcome = pb.RANK_STOPPED
+    except BaseException as e:  # the rank's failure, whatever it is, goes to the master
+        outcome = pb.RANK_FAILED
+        error = traceback.format_exc()
+        sys.stderr.write(error)
+        if isinstance(e, KeyboardInterrupt):
+            error = "KeyboardInterrupt\n" + error
+    finally:
+        if sender is not None:
+            sender.close()
+    with contextlib.suppress(grpc.RpcError):
+        stub.ReportCompletion(
+            pb.CompletionRequest(run_id=run_id, worker_id=spec.worker_id, outcome=outcome, error=error,
+                                 param_checksum=checksum, step=step),
+            timeout=5.0,
+        )
+    if outcome != pb.RANK_FAILED and dist.is_initialized():
+        dist.destroy_process_group()
+    channel.close()
+    return EXIT_FAILED if outcome == pb.RANK_FAILED else 0
+
+
+def spawn_main(payload: bytes) -> None:
+    """Entry point of a worker process started by the launcher (spawn start method)."""
+    import cloudpickle
+
+    spec: WorkerSpec = cloudpickle.loads(payload)
+    if spec.log_file:
+        fd = os.open(spec.log_file, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os.dup2(fd, 1)
+        os.dup2(fd, 2)
+        os.close(fd)
+    os.environ.update(spec.env)
+    logging.basicConfig(level=logging.INFO, format=f"%(asctime)s {spec.worker_id} %(levelname)s %(message)s")
+    try:
+        code = run_worker(spec)
+    except Exception:
+        traceback.print_exc()
+        code = EXIT_FAILED
+    sys.stdout.flush()
+    sys.stderr.flush()
+    # Skip interpreter shutdown: it can hang on a process group a failed peer left behind.
+    os._exit(code)

@@ -14,6 +14,8 @@ DEFAULT_RENDEZVOUS_PORT = 29500
 def port_is_free(port: int, host: str = "127.0.0.1") -> bool:
     """True when nothing listens on ``host:port`` and we could bind it."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        # Like the servers that will bind it: a port held only by TIME_WAIT connections is free.
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             s.bind((host, port))
         except OSError:

@@ -106,9 +106,7 @@ class HeartbeatSender:
             step=self.step,
             total_steps=self.total_steps,
             dropped_points=self.dropped,
-            series=[
-                pb.Series(name=name, steps=c[0], values=c[1], times=c[2]) for name, c in columns.items()
-            ],
+            series=[pb.Series(name=name, steps=c[0], values=c[1], times=c[2]) for name, c in columns.items()],
         )
 
     def _beat(self) -> bool:

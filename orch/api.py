@@ -26,8 +26,14 @@ def launch(
     ``"package.module:function"``, or ``None`` for the built-in example job.
     """
     spec = LaunchSpec(
-        fn=train, world_size=world_size, config=dict(config or {}), steps=steps,
-        master_port=master_port, rdzv_port=rdzv_port, run_root=run_root,
-        heartbeat_timeout=heartbeat_timeout, threads=threads,
+        fn=train,
+        world_size=world_size,
+        config=dict(config or {}),
+        steps=steps,
+        master_port=master_port,
+        rdzv_port=rdzv_port,
+        run_root=run_root,
+        heartbeat_timeout=heartbeat_timeout,
+        threads=threads,
     )
     return Run(spec).start()

@@ -52,14 +52,18 @@ class MasterClient:
                 pb.GetStateRequest(cursor=cursor), timeout=self.timeout
             )
         except grpc.RpcError as e:
-            raise MasterUnavailable(f"GetState from {self.address} failed: {e.code().name}: {e.details()}") from e
+            raise MasterUnavailable(
+                f"GetState from {self.address} failed: {e.code().name}: {e.details()}"
+            ) from e
         return reply
 
     def stop_run(self, reason: str = "") -> RunState:
         try:
             reply = self.stub.StopRun(pb.StopRunRequest(reason=reason), timeout=self.timeout)
         except grpc.RpcError as e:
-            raise MasterUnavailable(f"StopRun to {self.address} failed: {e.code().name}: {e.details()}") from e
+            raise MasterUnavailable(
+                f"StopRun to {self.address} failed: {e.code().name}: {e.details()}"
+            ) from e
         return RunState(pb.RunState.Name(reply.state))
 
     def close(self) -> None:
@@ -91,11 +95,19 @@ class RankView:
     @classmethod
     def from_pb(cls, r: pb.RankInfo) -> RankView:
         return cls(
-            rank=r.rank, worker_id=r.worker_id, host=r.host, pid=r.pid,
-            state=RANK_STATE_FROM_PB.get(r.state, RankState.REGISTERED), step=r.step,
-            total_steps=r.total_steps, steps_per_sec=r.steps_per_sec,
-            heartbeat_age=r.heartbeat_age, loss=r.loss, param_checksum=r.param_checksum,
-            error=r.error, exit_code=r.exit_code,
+            rank=r.rank,
+            worker_id=r.worker_id,
+            host=r.host,
+            pid=r.pid,
+            state=RANK_STATE_FROM_PB.get(r.state, RankState.REGISTERED),
+            step=r.step,
+            total_steps=r.total_steps,
+            steps_per_sec=r.steps_per_sec,
+            heartbeat_age=r.heartbeat_age,
+            loss=r.loss,
+            param_checksum=r.param_checksum,
+            error=r.error,
+            exit_code=r.exit_code,
         )
 
     def as_dict(self) -> dict[str, Any]:
@@ -117,6 +129,7 @@ class StateMirror:
     total_steps: int = 0
     elapsed: float = 0.0
     failure: str = ""
+    root_cause_rank: int = -1
     ranks: list[RankView] = field(default_factory=list)
     series: dict[tuple[int, str], tuple[list[int], list[float]]] = field(default_factory=dict)
     events: list[tuple[float, str, int, str]] = field(default_factory=list)
@@ -134,6 +147,7 @@ class StateMirror:
         self.total_steps = reply.total_steps
         self.elapsed = reply.elapsed
         self.failure = reply.failure
+        self.root_cause_rank = reply.root_cause_rank
         self.ranks = [RankView.from_pb(r) for r in reply.ranks]
         self.last_points = 0
         for s in reply.series:
@@ -165,6 +179,7 @@ class StateMirror:
             "total_steps": self.total_steps,
             "elapsed": round(self.elapsed, 3),
             "failure": self.failure,
+            "root_cause_rank": self.root_cause_rank,
             "ranks": [r.as_dict() for r in self.ranks],
             "points": {f"{rank}/{name}": len(s[0]) for (rank, name), s in sorted(self.series.items())},
         }

@@ -299,8 +299,10 @@ class Coordinator:
             rec = self._by_worker.get(worker_id)
             if rec is None:
                 if exit_code != 0 and not self.state.done:
-                    self._fail_run(None, f"worker {worker_id} exited with {_describe_exit(exit_code)} "
-                                   "before it registered")
+                    self._fail_run(
+                        None,
+                        f"worker {worker_id} exited with {_describe_exit(exit_code)} before it registered",
+                    )
                 return
             rec.exit_code = exit_code
             if rec.state.done:
@@ -377,6 +379,7 @@ class Coordinator:
                 elapsed=self._elapsed(now),
                 failure=self.failure,
                 full=full,
+                root_cause_rank=self.root_cause.rank if self.root_cause is not None else -1,
             )
             for rec in self.ranks:
                 reply.ranks.append(self._rank_info(rec, now))
@@ -436,9 +439,12 @@ class Coordinator:
         if outcome in (RankState.FAILED, RankState.LOST):
             self._event("rank_failed", rec.rank, error or outcome.value)
             if not self.state.done:
-                self._fail_run(rec, f"rank {rec.rank} ({rec.worker_id} on {rec.host}, pid {rec.pid}) "
-                               f"{'was lost' if outcome is RankState.LOST else 'failed'}: "
-                               f"{_last_line(error)}")
+                self._fail_run(
+                    rec,
+                    f"rank {rec.rank} ({rec.worker_id} on {rec.host}, pid {rec.pid}) "
+                    f"{'was lost' if outcome is RankState.LOST else 'failed'}: "
+                    f"{_last_line(error)}",
+                )
             return
         self._event("rank_" + outcome.value.lower(), rec.rank, f"at step {rec.step}")
         if self.state.done or not all(r.state.done for r in self.ranks) or len(self.ranks) < self.world_size:

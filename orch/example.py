@@ -66,7 +66,7 @@ def train(ctx: Any) -> None:
         xb, yb = xb.to(ctx.device), yb.to(ctx.device)
         loss = F.cross_entropy(model(xb), yb)
         opt.zero_grad(set_to_none=True)
-        loss.backward()
+        loss.backward()  # type: ignore[no-untyped-call]
         opt.step()
         scalars: dict[str, float] = {}
         if step % cfg["eval_every"] == 0 or step == cfg["steps"] - 1:

@@ -28,6 +28,7 @@ from .client import StateMirror
 from .coordinator import Coordinator, RankState, RunState
 from .errors import ConfigError, RunFailed
 from .master import MasterServer
+from .rundir import write_result
 from .worker import TrainFn, WorkerSpec, spawn_main
 
 log = logging.getLogger(__name__)
@@ -61,7 +62,9 @@ class LaunchSpec:
         try:
             json.dumps(self.config)
         except (TypeError, ValueError) as e:
-            raise ConfigError(f"config must be JSON-serialisable (numbers, strings, lists, dicts): {e}") from e
+            raise ConfigError(
+                f"config must be JSON-serialisable (numbers, strings, lists, dicts): {e}"
+            ) from e
         if self.heartbeat_timeout <= self.heartbeat_interval * 2:
             raise ConfigError("heartbeat_timeout must be well above heartbeat_interval")
 
@@ -123,6 +126,7 @@ class Run:
         self._exited: dict[int, int] = {}
         self._done = threading.Event()
         self._closing = threading.Event()
+        self._finish_lock = threading.Lock()
         self._monitor: threading.Thread | None = None
         self.exit_codes: dict[str, int] = {}
 
@@ -141,7 +145,9 @@ class Run:
         spec = self.spec
         self.server = MasterServer(self.coordinator, host=spec.master_host, port=spec.master_port).start()
         self.coordinator.rendezvous_port = choose_port(
-            spec.rdzv_port, DEFAULT_RENDEZVOUS_PORT, what="torch.distributed rendezvous",
+            spec.rdzv_port,
+            DEFAULT_RENDEZVOUS_PORT,
+            what="torch.distributed rendezvous",
             option="rdzv_port",
         )
         (self.run_dir / "logs").mkdir(parents=True, exist_ok=True)
@@ -149,10 +155,17 @@ class Run:
         threads = spec.threads or max(1, (os.cpu_count() or 1) // spec.world_size)
         for i, wid in enumerate(self.worker_ids):
             wspec = WorkerSpec(
-                master=self.server.address, worker_id=wid, fn=spec.fn, config=spec.config,
-                local_rank=i, local_world_size=spec.world_size, advertise_addr="127.0.0.1",
-                threads=threads, heartbeat_interval=spec.heartbeat_interval,
-                master_timeout=max(5.0, spec.heartbeat_timeout / 2), watch_parent=os.getpid(),
+                master=self.server.address,
+                worker_id=wid,
+                fn=spec.fn,
+                config=spec.config,
+                local_rank=i,
+                local_world_size=spec.world_size,
+                advertise_addr="127.0.0.1",
+                threads=threads,
+                heartbeat_interval=spec.heartbeat_interval,
+                master_timeout=max(5.0, spec.heartbeat_timeout / 2),
+                watch_parent=os.getpid(),
                 log_file=str(self.run_dir / "logs" / f"{wid}.log"),
             )
             payload = cloudpickle.dumps(wspec)
@@ -184,7 +197,17 @@ class Run:
                     coord.fail("every worker exited before the run finished")
                 break
             time.sleep(self.spec.poll_interval)
-        self._done.set()
+        self._finish()
+
+    def _finish(self) -> None:
+        with self._finish_lock:
+            if self._done.is_set():
+                return
+            try:
+                write_result(self.coordinator, self.run_dir)
+            except OSError as e:
+                log.warning("run %s: could not write %s/result.json: %s", self.run_id, self.run_dir, e)
+            self._done.set()
 
     def _terminate_workers(self) -> None:
         """SIGTERM, a bounded grace, SIGKILL, join — all against one deadline."""
@@ -263,7 +286,7 @@ class Run:
             self._exited.setdefault(i, p.exitcode)
         else:
             self._stop_server()
-            self._done.set()
+            self._finish()
             return
         if not self.coordinator.state.done:
             self.coordinator.fail("the run was closed while it was running")
@@ -272,7 +295,7 @@ class Run:
             if i not in self._exited and p.exitcode is not None:
                 self.exit_codes[self.worker_ids[i]] = p.exitcode
         self._stop_server()
-        self._done.set()
+        self._finish()
 
     def _stop_server(self) -> None:
         if self.server is not None:

@@ -40,15 +40,13 @@ def _abort(context: grpc.ServicerContext, e: Reject) -> NoReturn:
     raise AssertionError("context.abort returned")  # pragma: no cover
 
 
-class OrchestratorServicer(pb_grpc.OrchestratorServicer):
+class OrchestratorServicer(pb_grpc.OrchestratorServicer):  # type: ignore[misc]
     """Each method validates through the coordinator and maps refusals to status codes."""
 
     def __init__(self, coordinator: Coordinator) -> None:
         self.coordinator = coordinator
 
-    def Register(
-        self, request: pb.RegisterRequest, context: grpc.ServicerContext
-    ) -> pb.RegisterResponse:
+    def Register(self, request: pb.RegisterRequest, context: grpc.ServicerContext) -> pb.RegisterResponse:
         try:
             reg = self.coordinator.register(request)
         except Reject as e:
@@ -87,9 +85,7 @@ class OrchestratorServicer(pb_grpc.OrchestratorServicer):
             _abort(context, e)
         return pb.CompletionResponse()
 
-    def GetState(
-        self, request: pb.GetStateRequest, context: grpc.ServicerContext
-    ) -> pb.GetStateResponse:
+    def GetState(self, request: pb.GetStateRequest, context: grpc.ServicerContext) -> pb.GetStateResponse:
         try:
             return self.coordinator.snapshot(request.cursor)
         except Reject as e:
@@ -152,8 +148,11 @@ class MasterServer:
         pb_grpc.add_OrchestratorServicer_to_server(OrchestratorServicer(self.coordinator), server)
         health_pb2_grpc.add_HealthServicer_to_server(self._health, server)
         reflection.enable_server_reflection(
-            (SERVICE_NAME, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
-             reflection.SERVICE_NAME),
+            (
+                SERVICE_NAME,
+                health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
+                reflection.SERVICE_NAME,
+            ),
             server,
         )
         target = f"[{self.host}]:{port}" if ":" in self.host else f"{self.host}:{port}"

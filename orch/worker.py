@@ -125,24 +125,29 @@ class _Abort:
 def _register(stub: pb_grpc.OrchestratorStub, spec: WorkerSpec) -> pb.RegisterResponse:
     host, port = split_address(spec.master)
     address = spec.advertise_addr or address_towards(host, port)
-    rdzv = choose_port(None, DEFAULT_RENDEZVOUS_PORT, what="rendezvous", option="--rdzv-port",
-                       host="0.0.0.0")
+    rdzv = choose_port(None, DEFAULT_RENDEZVOUS_PORT, what="rendezvous", option="--rdzv-port", host="0.0.0.0")
     req = pb.RegisterRequest(
-        worker_id=spec.worker_id, host=socket.gethostname(), pid=os.getpid(), address=address,
-        rendezvous_port=rdzv, local_rank=spec.local_rank,
+        worker_id=spec.worker_id,
+        host=socket.gethostname(),
+        pid=os.getpid(),
+        address=address,
+        rendezvous_port=rdzv,
+        local_rank=spec.local_rank,
         backend="nccl" if _cuda_available() else "gloo",
     )
     deadline = time.monotonic() + spec.register_timeout
     while True:
         left = deadline - time.monotonic()
         try:
-            reply: pb.RegisterResponse = stub.Register(req, timeout=max(0.5, min(left, 5.0)),
-                                                       wait_for_ready=True)
+            reply: pb.RegisterResponse = stub.Register(
+                req, timeout=max(0.5, min(left, 5.0)), wait_for_ready=True
+            )
             return reply
         except grpc.RpcError as e:
             if e.code() not in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
-                raise WorkerError(f"the master at {spec.master} refused registration: "
-                                  f"{e.code().name}: {e.details()}") from e
+                raise WorkerError(
+                    f"the master at {spec.master} refused registration: {e.code().name}: {e.details()}"
+                ) from e
             if time.monotonic() >= deadline:
                 raise WorkerError(
                     f"no orch master answered at {spec.master} within {spec.register_timeout:g}s: "
@@ -188,7 +193,7 @@ def run_worker(spec: WorkerSpec) -> int:
     reg = _register(stub, spec)
     run_id, rank, world = reg.run_id, reg.rank, reg.world_size
     log.info("worker %s registered as rank %d of %d in run %s", spec.worker_id, rank, world, run_id)
-    outcome, error, checksum, step = pb.RANK_SUCCEEDED, "", "", 0
+    outcome, error, checksum, step, code = pb.RANK_SUCCEEDED, "", "", 0, 0
     sender: HeartbeatSender | None = None
     try:
         fn = resolve_fn(spec.fn if spec.fn is not None else reg.fn or "orch.example:train")
@@ -201,17 +206,33 @@ def run_worker(spec: WorkerSpec) -> int:
         else:
             device = torch.device("cpu")
         dist.init_process_group(
-            backend, init_method=f"tcp://{go.master_addr}:{go.master_port}", rank=rank,
-            world_size=world, timeout=datetime.timedelta(seconds=spec.collective_timeout),
+            backend,
+            init_method=f"tcp://{go.master_addr}:{go.master_port}",
+            rank=rank,
+            world_size=world,
+            timeout=datetime.timedelta(seconds=spec.collective_timeout),
         )
         control = dist.new_group(backend="gloo") if world > 1 else None
         ctx: Context
         sender = HeartbeatSender(
-            stub, run_id=run_id, worker_id=spec.worker_id, interval=spec.heartbeat_interval,
-            master_timeout=spec.master_timeout, on_stop=lambda: ctx.request_stop(), on_abort=_Abort(),
+            stub,
+            run_id=run_id,
+            worker_id=spec.worker_id,
+            interval=spec.heartbeat_interval,
+            master_timeout=spec.master_timeout,
+            on_stop=lambda: ctx.request_stop(),
+            on_abort=_Abort(),
         )
-        ctx = Context(rank=rank, world_size=world, local_rank=spec.local_rank, device=device,
-                      config=dict(config), run_id=run_id, sender=sender, control_group=control)
+        ctx = Context(
+            rank=rank,
+            world_size=world,
+            local_rank=spec.local_rank,
+            device=device,
+            config=dict(config),
+            run_id=run_id,
+            sender=sender,
+            control_group=control,
+        )
         sender.total_steps = reg.total_steps
         sender.start()
         fn(ctx)
@@ -219,25 +240,35 @@ def run_worker(spec: WorkerSpec) -> int:
         step = sender.step
         if ctx.stopped:
             outcome = pb.RANK_STOPPED
-    except BaseException as e:  # the rank's failure, whatever it is, goes to the master
-        outcome = pb.RANK_FAILED
+    except SystemExit as e:  # sys.exit(n) in the function: n is this process's exit code
+        code = e.code if isinstance(e.code, int) else (0 if e.code is None else EXIT_FAILED)
+        if code != 0:
+            outcome = pb.RANK_FAILED
+            error = f"the training function called sys.exit({e.code!r})\n" + traceback.format_exc()
+            sys.stderr.write(error)
+    except BaseException:  # the rank's failure, whatever it is, goes to the master
+        outcome, code = pb.RANK_FAILED, EXIT_FAILED
         error = traceback.format_exc()
         sys.stderr.write(error)
-        if isinstance(e, KeyboardInterrupt):
-            error = "KeyboardInterrupt\n" + error
     finally:
         if sender is not None:
             sender.close()
     with contextlib.suppress(grpc.RpcError):
         stub.ReportCompletion(
-            pb.CompletionRequest(run_id=run_id, worker_id=spec.worker_id, outcome=outcome, error=error,
-                                 param_checksum=checksum, step=step),
+            pb.CompletionRequest(
+                run_id=run_id,
+                worker_id=spec.worker_id,
+                outcome=outcome,
+                error=error,
+                param_checksum=checksum,
+                step=step,
+            ),
             timeout=5.0,
         )
     if outcome != pb.RANK_FAILED and dist.is_initialized():
         dist.destroy_process_group()
     channel.close()
-    return EXIT_FAILED if outcome == pb.RANK_FAILED else 0
+    return code
 
 
 def spawn_main(payload: bytes) -> None:

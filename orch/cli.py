@@ -1,0 +1,252 @@
+"""The ``orch`` command: ``run``, ``master``, ``worker`` and ``status``.
+
+Exit codes: 0 the run succeeded, 1 it failed, 2 bad usage, 3 it was stopped.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import logging
+import signal
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from ._net import split_address
+from .client import MasterClient, StateMirror
+from .coordinator import Coordinator, RunState
+from .dashboard import Dashboard, render, summary
+from .errors import ConfigError, MasterUnavailable, OrchError, RunFailed
+from .launcher import LaunchSpec, Run
+from .master import MasterServer
+from .rundir import write_result
+
+EXIT = {RunState.SUCCEEDED: 0, RunState.FAILED: 1, RunState.STOPPED: 3}
+
+
+def _config(text: str | None) -> dict[str, Any]:
+    if not text:
+        return {}
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise ConfigError(f"--config must be a JSON object, e.g. '{{\"lr\": 0.1}}': {e}") from e
+    if not isinstance(value, dict):
+        raise ConfigError("--config must be a JSON object, e.g. '{\"lr\": 0.1}'")
+    return value
+
+
+def _port(text: str) -> int:
+    value = int(text)
+    if not 0 <= value < 65536:
+        raise argparse.ArgumentTypeError(f"{value} is not a port (1-65535, or 0 for any free one)")
+    return value
+
+
+def _positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
+def _interrupt_to_stop(stop: Any) -> None:
+    """First Ctrl-C asks for a graceful stop; a second one exits at once."""
+    pressed = {"n": 0}
+
+    def handler(signum: int, frame: Any) -> None:
+        pressed["n"] += 1
+        if pressed["n"] > 1:
+            raise KeyboardInterrupt
+        sys.stderr.write("\nstopping gracefully (Ctrl-C again to abort)...\n")
+        stop("interrupted from the terminal")
+
+    signal.signal(signal.SIGINT, handler)
+    signal.signal(signal.SIGTERM, handler)
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    spec = LaunchSpec(
+        fn=args.fn,
+        world_size=args.workers,
+        config=_config(args.config),
+        steps=args.steps,
+        master_port=args.master_port,
+        rdzv_port=args.rdzv_port,
+        run_root=args.run_root,
+        heartbeat_timeout=args.heartbeat_timeout,
+    )
+    with Run(spec) as run:
+        run.start()
+        print(
+            f"orch: run {run.run_id}: master on {run.address}, rendezvous port "
+            f"{run.coordinator.rendezvous_port}, logs in {run.run_dir}/logs",
+            flush=True,
+        )
+        _interrupt_to_stop(run.stop)
+        with MasterClient(run.address) as client:
+            dash = Dashboard(client, interval=args.refresh)
+            mirror = dash.run()
+        with contextlib.suppress(RunFailed):  # the summary below names the root cause
+            run.wait(timeout=60)
+        mirror = run.state()
+    print(summary(mirror), flush=True)
+    return EXIT.get(mirror.state, 1)
+
+
+def cmd_master(args: argparse.Namespace) -> int:
+    config = _config(args.config)
+    if args.steps is not None:
+        config["steps"] = args.steps
+    coord = Coordinator(
+        args.world_size,
+        fn=args.fn or "orch.example:train",
+        config_json=json.dumps(config),
+        total_steps=int(config.get("steps", 0) or 0),
+        rendezvous_port=args.rdzv_port or 0,
+        heartbeat_timeout=args.heartbeat_timeout,
+    )
+    server = MasterServer(coord, host=args.host, port=args.port).start()
+    print(
+        f"orch master: run {coord.run_id} serving on {server.address}; waiting for "
+        f"{args.world_size} workers (orch worker --master {server.address})",
+        flush=True,
+    )
+    _interrupt_to_stop(coord.request_stop)
+    try:
+        if args.no_dashboard:
+            while not coord.state.done:
+                coord.wait_changed(0.5)
+        else:
+            with MasterClient(server.address) as client:
+                Dashboard(client, interval=args.refresh).run()
+        # Stay up a little so late pollers and finishing workers still get answers.
+        time.sleep(args.linger)
+        mirror = StateMirror()
+        mirror.apply(coord.snapshot())
+        path = write_result(coord, Path(args.run_root) / coord.run_id)
+        print(summary(mirror), flush=True)
+        print(f"orch master: result in {path}", flush=True)
+        return EXIT.get(coord.state, 1)
+    finally:
+        server.stop(grace=1.0)
+
+
+def cmd_worker(args: argparse.Namespace) -> int:
+    from .worker import WorkerSpec, run_worker
+
+    spec = WorkerSpec(
+        master=args.master,
+        fn=args.fn,
+        advertise_addr=args.advertise_addr,
+        register_timeout=args.timeout,
+        threads=args.threads,
+    )
+    return run_worker(spec)
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    split_address(args.master)
+    with MasterClient(args.master, timeout=args.timeout) as client:
+        mirror = StateMirror().poll(client)
+    if args.json:
+        print(json.dumps(mirror.as_dict(), indent=2))
+    else:
+        print(render(mirror, address=args.master))
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="orch", description="Run and watch PyTorch DDP training.")
+    p.add_argument("-v", "--verbose", action="store_true", help="log debug messages")
+    sub = p.add_subparsers(dest="command", required=True)
+
+    def common(sp: argparse.ArgumentParser) -> None:
+        sp.add_argument(
+            "--fn",
+            default=None,
+            help="training function as package.module:function (default: the built-in "
+            "digits example, orch.example:train)",
+        )
+        sp.add_argument("--steps", type=_positive, default=None, help="training steps (sets config steps)")
+        sp.add_argument("--config", default=None, help="JSON object passed to the function as ctx.config")
+        sp.add_argument(
+            "--rdzv-port",
+            type=_port,
+            default=None,
+            help="torch.distributed rendezvous port (default 29500, or a free one)",
+        )
+        sp.add_argument(
+            "--heartbeat-timeout",
+            type=float,
+            default=30.0,
+            help="seconds without a heartbeat before a rank counts as lost",
+        )
+        sp.add_argument("--refresh", type=float, default=0.5, help="dashboard refresh interval (s)")
+
+    r = sub.add_parser("run", help="start a master and N local workers, with a live dashboard")
+    r.add_argument("--workers", "-n", type=_positive, default=4, help="number of worker processes")
+    r.add_argument(
+        "--master-port", type=_port, default=None, help="master gRPC port (default 50051, or a free one)"
+    )
+    r.add_argument("--run-root", default="runs", help="where run directories go")
+    common(r)
+    r.set_defaults(func=cmd_run)
+
+    m = sub.add_parser("master", help="serve a run for workers started elsewhere")
+    m.add_argument("--world-size", "--workers", type=_positive, required=True, dest="world_size")
+    m.add_argument("--host", default="127.0.0.1", help="address to bind (default loopback)")
+    m.add_argument("--port", type=_port, default=None, help="gRPC port (default 50051, or a free one)")
+    m.add_argument("--no-dashboard", action="store_true", help="print nothing while the run goes")
+    m.add_argument("--run-root", default="runs", help="where run directories go")
+    m.add_argument("--linger", type=float, default=3.0, help="seconds to keep serving after the end")
+    common(m)
+    m.set_defaults(func=cmd_master)
+
+    w = sub.add_parser("worker", help="join the run of a master")
+    w.add_argument("--master", required=True, help="HOST:PORT of the master")
+    w.add_argument(
+        "--fn",
+        default=None,
+        help="training function as package.module:function (default: the one the master names)",
+    )
+    w.add_argument(
+        "--advertise-addr",
+        default=None,
+        help="address the other ranks reach this host on (default: the route to the master)",
+    )
+    w.add_argument("--threads", type=_positive, default=None, help="torch threads for this worker")
+    w.add_argument("--timeout", type=float, default=60.0, help="seconds to wait for the master")
+    w.set_defaults(func=cmd_worker)
+
+    s = sub.add_parser("status", help="print a master's run state once")
+    s.add_argument("--master", required=True, help="HOST:PORT of the master")
+    s.add_argument("--json", action="store_true", help="machine-readable output")
+    s.add_argument("--timeout", type=float, default=5.0)
+    s.set_defaults(func=cmd_status)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(
+        level=logging.DEBUG if args.verbose else logging.WARNING,
+        format="%(asctime)s %(name)s %(levelname)s %(message)s",
+    )
+    try:
+        code: int = args.func(args)
+    except (ConfigError, MasterUnavailable, OrchError) as e:
+        print(f"orch {args.command}: error: {e}", file=sys.stderr)
+        return 2 if isinstance(e, ConfigError) else 1
+    except KeyboardInterrupt:
+        print(f"orch {args.command}: aborted", file=sys.stderr)
+        return 130
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

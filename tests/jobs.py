@@ -1,0 +1,60 @@
+"""Tiny training functions the tests run in real worker processes (importable as jobs:NAME)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import time
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+
+def allreduce_steps(ctx: Any) -> None:
+    """A few steps of a real all-reduce; logs a loss that falls."""
+    model = ctx.ddp(torch.nn.Linear(4, 1))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    torch.manual_seed(ctx.rank)
+    x = torch.randn(64, 4)
+    y = x.sum(1, keepdim=True)
+    for step in ctx.steps(int(ctx.config.get("steps", 30))):
+        loss = ((model(x) - y) ** 2).mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        ctx.log(step, loss=loss.item(), rank_seen=float(ctx.rank))
+        time.sleep(float(ctx.config.get("sleep", 0.0)))
+
+
+def raise_on_rank1(ctx: Any) -> None:
+    model = ctx.ddp(torch.nn.Linear(2, 1))
+    for step in ctx.steps(1000):
+        loss = model(torch.ones(1, 2)).sum()
+        loss.backward()
+        ctx.log(step, loss=loss.item())
+        if ctx.rank == 1 and step == 3:
+            raise RuntimeError("boom on rank 1")
+        time.sleep(0.01)
+
+
+def exit3_on_rank1(ctx: Any) -> None:
+    for step in ctx.steps(1000):
+        dist.barrier()
+        if ctx.rank == 1 and step == 3:
+            sys.exit(3)
+        time.sleep(0.01)
+
+
+def sigkill_self_on_rank1(ctx: Any) -> None:
+    for step in ctx.steps(1000):
+        dist.barrier()
+        if ctx.rank == 1 and step == 3:
+            os.kill(os.getpid(), signal.SIGKILL)
+        time.sleep(0.01)
+
+
+def nan_loss(ctx: Any) -> None:
+    for step in ctx.steps(5):
+        ctx.log(step, loss=float("nan") if step >= 2 else 1.0, other=float("inf"))

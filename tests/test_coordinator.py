@@ -1,0 +1,281 @@
+"""The master's logic without sockets: ranks, barrier, validation, series, state, clocks."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from orch._proto import orchestrator_pb2 as pb
+from orch.client import StateMirror
+from orch.coordinator import Coordinator, RankState, Reject, RunState
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.t = 1000.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def reg(c: Coordinator, wid: str, **kw: object) -> int:
+    fields = {"host": "h", "pid": 1, "address": "127.0.0.1", "rendezvous_port": 29500, **kw}
+    return c.register(pb.RegisterRequest(worker_id=wid, **fields)).rank  # type: ignore[arg-type]
+
+
+def beat(c: Coordinator, wid: str, step: int = 0, run_id: str | None = None, **series: list[float]) -> int:
+    req = pb.HeartbeatRequest(run_id=c.run_id if run_id is None else run_id, worker_id=wid, step=step)
+    for name, values in series.items():
+        req.series.append(pb.Series(name=name, steps=list(range(len(values))), values=values))
+    return c.heartbeat(req)
+
+
+def started(world: int = 2, clock: Clock | None = None) -> Coordinator:
+    c = Coordinator(world, run_id="r1", heartbeat_timeout=5.0, clock=clock or Clock())
+    for i in range(world):
+        reg(c, f"w{i}")
+    for i in range(world):
+        assert c.can_start(pb.CanStartTrainingRequest(run_id="r1", worker_id=f"w{i}")).ready
+    return c
+
+
+def kind(excinfo: pytest.ExceptionInfo[Reject]) -> str:
+    return excinfo.value.kind
+
+
+def test_ranks_follow_registration_order_and_reregistration_is_idempotent() -> None:
+    c = Coordinator(3, run_id="r1")
+    assert [reg(c, "b"), reg(c, "a"), reg(c, "b")] == [0, 1, 0]
+    assert c.state is RunState.PENDING
+    assert reg(c, "c") == 2
+    assert c.state is RunState.RUNNING
+    assert reg(c, "a") == 1  # a retried registration after the barrier opened
+
+
+def test_full_world_is_resource_exhausted() -> None:
+    c = Coordinator(1, run_id="r1")
+    reg(c, "a")
+    with pytest.raises(Reject) as e:
+        reg(c, "b")
+    assert kind(e) == "resource_exhausted"
+    assert "1 ranks" in str(e.value)
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [
+        {"worker_id": ""},
+        {"worker_id": "x" * 300},
+        {"worker_id": "a", "pid": -1},
+        {"worker_id": "a", "rendezvous_port": 70000},
+        {"worker_id": "a", "backend": "mpi"},
+    ],
+)
+def test_malformed_registration_is_invalid_argument(fields: dict[str, object]) -> None:
+    c = Coordinator(2, run_id="r1")
+    with pytest.raises(Reject) as e:
+        c.register(pb.RegisterRequest(**fields))  # type: ignore[arg-type]
+    assert kind(e) == "invalid_argument"
+    assert c.ranks == []
+
+
+def test_registration_for_another_run_is_failed_precondition() -> None:
+    c = Coordinator(2, run_id="r1")
+    with pytest.raises(Reject) as e:
+        c.register(pb.RegisterRequest(worker_id="a", run_id="r0"))
+    assert kind(e) == "failed_precondition"
+    assert "another run" in str(e.value)
+
+
+def test_barrier_opens_when_every_rank_registered_with_rank0_rendezvous() -> None:
+    c = Coordinator(2, run_id="r1")
+    reg(c, "a", address="10.1.0.1", rendezvous_port=29555)
+    first = c.can_start(pb.CanStartTrainingRequest(run_id="r1", worker_id="a"))
+    assert not first.ready and first.registered == 1 and first.world_size == 2
+    reg(c, "b", address="10.1.0.2", rendezvous_port=29600)
+    go = c.can_start(pb.CanStartTrainingRequest(run_id="r1", worker_id="b"))
+    assert go.ready
+    assert (go.master_addr, go.master_port, go.backend) == ("10.1.0.1", 29555, "gloo")
+
+
+def test_configured_rendezvous_port_and_nccl_when_every_rank_has_it() -> None:
+    c = Coordinator(2, run_id="r1", rendezvous_port=29999)
+    reg(c, "a", backend="nccl")
+    reg(c, "b", backend="nccl")
+    go = c.can_start(pb.CanStartTrainingRequest(run_id="r1", worker_id="a"))
+    assert (go.master_port, go.backend) == (29999, "nccl")
+
+
+def test_out_of_order_and_unknown_callers() -> None:
+    c = Coordinator(2, run_id="r1")
+    reg(c, "a")
+    # heartbeat before registering: the caller has no run id yet
+    with pytest.raises(Reject) as e:
+        beat(c, "zz", run_id="")
+    assert kind(e) == "failed_precondition" and "Register first" in str(e.value)
+    # a run id that is not this master's
+    with pytest.raises(Reject) as e:
+        beat(c, "a", run_id="other")
+    assert kind(e) == "failed_precondition"
+    # the right run, a worker it never registered
+    with pytest.raises(Reject) as e:
+        beat(c, "zz")
+    assert kind(e) == "not_found"
+    with pytest.raises(Reject) as e:
+        c.can_start(pb.CanStartTrainingRequest(run_id="r1", worker_id="zz"))
+    assert kind(e) == "not_found"
+    # registered, but the barrier has not opened for it yet
+    with pytest.raises(Reject) as e:
+        beat(c, "a")
+    assert kind(e) == "failed_precondition" and "CanStartTraining" in str(e.value)
+
+
+def test_malformed_heartbeat_is_invalid_argument_and_records_nothing() -> None:
+    c = started()
+    bad = pb.HeartbeatRequest(run_id="r1", worker_id="w0", step=1)
+    bad.series.append(pb.Series(name="loss", steps=[1, 2], values=[0.5]))
+    with pytest.raises(Reject) as e:
+        c.heartbeat(bad)
+    assert kind(e) == "invalid_argument"
+    with pytest.raises(Reject) as e:
+        c.heartbeat(pb.HeartbeatRequest(run_id="r1", worker_id="w0", step=-4))
+    assert kind(e) == "invalid_argument"
+    assert c.series(0, "loss") == ([], [])
+    assert c.ranks[0].step == 0
+
+
+def test_nan_and_inf_losses_are_recorded_not_refused() -> None:
+    c = started()
+    assert beat(c, "w0", step=3, loss=[1.0, math.nan, math.inf]) == pb.CONTINUE
+    steps, values = c.series(0, "loss")
+    assert steps == [0, 1, 2]
+    assert values[0] == 1.0 and math.isnan(values[1]) and values[2] == math.inf
+    assert c.ranks[0].loss == math.inf
+
+
+def test_state_is_incremental_through_the_cursor() -> None:
+    c = started()
+    beat(c, "w0", step=2, loss=[3.0, 2.0])
+    first = c.snapshot()
+    assert first.full and sum(len(s.steps) for s in first.series) == 2
+    again = c.snapshot(first.cursor)
+    assert not again.full and list(again.series) == [] and list(again.events) == []
+    beat(c, "w1", step=1, loss=[9.0])
+    beat(c, "w0", step=3, loss=[1.0])
+    third = c.snapshot(again.cursor)
+    assert sorted((s.rank, list(s.values)) for s in third.series) == [(0, [1.0]), (1, [9.0])]
+    mirror = StateMirror()
+    for reply in (first, again, third):
+        mirror.apply(reply)
+    assert mirror.series[(0, "loss")][1] == [3.0, 2.0, 1.0]
+    assert mirror.series[(1, "loss")][1] == [9.0]
+
+
+def test_bad_cursor_is_invalid_argument_and_foreign_cursor_restarts() -> None:
+    c = started()
+    with pytest.raises(Reject) as e:
+        c.snapshot(b"\xff\xfe not a cursor")
+    assert kind(e) == "invalid_argument"
+    other = Coordinator(1, run_id="other")
+    foreign = other.snapshot().cursor
+    assert c.snapshot(foreign).full
+
+
+def test_heartbeat_age_and_expiry_on_an_injected_clock() -> None:
+    clock = Clock()
+    c = started(clock=clock)
+    beat(c, "w0", step=1)
+    beat(c, "w1", step=1)
+    clock.t += 2.5
+    beat(c, "w1", step=2)
+    ages = {r.rank: r.heartbeat_age for r in c.snapshot().ranks}
+    assert ages == {0: pytest.approx(2.5), 1: pytest.approx(0.0)}
+    clock.t += 2.4  # rank 0 silent 4.9 s: still inside the 5 s timeout
+    c.expire()
+    assert c.state is RunState.RUNNING
+    clock.t += 0.2
+    c.expire()
+    assert c.ranks[0].state is RankState.LOST and c.ranks[1].state is RankState.RUNNING
+    assert c.state is RunState.FAILED
+    assert "rank 0" in c.failure and "no heartbeat" in c.failure
+    assert beat(c, "w1", step=3) == pb.ABORT
+
+
+def test_steps_per_second_from_progress() -> None:
+    clock = Clock()
+    c = started(clock=clock)
+    for i in range(5):
+        beat(c, "w0", step=10 * i)
+        clock.t += 1.0
+    assert c.snapshot().ranks[0].steps_per_sec == pytest.approx(10.0)
+
+
+def complete(c: Coordinator, wid: str, outcome: int, error: str = "", checksum: str = "x") -> None:
+    c.complete(
+        pb.CompletionRequest(
+            run_id=c.run_id,
+            worker_id=wid,
+            outcome=outcome,  # type: ignore[arg-type]
+            error=error,
+            param_checksum=checksum,
+        )
+    )
+
+
+def test_run_succeeds_when_every_rank_finished() -> None:
+    c = started()
+    complete(c, "w0", pb.RANK_SUCCEEDED)
+    assert c.state is RunState.RUNNING
+    complete(c, "w1", pb.RANK_SUCCEEDED)
+    assert c.state is RunState.SUCCEEDED
+    assert [r.param_checksum for r in c.snapshot().ranks] == ["x", "x"]
+
+
+def test_first_failure_is_the_root_cause() -> None:
+    c = started()
+    complete(c, "w1", pb.RANK_FAILED, error="Traceback ...\nRuntimeError: boom")
+    complete(c, "w0", pb.RANK_FAILED, error="Traceback ...\nRuntimeError: connection closed by peer")
+    assert c.state is RunState.FAILED
+    assert c.root_cause is not None and c.root_cause.rank == 1
+    assert "rank 1" in c.failure and "RuntimeError: boom" in c.failure
+    assert beat(c, "w0") == pb.ABORT
+
+
+def test_launcher_exit_codes_fail_the_run_and_name_the_signal() -> None:
+    c = started()
+    c.rank_exited("w0", -9)
+    assert c.state is RunState.FAILED
+    assert "signal SIGKILL" in c.failure and c.ranks[0].exit_code == -9
+    c2 = started()
+    complete(c2, "w0", pb.RANK_SUCCEEDED)
+    c2.rank_exited("w0", 0)  # a clean exit after completion changes nothing
+    assert c2.state is RunState.RUNNING
+
+
+def test_stop_sends_stop_and_ends_stopped() -> None:
+    c = started()
+    assert beat(c, "w0") == pb.CONTINUE
+    assert c.request_stop("enough") is RunState.RUNNING
+    assert beat(c, "w0") == pb.STOP and beat(c, "w1") == pb.STOP
+    complete(c, "w0", pb.RANK_STOPPED)
+    complete(c, "w1", pb.RANK_STOPPED)
+    assert c.state is RunState.STOPPED
+    assert any(e.kind == "stop_requested" and e.message == "enough" for e in c.events)
+
+
+def test_stop_before_start_ends_the_run_at_once() -> None:
+    c = Coordinator(2, run_id="r1")
+    reg(c, "a")
+    assert c.request_stop() is RunState.STOPPED
+    with pytest.raises(Reject) as e:
+        reg(c, "b")
+    assert kind(e) == "failed_precondition"
+
+
+def test_bad_completion_outcome_is_invalid_argument() -> None:
+    c = started()
+    with pytest.raises(Reject) as e:
+        complete(c, "w0", pb.RANK_RUNNING)
+    assert kind(e) == "invalid_argument"
+    assert c.ranks[0].state is RankState.RUNNING

@@ -1,0 +1,140 @@
+"""The master through a real gRPC server on a real socket: codes, health, reflection, ports."""
+
+from __future__ import annotations
+
+import socket
+from collections.abc import Iterator
+
+import grpc
+import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
+
+from orch import PortInUseError
+from orch._proto import orchestrator_pb2 as pb
+from orch._proto import orchestrator_pb2_grpc as pb_grpc
+from orch.client import MasterClient, StateMirror
+from orch.coordinator import Coordinator, RunState
+from orch.master import SERVICE_NAME, MasterServer
+
+
+@pytest.fixture
+def stub(master: MasterServer) -> Iterator[pb_grpc.OrchestratorStub]:
+    with grpc.insecure_channel(master.address) as channel:
+        yield pb_grpc.OrchestratorStub(channel)
+
+
+def code_of(call: object, request: object) -> grpc.StatusCode:
+    with pytest.raises(grpc.RpcError) as e:
+        call(request, timeout=5)  # type: ignore[operator]
+    return e.value.code()  # type: ignore[no-any-return]
+
+
+def test_register_barrier_heartbeat_completion_over_the_wire(
+    stub: pb_grpc.OrchestratorStub, coordinator: Coordinator
+) -> None:
+    r0 = stub.Register(
+        pb.RegisterRequest(worker_id="a", host="h", pid=10, address="127.0.0.1", rendezvous_port=29501),
+        timeout=5,
+    )
+    assert (r0.rank, r0.world_size, r0.run_id) == (0, 2, "run-a")
+    assert not stub.CanStartTraining(
+        pb.CanStartTrainingRequest(run_id="run-a", worker_id="a"), timeout=5
+    ).ready
+    r1 = stub.Register(pb.RegisterRequest(worker_id="b", host="h", pid=11), timeout=5)
+    assert r1.rank == 1
+    go = stub.CanStartTraining(pb.CanStartTrainingRequest(run_id="run-a", worker_id="b"), timeout=5)
+    assert go.ready and go.master_port == 29501
+    stub.CanStartTraining(pb.CanStartTrainingRequest(run_id="run-a", worker_id="a"), timeout=5)
+    hb = pb.HeartbeatRequest(
+        run_id="run-a",
+        worker_id="a",
+        step=2,
+        series=[pb.Series(name="loss", steps=[0, 1], values=[2.0, float("nan")])],
+    )
+    assert stub.SendHeartbeat(hb, timeout=5).command == pb.CONTINUE
+    for wid in ("a", "b"):
+        stub.ReportCompletion(
+            pb.CompletionRequest(run_id="run-a", worker_id=wid, outcome=pb.RANK_SUCCEEDED), timeout=5
+        )
+    assert coordinator.state is RunState.SUCCEEDED
+
+
+def test_each_kind_of_bad_call_gets_its_status_code(stub: pb_grpc.OrchestratorStub) -> None:
+    S = grpc.StatusCode
+    assert code_of(stub.Register, pb.RegisterRequest(worker_id="")) == S.INVALID_ARGUMENT
+    assert code_of(stub.SendHeartbeat, pb.HeartbeatRequest(worker_id="a")) == S.FAILED_PRECONDITION
+    assert code_of(stub.Register, pb.RegisterRequest(worker_id="a", run_id="nope")) == S.FAILED_PRECONDITION
+    stub.Register(pb.RegisterRequest(worker_id="a"), timeout=5)
+    assert code_of(stub.SendHeartbeat, pb.HeartbeatRequest(run_id="run-a", worker_id="ghost")) == S.NOT_FOUND
+    assert (
+        code_of(
+            stub.ReportCompletion,
+            pb.CompletionRequest(run_id="run-a", worker_id="ghost", outcome=pb.RANK_SUCCEEDED),
+        )
+        == S.NOT_FOUND
+    )
+    stub.Register(pb.RegisterRequest(worker_id="b"), timeout=5)
+    assert code_of(stub.Register, pb.RegisterRequest(worker_id="c")) == S.RESOURCE_EXHAUSTED
+    assert code_of(stub.GetState, pb.GetStateRequest(cursor=b"\x0a\xff")) == S.INVALID_ARGUMENT
+    assert code_of(stub.StopRun, pb.StopRunRequest(reason="x" * 5000)) == S.INVALID_ARGUMENT
+    # the refusals changed nothing
+    assert stub.GetState(pb.GetStateRequest(), timeout=5).registered == 2
+
+
+def test_client_mirror_and_stop(master: MasterServer, stub: pb_grpc.OrchestratorStub) -> None:
+    with MasterClient(master.address) as client:
+        client.wait_ready(timeout=5)
+        mirror = StateMirror().poll(client)
+        assert (mirror.run_id, mirror.state, mirror.world_size) == ("run-a", RunState.PENDING, 2)
+        assert client.stop_run("test") is RunState.STOPPED
+        assert mirror.poll(client).state is RunState.STOPPED
+        assert [e[1] for e in mirror.events][-2:] == ["stop_requested", "finished"]
+
+
+def test_health_service_and_reflection(master: MasterServer) -> None:
+    with grpc.insecure_channel(master.address) as channel:
+        health = health_pb2_grpc.HealthStub(channel)
+        for service in ("", SERVICE_NAME):
+            reply = health.Check(health_pb2.HealthCheckRequest(service=service), timeout=5)
+            assert reply.status == health_pb2.HealthCheckResponse.SERVING
+        refl = reflection_pb2_grpc.ServerReflectionStub(channel)
+        replies = list(
+            refl.ServerReflectionInfo(
+                iter([reflection_pb2.ServerReflectionRequest(list_services="")]), timeout=5
+            )
+        )
+        names = {s.name for s in replies[0].list_services_response.service}
+        assert SERVICE_NAME in names and "grpc.health.v1.Health" in names
+
+
+def test_a_named_port_that_is_taken_is_an_error_naming_it() -> None:
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        port = holder.getsockname()[1]
+        with pytest.raises(PortInUseError) as e:
+            MasterServer(Coordinator(1), port=port).start()
+        assert str(port) in str(e.value) and "--port" in str(e.value)
+
+
+def test_a_second_master_cannot_share_the_first_ones_port(master: MasterServer) -> None:
+    # gRPC's default SO_REUSEPORT would let two servers bind one port and split the traffic.
+    with pytest.raises(PortInUseError):
+        MasterServer(Coordinator(1), port=master.port).start()
+
+
+def test_default_port_falls_back_to_a_free_one_when_taken() -> None:
+    with socket.socket() as holder:
+        holder.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            holder.bind(("127.0.0.1", 50051))
+        except OSError:
+            pass  # something else already holds the default: the fallback is exercised either way
+        else:
+            holder.listen()
+        server = MasterServer(Coordinator(1)).start()
+        try:
+            assert server.port != 50051 and server.port > 0
+        finally:
+            server.stop(grace=0.1)

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from .api import launch
+from typing import Any
+
+from .api import AttachedRun, attach, launch
 from .client import MasterClient, StateMirror
 from .context import Context
 from .coordinator import RankState, RunState
@@ -12,11 +14,13 @@ from .launcher import Run, RunResult
 __version__ = "0.1.0"
 
 __all__ = [
+    "AttachedRun",
     "ConfigError",
     "Context",
     "MasterClient",
     "MasterUnavailable",
     "OrchError",
+    "Panel",
     "PortInUseError",
     "RankState",
     "Run",
@@ -25,5 +29,15 @@ __all__ = [
     "RunState",
     "StateMirror",
     "WorkerError",
+    "attach",
     "launch",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    # The panel pulls in ipywidgets and matplotlib: only notebooks pay for that, not workers.
+    if name == "Panel":
+        from .panel import Panel
+
+        return Panel
+    raise AttributeError(f"module 'orch' has no attribute {name!r}")

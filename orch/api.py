@@ -1,11 +1,64 @@
-"""The notebook-facing entry points."""
+"""The notebook-facing entry points: ``launch`` and ``attach``."""
 
 from __future__ import annotations
 
-from typing import Any
+import os
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
-from .launcher import LaunchSpec, Run
+from .client import MasterClient, StateMirror
+from .coordinator import RunState
+from .errors import ConfigError, RunFailed
+from .launcher import LaunchSpec, Run, live_runs
 from .worker import TrainFn
+
+if TYPE_CHECKING:
+    from .panel import Panel
+
+MAX_WORKERS_PER_CORE = 8
+
+
+def _check_picklable(train: TrainFn | str | None) -> None:
+    if train is None or isinstance(train, str):
+        return
+    if not callable(train):
+        raise ConfigError(f"train must be a function, an import path or None, got {type(train).__name__}")
+    import cloudpickle
+
+    try:
+        cloudpickle.dumps(train)
+    except Exception as e:
+        name = getattr(train, "__qualname__", repr(train))
+        raise ConfigError(
+            f"the training function {name} cannot be sent to the worker processes: {e}. "
+            "It must be picklable by cloudpickle: move what it closes over that cannot be pickled "
+            "(an open file, a lock, a live model on a GPU) inside the function, and create it there."
+        ) from e
+
+
+def _check_fits(world_size: int) -> None:
+    cores = os.cpu_count() or 1
+    if world_size > MAX_WORKERS_PER_CORE * cores:
+        raise ConfigError(
+            f"world_size={world_size} does not fit this machine ({cores} CPU cores; at most "
+            f"{MAX_WORKERS_PER_CORE * cores} local workers): pass a smaller world_size, or start "
+            "`orch master` and `orch worker` on more machines"
+        )
+
+
+def _check_ports(master_port: int | None, rdzv_port: int | None) -> None:
+    for run in live_runs():
+        taken = {
+            "master_port": run.server.port if run.server else None,
+            "rdzv_port": run.coordinator.rendezvous_port,
+        }
+        for option, port in (("master_port", master_port), ("rdzv_port", rdzv_port)):
+            if port and port in taken.values():
+                raise ConfigError(
+                    f"run {run.run_id} is still running on port {port}: call run.stop() or "
+                    f"run.close() on it first, or leave {option} out to pick a free port"
+                )
 
 
 def launch(
@@ -20,11 +73,15 @@ def launch(
     heartbeat_timeout: float = 30.0,
     threads: int | None = None,
 ) -> Run:
-    """Start ``train(ctx)`` on ``world_size`` local workers; returns the running :class:`Run`.
+    """Start ``train(ctx)`` on ``world_size`` local worker processes; return the :class:`Run` at once.
 
-    ``train`` is a function (notebook cells, closures and lambdas work), an import path
-    ``"package.module:function"``, or ``None`` for the built-in example job.
+    ``train`` is a function (defined in a notebook cell; closures and lambdas work), an
+    import path ``"package.module:function"``, or ``None`` for the built-in example job.
+    ``config`` reaches the function as ``ctx.config``; ``steps`` sets ``config["steps"]``.
+    Ports default to 50051 (master) and 29500 (rendezvous) when free, else free ones; a
+    port you name must be free. Everything is checked before any process starts.
     """
+    _check_picklable(train)
     spec = LaunchSpec(
         fn=train,
         world_size=world_size,
@@ -36,4 +93,75 @@ def launch(
         heartbeat_timeout=heartbeat_timeout,
         threads=threads,
     )
+    _check_fits(world_size)
+    _check_ports(master_port, rdzv_port)
     return Run(spec).start()
+
+
+class AttachedRun:
+    """A run whose master was started elsewhere (``orch master``), read over gRPC."""
+
+    def __init__(self, address: str, *, timeout: float = 10.0) -> None:
+        self.address = address
+        self.client = MasterClient(address)
+        self.client.wait_ready(timeout)
+        self._panel: Panel | None = None
+
+    def state(self) -> StateMirror:
+        return StateMirror().poll(self.client)
+
+    def history(self) -> dict[str, dict[int, dict[str, list[float]]]]:
+        return self.state().history()
+
+    def stop(self, reason: str = "stopped from a notebook") -> RunState:
+        return self.client.stop_run(reason)
+
+    def wait(self, timeout: float | None = None, interval: float = 0.5) -> StateMirror:
+        """Poll until the run ends; raise :class:`orch.RunFailed` if it failed."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            mirror = self.state()
+            if mirror.state.done:
+                break
+            if deadline is not None and time.monotonic() > deadline:
+                raise TimeoutError(f"run {mirror.run_id} still {mirror.state.value} after {timeout}s")
+            time.sleep(interval)
+        if mirror.state is RunState.FAILED:
+            cause = next((r for r in mirror.ranks if r.rank == mirror.root_cause_rank), None)
+            raise RunFailed(
+                f"run {mirror.run_id} failed: {mirror.failure}",
+                rank=cause.rank if cause else None,
+                exit_code=cause.exit_code if cause else None,
+                traceback=cause.error if cause else "",
+                state=mirror,
+            )
+        return mirror
+
+    def log_files(self) -> dict[str, Path]:
+        return {}
+
+    def final_state(self) -> StateMirror | None:
+        return None
+
+    def panel(self, **options: Any) -> Panel:
+        from .panel import Panel
+
+        if self._panel is None or options:
+            self._panel = Panel(self, **options)
+        return self._panel
+
+    def _repr_mimebundle_(self, **kwargs: Any) -> Any:
+        return self.panel()._repr_mimebundle_(**kwargs)
+
+    def close(self) -> None:
+        if self._panel is not None:
+            self._panel.close()
+        self.client.close()
+
+
+def attach(address: str, *, timeout: float = 10.0) -> AttachedRun:
+    """Watch the run of a master started elsewhere: ``orch.attach("HOST:PORT").panel()``."""
+    from ._net import split_address
+
+    split_address(address)
+    return AttachedRun(address, timeout=timeout)

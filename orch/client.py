@@ -9,10 +9,13 @@ the notebook panel and ``orch status`` all read a run through these two.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import grpc
+import numpy as np
+import numpy.typing as npt
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from ._proto import orchestrator_pb2 as pb
@@ -118,6 +121,39 @@ class RankView:
         return d
 
 
+class SeriesBuffer:
+    """One metric series of one rank, in numpy arrays that grow by doubling."""
+
+    __slots__ = ("_n", "_steps", "_values")
+
+    def __init__(self) -> None:
+        self._steps = np.empty(64, dtype=np.int64)
+        self._values = np.empty(64, dtype=np.float64)
+        self._n = 0
+
+    def extend(self, steps: Sequence[int], values: Sequence[float]) -> None:
+        k = len(steps)
+        need = self._n + k
+        if need > len(self._steps):
+            cap = max(need, 2 * len(self._steps))
+            self._steps = np.resize(self._steps, cap)
+            self._values = np.resize(self._values, cap)
+        self._steps[self._n : need] = steps
+        self._values[self._n : need] = values
+        self._n = need
+
+    @property
+    def steps(self) -> npt.NDArray[np.int64]:
+        return self._steps[: self._n]
+
+    @property
+    def values(self) -> npt.NDArray[np.float64]:
+        return self._values[: self._n]
+
+    def __len__(self) -> int:
+        return self._n
+
+
 @dataclass
 class StateMirror:
     """The full state of a run, rebuilt from incremental ``GetState`` replies."""
@@ -131,7 +167,7 @@ class StateMirror:
     failure: str = ""
     root_cause_rank: int = -1
     ranks: list[RankView] = field(default_factory=list)
-    series: dict[tuple[int, str], tuple[list[int], list[float]]] = field(default_factory=dict)
+    series: dict[tuple[int, str], SeriesBuffer] = field(default_factory=dict)
     events: list[tuple[float, str, int, str]] = field(default_factory=list)
     cursor: bytes = b""
     last_points: int = 0  # points the last reply carried
@@ -151,9 +187,10 @@ class StateMirror:
         self.ranks = [RankView.from_pb(r) for r in reply.ranks]
         self.last_points = 0
         for s in reply.series:
-            steps, values = self.series.setdefault((s.rank, s.name), ([], []))
-            steps.extend(s.steps)
-            values.extend(s.values)
+            buf = self.series.get((s.rank, s.name))
+            if buf is None:
+                buf = self.series[(s.rank, s.name)] = SeriesBuffer()
+            buf.extend(s.steps, s.values)
             self.last_points += len(s.steps)
         self.events.extend((e.time, e.kind, e.rank, e.message) for e in reply.events)
         self.cursor = reply.cursor
@@ -161,6 +198,13 @@ class StateMirror:
     def poll(self, client: MasterClient) -> StateMirror:
         self.apply(client.get_state(self.cursor))
         return self
+
+    def history(self) -> dict[str, dict[int, dict[str, list[float]]]]:
+        """``{metric: {rank: {"step": [...], "value": [...]}}}`` for every logged scalar."""
+        out: dict[str, dict[int, dict[str, list[float]]]] = {}
+        for (rank, name), buf in sorted(self.series.items()):
+            out.setdefault(name, {})[rank] = {"step": buf.steps.tolist(), "value": buf.values.tolist()}
+        return out
 
     def metric_names(self) -> list[str]:
         return sorted({name for _, name in self.series})
@@ -181,5 +225,5 @@ class StateMirror:
             "failure": self.failure,
             "root_cause_rank": self.root_cause_rank,
             "ranks": [r.as_dict() for r in self.ranks],
-            "points": {f"{rank}/{name}": len(s[0]) for (rank, name), s in sorted(self.series.items())},
+            "points": {f"{rank}/{name}": len(s) for (rank, name), s in sorted(self.series.items())},
         }

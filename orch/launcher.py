@@ -10,6 +10,7 @@ blocked in a collective.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import json
 import logging
@@ -18,10 +19,11 @@ import os
 import signal
 import threading
 import time
+import weakref
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ._net import DEFAULT_RENDEZVOUS_PORT, choose_port
 from .client import StateMirror
@@ -30,6 +32,9 @@ from .errors import ConfigError, RunFailed
 from .master import MasterServer
 from .rundir import write_result
 from .worker import TrainFn, WorkerSpec, spawn_main
+
+if TYPE_CHECKING:
+    from .panel import Panel
 
 log = logging.getLogger(__name__)
 
@@ -128,6 +133,7 @@ class Run:
         self._closing = threading.Event()
         self._finish_lock = threading.Lock()
         self._monitor: threading.Thread | None = None
+        self._panel: Panel | None = None
         self.exit_codes: dict[str, int] = {}
 
     # -- lifecycle --------------------------------------------------------------------
@@ -143,6 +149,7 @@ class Run:
         import cloudpickle
 
         spec = self.spec
+        _track(self)
         self.server = MasterServer(self.coordinator, host=spec.master_host, port=spec.master_port).start()
         self.coordinator.rendezvous_port = choose_port(
             spec.rdzv_port,
@@ -266,10 +273,7 @@ class Run:
 
     def history(self) -> dict[str, dict[int, dict[str, list[float]]]]:
         """``{metric: {rank: {"step": [...], "value": [...]}}}`` for every logged scalar."""
-        out: dict[str, dict[int, dict[str, list[float]]]] = {}
-        for (rank, name), (steps, values) in sorted(self.state().series.items()):
-            out.setdefault(name, {})[rank] = {"step": [float(s) for s in steps], "value": values}
-        return out
+        return self.state().history()
 
     def stop(self, reason: str = "stopped by the user") -> RunState:
         """Ask every rank to finish its current step and end; returns at once."""
@@ -310,3 +314,47 @@ class Run:
 
     def ranks_in(self, state: RankState) -> list[int]:
         return [r.rank for r in self.coordinator.ranks if r.state is state]
+
+    # -- the notebook panel -------------------------------------------------------------
+    def log_files(self) -> dict[str, Path]:
+        return {wid: self.run_dir / "logs" / f"{wid}.log" for wid in self.worker_ids}
+
+    def final_state(self) -> StateMirror | None:
+        return self.state() if self.server is None or self.done else None
+
+    def panel(self, **options: Any) -> Panel:
+        """The live panel of this run (one per run; options make a new one)."""
+        from .panel import Panel
+
+        if self._panel is None or options:
+            self._panel = Panel(self, **options)
+        return self._panel
+
+    def _repr_mimebundle_(self, **kwargs: Any) -> Any:
+        return self.panel()._repr_mimebundle_(**kwargs)
+
+    def __repr__(self) -> str:
+        return f"<orch.Run {self.run_id} {self.coordinator.state.value} world_size={self.spec.world_size}>"
+
+
+_LIVE: weakref.WeakSet[Run] = weakref.WeakSet()
+_atexit_registered = False
+
+
+def _track(run: Run) -> None:
+    """Remember live runs so that they are torn down when the interpreter (kernel) exits."""
+    global _atexit_registered
+    _LIVE.add(run)
+    if not _atexit_registered:
+        atexit.register(close_all_runs)
+        _atexit_registered = True
+
+
+def live_runs() -> list[Run]:
+    return [r for r in list(_LIVE) if not r.done]
+
+
+def close_all_runs() -> None:
+    for run in list(_LIVE):
+        with contextlib.suppress(Exception):
+            run.close()

@@ -22,8 +22,8 @@ def write_result(coordinator: Coordinator, run_dir: Path) -> Path:
     mirror.apply(coordinator.snapshot())
     record: dict[str, Any] = mirror.as_dict()
     record["history"] = {
-        f"{rank}/{name}": {"step": steps, "value": [_jsonable(v) for v in values]}
-        for (rank, name), (steps, values) in sorted(mirror.series.items())
+        f"{rank}/{name}": {"step": buf.steps.tolist(), "value": [_jsonable(v) for v in buf.values.tolist()]}
+        for (rank, name), buf in sorted(mirror.series.items())
     }
     record["events"] = [
         {"time": t, "kind": kind, "rank": rank, "message": msg} for t, kind, rank, msg in mirror.events

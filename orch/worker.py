@@ -213,6 +213,14 @@ def run_worker(spec: WorkerSpec) -> int:
             timeout=datetime.timedelta(seconds=spec.collective_timeout),
         )
         control = dist.new_group(backend="gloo") if world > 1 else None
+        log.info(
+            "rank %d: process group up (%s, rendezvous %s:%d); training on %s",
+            rank,
+            backend,
+            go.master_addr,
+            go.master_port,
+            device,
+        )
         ctx: Context
         sender = HeartbeatSender(
             stub,
@@ -253,6 +261,7 @@ def run_worker(spec: WorkerSpec) -> int:
     finally:
         if sender is not None:
             sender.close()
+    log.info("rank %d: %s at step %d", rank, pb.RankState.Name(outcome), step)
     with contextlib.suppress(grpc.RpcError):
         stub.ReportCompletion(
             pb.CompletionRequest(

@@ -168,8 +168,9 @@ def test_state_is_incremental_through_the_cursor() -> None:
     mirror = StateMirror()
     for reply in (first, again, third):
         mirror.apply(reply)
-    assert mirror.series[(0, "loss")][1] == [3.0, 2.0, 1.0]
-    assert mirror.series[(1, "loss")][1] == [9.0]
+    assert mirror.series[(0, "loss")].values.tolist() == [3.0, 2.0, 1.0]
+    assert mirror.series[(1, "loss")].steps.tolist() == [0]
+    assert mirror.history()["loss"][1] == {"step": [0], "value": [9.0]}
 
 
 def test_bad_cursor_is_invalid_argument_and_foreign_cursor_restarts() -> None:

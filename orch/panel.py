@@ -1,0 +1,378 @@
+"""The live notebook panel: per-rank loss curves, a rank table, progress, Stop, log tails.
+
+A background thread polls the master over gRPC with the incremental ``GetState`` (only
+new points cross the wire), folds the reply into a :class:`~orch.client.StateMirror`,
+and updates widget traits inside ``hold_sync()``. Trait updates from a thread reach the
+browser while the kernel is busy (a cell blocked in ``run.wait()``), under ipykernel 7
+too; the thread never calls ``display()``. The plot is drawn with matplotlib into a PNG
+held by an ``Image`` widget: the same figure and line artists are reused every tick, each
+series downsampled to the plot's pixel width, so a redraw costs the same at 1k or 1M
+points and swaps one image in place (no flicker). Polling stops when the run is over; the
+final state stays drawn.
+"""
+
+from __future__ import annotations
+
+import html
+import io
+import logging
+import math
+import threading
+import time
+import traceback
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, Protocol
+
+import ipywidgets as widgets
+import numpy as np
+import numpy.typing as npt
+
+from .client import MasterClient, StateMirror
+from .coordinator import RankState, RunState
+from .dashboard import stragglers
+from .errors import MasterUnavailable
+
+log = logging.getLogger(__name__)
+
+STATE_COLORS = {
+    RunState.PENDING: "#777",
+    RunState.RUNNING: "#1f6feb",
+    RunState.SUCCEEDED: "#1a7f37",
+    RunState.FAILED: "#cf222e",
+    RunState.STOPPED: "#9a6700",
+}
+
+
+class PanelSource(Protocol):
+    """What the panel needs from a run: where its master is, how to stop it, its logs."""
+
+    @property
+    def address(self) -> str: ...
+
+    def stop(self, reason: str = ...) -> RunState: ...
+
+    def log_files(self) -> dict[str, Path]: ...
+
+    def final_state(self) -> StateMirror | None: ...
+
+
+def downsample(x: npt.NDArray[Any], y: npt.NDArray[np.float64], width: int) -> tuple[Any, Any]:
+    """At most ``2 * width`` points that keep each pixel column's min and max (spikes stay)."""
+    n = len(x)
+    if n <= 2 * width:
+        return x, y
+    k = n // width
+    m = n // k
+    xs = x[: m * k].reshape(m, k)
+    ys = y[: m * k].reshape(m, k)
+    finite = np.where(np.isfinite(ys), ys, np.nan)
+    with np.errstate(all="ignore"):
+        lo = np.nanargmin(np.where(np.isnan(finite), np.inf, finite), axis=1)
+        hi = np.nanargmax(np.where(np.isnan(finite), -np.inf, finite), axis=1)
+    rows = np.arange(m)
+    first = np.minimum(lo, hi)
+    second = np.maximum(lo, hi)
+    idx_x = np.stack([xs[rows, first], xs[rows, second]], axis=1).ravel()
+    idx_y = np.stack([ys[rows, first], ys[rows, second]], axis=1).ravel()
+    # keep the tail that did not fill a whole bucket, so the newest point is always drawn
+    return np.concatenate([idx_x, x[m * k :]]), np.concatenate([idx_y, y[m * k :]])
+
+
+class _Plot:
+    """One matplotlib figure reused for every redraw; renders to PNG bytes."""
+
+    def __init__(self, width_px: int, height_px: int) -> None:
+        from matplotlib.backends.backend_agg import FigureCanvasAgg
+        from matplotlib.figure import Figure
+
+        self.width_px = width_px
+        dpi = 100
+        self.fig = Figure(figsize=(width_px / dpi, height_px / dpi), dpi=dpi)
+        FigureCanvasAgg(self.fig)
+        self.ax = self.fig.add_subplot(1, 1, 1)
+        self.ax.set_xlabel("step")
+        self.ax.grid(True, alpha=0.3)
+        self.fig.subplots_adjust(left=0.1, right=0.98, top=0.92, bottom=0.15)
+        self.lines: dict[int, Any] = {}
+        self.metric = ""
+        self.log_scale = False
+
+    def draw(self, mirror: StateMirror, metric: str, log_scale: bool) -> bytes:
+        ax = self.ax
+        if metric != self.metric:
+            for line in self.lines.values():
+                line.remove()
+            self.lines.clear()
+            self.metric = metric
+        ax.set_title(metric or "waiting for the first points", fontsize=10)
+        ax.set_ylabel(metric)
+        for (rank, name), buf in sorted(mirror.series.items()):
+            if name != metric:
+                continue
+            x, y = downsample(buf.steps, buf.values, self.width_px)
+            line = self.lines.get(rank)
+            if line is None:
+                (line,) = ax.plot(x, y, lw=1.2, color=f"C{rank % 10}", label=f"rank {rank}")
+                self.lines[rank] = line
+            else:
+                line.set_data(x, y)
+        if self.lines:
+            ax.legend(loc="upper right", fontsize=8)
+        if log_scale != self.log_scale:
+            ax.set_yscale("log" if log_scale else "linear")
+            self.log_scale = log_scale
+        ax.relim()
+        ax.autoscale_view()
+        out = io.BytesIO()
+        self.fig.savefig(out, format="png")
+        return out.getvalue()
+
+
+def _fmt(x: float) -> str:
+    return f"{x:.4f}" if math.isfinite(x) else str(x)
+
+
+class Panel:
+    """The live view of one run. Display it (it is the last value of a cell, or ``display(panel)``)."""
+
+    def __init__(
+        self,
+        source: PanelSource,
+        *,
+        interval: float = 0.5,
+        width_px: int = 720,
+        height_px: int = 320,
+        log_lines: int = 20,
+        client: MasterClient | None = None,
+    ) -> None:
+        self.source = source
+        self.interval = interval
+        self.log_lines = log_lines
+        self.client = client or MasterClient(source.address, timeout=5.0)
+        self.mirror = StateMirror()
+        self.polls = 0
+        self.redraws = 0
+        self.last_error = ""
+        self._plot = _Plot(width_px, height_px)
+        self._drawn_points = -1
+        self._closed = threading.Event()
+        self._callbacks: list[Callable[[Panel], None]] = []
+        self._build(width_px)
+        self._thread = threading.Thread(target=self._loop, name="orch-panel", daemon=True)
+        self._thread.start()
+
+    # -- widgets --------------------------------------------------------------------------
+    def _build(self, width_px: int) -> None:
+        self.header = widgets.HTML(layout=widgets.Layout(width="100%"))
+        self.progress = widgets.IntProgress(
+            value=0, min=0, max=1, description="progress", layout=widgets.Layout(width="60%")
+        )
+        self.progress_label = widgets.Label()
+        self.metric = widgets.Dropdown(options=["loss"], value="loss", description="metric")
+        self.log_scale = widgets.Checkbox(value=False, description="log scale", indent=False)
+        self.stop_button = widgets.Button(
+            description="Stop",
+            button_style="warning",
+            icon="stop",
+            tooltip="finish the current step on every rank and stop",
+        )
+        self.stop_button.on_click(self._on_stop)
+        self.plot = widgets.Image(format="png", layout=widgets.Layout(width=f"{width_px}px"))
+        self.table = widgets.HTML()
+        self.failure = widgets.HTML()
+        self.log_rank = widgets.Dropdown(options=[], description="rank")
+        self.log_tail = widgets.HTML()
+        logs = widgets.VBox([self.log_rank, self.log_tail])
+        self.logs = widgets.Accordion(children=[logs], titles=("worker logs",), selected_index=None)
+        for w in (self.metric, self.log_scale, self.log_rank):
+            w.observe(lambda _change: self._redraw(force=True), names="value")
+        self.widget = widgets.VBox(
+            [
+                self.header,
+                widgets.HBox([self.progress, self.progress_label]),
+                widgets.HBox([self.metric, self.log_scale, self.stop_button]),
+                self.plot,
+                self.table,
+                self.failure,
+                self.logs,
+            ]
+        )
+        self.widget.add_class("orch-panel")
+
+    def _repr_mimebundle_(self, **kwargs: Any) -> Any:
+        return self.widget._repr_mimebundle_(**kwargs)
+
+    def on_update(self, callback: Callable[[Panel], None], remove: bool = False) -> None:
+        """Call ``callback(panel)`` after each update (``remove=True`` to unregister)."""
+        if remove:
+            self._callbacks.remove(callback)
+        else:
+            self._callbacks.append(callback)
+
+    # -- polling --------------------------------------------------------------------------
+    def _loop(self) -> None:
+        while not self._closed.is_set():
+            try:
+                self.mirror.poll(self.client)
+                self.polls += 1
+                self.last_error = ""
+            except MasterUnavailable as e:
+                final = self.source.final_state()
+                if final is not None:  # the run ended and its master is gone: draw its last state
+                    self.mirror = final
+                else:
+                    self.last_error = str(e)
+            try:
+                self._redraw()
+            except Exception:  # a drawing bug must not kill the poller; show it instead
+                self.last_error = traceback.format_exc()
+                log.exception("orch panel: redraw failed")
+            if self.mirror.state.done:
+                break
+            self._closed.wait(self.interval)
+        self.stop_button.disabled = True
+
+    def close(self) -> None:
+        """Stop polling (the widgets keep their last state)."""
+        self._closed.set()
+        if self._thread is not threading.current_thread():
+            self._thread.join(5.0)
+        self.client.close()
+
+    def wait_done(self, timeout: float | None = None) -> bool:
+        """Block until polling stopped because the run is over."""
+        self._thread.join(timeout)
+        return not self._thread.is_alive()
+
+    def _on_stop(self, _button: Any) -> None:
+        self.stop_button.disabled = True
+        self.stop_button.description = "Stopping…"
+        try:
+            self.source.stop("Stop pressed in the panel")
+        except Exception as e:  # the master may be gone already; say so on the button
+            self.stop_button.description = f"Stop failed: {e}"[:60]
+
+    # -- drawing --------------------------------------------------------------------------
+    def _redraw(self, force: bool = False) -> None:
+        m = self.mirror
+        names = m.metric_names()
+        points = sum(len(b) for b in m.series.values())
+        with self.widget.hold_sync():
+            if names and list(self.metric.options) != names:
+                current = (
+                    self.metric.value
+                    if self.metric.value in names
+                    else ("loss" if "loss" in names else names[0])
+                )
+                self.metric.options = names
+                self.metric.value = current
+            self._draw_header(m)
+            self.table.value = self._table_html(m)
+            self.failure.value = self._failure_html(m)
+            if force or points != self._drawn_points:
+                self.plot.value = self._plot.draw(m, self.metric.value or "loss", self.log_scale.value)
+                self._drawn_points = points
+                self.redraws += 1
+            self._draw_logs(m)
+            if m.state.done:
+                self.stop_button.disabled = True
+                self.stop_button.description = m.state.value.capitalize()
+        for cb in list(self._callbacks):
+            try:
+                cb(self)
+            except Exception:
+                log.exception("orch panel: on_update callback failed")
+
+    def _draw_header(self, m: StateMirror) -> None:
+        color = STATE_COLORS[m.state]
+        note = f" &middot; <i>{html.escape(self.last_error)}</i>" if self.last_error else ""
+        self.header.value = (
+            f'<div class="orch-header"><b>orch run {html.escape(m.run_id)}</b> &middot; '
+            f'<span class="orch-state" data-state="{m.state.value}" style="color:{color};'
+            f'font-weight:bold">{m.state.value}</span> &middot; '
+            f'<span class="orch-elapsed">{m.elapsed:.1f}s</span> &middot; '
+            f"{m.registered}/{m.world_size} ranks &middot; master {html.escape(self.source.address)}"
+            f"{note}</div>"
+        )
+        done, total = m.progress()
+        self.progress.max = max(1, total)
+        self.progress.value = min(done, self.progress.max)
+        self.progress.bar_style = {"SUCCEEDED": "success", "FAILED": "danger", "STOPPED": "warning"}.get(
+            m.state.value, "info"
+        )
+        self.progress_label.value = f"step {done}/{total} ({done / total:.0%})" if total else f"step {done}"
+
+    @staticmethod
+    def _table_html(m: StateMirror) -> str:
+        slow = stragglers(m)
+        rows = []
+        for r in m.ranks:
+            marks = []
+            if r.rank in slow:
+                marks.append('<span class="orch-slow" title="slower than the others">straggler</span>')
+            if r.step > 0 and not math.isfinite(r.loss):
+                marks.append('<span class="orch-nan" title="the loss is not finite">NaN/inf loss</span>')
+            color = "#cf222e" if r.state in (RankState.FAILED, RankState.LOST) else "inherit"
+            age = "-" if r.heartbeat_age < 0 else f"{r.heartbeat_age:.1f}s"
+            rows.append(
+                f'<tr class="orch-rank" data-rank="{r.rank}" style="color:{color}">'
+                f"<td>{r.rank}</td><td>{r.state.value}</td><td>{r.step}</td><td>{_fmt(r.loss)}</td>"
+                f"<td>{r.steps_per_sec:.1f}</td><td>{age}</td>"
+                f"<td>{html.escape(r.host)}/{r.pid}</td><td>{' '.join(marks)}</td></tr>"
+            )
+        head = "".join(
+            f"<th>{h}</th>" for h in ("rank", "state", "step", "loss", "steps/s", "heartbeat", "host/pid", "")
+        )
+        return (
+            '<table class="orch-ranks" style="border-collapse:collapse;text-align:right">'
+            f"<thead><tr>{head}</tr></thead><tbody>{''.join(rows)}</tbody></table>"
+        )
+
+    @staticmethod
+    def _failure_html(m: StateMirror) -> str:
+        if m.state is not RunState.FAILED:
+            return ""
+        cause = next((r for r in m.ranks if r.rank == m.root_cause_rank), None)
+        tb = f"<pre>{html.escape(cause.error)}</pre>" if cause is not None and cause.error else ""
+        return (
+            f'<div class="orch-failure" style="color:#cf222e"><b>Root cause:</b> '
+            f"{html.escape(m.failure)}{tb}</div>"
+        )
+
+    def _draw_logs(self, m: StateMirror) -> None:
+        files = self.source.log_files()
+        by_rank = {r.rank: files[r.worker_id] for r in m.ranks if r.worker_id in files}
+        options = [(f"rank {rank}", rank) for rank in sorted(by_rank)]
+        if options and list(self.log_rank.options) != options:
+            self.log_rank.options = options
+        if not by_rank:
+            self.log_tail.value = "<i>worker logs stay on the workers' hosts</i>" if m.ranks else ""
+            return
+        if self.logs.selected_index is None and not m.state.done:
+            return  # collapsed: do not read files nobody looks at
+        rank = self.log_rank.value if self.log_rank.value in by_rank else min(by_rank)
+        self.log_tail.value = f"<pre>{html.escape(tail(by_rank[rank], self.log_lines))}</pre>"
+
+
+def tail(path: Path, lines: int, max_bytes: int = 16384) -> str:
+    """The last ``lines`` lines of a file, reading at most ``max_bytes`` from its end."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, 2)
+            size = f.tell()
+            f.seek(max(0, size - max_bytes))
+            data = f.read().decode(errors="replace")
+    except OSError:
+        return ""
+    return "\n".join(data.splitlines()[-lines:])
+
+
+def wait_for(predicate: Callable[[], bool], timeout: float, interval: float = 0.05) -> bool:
+    """Poll ``predicate`` until it is true or ``timeout`` passes (used by tests and notebooks)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(interval)
+    return predicate()

@@ -34,6 +34,15 @@ def tagged_processes(tag: str) -> list[psutil.Process]:
     return found
 
 
+@pytest.fixture(autouse=True, scope="session")
+def _resource_tracker() -> None:
+    # multiprocessing's resource tracker lives as long as this pytest process, by design;
+    # start it before any test so that it does not carry a test's tag.
+    from multiprocessing import resource_tracker
+
+    resource_tracker.ensure_running()
+
+
 @pytest.fixture(autouse=True)
 def no_leftover_processes(monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
     """Every process a test starts must be gone when it ends."""

@@ -1,0 +1,247 @@
+"""The notebook panel through its synced widget state, on real runs with real workers."""
+
+from __future__ import annotations
+
+import math
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import comm
+import numpy as np
+import pytest
+from comm.base_comm import BaseComm
+from conftest import TESTS
+
+import orch
+from orch._proto import orchestrator_pb2 as pb
+from orch.client import StateMirror
+from orch.coordinator import Coordinator, RunState
+from orch.master import MasterServer
+from orch.panel import Panel, downsample, wait_for
+
+pytestmark = pytest.mark.timeout(180)
+sys.path.insert(0, str(TESTS))
+
+
+class RecordingComm(BaseComm):
+    """A comm that keeps every message a widget would send to the browser."""
+
+    sent: list[tuple[str, dict[str, Any]]] = []
+    lock = threading.Lock()
+
+    def publish_msg(self, msg_type: str, data: Any = None, metadata: Any = None,
+                    buffers: Any = None, **keys: Any) -> None:
+        with self.lock:
+            self.sent.append((self.comm_id, {"type": msg_type, "data": data or {}, "buffers": buffers}))
+
+
+@pytest.fixture
+def sent(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[tuple[str, dict[str, Any]]]]:
+    RecordingComm.sent = []
+    monkeypatch.setattr(comm, "create_comm", lambda *a, **kw: RecordingComm(*a, **kw))
+    yield RecordingComm.sent
+
+
+def updates_to(sent: list[tuple[str, dict[str, Any]]], widget: Any, trait: str) -> list[Any]:
+    """Values of ``trait`` that were synced to the front end for ``widget``."""
+    out = []
+    for comm_id, msg in list(sent):
+        state = msg["data"].get("state", {})
+        if comm_id == widget.comm.comm_id and msg["data"].get("method") == "update" and trait in state:
+            out.append(state[trait])
+    return out
+
+
+def test_downsample_keeps_spikes_and_the_newest_point() -> None:
+    n = 1_000_003
+    x = np.arange(n)
+    y = np.ones(n)
+    y[123_457] = 50.0
+    y[777_777] = math.nan
+    xs, ys = downsample(x, y, 500)
+    assert len(xs) <= 2 * 500 + 2 * (n // 500)
+    assert len(xs) < 3000
+    assert 50.0 in ys and xs[-1] == n - 1
+    assert np.all(np.diff(xs) >= 0)
+    small_x, small_y = downsample(x[:100], y[:100], 500)
+    assert len(small_x) == 100
+
+
+def test_panel_follows_a_real_run_live(tmp_path: Path, sent: list[Any]) -> None:
+    steps = 60
+    with orch.launch("jobs:allreduce_steps", world_size=4, config={"steps": steps, "sleep": 0.03},
+                     run_root=str(tmp_path)) as run:
+        panel = run.panel(interval=0.1)
+        run.wait(timeout=120)
+        assert panel.wait_done(30)
+        # the final state stays drawn
+        assert 'data-state="SUCCEEDED"' in panel.header.value
+        assert panel.table.value.count('class="orch-rank"') == 4
+        assert (panel.progress.value, panel.progress.max) == (steps, steps)
+        assert panel.stop_button.disabled
+        assert sorted(panel._plot.lines) == [0, 1, 2, 3]
+        for rank, line in panel._plot.lines.items():
+            assert len(line.get_xdata()) == steps, rank
+        assert list(panel.metric.options) == ["loss", "rank_seen"]
+        assert "process group up" in panel.log_tail.value
+        # the updates reached the front end while the run was still going, not only at the end
+        headers = updates_to(sent, panel.header, "value")
+        assert any('data-state="RUNNING"' in h for h in headers)
+        plots = [m for cid, m in sent if cid == panel.plot.comm.comm_id and m["buffers"]]
+        assert len(plots) >= 3
+        assert panel.polls > 3 and 1 < panel.redraws < panel.polls + 2
+        progress = updates_to(sent, panel.progress, "value")
+        assert progress == sorted(progress) and 0 < progress[0] < steps
+        # changing the metric redraws it
+        panel.metric.value = "rank_seen"
+        assert panel._plot.metric == "rank_seen"
+        assert [line.get_ydata()[-1] for _, line in sorted(panel._plot.lines.items())] == [0, 1, 2, 3]
+
+
+def test_stop_button_stops_a_real_run(tmp_path: Path, sent: list[Any]) -> None:
+    with orch.launch("jobs:allreduce_steps", world_size=4, config={"steps": 100_000, "sleep": 0.02},
+                     run_root=str(tmp_path)) as run:
+        panel = run.panel(interval=0.1)
+        assert wait_for(lambda: panel.mirror.state is RunState.RUNNING
+                        and min((r.step for r in panel.mirror.ranks), default=0) > 5, 60)
+        assert not panel.stop_button.disabled
+        panel.stop_button.click()
+        result = run.wait(timeout=60)
+        assert result.state is RunState.STOPPED
+        assert {r.state.value for r in run.state().ranks} == {"STOPPED"}
+        assert len(set(result.steps)) == 1 and 5 < result.steps[0] < 100_000  # all stopped together
+        assert panel.wait_done(30)
+        assert 'data-state="STOPPED"' in panel.header.value
+
+
+def test_panel_names_the_root_cause_of_a_failure(tmp_path: Path, sent: list[Any]) -> None:
+    run = orch.launch("jobs:raise_on_rank1", world_size=2, run_root=str(tmp_path))
+    try:
+        panel = run.panel(interval=0.1)
+        with pytest.raises(orch.RunFailed) as e:
+            run.wait(timeout=120)
+        assert e.value.rank == 1 and "boom on rank 1" in e.value.traceback
+        assert panel.wait_done(30)
+        assert 'data-state="FAILED"' in panel.header.value
+        assert "RuntimeError: boom on rank 1" in panel.failure.value
+        assert "jobs.py" in panel.failure.value  # the traceback, not only its last line
+    finally:
+        run.close()
+
+
+class _Source:
+    """A panel source for a master served by the test itself."""
+
+    def __init__(self, address: str) -> None:
+        self.address = address
+        self.stopped = False
+
+    def stop(self, reason: str = "") -> RunState:
+        self.stopped = True
+        return RunState.RUNNING
+
+    def log_files(self) -> dict[str, Path]:
+        return {}
+
+    def final_state(self) -> StateMirror | None:
+        return None
+
+
+def test_table_marks_nan_losses_and_stragglers(sent: list[Any]) -> None:
+    clock = [100.0]
+    coord = Coordinator(3, run_id="r", clock=lambda: clock[0])
+    for i in range(3):
+        coord.register(pb.RegisterRequest(worker_id=f"w{i}", host="h", pid=i))
+    for i in range(3):
+        coord.can_start(pb.CanStartTrainingRequest(run_id="r", worker_id=f"w{i}"))
+    for t in range(3):
+        for i, rate in enumerate((10, 10, 2)):
+            loss = [math.nan] if i == 1 else [1.0]
+            coord.heartbeat(pb.HeartbeatRequest(run_id="r", worker_id=f"w{i}", step=rate * t,
+                                                series=[pb.Series(name="loss", steps=[rate * t], values=loss)]))
+        clock[0] += 1.0
+    with MasterServer(coord, port=0) as server:
+        panel = Panel(_Source(server.address), interval=0.05)
+        try:
+            assert wait_for(lambda: panel.polls >= 2, 10)
+            rows = panel.table.value.split('<tr class="orch-rank"')[1:]
+            assert "NaN/inf loss" in rows[1] and "NaN/inf loss" not in rows[0]
+            assert "straggler" in rows[2] and "straggler" not in rows[0]
+            panel.stop_button.click()
+            assert panel.source.stopped  # type: ignore[attr-defined]
+        finally:
+            panel.close()
+
+
+def test_launch_refuses_bad_input_before_starting_anything(tmp_path: Path) -> None:
+    lock = threading.Lock()
+
+    def holds_a_lock(ctx: Any) -> None:
+        with lock:
+            pass
+
+    with pytest.raises(orch.ConfigError, match="holds_a_lock cannot be sent to the worker"):
+        orch.launch(holds_a_lock, run_root=str(tmp_path))
+    with pytest.raises(orch.ConfigError, match="does not fit this machine"):
+        orch.launch(world_size=100_000, run_root=str(tmp_path))
+    with pytest.raises(orch.ConfigError, match="world_size"):
+        orch.launch(world_size=0, run_root=str(tmp_path))
+    with pytest.raises(orch.ConfigError, match="JSON"):
+        orch.launch(config={"model": object()}, run_root=str(tmp_path))
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_second_launch_on_the_same_named_port_is_refused(tmp_path: Path) -> None:
+    from orch._net import free_port
+
+    port = free_port()
+    with orch.launch("jobs:allreduce_steps", world_size=2, master_port=port,
+                     config={"steps": 100_000, "sleep": 0.02}, run_root=str(tmp_path)) as first:
+        with pytest.raises(orch.ConfigError, match=f"still running on port {port}"):
+            orch.launch(world_size=2, master_port=port, run_root=str(tmp_path))
+        assert not first.done
+
+
+def test_closures_and_lambdas_from_the_caller_reach_the_workers(tmp_path: Path) -> None:
+    offset = 7.5
+    train = lambda ctx: [ctx.log(s, loss=offset + ctx.rank) for s in ctx.steps(3)]  # noqa: E731
+    with orch.launch(train, world_size=2, run_root=str(tmp_path)) as run:
+        assert run.wait(timeout=120).state is RunState.SUCCEEDED
+        loss = run.history()["loss"]
+        assert loss[0]["value"] == [7.5] * 3 and loss[1]["value"] == [8.5] * 3
+
+
+def test_attach_watches_a_master_started_elsewhere(tmp_path: Path, sent: list[Any]) -> None:
+    with orch.launch("jobs:allreduce_steps", world_size=2, config={"steps": 20}, run_root=str(tmp_path)) as run:
+        attached = orch.attach(run.address)
+        try:
+            panel = attached.panel(interval=0.1)
+            final = attached.wait(timeout=120)
+            assert final.state is RunState.SUCCEEDED
+            assert panel.wait_done(30)
+            assert 'data-state="SUCCEEDED"' in panel.header.value
+            assert attached.history()["loss"][1]["step"] == list(range(20))
+        finally:
+            attached.close()
+
+
+def test_live_runs_are_torn_down_when_the_interpreter_exits(tmp_path: Path) -> None:
+    script = (
+        "import sys, orch\n"
+        f"sys.path.insert(0, {str(TESTS)!r})\n"
+        f"run = orch.launch('jobs:allreduce_steps', world_size=2, run_root={str(tmp_path)!r},\n"
+        "                  config={'steps': 100000, 'sleep': 0.02})\n"
+        "from orch.panel import wait_for\n"
+        "assert wait_for(lambda: run.state().state.value == 'RUNNING', 60)\n"
+        "print('pids', *[p.pid for p in run.procs], flush=True)\n"
+        # the interpreter exits here without closing the run
+    )
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    pids = [int(p) for p in proc.stdout.split()[1:]]
+    assert len(pids) == 2
+    # no_leftover_processes (conftest) fails this test if either worker is still alive

@@ -10,6 +10,7 @@ from .context import Context
 from .coordinator import RankState, RunState
 from .errors import ConfigError, MasterUnavailable, OrchError, PortInUseError, RunFailed, WorkerError
 from .launcher import Run, RunResult
+from .rundir import LoadedRun, load_run
 
 __version__ = "0.1.0"
 
@@ -17,6 +18,7 @@ __all__ = [
     "AttachedRun",
     "ConfigError",
     "Context",
+    "LoadedRun",
     "MasterClient",
     "MasterUnavailable",
     "OrchError",
@@ -31,6 +33,7 @@ __all__ = [
     "WorkerError",
     "attach",
     "launch",
+    "load_run",
 ]
 
 

@@ -72,12 +72,16 @@ def launch(
     run_root: str = "runs",
     heartbeat_timeout: float = 30.0,
     threads: int | None = None,
+    max_restarts: int = 0,
 ) -> Run:
     """Start ``train(ctx)`` on ``world_size`` local worker processes; return the :class:`Run` at once.
 
     ``train`` is a function (defined in a notebook cell; closures and lambdas work), an
     import path ``"package.module:function"``, or ``None`` for the built-in example job.
     ``config`` reaches the function as ``ctx.config``; ``steps`` sets ``config["steps"]``.
+    On a failure the whole group is torn down and, up to ``max_restarts`` times, started
+    again; ``ctx.load_checkpoint()`` lets it resume after its last ``ctx.save_checkpoint``.
+    A rank whose heartbeats stop for ``heartbeat_timeout`` seconds counts as lost.
     Ports default to 50051 (master) and 29500 (rendezvous) when free, else free ones; a
     port you name must be free. Everything is checked before any process starts.
     """
@@ -92,6 +96,7 @@ def launch(
         run_root=run_root,
         heartbeat_timeout=heartbeat_timeout,
         threads=threads,
+        max_restarts=max_restarts,
     )
     _check_fits(world_size)
     _check_ports(master_port, rdzv_port)
@@ -127,12 +132,11 @@ class AttachedRun:
                 raise TimeoutError(f"run {mirror.run_id} still {mirror.state.value} after {timeout}s")
             time.sleep(interval)
         if mirror.state is RunState.FAILED:
-            cause = next((r for r in mirror.ranks if r.rank == mirror.root_cause_rank), None)
             raise RunFailed(
                 f"run {mirror.run_id} failed: {mirror.failure}",
-                rank=cause.rank if cause else None,
-                exit_code=cause.exit_code if cause else None,
-                traceback=cause.error if cause else "",
+                rank=mirror.root_cause_rank if mirror.root_cause_rank >= 0 else None,
+                exit_code=mirror.root_cause_exit_code,
+                traceback=mirror.root_cause_error,
                 state=mirror,
             )
         return mirror

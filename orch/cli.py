@@ -23,6 +23,7 @@ from .errors import ConfigError, MasterUnavailable, OrchError, RunFailed
 from .launcher import LaunchSpec, Run
 from .master import MasterServer
 from .rundir import write_result
+from .store import RunStore
 
 EXIT = {RunState.SUCCEEDED: 0, RunState.FAILED: 1, RunState.STOPPED: 3}
 
@@ -78,6 +79,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         rdzv_port=args.rdzv_port,
         run_root=args.run_root,
         heartbeat_timeout=args.heartbeat_timeout,
+        max_restarts=args.max_restarts,
     )
     with Run(spec) as run:
         run.start()
@@ -109,7 +111,19 @@ def cmd_master(args: argparse.Namespace) -> int:
         rendezvous_port=args.rdzv_port or 0,
         heartbeat_timeout=args.heartbeat_timeout,
     )
+    run_dir = Path(args.run_root) / coord.run_id
     server = MasterServer(coord, host=args.host, port=args.port).start()
+    coord.store = store = RunStore(run_dir)
+    store.write_meta(
+        {
+            "run_id": coord.run_id,
+            "fn": coord.fn,
+            "world_size": args.world_size,
+            "config": config,
+            "master": server.address,
+            "started": time.time(),
+        }
+    )
     print(
         f"orch master: run {coord.run_id} serving on {server.address}; waiting for "
         f"{args.world_size} workers (orch worker --master {server.address})",
@@ -127,18 +141,20 @@ def cmd_master(args: argparse.Namespace) -> int:
         time.sleep(args.linger)
         mirror = StateMirror()
         mirror.apply(coord.snapshot())
-        path = write_result(coord, Path(args.run_root) / coord.run_id)
+        path = write_result(coord, run_dir)
         print(summary(mirror), flush=True)
         print(f"orch master: result in {path}", flush=True)
         return EXIT.get(coord.state, 1)
     finally:
         server.stop(grace=1.0)
+        store.close()
 
 
 def cmd_worker(args: argparse.Namespace) -> int:
     from .worker import WorkerSpec, run_worker
 
     spec = WorkerSpec(
+        run_root=args.run_root,
         master=args.master,
         fn=args.fn,
         advertise_addr=args.advertise_addr,
@@ -193,6 +209,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--master-port", type=_port, default=None, help="master gRPC port (default 50051, or a free one)"
     )
     r.add_argument("--run-root", default="runs", help="where run directories go")
+    r.add_argument(
+        "--max-restarts",
+        type=int,
+        default=0,
+        help="restart the whole group from its last checkpoint up to N times on failure",
+    )
     common(r)
     r.set_defaults(func=cmd_run)
 
@@ -220,6 +242,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     w.add_argument("--threads", type=_positive, default=None, help="torch threads for this worker")
     w.add_argument("--timeout", type=float, default=60.0, help="seconds to wait for the master")
+    w.add_argument(
+        "--run-root",
+        default="runs",
+        help="where this worker keeps checkpoints and error files (run-root/<run-id>/)",
+    )
     w.set_defaults(func=cmd_worker)
 
     s = sub.add_parser("status", help="print a master's run state once")

@@ -166,6 +166,10 @@ class StateMirror:
     elapsed: float = 0.0
     failure: str = ""
     root_cause_rank: int = -1
+    root_cause_error: str = ""
+    root_cause_exit_code: int = 0
+    attempt: int = 1
+    max_attempts: int = 1
     ranks: list[RankView] = field(default_factory=list)
     series: dict[tuple[int, str], SeriesBuffer] = field(default_factory=dict)
     events: list[tuple[float, str, int, str]] = field(default_factory=list)
@@ -184,6 +188,10 @@ class StateMirror:
         self.elapsed = reply.elapsed
         self.failure = reply.failure
         self.root_cause_rank = reply.root_cause_rank
+        self.root_cause_error = reply.root_cause_error
+        self.root_cause_exit_code = reply.root_cause_exit_code
+        self.attempt = reply.attempt or 1
+        self.max_attempts = reply.max_attempts or 1
         self.ranks = [RankView.from_pb(r) for r in reply.ranks]
         self.last_points = 0
         for s in reply.series:
@@ -224,6 +232,9 @@ class StateMirror:
             "elapsed": round(self.elapsed, 3),
             "failure": self.failure,
             "root_cause_rank": self.root_cause_rank,
+            "root_cause_error": self.root_cause_error,
+            "attempt": self.attempt,
+            "max_attempts": self.max_attempts,
             "ranks": [r.as_dict() for r in self.ranks],
             "points": {f"{rank}/{name}": len(s) for (rank, name), s in sorted(self.series.items())},
         }

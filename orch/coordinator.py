@@ -7,18 +7,22 @@ and reads time from injected clocks, so it is unit-tested without sockets or sle
 
 from __future__ import annotations
 
+import bisect
 import logging
 import math
 import threading
 import time
 import uuid
 from collections import deque
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from ._proto import orchestrator_pb2 as pb
+
+if TYPE_CHECKING:
+    from .store import RunStore
 
 log = logging.getLogger(__name__)
 
@@ -83,6 +87,26 @@ class _Series:
     steps: list[int] = field(default_factory=list)
     values: list[float] = field(default_factory=list)
     times: list[float] = field(default_factory=list)
+    attempt: int = 0
+
+    def add(
+        self, steps: Sequence[int], values: Sequence[float], times: Sequence[float], attempt: int
+    ) -> bool:
+        """Append points; True when a newer attempt rewound the series.
+
+        A restarted group replays the steps after its last checkpoint: the new attempt's
+        points replace those of the old one from its first step on, so no step is counted twice.
+        """
+        rewound = False
+        if attempt > self.attempt and steps and self.steps and steps[0] <= self.steps[-1]:
+            cut = bisect.bisect_left(self.steps, steps[0])
+            del self.steps[cut:], self.values[cut:], self.times[cut:]
+            rewound = True
+        self.attempt = max(self.attempt, attempt)
+        self.steps.extend(steps)
+        self.values.extend(values)
+        self.times.extend(times)
+        return rewound
 
 
 @dataclass
@@ -121,6 +145,8 @@ class Registration:
     fn: str
     config_json: str
     total_steps: int
+    heartbeat_timeout: float
+    attempt: int
 
 
 def _check_id(name: str, value: str, *, required: bool = True) -> None:
@@ -144,6 +170,8 @@ class Coordinator:
         rendezvous_port: int = 0,
         backend: str = "",
         heartbeat_timeout: float = 30.0,
+        max_attempts: int = 1,
+        store: RunStore | None = None,
         clock: Callable[[], float] = time.monotonic,
         wall: Callable[[], float] = time.time,
     ) -> None:
@@ -171,6 +199,11 @@ class Coordinator:
         self.stop_requested = False
         self.started_at: float | None = None
         self.ended_at: float | None = None
+        self.attempt = 1
+        self.max_attempts = max_attempts
+        self.store = store
+        self._epoch = 0
+        self._first_failure: tuple[RankRecord | None, str] | None = None
 
     # -- worker RPCs -------------------------------------------------------------------
     def register(self, req: pb.RegisterRequest) -> Registration:
@@ -216,7 +249,14 @@ class Coordinator:
                     self.started_at = self._clock()
                     self._event("started", -1, f"all {self.world_size} ranks registered")
             return Registration(
-                rec.rank, self.world_size, self.run_id, self.fn, self.config_json, self.total_steps
+                rec.rank,
+                self.world_size,
+                self.run_id,
+                self.fn,
+                self.config_json,
+                self.total_steps,
+                self.heartbeat_timeout,
+                self.attempt,
             )
 
     def can_start(self, req: pb.CanStartTrainingRequest) -> pb.CanStartTrainingResponse:
@@ -270,11 +310,14 @@ class Coordinator:
             wall = self._wall()
             for s in req.series:
                 series = self._series.setdefault((rec.rank, s.name), _Series())
-                series.steps.extend(s.steps)
-                series.values.extend(s.values)
-                series.times.extend(s.times if s.times else [wall] * len(s.steps))
+                times = s.times if s.times else [wall] * len(s.steps)
+                if series.add(s.steps, s.values, times, self.attempt):
+                    self._epoch += 1
                 if s.name == "loss" and s.values:
                     rec.loss = s.values[-1]
+            if self.store is not None and req.series:
+                # Written before the reply: an acknowledged point is in the run dir.
+                self.store.append_points(rec.rank, self.attempt, req.series)
             self._changed.notify_all()
             return self._command_for(rec)
 
@@ -293,8 +336,11 @@ class Coordinator:
             self._end_rank(rec, outcome, error=req.error[:MAX_ERROR_LEN])
 
     # -- launcher and tools --------------------------------------------------------------
-    def rank_exited(self, worker_id: str, exit_code: int) -> None:
-        """The launcher saw a worker process exit with ``exit_code`` (negative: signal)."""
+    def rank_exited(self, worker_id: str, exit_code: int, detail: str = "") -> None:
+        """The launcher saw a worker process exit with ``exit_code`` (negative: signal).
+
+        ``detail`` is what the process left behind (its error file or the end of its log).
+        """
         with self._lock:
             rec = self._by_worker.get(worker_id)
             if rec is None:
@@ -310,7 +356,8 @@ class Coordinator:
             what = _describe_exit(exit_code)
             if exit_code == 0:
                 what += " without reporting completion"
-            self._end_rank(rec, RankState.FAILED, error=f"process exited with {what}")
+            error = f"process exited with {what}"
+            self._end_rank(rec, RankState.FAILED, error=f"{detail.rstrip()}\n{error}" if detail else error)
 
     def request_stop(self, reason: str = "") -> RunState:
         with self._lock:
@@ -322,6 +369,28 @@ class Coordinator:
             else:
                 self.stop_requested = True
             return self.state
+
+    def restart(self) -> int:
+        """Open a new attempt after a failure: the ranks re-register, the series go on.
+
+        Returns the new attempt number. Only a FAILED run with attempts left restarts.
+        """
+        with self._lock:
+            if self.state is not RunState.FAILED or self.attempt >= self.max_attempts:
+                raise Reject("failed_precondition", "only a failed run with restarts left can restart")
+            if self._first_failure is None:
+                self._first_failure = (self.root_cause, self.failure)
+            self.attempt += 1
+            self.ranks = []
+            self._by_worker = {}
+            self.root_cause = None
+            self.failure = ""
+            self.stop_requested = False
+            self.state = RunState.PENDING
+            self.ended_at = None
+            self._event("restart", -1, f"attempt {self.attempt} of {self.max_attempts}")
+            self._changed.notify_all()
+            return self.attempt
 
     def fail(self, message: str) -> None:
         """Fail the run from outside (the launcher gave up on it)."""
@@ -367,7 +436,7 @@ class Coordinator:
                 raise Reject("invalid_argument", "cursor is not one this master returned")
         self.expire()
         with self._lock:
-            full = not cursor or prev.run_id != self.run_id
+            full = not cursor or prev.run_id != self.run_id or prev.epoch != self._epoch
             sent = {} if full else dict(zip(prev.keys, prev.offsets, strict=True))
             now = self._clock()
             reply = pb.GetStateResponse(
@@ -380,10 +449,14 @@ class Coordinator:
                 failure=self.failure,
                 full=full,
                 root_cause_rank=self.root_cause.rank if self.root_cause is not None else -1,
+                attempt=self.attempt,
+                max_attempts=self.max_attempts,
+                root_cause_error=self.root_cause.error if self.root_cause is not None else "",
+                root_cause_exit_code=self.root_cause.exit_code if self.root_cause is not None else 0,
             )
             for rec in self.ranks:
                 reply.ranks.append(self._rank_info(rec, now))
-            nxt = pb.StateCursor(run_id=self.run_id)
+            nxt = pb.StateCursor(run_id=self.run_id, epoch=self._epoch)
             for (rank, name), s in sorted(self._series.items()):
                 key = f"{rank}/{name}"
                 start = sent.get(key, 0)
@@ -459,6 +532,15 @@ class Coordinator:
         self.failure = message
         self._finish(RunState.FAILED)
 
+    def give_up(self, reason: str = "") -> None:
+        """No restart follows this failure: report the first attempt's root cause."""
+        with self._lock:
+            if self._first_failure is not None and self.state is RunState.FAILED:
+                self.root_cause, first = self._first_failure
+                self.failure = f"{first} (after {self.attempt} attempts{'; ' + reason if reason else ''})"
+            elif reason and self.state is RunState.FAILED:
+                self.failure = f"{self.failure} ({reason})"
+
     def _finish(self, state: RunState) -> None:
         self.state = state
         self.ended_at = self._clock()
@@ -466,7 +548,10 @@ class Coordinator:
         self._changed.notify_all()
 
     def _event(self, kind: str, rank: int, message: str) -> None:
-        self.events.append(pb.Event(time=self._wall(), kind=kind, rank=rank, message=message))
+        event = pb.Event(time=self._wall(), kind=kind, rank=rank, message=message)
+        self.events.append(event)
+        if self.store is not None:
+            self.store.append_event(event)
         log.debug("run %s: %s rank=%d %s", self.run_id, kind, rank, message)
 
     def _elapsed(self, now: float) -> float:

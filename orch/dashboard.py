@@ -51,6 +51,7 @@ def render(mirror: StateMirror, *, address: str = "") -> str:
     lines = [
         f"orch run {mirror.run_id or '?'}  {mirror.state.value:<9}  "
         f"{mirror.registered}/{mirror.world_size} ranks  elapsed {mirror.elapsed:6.1f}s"
+        + (f"  attempt {mirror.attempt}/{mirror.max_attempts}" if mirror.max_attempts > 1 else "")
         + (f"  master {address}" if address else ""),
         _bar(done, total),
         "",
@@ -82,9 +83,8 @@ def summary(mirror: StateMirror) -> str:
         )
     if mirror.failure:
         lines.append(f"root cause: {mirror.failure}")
-        cause = next((r for r in mirror.ranks if r.rank == mirror.root_cause_rank), None)
-        if cause is not None and "Traceback" in cause.error:
-            lines.append(cause.error.rstrip())
+        if mirror.root_cause_error:
+            lines.append(mirror.root_cause_error.rstrip())
     return "\n".join(lines)
 
 

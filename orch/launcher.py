@@ -31,6 +31,7 @@ from .coordinator import Coordinator, RankState, RunState
 from .errors import ConfigError, RunFailed
 from .master import MasterServer
 from .rundir import write_result
+from .store import RunStore
 from .worker import TrainFn, WorkerSpec, spawn_main
 
 if TYPE_CHECKING:
@@ -55,7 +56,8 @@ class LaunchSpec:
     heartbeat_interval: float = 0.25
     threads: int | None = None
     poll_interval: float = 0.1
-    grace: float = 3.0
+    grace: float = 1.5
+    max_restarts: int = 0
 
     def __post_init__(self) -> None:
         if not isinstance(self.world_size, int) or self.world_size < 1:
@@ -72,6 +74,8 @@ class LaunchSpec:
             ) from e
         if self.heartbeat_timeout <= self.heartbeat_interval * 2:
             raise ConfigError("heartbeat_timeout must be well above heartbeat_interval")
+        if not isinstance(self.max_restarts, int) or self.max_restarts < 0:
+            raise ConfigError(f"max_restarts must be a non-negative integer, got {self.max_restarts!r}")
 
     @property
     def fn_name(self) -> str:
@@ -122,13 +126,17 @@ class Run:
             config_json=json.dumps(spec.config),
             total_steps=int(spec.config.get("steps", 0) or 0),
             heartbeat_timeout=spec.heartbeat_timeout,
+            max_attempts=spec.max_restarts + 1,
         )
         self.run_id = self.coordinator.run_id
         self.run_dir = Path(spec.run_root) / self.run_id
         self.server: MasterServer | None = None
         self.procs: list[mp.process.BaseProcess] = []
-        self.worker_ids = [f"{self.run_id}-w{i}" for i in range(spec.world_size)]
+        self.worker_ids: list[str] = []
         self._exited: dict[int, int] = {}
+        self.store: RunStore | None = None
+        self.first_death_at: float | None = None  # monotonic: a worker of this attempt died
+        self.all_exited_at: float | None = None  # monotonic: every worker of the run is gone
         self._done = threading.Event()
         self._closing = threading.Event()
         self._finish_lock = threading.Lock()
@@ -146,7 +154,6 @@ class Run:
         return self
 
     def _start(self) -> None:
-        import cloudpickle
 
         spec = self.spec
         _track(self)
@@ -157,6 +164,35 @@ class Run:
             what="torch.distributed rendezvous",
             option="rdzv_port",
         )
+        self.store = RunStore(self.run_dir)
+        self.store.write_meta(
+            {
+                "run_id": self.run_id,
+                "fn": spec.fn_name,
+                "world_size": spec.world_size,
+                "config": spec.config,
+                "max_restarts": spec.max_restarts,
+                "master": self.server.address,
+                "started": time.time(),
+            }
+        )
+        self.coordinator.store = self.store
+        self._spawn_workers()
+        self._monitor = threading.Thread(target=self._watch, name="orch-monitor", daemon=True)
+        self._monitor.start()
+        log.info("run %s: master on %s, %d workers", self.run_id, self.address, spec.world_size)
+
+    def _spawn_workers(self) -> None:
+        import cloudpickle
+
+        spec = self.spec
+        assert self.server is not None
+        attempt = self.coordinator.attempt
+        prefix = f"{self.run_id}-w" if attempt == 1 else f"{self.run_id}-a{attempt}-w"
+        self.worker_ids = [f"{prefix}{i}" for i in range(spec.world_size)]
+        self.procs = []
+        self._exited = {}
+        self.first_death_at = None
         (self.run_dir / "logs").mkdir(parents=True, exist_ok=True)
         ctx = mp.get_context("spawn")
         threads = spec.threads or max(1, (os.cpu_count() or 1) // spec.world_size)
@@ -171,18 +207,16 @@ class Run:
                 advertise_addr="127.0.0.1",
                 threads=threads,
                 heartbeat_interval=spec.heartbeat_interval,
-                master_timeout=max(5.0, spec.heartbeat_timeout / 2),
+                master_timeout=spec.heartbeat_timeout,
                 watch_parent=os.getpid(),
                 log_file=str(self.run_dir / "logs" / f"{wid}.log"),
+                run_root=spec.run_root,
             )
             payload = cloudpickle.dumps(wspec)
             with _child_env({"OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)}):
                 p = ctx.Process(target=spawn_main, args=(payload,), name=f"orch-{wid}")
                 p.start()
             self.procs.append(p)
-        self._monitor = threading.Thread(target=self._watch, name="orch-monitor", daemon=True)
-        self._monitor.start()
-        log.info("run %s: master on %s, %d workers", self.run_id, self.address, spec.world_size)
 
     @property
     def address(self) -> str:
@@ -190,21 +224,67 @@ class Run:
         return self.server.address if self.server is not None else ""
 
     def _watch(self) -> None:
+        """Every ``poll_interval``: collect exits; on failure tear down, then restart or end."""
         coord = self.coordinator
         while not self._closing.is_set():
-            for i, p in enumerate(self.procs):
-                if i not in self._exited and p.exitcode is not None:
-                    self._exited[i] = p.exitcode
-                    self.exit_codes[self.worker_ids[i]] = p.exitcode
-                    coord.rank_exited(self.worker_ids[i], p.exitcode)
+            self._collect_exits()
             if coord.state is RunState.FAILED:
                 self._terminate_workers()
+                self._collect_exits()
+                self.all_exited_at = time.monotonic()
+                reason = self._restart_refused()
+                if reason is None:
+                    coord.restart()
+                    log.warning(
+                        "run %s: restarting (attempt %d of %d)",
+                        self.run_id,
+                        coord.attempt,
+                        coord.max_attempts,
+                    )
+                    self._spawn_workers()
+                    continue
+                coord.give_up(reason)
+                break
             if len(self._exited) == len(self.procs):
+                self.all_exited_at = time.monotonic()
                 if not coord.state.done:
                     coord.fail("every worker exited before the run finished")
                 break
             time.sleep(self.spec.poll_interval)
         self._finish()
+
+    def _collect_exits(self) -> None:
+        for i, p in enumerate(self.procs):
+            if i in self._exited or p.exitcode is None:
+                continue
+            wid = self.worker_ids[i]
+            self._exited[i] = p.exitcode
+            self.exit_codes[wid] = p.exitcode
+            if p.exitcode != 0 and self.first_death_at is None:
+                self.first_death_at = time.monotonic()
+            self.coordinator.rank_exited(wid, p.exitcode, detail=self._exit_detail(wid, p.exitcode))
+
+    def _exit_detail(self, worker_id: str, code: int) -> str:
+        """What the dead worker left behind: its error file, or the end of its log."""
+        if code == 0:
+            return ""
+        error_file = self.run_dir / "errors" / f"{worker_id}.json"
+        with contextlib.suppress(OSError, ValueError):
+            return str(json.loads(error_file.read_text())["traceback"])
+        from .panel import tail
+
+        return tail(self.run_dir / "logs" / f"{worker_id}.log", 30)
+
+    def _restart_refused(self) -> str | None:
+        """Why this failure must not restart the group (None: restart it)."""
+        coord = self.coordinator
+        if coord.attempt >= coord.max_attempts:
+            return "no restarts left" if coord.max_attempts > 1 else ""
+        if self._closing.is_set():
+            return "the run was closed"
+        if not any(r.step > 0 for r in coord.ranks):
+            return "it failed during start-up, before any step: not restarted"
+        return None
 
     def _finish(self) -> None:
         with self._finish_lock:
@@ -220,8 +300,10 @@ class Run:
         """SIGTERM, a bounded grace, SIGKILL, join — all against one deadline."""
         alive = [p for p in self.procs if p.exitcode is None]
         for p in alive:
-            with contextlib.suppress(ProcessLookupError, AttributeError):
+            with contextlib.suppress(ProcessLookupError, AttributeError, TypeError):
                 p.terminate()
+                # A stopped (SIGSTOP, hung) worker only acts on SIGTERM once continued.
+                os.kill(p.pid, signal.SIGCONT)  # type: ignore[arg-type]
         deadline = time.monotonic() + self.spec.grace
         for p in alive:
             p.join(max(0.0, deadline - time.monotonic()))
@@ -291,6 +373,7 @@ class Run:
         else:
             self._stop_server()
             self._finish()
+            self._close_store()
             return
         if not self.coordinator.state.done:
             self.coordinator.fail("the run was closed while it was running")
@@ -300,6 +383,11 @@ class Run:
                 self.exit_codes[self.worker_ids[i]] = p.exitcode
         self._stop_server()
         self._finish()
+        self._close_store()
+
+    def _close_store(self) -> None:
+        if self.store is not None:
+            self.store.close()
 
     def _stop_server(self) -> None:
         if self.server is not None:

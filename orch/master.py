@@ -58,6 +58,8 @@ class OrchestratorServicer(pb_grpc.OrchestratorServicer):  # type: ignore[misc]
             fn=reg.fn,
             config_json=reg.config_json,
             total_steps=reg.total_steps,
+            heartbeat_timeout=reg.heartbeat_timeout,
+            attempt=reg.attempt,
         )
 
     def CanStartTraining(

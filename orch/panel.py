@@ -149,7 +149,8 @@ class Panel:
         self.source = source
         self.interval = interval
         self.log_lines = log_lines
-        self.client = client or MasterClient(source.address, timeout=5.0)
+        # A run read back from disk has no master: its final state is drawn once.
+        self.client = client or (MasterClient(source.address, timeout=5.0) if source.address else None)
         self.mirror = StateMirror()
         self.polls = 0
         self.redraws = 0
@@ -214,6 +215,8 @@ class Panel:
     def _loop(self) -> None:
         while not self._closed.is_set():
             try:
+                if self.client is None:
+                    raise MasterUnavailable("no master to poll")
                 self.mirror.poll(self.client)
                 self.polls += 1
                 self.last_error = ""
@@ -238,7 +241,8 @@ class Panel:
         self._closed.set()
         if self._thread is not threading.current_thread():
             self._thread.join(5.0)
-        self.client.close()
+        if self.client is not None:
+            self.client.close()
 
     def wait_done(self, timeout: float | None = None) -> bool:
         """Block until polling stopped because the run is over."""
@@ -286,7 +290,9 @@ class Panel:
 
     def _draw_header(self, m: StateMirror) -> None:
         color = STATE_COLORS[m.state]
-        note = f" &middot; <i>{html.escape(self.last_error)}</i>" if self.last_error else ""
+        note = f" &middot; attempt {m.attempt}/{m.max_attempts}" if m.max_attempts > 1 else ""
+        if self.last_error:
+            note += f" &middot; <i>{html.escape(self.last_error)}</i>"
         self.header.value = (
             f'<div class="orch-header"><b>orch run {html.escape(m.run_id)}</b> &middot; '
             f'<span class="orch-state" data-state="{m.state.value}" style="color:{color};'
@@ -333,8 +339,7 @@ class Panel:
     def _failure_html(m: StateMirror) -> str:
         if m.state is not RunState.FAILED:
             return ""
-        cause = next((r for r in m.ranks if r.rank == m.root_cause_rank), None)
-        tb = f"<pre>{html.escape(cause.error)}</pre>" if cause is not None and cause.error else ""
+        tb = f"<pre>{html.escape(m.root_cause_error)}</pre>" if m.root_cause_error else ""
         return (
             f'<div class="orch-failure" style="color:#cf222e"><b>Root cause:</b> '
             f"{html.escape(m.failure)}{tb}</div>"

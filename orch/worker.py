@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import faulthandler
 import importlib
 import json
 import logging
@@ -21,6 +22,7 @@ import time
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import grpc
@@ -30,6 +32,7 @@ from ._proto import orchestrator_pb2 as pb
 from ._proto import orchestrator_pb2_grpc as pb_grpc
 from ._sender import HeartbeatSender
 from .errors import ConfigError, WorkerError
+from .store import write_json_atomic
 
 log = logging.getLogger(__name__)
 
@@ -54,8 +57,9 @@ class WorkerSpec:
     register_timeout: float = 60.0
     barrier_timeout: float = 300.0
     heartbeat_interval: float = 0.25
-    master_timeout: float = 10.0
+    master_timeout: float | None = None  # None: the master's heartbeat timeout
     collective_timeout: float = 1800.0
+    run_root: str = "runs"  # checkpoints and error files go to run_root/<run-id>/
     watch_parent: int | None = None  # exit when this pid is no longer our parent
     log_file: str | None = None
     env: dict[str, str] = field(default_factory=dict)
@@ -178,12 +182,33 @@ def _cuda_available() -> bool:
     return bool(torch.cuda.is_available())
 
 
+def _write_error(path: Path, spec: WorkerSpec, rank: int, code: int, error: str) -> None:
+    """The failure, on stderr (the rank's log) and in an error file the launcher reads."""
+    sys.stderr.write(error)
+    sys.stderr.flush()
+    record = {
+        "worker_id": spec.worker_id,
+        "rank": rank,
+        "host": socket.gethostname(),
+        "pid": os.getpid(),
+        "exit_code": code,
+        "time": time.time(),
+        "traceback": error,
+    }
+    with contextlib.suppress(OSError):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        write_json_atomic(path, record)
+
+
 def run_worker(spec: WorkerSpec) -> int:
     """Join the run at ``spec.master`` and train; returns the process exit code."""
     import torch
     import torch.distributed as dist
 
     from .context import Context
+
+    # A segfault or an abort in native code still leaves a Python stack in the rank's log.
+    faulthandler.enable()
 
     if spec.watch_parent is not None:
         threading.Thread(target=_watch_parent, args=(spec.watch_parent,), daemon=True).start()
@@ -195,6 +220,7 @@ def run_worker(spec: WorkerSpec) -> int:
     log.info("worker %s registered as rank %d of %d in run %s", spec.worker_id, rank, world, run_id)
     outcome, error, checksum, step, code = pb.RANK_SUCCEEDED, "", "", 0, 0
     sender: HeartbeatSender | None = None
+    error_file = Path(spec.run_root) / run_id / "errors" / f"{spec.worker_id}.json"
     try:
         fn = resolve_fn(spec.fn if spec.fn is not None else reg.fn or "orch.example:train")
         config = spec.config if spec.config is not None else json.loads(reg.config_json or "{}")
@@ -227,7 +253,7 @@ def run_worker(spec: WorkerSpec) -> int:
             run_id=run_id,
             worker_id=spec.worker_id,
             interval=spec.heartbeat_interval,
-            master_timeout=spec.master_timeout,
+            master_timeout=spec.master_timeout or reg.heartbeat_timeout or 30.0,
             on_stop=lambda: ctx.request_stop(),
             on_abort=_Abort(),
         )
@@ -240,6 +266,8 @@ def run_worker(spec: WorkerSpec) -> int:
             run_id=run_id,
             sender=sender,
             control_group=control,
+            checkpoint_dir=Path(spec.run_root) / run_id / "checkpoints",
+            attempt=reg.attempt or 1,
         )
         sender.total_steps = reg.total_steps
         sender.start()
@@ -253,11 +281,11 @@ def run_worker(spec: WorkerSpec) -> int:
         if code != 0:
             outcome = pb.RANK_FAILED
             error = f"the training function called sys.exit({e.code!r})\n" + traceback.format_exc()
-            sys.stderr.write(error)
+            _write_error(error_file, spec, rank, code, error)
     except BaseException:  # the rank's failure, whatever it is, goes to the master
         outcome, code = pb.RANK_FAILED, EXIT_FAILED
         error = traceback.format_exc()
-        sys.stderr.write(error)
+        _write_error(error_file, spec, rank, code, error)
     finally:
         if sender is not None:
             sender.close()

@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 
+import orch
 from conftest import ORCH
 
 pytestmark = pytest.mark.timeout(240)
@@ -23,7 +24,14 @@ pytestmark = pytest.mark.timeout(240)
 def result_of(output: str, run_root: Path) -> dict[str, Any]:
     run_id = re.search(r"run ([0-9a-f]{12})", output)
     assert run_id, output
-    return json.loads((run_root / run_id.group(1) / "result.json").read_text())  # type: ignore[no-any-return]
+    run_dir = run_root / run_id.group(1)
+    result: dict[str, Any] = json.loads((run_dir / "result.json").read_text())
+    result["history"] = {
+        f"{rank}/{name}": series
+        for name, ranks in orch.load_run(run_dir).history().items()
+        for rank, series in ranks.items()
+    }
+    return result
 
 
 def assert_trained(result: dict[str, Any], world: int) -> None:

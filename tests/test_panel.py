@@ -14,9 +14,9 @@ import comm
 import numpy as np
 import pytest
 from comm.base_comm import BaseComm
-from conftest import TESTS
 
 import orch
+from conftest import TESTS
 from orch._proto import orchestrator_pb2 as pb
 from orch.client import StateMirror
 from orch.coordinator import Coordinator, RunState
@@ -33,8 +33,9 @@ class RecordingComm(BaseComm):
     sent: list[tuple[str, dict[str, Any]]] = []
     lock = threading.Lock()
 
-    def publish_msg(self, msg_type: str, data: Any = None, metadata: Any = None,
-                    buffers: Any = None, **keys: Any) -> None:
+    def publish_msg(
+        self, msg_type: str, data: Any = None, metadata: Any = None, buffers: Any = None, **keys: Any
+    ) -> None:
         with self.lock:
             self.sent.append((self.comm_id, {"type": msg_type, "data": data or {}, "buffers": buffers}))
 
@@ -73,8 +74,9 @@ def test_downsample_keeps_spikes_and_the_newest_point() -> None:
 
 def test_panel_follows_a_real_run_live(tmp_path: Path, sent: list[Any]) -> None:
     steps = 60
-    with orch.launch("jobs:allreduce_steps", world_size=4, config={"steps": steps, "sleep": 0.03},
-                     run_root=str(tmp_path)) as run:
+    with orch.launch(
+        "jobs:allreduce_steps", world_size=4, config={"steps": steps, "sleep": 0.03}, run_root=str(tmp_path)
+    ) as run:
         panel = run.panel(interval=0.1)
         run.wait(timeout=120)
         assert panel.wait_done(30)
@@ -103,11 +105,17 @@ def test_panel_follows_a_real_run_live(tmp_path: Path, sent: list[Any]) -> None:
 
 
 def test_stop_button_stops_a_real_run(tmp_path: Path, sent: list[Any]) -> None:
-    with orch.launch("jobs:allreduce_steps", world_size=4, config={"steps": 100_000, "sleep": 0.02},
-                     run_root=str(tmp_path)) as run:
+    with orch.launch(
+        "jobs:allreduce_steps", world_size=4, config={"steps": 100_000, "sleep": 0.02}, run_root=str(tmp_path)
+    ) as run:
         panel = run.panel(interval=0.1)
-        assert wait_for(lambda: panel.mirror.state is RunState.RUNNING
-                        and min((r.step for r in panel.mirror.ranks), default=0) > 5, 60)
+        assert wait_for(
+            lambda: (
+                panel.mirror.state is RunState.RUNNING
+                and min((r.step for r in panel.mirror.ranks), default=0) > 5
+            ),
+            60,
+        )
         assert not panel.stop_button.disabled
         panel.stop_button.click()
         result = run.wait(timeout=60)
@@ -161,8 +169,14 @@ def test_table_marks_nan_losses_and_stragglers(sent: list[Any]) -> None:
     for t in range(3):
         for i, rate in enumerate((10, 10, 2)):
             loss = [math.nan] if i == 1 else [1.0]
-            coord.heartbeat(pb.HeartbeatRequest(run_id="r", worker_id=f"w{i}", step=rate * t,
-                                                series=[pb.Series(name="loss", steps=[rate * t], values=loss)]))
+            coord.heartbeat(
+                pb.HeartbeatRequest(
+                    run_id="r",
+                    worker_id=f"w{i}",
+                    step=rate * t,
+                    series=[pb.Series(name="loss", steps=[rate * t], values=loss)],
+                )
+            )
         clock[0] += 1.0
     with MasterServer(coord, port=0) as server:
         panel = Panel(_Source(server.address), interval=0.05)
@@ -199,8 +213,13 @@ def test_a_second_launch_on_the_same_named_port_is_refused(tmp_path: Path) -> No
     from orch._net import free_port
 
     port = free_port()
-    with orch.launch("jobs:allreduce_steps", world_size=2, master_port=port,
-                     config={"steps": 100_000, "sleep": 0.02}, run_root=str(tmp_path)) as first:
+    with orch.launch(
+        "jobs:allreduce_steps",
+        world_size=2,
+        master_port=port,
+        config={"steps": 100_000, "sleep": 0.02},
+        run_root=str(tmp_path),
+    ) as first:
         with pytest.raises(orch.ConfigError, match=f"still running on port {port}"):
             orch.launch(world_size=2, master_port=port, run_root=str(tmp_path))
         assert not first.done
@@ -216,7 +235,9 @@ def test_closures_and_lambdas_from_the_caller_reach_the_workers(tmp_path: Path) 
 
 
 def test_attach_watches_a_master_started_elsewhere(tmp_path: Path, sent: list[Any]) -> None:
-    with orch.launch("jobs:allreduce_steps", world_size=2, config={"steps": 20}, run_root=str(tmp_path)) as run:
+    with orch.launch(
+        "jobs:allreduce_steps", world_size=2, config={"steps": 20}, run_root=str(tmp_path)
+    ) as run:
         attached = orch.attach(run.address)
         try:
             panel = attached.panel(interval=0.1)

@@ -71,20 +71,24 @@ class RegisterRequest(_message.Message):
     def __init__(self, worker_id: _Optional[str] = ..., host: _Optional[str] = ..., pid: _Optional[int] = ..., address: _Optional[str] = ..., rendezvous_port: _Optional[int] = ..., local_rank: _Optional[int] = ..., backend: _Optional[str] = ..., run_id: _Optional[str] = ...) -> None: ...
 
 class RegisterResponse(_message.Message):
-    __slots__ = ("rank", "world_size", "run_id", "fn", "config_json", "total_steps")
+    __slots__ = ("rank", "world_size", "run_id", "fn", "config_json", "total_steps", "heartbeat_timeout", "attempt")
     RANK_FIELD_NUMBER: _ClassVar[int]
     WORLD_SIZE_FIELD_NUMBER: _ClassVar[int]
     RUN_ID_FIELD_NUMBER: _ClassVar[int]
     FN_FIELD_NUMBER: _ClassVar[int]
     CONFIG_JSON_FIELD_NUMBER: _ClassVar[int]
     TOTAL_STEPS_FIELD_NUMBER: _ClassVar[int]
+    HEARTBEAT_TIMEOUT_FIELD_NUMBER: _ClassVar[int]
+    ATTEMPT_FIELD_NUMBER: _ClassVar[int]
     rank: int
     world_size: int
     run_id: str
     fn: str
     config_json: str
     total_steps: int
-    def __init__(self, rank: _Optional[int] = ..., world_size: _Optional[int] = ..., run_id: _Optional[str] = ..., fn: _Optional[str] = ..., config_json: _Optional[str] = ..., total_steps: _Optional[int] = ...) -> None: ...
+    heartbeat_timeout: float
+    attempt: int
+    def __init__(self, rank: _Optional[int] = ..., world_size: _Optional[int] = ..., run_id: _Optional[str] = ..., fn: _Optional[str] = ..., config_json: _Optional[str] = ..., total_steps: _Optional[int] = ..., heartbeat_timeout: _Optional[float] = ..., attempt: _Optional[int] = ...) -> None: ...
 
 class CanStartTrainingRequest(_message.Message):
     __slots__ = ("run_id", "worker_id")
@@ -217,7 +221,7 @@ class Event(_message.Message):
     def __init__(self, time: _Optional[float] = ..., kind: _Optional[str] = ..., rank: _Optional[int] = ..., message: _Optional[str] = ...) -> None: ...
 
 class GetStateResponse(_message.Message):
-    __slots__ = ("run_id", "state", "world_size", "registered", "total_steps", "elapsed", "ranks", "series", "events", "failure", "cursor", "full", "root_cause_rank")
+    __slots__ = ("run_id", "state", "world_size", "registered", "total_steps", "elapsed", "ranks", "series", "events", "failure", "cursor", "full", "root_cause_rank", "attempt", "max_attempts", "root_cause_error", "root_cause_exit_code")
     RUN_ID_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
     WORLD_SIZE_FIELD_NUMBER: _ClassVar[int]
@@ -231,6 +235,10 @@ class GetStateResponse(_message.Message):
     CURSOR_FIELD_NUMBER: _ClassVar[int]
     FULL_FIELD_NUMBER: _ClassVar[int]
     ROOT_CAUSE_RANK_FIELD_NUMBER: _ClassVar[int]
+    ATTEMPT_FIELD_NUMBER: _ClassVar[int]
+    MAX_ATTEMPTS_FIELD_NUMBER: _ClassVar[int]
+    ROOT_CAUSE_ERROR_FIELD_NUMBER: _ClassVar[int]
+    ROOT_CAUSE_EXIT_CODE_FIELD_NUMBER: _ClassVar[int]
     run_id: str
     state: RunState
     world_size: int
@@ -244,7 +252,11 @@ class GetStateResponse(_message.Message):
     cursor: bytes
     full: bool
     root_cause_rank: int
-    def __init__(self, run_id: _Optional[str] = ..., state: _Optional[_Union[RunState, str]] = ..., world_size: _Optional[int] = ..., registered: _Optional[int] = ..., total_steps: _Optional[int] = ..., elapsed: _Optional[float] = ..., ranks: _Optional[_Iterable[_Union[RankInfo, _Mapping]]] = ..., series: _Optional[_Iterable[_Union[Series, _Mapping]]] = ..., events: _Optional[_Iterable[_Union[Event, _Mapping]]] = ..., failure: _Optional[str] = ..., cursor: _Optional[bytes] = ..., full: _Optional[bool] = ..., root_cause_rank: _Optional[int] = ...) -> None: ...
+    attempt: int
+    max_attempts: int
+    root_cause_error: str
+    root_cause_exit_code: int
+    def __init__(self, run_id: _Optional[str] = ..., state: _Optional[_Union[RunState, str]] = ..., world_size: _Optional[int] = ..., registered: _Optional[int] = ..., total_steps: _Optional[int] = ..., elapsed: _Optional[float] = ..., ranks: _Optional[_Iterable[_Union[RankInfo, _Mapping]]] = ..., series: _Optional[_Iterable[_Union[Series, _Mapping]]] = ..., events: _Optional[_Iterable[_Union[Event, _Mapping]]] = ..., failure: _Optional[str] = ..., cursor: _Optional[bytes] = ..., full: _Optional[bool] = ..., root_cause_rank: _Optional[int] = ..., attempt: _Optional[int] = ..., max_attempts: _Optional[int] = ..., root_cause_error: _Optional[str] = ..., root_cause_exit_code: _Optional[int] = ...) -> None: ...
 
 class StopRunRequest(_message.Message):
     __slots__ = ("reason",)
@@ -259,13 +271,25 @@ class StopRunResponse(_message.Message):
     def __init__(self, state: _Optional[_Union[RunState, str]] = ...) -> None: ...
 
 class StateCursor(_message.Message):
-    __slots__ = ("run_id", "offsets", "keys", "events")
+    __slots__ = ("run_id", "offsets", "keys", "events", "epoch")
     RUN_ID_FIELD_NUMBER: _ClassVar[int]
     OFFSETS_FIELD_NUMBER: _ClassVar[int]
     KEYS_FIELD_NUMBER: _ClassVar[int]
     EVENTS_FIELD_NUMBER: _ClassVar[int]
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
     run_id: str
     offsets: _containers.RepeatedScalarFieldContainer[int]
     keys: _containers.RepeatedScalarFieldContainer[str]
     events: int
-    def __init__(self, run_id: _Optional[str] = ..., offsets: _Optional[_Iterable[int]] = ..., keys: _Optional[_Iterable[str]] = ..., events: _Optional[int] = ...) -> None: ...
+    epoch: int
+    def __init__(self, run_id: _Optional[str] = ..., offsets: _Optional[_Iterable[int]] = ..., keys: _Optional[_Iterable[str]] = ..., events: _Optional[int] = ..., epoch: _Optional[int] = ...) -> None: ...
+
+class MetricRecord(_message.Message):
+    __slots__ = ("rank", "attempt", "series")
+    RANK_FIELD_NUMBER: _ClassVar[int]
+    ATTEMPT_FIELD_NUMBER: _ClassVar[int]
+    SERIES_FIELD_NUMBER: _ClassVar[int]
+    rank: int
+    attempt: int
+    series: _containers.RepeatedCompositeFieldContainer[Series]
+    def __init__(self, rank: _Optional[int] = ..., attempt: _Optional[int] = ..., series: _Optional[_Iterable[_Union[Series, _Mapping]]] = ...) -> None: ...

@@ -54,6 +54,8 @@ class HeartbeatSender:
         self.total_steps = 0
         self.dropped = 0
         self._closing = threading.Event()
+        self._beat_lock = threading.Lock()  # one heartbeat at a time: the thread's or a flush's
+        self._obey = True
         self._last_ok = time.monotonic()
         self._thread = threading.Thread(target=self._loop, name="orch-heartbeat", daemon=True)
 
@@ -68,6 +70,20 @@ class HeartbeatSender:
             self.dropped += 1
             return
         self._queue.append((step, time.time(), values))
+
+    def ignore_commands(self) -> None:
+        """Keep sending, but no longer act on STOP/ABORT or on the master going silent."""
+        self._obey = False
+
+    def flush(self, timeout: float = 10.0) -> bool:
+        """Send everything queued so far, from the calling thread; True when the master has it all."""
+        deadline = time.monotonic() + timeout
+        while self._queue or self._unsent:
+            if time.monotonic() > deadline:
+                return False
+            if not self._beat():
+                time.sleep(0.05)
+        return True
 
     def close(self, timeout: float = 5.0) -> bool:
         """Send what is queued and stop the thread; True when everything went out."""
@@ -110,6 +126,10 @@ class HeartbeatSender:
         )
 
     def _beat(self) -> bool:
+        with self._beat_lock:
+            return self._beat_locked()
+
+    def _beat_locked(self) -> bool:
         points = self._drain()
         try:
             reply = self._stub.SendHeartbeat(self._request(points), timeout=max(1.0, self.interval * 4))
@@ -117,7 +137,9 @@ class HeartbeatSender:
             self._unsent = points + self._unsent
             silent = time.monotonic() - self._last_ok
             code = e.code()
-            if code in (grpc.StatusCode.FAILED_PRECONDITION, grpc.StatusCode.NOT_FOUND):
+            if not self._obey:
+                pass
+            elif code in (grpc.StatusCode.FAILED_PRECONDITION, grpc.StatusCode.NOT_FOUND):
                 self._on_abort(f"the master refused this worker's heartbeat: {e.details()}")
             elif silent > self.master_timeout:
                 self._on_abort(
@@ -128,7 +150,9 @@ class HeartbeatSender:
                 log.debug("heartbeat failed (%s), retrying", code.name)
             return False
         self._last_ok = time.monotonic()
-        if reply.command == pb.STOP:
+        if not self._obey:
+            pass
+        elif reply.command == pb.STOP:
             self._on_stop()
         elif reply.command == pb.ABORT:
             self._on_abort("the master aborted the run (another rank failed)")

@@ -51,7 +51,7 @@ def _check_ports(master_port: int | None, rdzv_port: int | None) -> None:
     for run in live_runs():
         taken = {
             "master_port": run.server.port if run.server else None,
-            "rdzv_port": run.coordinator.rendezvous_port,
+            "rdzv_port": run.coordinator.active_rendezvous_port(),
         }
         for option, port in (("master_port", master_port), ("rdzv_port", rdzv_port)):
             if port and port in taken.values():

@@ -83,9 +83,10 @@ def cmd_run(args: argparse.Namespace) -> int:
     )
     with Run(spec) as run:
         run.start()
+        rdzv = run.coordinator.rendezvous_port or "chosen by rank 0 (29500 when free)"
         print(
-            f"orch: run {run.run_id}: master on {run.address}, rendezvous port "
-            f"{run.coordinator.rendezvous_port}, logs in {run.run_dir}/logs",
+            f"orch: run {run.run_id}: master on {run.address}, rendezvous port {rdzv}, "
+            f"logs in {run.run_dir}/logs",
             flush=True,
         )
         _interrupt_to_stop(run.stop)

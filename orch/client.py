@@ -170,6 +170,7 @@ class StateMirror:
     root_cause_exit_code: int = 0
     attempt: int = 1
     max_attempts: int = 1
+    rendezvous: str = ""
     ranks: list[RankView] = field(default_factory=list)
     series: dict[tuple[int, str], SeriesBuffer] = field(default_factory=dict)
     events: list[tuple[float, str, int, str]] = field(default_factory=list)
@@ -190,6 +191,7 @@ class StateMirror:
         self.root_cause_rank = reply.root_cause_rank
         self.root_cause_error = reply.root_cause_error
         self.root_cause_exit_code = reply.root_cause_exit_code
+        self.rendezvous = reply.rendezvous
         self.attempt = reply.attempt or 1
         self.max_attempts = reply.max_attempts or 1
         self.ranks = [RankView.from_pb(r) for r in reply.ranks]
@@ -233,6 +235,7 @@ class StateMirror:
             "failure": self.failure,
             "root_cause_rank": self.root_cause_rank,
             "root_cause_error": self.root_cause_error,
+            "rendezvous": self.rendezvous,
             "attempt": self.attempt,
             "max_attempts": self.max_attempts,
             "ranks": [r.as_dict() for r in self.ranks],

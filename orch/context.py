@@ -133,11 +133,15 @@ class Context:
         """Save ``state`` (anything ``torch.save`` takes) as of ``step`` (default: the current one).
 
         Rank 0 writes it, atomically, to the run dir's ``checkpoints/``; the other ranks
-        hold the same DDP state and write nothing. Returns the file on rank 0.
+        hold the same DDP state and write nothing. Every rank first hands the master all the
+        points it logged so far, so that a restart from this checkpoint finds the history
+        up to it complete. Returns the file on rank 0.
         """
         if self.checkpoint_dir is None:
             raise RuntimeError("this worker has no run dir to keep checkpoints in")
         step = self._step if step is None else step
+        if self._sender is not None:
+            self._sender.flush()
         if self.rank != 0:
             return None
         self.checkpoint_dir.mkdir(parents=True, exist_ok=True)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import bisect
 import logging
 import math
+import re
 import threading
 import time
 import uuid
@@ -27,6 +28,16 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 MAX_ID_LEN = 256
+# A failure reported within this many seconds of the first one may still name the root
+# cause: the rank whose death broke a collective is often seen after the peers that the
+# broken collective failed.
+SETTLE_SECONDS = 2.0
+EXIT_ABORTED = 70  # a worker that ended itself because the run had already failed
+PEER_ERROR = re.compile(
+    r"Connection (reset|closed) by peer|Broken pipe|gloo/transport|DistBackendError|DistNetworkError"
+    r"|NCCL (error|communicator)|ProcessGroup\w* .*(timed out|abort)",
+    re.IGNORECASE,
+)
 MAX_ERROR_LEN = 64 * 1024
 BACKENDS = ("", "gloo", "nccl")
 
@@ -128,6 +139,7 @@ class RankRecord:
     exit_code: int = 0
     dropped_points: int = 0
     ended_at: float | None = None
+    beats: int = 0
     progress: deque[tuple[float, int]] = field(default_factory=lambda: deque(maxlen=16))
 
     def steps_per_sec(self) -> float:
@@ -147,6 +159,7 @@ class Registration:
     total_steps: int
     heartbeat_timeout: float
     attempt: int
+    rendezvous_port: int
 
 
 def _check_id(name: str, value: str, *, required: bool = True) -> None:
@@ -204,6 +217,8 @@ class Coordinator:
         self.store = store
         self._epoch = 0
         self._first_failure: tuple[RankRecord | None, str] | None = None
+        self._cause_rank_of = 3  # how strongly the current root cause explains the failure (0: best)
+        self._failed_at = 0.0
 
     # -- worker RPCs -------------------------------------------------------------------
     def register(self, req: pb.RegisterRequest) -> Registration:
@@ -224,6 +239,8 @@ class Coordinator:
                     "the worker belongs to another run",
                 )
             rec = self._by_worker.get(req.worker_id)
+            if rec is not None and req.rendezvous_port:
+                rec.rendezvous_port = req.rendezvous_port  # rank 0 tells where its store listens
             if rec is None:
                 if self.state.done:
                     raise Reject("failed_precondition", f"run {self.run_id} is already {self.state.value}")
@@ -257,19 +274,24 @@ class Coordinator:
                 self.total_steps,
                 self.heartbeat_timeout,
                 self.attempt,
+                self.rendezvous_port,
             )
 
     def can_start(self, req: pb.CanStartTrainingRequest) -> pb.CanStartTrainingResponse:
         with self._lock:
             rec = self._known(req.run_id, req.worker_id)
-            ready = self.state is RunState.RUNNING and len(self.ranks) == self.world_size
+            ready = (
+                self.state is RunState.RUNNING
+                and len(self.ranks) == self.world_size
+                and self.active_rendezvous_port() > 0
+            )
             reply = pb.CanStartTrainingResponse(
                 ready=ready, registered=len(self.ranks), world_size=self.world_size
             )
             if ready:
                 rank0 = self.ranks[0]
                 reply.master_addr = rank0.address
-                reply.master_port = self.rendezvous_port or rank0.rendezvous_port
+                reply.master_port = self.active_rendezvous_port()
                 reply.backend = self.backend or (
                     "nccl" if all(r.backend == "nccl" for r in self.ranks) else "gloo"
                 )
@@ -300,13 +322,13 @@ class Coordinator:
                     "poll CanStartTraining until ready first",
                 )
             rec.last_heartbeat = now
-            if rec.state.done:
-                return self._command_for(rec)
-            rec.step = max(rec.step, req.step)
-            if req.total_steps:
-                rec.total_steps = req.total_steps
+            rec.beats += 1
+            if not rec.state.done:  # an ended rank may still deliver the points it logged
+                rec.step = max(rec.step, req.step)
+                if req.total_steps:
+                    rec.total_steps = req.total_steps
+                rec.progress.append((now, rec.step))
             rec.dropped_points = req.dropped_points
-            rec.progress.append((now, rec.step))
             wall = self._wall()
             for s in req.series:
                 series = self._series.setdefault((rec.rank, s.name), _Series())
@@ -333,13 +355,15 @@ class Coordinator:
                 return  # a retried report, or a rank already declared failed: keep the first
             rec.step = max(rec.step, req.step)
             rec.param_checksum = req.param_checksum
-            self._end_rank(rec, outcome, error=req.error[:MAX_ERROR_LEN])
+            error = req.error[:MAX_ERROR_LEN]
+            self._end_rank(rec, outcome, error=error, weight=1 if PEER_ERROR.search(error) else 0)
 
     # -- launcher and tools --------------------------------------------------------------
-    def rank_exited(self, worker_id: str, exit_code: int, detail: str = "") -> None:
+    def rank_exited(self, worker_id: str, exit_code: int, detail: str = "", expected: bool = False) -> None:
         """The launcher saw a worker process exit with ``exit_code`` (negative: signal).
 
-        ``detail`` is what the process left behind (its error file or the end of its log).
+        ``detail`` is what the process left behind (its error file or the end of its log);
+        ``expected`` says the launcher ended it itself (tearing the group down).
         """
         with self._lock:
             rec = self._by_worker.get(worker_id)
@@ -357,7 +381,10 @@ class Coordinator:
             if exit_code == 0:
                 what += " without reporting completion"
             error = f"process exited with {what}"
-            self._end_rank(rec, RankState.FAILED, error=f"{detail.rstrip()}\n{error}" if detail else error)
+            weight = 2 if expected or exit_code == EXIT_ABORTED else 0
+            self._end_rank(
+                rec, RankState.FAILED, error=f"{detail.rstrip()}\n{error}" if detail else error, weight=weight
+            )
 
     def request_stop(self, reason: str = "") -> RunState:
         with self._lock:
@@ -408,11 +435,15 @@ class Coordinator:
                     and rec.last_heartbeat is not None
                     and now - rec.last_heartbeat > self.heartbeat_timeout
                 ):
+                    where = (
+                        "" if rec.beats else " since the start barrier: stuck in the torch.distributed "
+                        "rendezvous or process-group set-up"
+                    )
                     self._end_rank(
                         rec,
                         RankState.LOST,
                         error=f"no heartbeat for {now - rec.last_heartbeat:.1f}s "
-                        f"(timeout {self.heartbeat_timeout:g}s)",
+                        f"(timeout {self.heartbeat_timeout:g}s){where}",
                     )
 
     def wait_changed(self, timeout: float) -> None:
@@ -453,6 +484,9 @@ class Coordinator:
                 max_attempts=self.max_attempts,
                 root_cause_error=self.root_cause.error if self.root_cause is not None else "",
                 root_cause_exit_code=self.root_cause.exit_code if self.root_cause is not None else 0,
+                rendezvous=f"{self.ranks[0].address}:{self.active_rendezvous_port()}"
+                if self.ranks and self.active_rendezvous_port()
+                else "",
             )
             for rec in self.ranks:
                 reply.ranks.append(self._rank_info(rec, now))
@@ -497,6 +531,10 @@ class Coordinator:
             raise Reject("not_found", f"no worker {worker_id!r} is registered in run {self.run_id}")
         return rec
 
+    def active_rendezvous_port(self) -> int:
+        """The rendezvous port in use: the fixed one, or the one rank 0 bound (0: not yet)."""
+        return self.rendezvous_port or (self.ranks[0].rendezvous_port if self.ranks else 0)
+
     def _command_for(self, rec: RankRecord) -> int:
         if self.state is RunState.FAILED:
             return int(pb.ABORT)
@@ -504,20 +542,30 @@ class Coordinator:
             return int(pb.STOP)
         return int(pb.CONTINUE)
 
-    def _end_rank(self, rec: RankRecord, outcome: RankState, *, error: str = "") -> None:
+    def _end_rank(self, rec: RankRecord, outcome: RankState, *, error: str = "", weight: int = 0) -> None:
+        """End one rank. A failure's ``weight`` says how well it explains the run's failure:
+        0 its own error or death, 1 a collective broken by a peer, 2 torn down by the launcher.
+        """
         rec.state = outcome
         rec.ended_at = self._clock()
         if error:
             rec.error = error
         if outcome in (RankState.FAILED, RankState.LOST):
             self._event("rank_failed", rec.rank, error or outcome.value)
+            message = (
+                f"rank {rec.rank} ({rec.worker_id} on {rec.host}, pid {rec.pid}) "
+                f"{'was lost' if outcome is RankState.LOST else 'failed'}: {_last_line(error)}"
+            )
             if not self.state.done:
-                self._fail_run(
-                    rec,
-                    f"rank {rec.rank} ({rec.worker_id} on {rec.host}, pid {rec.pid}) "
-                    f"{'was lost' if outcome is RankState.LOST else 'failed'}: "
-                    f"{_last_line(error)}",
-                )
+                self._fail_run(rec, message)
+                self._cause_rank_of, self._failed_at = weight, rec.ended_at
+            elif (
+                self.state is RunState.FAILED
+                and weight < self._cause_rank_of
+                and rec.ended_at - self._failed_at <= SETTLE_SECONDS
+            ):
+                # A better explanation arrived just after the first report: it is the root cause.
+                self.root_cause, self.failure, self._cause_rank_of = rec, message, weight
             return
         self._event("rank_" + outcome.value.lower(), rec.rank, f"at step {rec.step}")
         if self.state.done or not all(r.state.done for r in self.ranks) or len(self.ranks) < self.world_size:

@@ -52,7 +52,8 @@ def render(mirror: StateMirror, *, address: str = "") -> str:
         f"orch run {mirror.run_id or '?'}  {mirror.state.value:<9}  "
         f"{mirror.registered}/{mirror.world_size} ranks  elapsed {mirror.elapsed:6.1f}s"
         + (f"  attempt {mirror.attempt}/{mirror.max_attempts}" if mirror.max_attempts > 1 else "")
-        + (f"  master {address}" if address else ""),
+        + (f"  master {address}" if address else "")
+        + (f"  rendezvous {mirror.rendezvous}" if mirror.rendezvous else ""),
         _bar(done, total),
         "",
         f"{'rank':>4}  {'state':<10} {'step':>7} {'loss':>10} {'steps/s':>8} {'heartbeat':>9}  host/pid",

@@ -158,12 +158,13 @@ class Run:
         spec = self.spec
         _track(self)
         self.server = MasterServer(self.coordinator, host=spec.master_host, port=spec.master_port).start()
-        self.coordinator.rendezvous_port = choose_port(
-            spec.rdzv_port,
-            DEFAULT_RENDEZVOUS_PORT,
-            what="torch.distributed rendezvous",
-            option="rdzv_port",
-        )
+        if spec.rdzv_port:  # a port the user named must be free; otherwise rank 0 binds one
+            self.coordinator.rendezvous_port = choose_port(
+                spec.rdzv_port,
+                DEFAULT_RENDEZVOUS_PORT,
+                what="torch.distributed rendezvous",
+                option="rdzv_port",
+            )
         self.store = RunStore(self.run_dir)
         self.store.write_meta(
             {
@@ -230,7 +231,7 @@ class Run:
             self._collect_exits()
             if coord.state is RunState.FAILED:
                 self._terminate_workers()
-                self._collect_exits()
+                self._collect_exits(expected=True)
                 self.all_exited_at = time.monotonic()
                 reason = self._restart_refused()
                 if reason is None:
@@ -253,7 +254,7 @@ class Run:
             time.sleep(self.spec.poll_interval)
         self._finish()
 
-    def _collect_exits(self) -> None:
+    def _collect_exits(self, expected: bool = False) -> None:
         for i, p in enumerate(self.procs):
             if i in self._exited or p.exitcode is None:
                 continue
@@ -262,7 +263,11 @@ class Run:
             self.exit_codes[wid] = p.exitcode
             if p.exitcode != 0 and self.first_death_at is None:
                 self.first_death_at = time.monotonic()
-            self.coordinator.rank_exited(wid, p.exitcode, detail=self._exit_detail(wid, p.exitcode))
+            # After a tear-down, a SIGTERM or SIGKILL is ours; any other death is the worker's own.
+            ours = expected and p.exitcode in (-signal.SIGTERM, -signal.SIGKILL)
+            self.coordinator.rank_exited(
+                wid, p.exitcode, detail=self._exit_detail(wid, p.exitcode), expected=ours
+            )
 
     def _exit_detail(self, worker_id: str, code: int) -> str:
         """What the dead worker left behind: its error file, or the end of its log."""

@@ -60,6 +60,7 @@ class OrchestratorServicer(pb_grpc.OrchestratorServicer):  # type: ignore[misc]
             total_steps=reg.total_steps,
             heartbeat_timeout=reg.heartbeat_timeout,
             attempt=reg.attempt,
+            rendezvous_port=reg.rendezvous_port,
         )
 
     def CanStartTraining(

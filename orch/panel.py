@@ -118,7 +118,7 @@ class _Plot:
             else:
                 line.set_data(x, y)
         if self.lines:
-            ax.legend(loc="upper right", fontsize=8)
+            ax.legend(handles=[self.lines[r] for r in sorted(self.lines)], loc="upper right", fontsize=8)
         if log_scale != self.log_scale:
             ax.set_yscale("log" if log_scale else "linear")
             self.log_scale = log_scale
@@ -331,6 +331,7 @@ class Panel:
             f"<th>{h}</th>" for h in ("rank", "state", "step", "loss", "steps/s", "heartbeat", "host/pid", "")
         )
         return (
+            "<style>.orch-ranks td, .orch-ranks th {padding: 0 .6em}</style>"
             '<table class="orch-ranks" style="border-collapse:collapse;text-align:right">'
             f"<thead><tr>{head}</tr></thead><tbody>{''.join(rows)}</tbody></table>"
         )

@@ -27,11 +27,11 @@ from typing import Any
 
 import grpc
 
-from ._net import DEFAULT_RENDEZVOUS_PORT, address_towards, choose_port, split_address
+from ._net import DEFAULT_RENDEZVOUS_PORT, address_towards, port_is_free, split_address
 from ._proto import orchestrator_pb2 as pb
 from ._proto import orchestrator_pb2_grpc as pb_grpc
 from ._sender import HeartbeatSender
-from .errors import ConfigError, WorkerError
+from .errors import ConfigError, PortInUseError, WorkerError
 from .store import write_json_atomic
 
 log = logging.getLogger(__name__)
@@ -129,13 +129,11 @@ class _Abort:
 def _register(stub: pb_grpc.OrchestratorStub, spec: WorkerSpec) -> pb.RegisterResponse:
     host, port = split_address(spec.master)
     address = spec.advertise_addr or address_towards(host, port)
-    rdzv = choose_port(None, DEFAULT_RENDEZVOUS_PORT, what="rendezvous", option="--rdzv-port", host="0.0.0.0")
     req = pb.RegisterRequest(
         worker_id=spec.worker_id,
         host=socket.gethostname(),
         pid=os.getpid(),
         address=address,
-        rendezvous_port=rdzv,
         local_rank=spec.local_rank,
         backend="nccl" if _cuda_available() else "gloo",
     )
@@ -157,6 +155,43 @@ def _register(stub: pb_grpc.OrchestratorStub, spec: WorkerSpec) -> pb.RegisterRe
                     f"no orch master answered at {spec.master} within {spec.register_timeout:g}s: "
                     "check the address and that the master is running"
                 ) from e
+
+
+def _serve_rendezvous(
+    stub: pb_grpc.OrchestratorStub, spec: WorkerSpec, reg: pb.RegisterResponse, timeout: float
+) -> Any:
+    """On rank 0: bind the rendezvous store, then tell the master which port it got.
+
+    Binding first and reporting after leaves no window in which another process could take
+    the port: 29500 when it is free, else any free one, unless the master fixed the port.
+    """
+    from torch._C._distributed_c10d import TCPStore
+
+    fixed = reg.rendezvous_port
+    port = fixed or (DEFAULT_RENDEZVOUS_PORT if port_is_free(DEFAULT_RENDEZVOUS_PORT, "0.0.0.0") else 0)
+    try:
+        store = TCPStore(
+            "0.0.0.0",
+            port,
+            reg.world_size,
+            True,
+            timeout=datetime.timedelta(seconds=timeout),
+            wait_for_workers=False,
+        )
+    except (RuntimeError, OSError) as e:
+        if fixed:
+            raise PortInUseError(fixed, "torch.distributed rendezvous", "rdzv_port") from e
+        store = TCPStore(
+            "0.0.0.0",
+            0,
+            reg.world_size,
+            True,
+            timeout=datetime.timedelta(seconds=timeout),
+            wait_for_workers=False,
+        )
+    again = pb.RegisterRequest(worker_id=spec.worker_id, run_id=reg.run_id, rendezvous_port=store.port)
+    stub.Register(again, timeout=10.0)
+    return store
 
 
 def _barrier(stub: pb_grpc.OrchestratorStub, spec: WorkerSpec, run_id: str) -> pb.CanStartTrainingResponse:
@@ -200,10 +235,38 @@ def _write_error(path: Path, spec: WorkerSpec, rank: int, code: int, error: str)
         write_json_atomic(path, record)
 
 
+def _report(
+    stub: pb_grpc.OrchestratorStub,
+    run_id: str,
+    worker_id: str,
+    outcome: int,
+    error: str,
+    checksum: str,
+    step: int,
+) -> bool:
+    try:
+        stub.ReportCompletion(
+            pb.CompletionRequest(
+                run_id=run_id,
+                worker_id=worker_id,
+                outcome=outcome,  # type: ignore[arg-type]
+                error=error,
+                param_checksum=checksum,
+                step=step,
+            ),
+            timeout=5.0,
+        )
+    except grpc.RpcError as e:
+        log.warning("could not report %s to the master: %s", pb.RankState.Name(outcome), e.code().name)
+        return False
+    return True
+
+
 def run_worker(spec: WorkerSpec) -> int:
     """Join the run at ``spec.master`` and train; returns the process exit code."""
     import torch
     import torch.distributed as dist
+    from torch._C._distributed_c10d import TCPStore
 
     from .context import Context
 
@@ -219,11 +282,13 @@ def run_worker(spec: WorkerSpec) -> int:
     run_id, rank, world = reg.run_id, reg.rank, reg.world_size
     log.info("worker %s registered as rank %d of %d in run %s", spec.worker_id, rank, world, run_id)
     outcome, error, checksum, step, code = pb.RANK_SUCCEEDED, "", "", 0, 0
+    reported = False
     sender: HeartbeatSender | None = None
     error_file = Path(spec.run_root) / run_id / "errors" / f"{spec.worker_id}.json"
     try:
         fn = resolve_fn(spec.fn if spec.fn is not None else reg.fn or "orch.example:train")
         config = spec.config if spec.config is not None else json.loads(reg.config_json or "{}")
+        store = _serve_rendezvous(stub, spec, reg, spec.collective_timeout) if rank == 0 else None
         go = _barrier(stub, spec, run_id)
         backend = go.backend or "gloo"
         if backend == "nccl":
@@ -231,9 +296,17 @@ def run_worker(spec: WorkerSpec) -> int:
             device = torch.device("cuda", spec.local_rank)
         else:
             device = torch.device("cpu")
+        if store is None:
+            store = TCPStore(
+                go.master_addr,
+                go.master_port,
+                world,
+                False,
+                timeout=datetime.timedelta(seconds=spec.collective_timeout),
+            )
         dist.init_process_group(
             backend,
-            init_method=f"tcp://{go.master_addr}:{go.master_port}",
+            store=store,
             rank=rank,
             world_size=world,
             timeout=datetime.timedelta(seconds=spec.collective_timeout),
@@ -273,7 +346,6 @@ def run_worker(spec: WorkerSpec) -> int:
         sender.start()
         fn(ctx)
         checksum = ctx.param_checksum()
-        step = sender.step
         if ctx.stopped:
             outcome = pb.RANK_STOPPED
     except SystemExit as e:  # sys.exit(n) in the function: n is this process's exit code
@@ -286,22 +358,18 @@ def run_worker(spec: WorkerSpec) -> int:
         outcome, code = pb.RANK_FAILED, EXIT_FAILED
         error = traceback.format_exc()
         _write_error(error_file, spec, rank, code, error)
-    finally:
+    if outcome == pb.RANK_FAILED:
+        # Report at once, before the peers' broken collectives do; then deliver the points
+        # logged before the failure without obeying the ABORT the report brings.
+        reported = _report(stub, run_id, spec.worker_id, outcome, error, checksum, step)
         if sender is not None:
-            sender.close()
+            sender.ignore_commands()
+    if sender is not None:
+        sender.close()
+        step = max(step, sender.step)
     log.info("rank %d: %s at step %d", rank, pb.RankState.Name(outcome), step)
-    with contextlib.suppress(grpc.RpcError):
-        stub.ReportCompletion(
-            pb.CompletionRequest(
-                run_id=run_id,
-                worker_id=spec.worker_id,
-                outcome=outcome,
-                error=error,
-                param_checksum=checksum,
-                step=step,
-            ),
-            timeout=5.0,
-        )
+    if outcome != pb.RANK_FAILED or not reported:
+        _report(stub, run_id, spec.worker_id, outcome, error, checksum, step)
     if outcome != pb.RANK_FAILED and dist.is_initialized():
         dist.destroy_process_group()
     channel.close()

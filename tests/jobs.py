@@ -58,3 +58,54 @@ def sigkill_self_on_rank1(ctx: Any) -> None:
 def nan_loss(ctx: Any) -> None:
     for step in ctx.steps(5):
         ctx.log(step, loss=float("nan") if step >= 2 else 1.0, other=float("inf"))
+
+
+def segfault_on_rank1(ctx: Any) -> None:
+    import ctypes
+
+    for step in ctx.steps(1000):
+        dist.barrier()
+        if ctx.rank == 1 and step == 3:
+            ctypes.string_at(0)  # reads address 0: SIGSEGV
+        time.sleep(0.01)
+
+
+def long_barriers(ctx: Any) -> None:
+    """Runs until stopped or killed: a real collective every step."""
+    for step in ctx.steps(int(ctx.config.get("steps", 1_000_000))):
+        dist.barrier()
+        ctx.log(step, loss=1.0 / (step + 1))
+        time.sleep(float(ctx.config.get("sleep", 0.02)))
+
+
+def checkpointed(ctx: Any) -> None:
+    """Trains with a checkpoint every 10 steps; rank 1 dies at step ``die_at`` on the attempts listed."""
+    model = ctx.ddp(torch.nn.Linear(4, 1))
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    state = ctx.load_checkpoint()
+    inner = getattr(model, "module", model)
+    if state is not None:
+        inner.load_state_dict(state["model"])
+        opt.load_state_dict(state["opt"])
+    torch.manual_seed(ctx.rank)
+    x = torch.randn(32, 4)
+    y = x.sum(1, keepdim=True)
+    die_at = int(ctx.config.get("die_at", 25))
+    die_on = set(ctx.config.get("die_on_attempts", [1]))
+
+    def snapshot() -> dict[str, Any]:
+        return {"model": inner.state_dict(), "opt": opt.state_dict()}
+
+    for step in ctx.steps(int(ctx.config.get("steps", 40)), checkpoint=snapshot, every=10):
+        loss = ((model(x) - y) ** 2).mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        ctx.log(step, loss=loss.item(), attempt=float(ctx.attempt))
+        if ctx.rank == 1 and step == die_at and ctx.attempt in die_on:
+            os.kill(os.getpid(), signal.SIGKILL)
+        time.sleep(float(ctx.config.get("sleep", 0.01)))
+
+
+def fails_at_startup(ctx: Any) -> None:
+    raise ImportError("no module named 'missing_dependency'")

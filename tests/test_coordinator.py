@@ -280,3 +280,21 @@ def test_bad_completion_outcome_is_invalid_argument() -> None:
         complete(c, "w0", pb.RANK_RUNNING)
     assert kind(e) == "invalid_argument"
     assert c.ranks[0].state is RankState.RUNNING
+
+
+def test_a_death_seen_just_after_its_peers_errors_is_still_the_root_cause() -> None:
+    clock = Clock()
+    c = started(world=3, clock=clock)
+    peer = "Traceback ...\nRuntimeError: [gloo/transport/tcp/pair.cc:537] Connection reset by peer"
+    complete(c, "w0", pb.RANK_FAILED, error=peer)
+    assert c.state is RunState.FAILED and c.root_cause is not None and c.root_cause.rank == 0
+    clock.t += 0.3
+    c.rank_exited("w2", -15, expected=True)  # torn down by the launcher: explains nothing
+    assert c.root_cause.rank == 0
+    c.rank_exited("w1", -11)  # the segfault that broke the collective, seen 0.3 s later
+    assert c.root_cause.rank == 1 and "SIGSEGV" in c.failure
+    late = started(world=2, clock=clock)
+    complete(late, "w0", pb.RANK_FAILED, error=peer)
+    clock.t += 5.0  # too late to be the explanation
+    late.rank_exited("w1", -11)
+    assert late.root_cause is not None and late.root_cause.rank == 0

@@ -11,6 +11,7 @@ from typing import Any
 
 import nbformat
 import pytest
+
 from conftest import ROOT
 
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
@@ -22,9 +23,22 @@ def execute(notebook: Path, workdir: Path) -> nbformat.NotebookNode:
     copy = workdir / notebook.name
     shutil.copy(notebook, copy)
     proc = subprocess.run(
-        [sys.executable, "-m", "pytest", "--nbmake", "--overwrite", "--nbmake-timeout=600",
-         "-p", "no:cacheprovider", "-q", str(copy)],
-        cwd=workdir, capture_output=True, text=True, timeout=800,
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "--nbmake",
+            "--overwrite",
+            "--nbmake-timeout=600",
+            "-p",
+            "no:cacheprovider",
+            "-q",
+            str(copy),
+        ],
+        cwd=workdir,
+        capture_output=True,
+        text=True,
+        timeout=800,
     )
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
     return nbformat.read(copy, as_version=4)

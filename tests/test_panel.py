@@ -68,7 +68,7 @@ def test_downsample_keeps_spikes_and_the_newest_point() -> None:
     assert len(xs) < 3000
     assert 50.0 in ys and xs[-1] == n - 1
     assert np.all(np.diff(xs) >= 0)
-    small_x, small_y = downsample(x[:100], y[:100], 500)
+    small_x, _ = downsample(x[:100], y[:100], 500)
     assert len(small_x) == 100
 
 
@@ -163,7 +163,7 @@ def test_table_marks_nan_losses_and_stragglers(sent: list[Any]) -> None:
     clock = [100.0]
     coord = Coordinator(3, run_id="r", clock=lambda: clock[0])
     for i in range(3):
-        coord.register(pb.RegisterRequest(worker_id=f"w{i}", host="h", pid=i))
+        coord.register(pb.RegisterRequest(worker_id=f"w{i}", host="h", pid=i, rendezvous_port=29400))
     for i in range(3):
         coord.can_start(pb.CanStartTrainingRequest(run_id="r", worker_id=f"w{i}"))
     for t in range(3):

@@ -71,7 +71,7 @@ class RegisterRequest(_message.Message):
     def __init__(self, worker_id: _Optional[str] = ..., host: _Optional[str] = ..., pid: _Optional[int] = ..., address: _Optional[str] = ..., rendezvous_port: _Optional[int] = ..., local_rank: _Optional[int] = ..., backend: _Optional[str] = ..., run_id: _Optional[str] = ...) -> None: ...
 
 class RegisterResponse(_message.Message):
-    __slots__ = ("rank", "world_size", "run_id", "fn", "config_json", "total_steps", "heartbeat_timeout", "attempt")
+    __slots__ = ("rank", "world_size", "run_id", "fn", "config_json", "total_steps", "heartbeat_timeout", "attempt", "rendezvous_port")
     RANK_FIELD_NUMBER: _ClassVar[int]
     WORLD_SIZE_FIELD_NUMBER: _ClassVar[int]
     RUN_ID_FIELD_NUMBER: _ClassVar[int]
@@ -80,6 +80,7 @@ class RegisterResponse(_message.Message):
     TOTAL_STEPS_FIELD_NUMBER: _ClassVar[int]
     HEARTBEAT_TIMEOUT_FIELD_NUMBER: _ClassVar[int]
     ATTEMPT_FIELD_NUMBER: _ClassVar[int]
+    RENDEZVOUS_PORT_FIELD_NUMBER: _ClassVar[int]
     rank: int
     world_size: int
     run_id: str
@@ -88,7 +89,8 @@ class RegisterResponse(_message.Message):
     total_steps: int
     heartbeat_timeout: float
     attempt: int
-    def __init__(self, rank: _Optional[int] = ..., world_size: _Optional[int] = ..., run_id: _Optional[str] = ..., fn: _Optional[str] = ..., config_json: _Optional[str] = ..., total_steps: _Optional[int] = ..., heartbeat_timeout: _Optional[float] = ..., attempt: _Optional[int] = ...) -> None: ...
+    rendezvous_port: int
+    def __init__(self, rank: _Optional[int] = ..., world_size: _Optional[int] = ..., run_id: _Optional[str] = ..., fn: _Optional[str] = ..., config_json: _Optional[str] = ..., total_steps: _Optional[int] = ..., heartbeat_timeout: _Optional[float] = ..., attempt: _Optional[int] = ..., rendezvous_port: _Optional[int] = ...) -> None: ...
 
 class CanStartTrainingRequest(_message.Message):
     __slots__ = ("run_id", "worker_id")
@@ -221,7 +223,7 @@ class Event(_message.Message):
     def __init__(self, time: _Optional[float] = ..., kind: _Optional[str] = ..., rank: _Optional[int] = ..., message: _Optional[str] = ...) -> None: ...
 
 class GetStateResponse(_message.Message):
-    __slots__ = ("run_id", "state", "world_size", "registered", "total_steps", "elapsed", "ranks", "series", "events", "failure", "cursor", "full", "root_cause_rank", "attempt", "max_attempts", "root_cause_error", "root_cause_exit_code")
+    __slots__ = ("run_id", "state", "world_size", "registered", "total_steps", "elapsed", "ranks", "series", "events", "failure", "cursor", "full", "root_cause_rank", "attempt", "max_attempts", "root_cause_error", "root_cause_exit_code", "rendezvous")
     RUN_ID_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
     WORLD_SIZE_FIELD_NUMBER: _ClassVar[int]
@@ -239,6 +241,7 @@ class GetStateResponse(_message.Message):
     MAX_ATTEMPTS_FIELD_NUMBER: _ClassVar[int]
     ROOT_CAUSE_ERROR_FIELD_NUMBER: _ClassVar[int]
     ROOT_CAUSE_EXIT_CODE_FIELD_NUMBER: _ClassVar[int]
+    RENDEZVOUS_FIELD_NUMBER: _ClassVar[int]
     run_id: str
     state: RunState
     world_size: int
@@ -256,7 +259,8 @@ class GetStateResponse(_message.Message):
     max_attempts: int
     root_cause_error: str
     root_cause_exit_code: int
-    def __init__(self, run_id: _Optional[str] = ..., state: _Optional[_Union[RunState, str]] = ..., world_size: _Optional[int] = ..., registered: _Optional[int] = ..., total_steps: _Optional[int] = ..., elapsed: _Optional[float] = ..., ranks: _Optional[_Iterable[_Union[RankInfo, _Mapping]]] = ..., series: _Optional[_Iterable[_Union[Series, _Mapping]]] = ..., events: _Optional[_Iterable[_Union[Event, _Mapping]]] = ..., failure: _Optional[str] = ..., cursor: _Optional[bytes] = ..., full: _Optional[bool] = ..., root_cause_rank: _Optional[int] = ..., attempt: _Optional[int] = ..., max_attempts: _Optional[int] = ..., root_cause_error: _Optional[str] = ..., root_cause_exit_code: _Optional[int] = ...) -> None: ...
+    rendezvous: str
+    def __init__(self, run_id: _Optional[str] = ..., state: _Optional[_Union[RunState, str]] = ..., world_size: _Optional[int] = ..., registered: _Optional[int] = ..., total_steps: _Optional[int] = ..., elapsed: _Optional[float] = ..., ranks: _Optional[_Iterable[_Union[RankInfo, _Mapping]]] = ..., series: _Optional[_Iterable[_Union[Series, _Mapping]]] = ..., events: _Optional[_Iterable[_Union[Event, _Mapping]]] = ..., failure: _Optional[str] = ..., cursor: _Optional[bytes] = ..., full: _Optional[bool] = ..., root_cause_rank: _Optional[int] = ..., attempt: _Optional[int] = ..., max_attempts: _Optional[int] = ..., root_cause_error: _Optional[str] = ..., root_cause_exit_code: _Optional[int] = ..., rendezvous: _Optional[str] = ...) -> None: ...
 
 class StopRunRequest(_message.Message):
     __slots__ = ("reason",)

@@ -1,0 +1,328 @@
+"""End to end in a real browser: JupyterLab runs a notebook that launches 4 workers and shows the panel.
+
+JupyterLab is started as a subprocess on a free port with a random token; headless Chromium
+(Debian's, driven by Playwright, never downloaded) opens a notebook written into a temporary
+directory, runs all of its cells from the Run menu and then reads the live panel from the
+page: four rank rows, the RUNNING state, a plot that is redrawn while training runs, and the
+Stop button that ends the run (the state turns STOPPED and the button is disabled). A screenshot
+of the page is kept in ``test-artifacts/panel.png``. The kernel is shut down through the
+Jupyter REST API and JupyterLab is terminated before the test ends, so that no process
+carrying the test's tag outlives it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import secrets
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from conftest import ROOT, TESTS
+
+CHROMIUM = Path("/usr/bin/chromium")
+CHROMIUM_ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
+ARTIFACTS = ROOT / "test-artifacts"
+NOTEBOOK = "panel_browser.ipynb"
+
+pytestmark = [
+    pytest.mark.browser,
+    # CI installs Chromium (.ci/run), so there a missing browser fails instead of skipping.
+    pytest.mark.skipif(
+        not CHROMIUM.exists() and not os.environ.get("CI"),
+        reason=f"Chromium not found at {CHROMIUM}: install Debian's chromium package to run the browser test",
+    ),
+]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _code_cell(n: int, source: str) -> dict[str, Any]:
+    return {
+        "cell_type": "code",
+        "execution_count": None,
+        "id": f"cell-{n}",
+        "metadata": {},
+        "outputs": [],
+        "source": source,
+    }
+
+
+def write_notebook(path: Path, run_root: Path) -> None:
+    """The notebook under test: launch 4 workers on a long run, then show its panel."""
+    cells = [
+        _code_cell(1, f"import sys\nsys.path.insert(0, {str(TESTS)!r})\nimport orch"),
+        _code_cell(
+            2,
+            'run = orch.launch("jobs:allreduce_steps", world_size=4,\n'
+            '                  config={"steps": 100000, "sleep": 0.05},\n'
+            f"                  run_root={str(run_root)!r})",
+        ),
+        _code_cell(3, "run.panel(interval=0.3)"),
+    ]
+    nb = {
+        "cells": cells,
+        "metadata": {
+            "kernelspec": {"display_name": "Python 3 (ipykernel)", "language": "python", "name": "python3"},
+            "language_info": {"name": "python"},
+        },
+        "nbformat": 4,
+        "nbformat_minor": 5,
+    }
+    path.write_text(json.dumps(nb, indent=1))
+
+
+class Lab:
+    """A JupyterLab server in a subprocess, and the bits of its REST API the test needs."""
+
+    def __init__(self, root: Path, home: Path) -> None:
+        self.port = _free_port()
+        self.token = secrets.token_hex(16)
+        self.base = f"http://127.0.0.1:{self.port}"
+        settings = home / "user-settings"
+        # no news, no update check: nothing in the page or the server reaches the network
+        notification = settings / "@jupyterlab" / "apputils-extension" / "notification.jupyterlab-settings"
+        notification.parent.mkdir(parents=True)
+        notification.write_text(json.dumps({"fetchNews": "false", "checkForUpdates": False}))
+        env = dict(os.environ)  # carries ORCH_TEST_TAG to the server, its kernels and the workers
+        env["PYTHONPATH"] = os.pathsep.join([str(TESTS), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+        env["JUPYTER_RUNTIME_DIR"] = str(home / "runtime")
+        env["JUPYTER_CONFIG_DIR"] = str(home / "config")
+        env["JUPYTERLAB_WORKSPACES_DIR"] = str(home / "workspaces")
+        env["JUPYTERLAB_SETTINGS_DIR"] = str(settings)
+        env["PYTHONUNBUFFERED"] = "1"
+        self.log_path = home / "jupyterlab.log"
+        self._log = open(self.log_path, "wb")  # noqa: SIM115 - closed in stop()
+        self.proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "jupyter",
+                "lab",
+                "--no-browser",
+                f"--ServerApp.port={self.port}",
+                "--ServerApp.port_retries=0",
+                f"--IdentityProvider.token={self.token}",
+                f"--ServerApp.root_dir={root}",
+                "--ServerApp.ip=127.0.0.1",
+                "--LabApp.news_url=None",
+                "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate",
+                "--LabApp.extension_manager=readonly",
+                f"--LabApp.user_settings_dir={settings}",
+                f"--LabApp.workspaces_dir={home / 'workspaces'}",
+                *(["--allow-root"] if hasattr(os, "geteuid") and os.geteuid() == 0 else []),
+            ],
+            env=env,
+            cwd=root,
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+        )
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")[-4000:]
+
+    def api(self, method: str, path: str) -> Any:
+        req = urllib.request.Request(
+            f"{self.base}{path}", method=method, headers={"Authorization": f"token {self.token}"}
+        )
+        with urllib.request.urlopen(req, timeout=10) as resp:
+            body = resp.read()
+        return json.loads(body) if body else None
+
+    def wait_ready(self, timeout: float = 90.0) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise AssertionError(f"JupyterLab exited with {self.proc.returncode}:\n{self.log()}")
+            try:
+                with urllib.request.urlopen(f"{self.base}/api/status?token={self.token}", timeout=2) as resp:
+                    if resp.status == 200:
+                        return
+            except (urllib.error.URLError, ConnectionError, TimeoutError):
+                pass
+            time.sleep(0.3)
+        raise AssertionError(f"JupyterLab did not answer within {timeout}s:\n{self.log()}")
+
+    def shutdown_kernels(self, timeout: float = 30.0) -> None:
+        """DELETE every kernel (the kernel's atexit hook closes the run and its workers)."""
+        for kernel in self.api("GET", "/api/kernels"):
+            self.api("DELETE", f"/api/kernels/{kernel['id']}")
+        deadline = time.monotonic() + timeout
+        while self.api("GET", "/api/kernels") and time.monotonic() < deadline:
+            time.sleep(0.2)
+
+    def stop(self) -> None:
+        try:
+            if self.proc.poll() is None:
+                with contextlib.suppress(OSError):  # URLError, ConnectionError, TimeoutError
+                    self.shutdown_kernels()
+                self.proc.terminate()
+                try:
+                    self.proc.wait(30)
+                except subprocess.TimeoutExpired:
+                    self.proc.kill()
+                    self.proc.wait(10)
+        finally:
+            self._log.close()
+
+
+def wait_until(predicate: Callable[[], bool], timeout: float, what: str, interval: float = 0.2) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(interval)
+    if not predicate():
+        raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+
+
+@pytest.mark.timeout(300)
+def test_panel_in_jupyterlab(tmp_path: Path) -> None:
+    from playwright.sync_api import expect, sync_playwright
+
+    root = tmp_path / "lab"
+    root.mkdir()
+    home = tmp_path / "home"
+    home.mkdir()
+    run_root = tmp_path / "runs"
+    write_notebook(root / NOTEBOOK, run_root)
+    ARTIFACTS.mkdir(exist_ok=True)
+    shot = ARTIFACTS / "panel.png"
+
+    lab = Lab(root, home)
+    try:
+        lab.wait_ready()
+        with (
+            sync_playwright() as pw,
+            tempfile.TemporaryDirectory(prefix="orch-chromium-", dir=tmp_path) as profile,
+        ):
+            ctx = pw.chromium.launch_persistent_context(
+                profile,
+                executable_path=str(CHROMIUM),
+                headless=True,
+                args=CHROMIUM_ARGS,
+                viewport={"width": 1280, "height": 1000},
+            )
+            try:
+                page = ctx.pages[0] if ctx.pages else ctx.new_page()
+                page.set_default_timeout(60_000)
+                page.goto(f"{lab.base}/lab/tree/{NOTEBOOK}?token={lab.token}")
+                run_all_cells(page, lab)
+
+                panel = page.locator(".orch-panel")
+                panel.wait_for(timeout=120_000)
+                rows = panel.locator("tr.orch-rank")
+                state = panel.locator("span.orch-state")
+                stop = panel.locator("button", has_text="Stop")
+                plot = panel.locator("img")
+
+                expect(rows).to_have_count(4, timeout=120_000)
+                expect(state).to_have_attribute("data-state", "RUNNING", timeout=120_000)
+                assert sorted(rows.evaluate_all("rs => rs.map(r => r.dataset.rank)")) == ["0", "1", "2", "3"]
+                # the workers have logged points: the plot is drawn
+                expect(plot).to_have_attribute("src", re.compile(r"^blob:|^data:"))
+                wait_until(lambda: _step(rows) > 5, 60, "rank 0 to make progress")
+
+                # two looks a couple of seconds apart: the plot was redrawn in between
+                src1, png1, step1 = plot.get_attribute("src"), plot.screenshot(), _step(rows)
+                time.sleep(2.5)
+                src2, png2, step2 = plot.get_attribute("src"), plot.screenshot(), _step(rows)
+                assert state.get_attribute("data-state") == "RUNNING"
+                assert step2 > step1, (step1, step2)
+                assert src1 != src2, "the plot image was not replaced while training ran"
+                assert png1 != png2, "the plot did not change while training ran"
+                expect(stop).to_be_enabled()
+                page.screenshot(path=str(shot), full_page=True)
+
+                stop.click()
+                expect(state).to_have_attribute("data-state", "STOPPED", timeout=30_000)
+                expect(stop).to_be_disabled(timeout=10_000)
+                # the poller's last redraw relabels the button with the final state
+                expect(stop).to_have_text(re.compile(r"Stopped"), timeout=10_000)
+                page.screenshot(path=str(ARTIFACTS / "panel-stopped.png"), full_page=True)
+            except BaseException:
+                with contextlib.suppress(Exception):
+                    page.screenshot(path=str(ARTIFACTS / "panel-failure.png"), full_page=True)
+                raise
+            finally:
+                ctx.close()
+    except BaseException:
+        lab.stop()
+        keep_failure_logs(lab, run_root)
+        raise
+    finally:
+        lab.stop()
+
+
+def keep_failure_logs(lab: Lab, run_root: Path) -> None:
+    """Copy JupyterLab's log and the run's worker logs to test-artifacts/browser-failure/."""
+    dest = ARTIFACTS / "browser-failure"
+    shutil.rmtree(dest, ignore_errors=True)
+    dest.mkdir(parents=True)
+    with contextlib.suppress(OSError):
+        shutil.copy(lab.log_path, dest / "jupyterlab.log")
+    with contextlib.suppress(OSError):
+        shutil.copytree(run_root, dest / "runs")
+
+
+def run_all_cells(page: Any, lab: Lab) -> None:
+    """Run > Run All Cells, once the notebook's kernel is connected and idle.
+
+    A click that lands before the page has connected to the kernel is dropped (no cell
+    is even queued), so the click is repeated while every prompt still reads ``[ ]:``.
+    """
+    from playwright.sync_api import expect
+
+    page.locator(".jp-Notebook .jp-Cell").first.wait_for()
+    kernel_status = page.locator("#jp-main-statusbar .jp-StatusBar-TextItem[title^='Change kernel']")
+    expect(kernel_status).to_have_text(re.compile(r"\| Idle$"), timeout=90_000)
+    wait_until(
+        lambda: any(k.get("connections", 0) > 0 for k in lab.api("GET", "/api/kernels")),
+        30,
+        "the page to connect to its kernel",
+    )
+    prompts = page.locator(".jp-Notebook .jp-InputPrompt")
+    for _attempt in range(3):
+        page.locator(".lm-MenuBar-itemLabel", has_text="Run").first.click()
+        page.get_by_role("menuitem", name="Run All Cells", exact=True).click()
+        try:
+            wait_until(
+                lambda: any(t.strip() not in ("", "[ ]:") for t in prompts.all_inner_texts()),
+                10,
+                "a cell to be queued",
+            )
+            return
+        except AssertionError:
+            continue
+    raise AssertionError(f"Run All Cells queued no cell: {prompts.all_inner_texts()}")
+
+
+def _step(rows: Any) -> int:
+    """The step shown for rank 0 in the panel's table."""
+    return int(rows.first.locator("td").nth(2).inner_text())

@@ -60,8 +60,8 @@ def widget_values(nb: nbformat.NotebookNode) -> list[Any]:
     return [m["state"].get("value") for m in state.get("state", {}).values()]
 
 
-def test_there_is_a_quickstart() -> None:
-    assert ROOT / "notebooks" / "quickstart.ipynb" in NOTEBOOKS
+def test_the_notebooks_are_there() -> None:
+    assert {nb.stem for nb in NOTEBOOKS} >= {"quickstart", "fault_tolerance"}
 
 
 @pytest.mark.parametrize("notebook", NOTEBOOKS, ids=[nb.stem for nb in NOTEBOOKS])
@@ -73,6 +73,8 @@ def test_notebook_runs_clean(notebook: Path, tmp_path: Path) -> None:
             assert not (out.output_type == "stream" and out.name == "stderr" and "Traceback" in out.text)
     if notebook.stem == "quickstart":
         check_quickstart(nb)
+    elif notebook.stem == "fault_tolerance":
+        check_fault_tolerance(nb)
 
 
 def check_quickstart(nb: nbformat.NotebookNode) -> None:
@@ -91,3 +93,22 @@ def check_quickstart(nb: nbformat.NotebookNode) -> None:
     assert all(t.count('class="orch-rank"') == 4 for t in tables) and tables
     images = [o for c in nb.cells for o in c.get("outputs", []) if "image/png" in o.get("data", {})]
     assert images, "the final curves were not drawn"
+
+
+def check_fault_tolerance(nb: nbformat.NotebookNode) -> None:
+    text = text_of(nb)
+    assert "SUCCEEDED after 2 attempts" in text
+    assert "rank_failed  rank  1: process exited with signal SIGKILL" in text
+    ranks = re.findall(
+        r"rank (\d): steps 0\.\.119, attempt 1 until step (\d+), loss ([\d.]+) -> ([\d.]+)", text
+    )
+    assert sorted(int(r[0]) for r in ranks) == [0, 1, 2, 3], text
+    for rank, last_of_first, first, last in ranks:
+        assert int(last_of_first) == 39, f"rank {rank} did not resume after the step-39 checkpoint"
+        assert float(last) < 0.2 * float(first), f"rank {rank}: loss {first} -> {last}"
+    assert "root cause: rank 2 exit code 1" in text and "ValueError: bad batch on rank 2" in text
+    headers = [v for v in widget_values(nb) if isinstance(v, str) and "orch-state" in v]
+    assert any("attempt 2/2" in h and 'data-state="SUCCEEDED"' in h for h in headers)
+    assert any('data-state="FAILED"' in h for h in headers)
+    failures = [v for v in widget_values(nb) if isinstance(v, str) and "orch-failure" in v]
+    assert any("bad batch on rank 2" in f for f in failures)

@@ -152,17 +152,24 @@ def cmd_master(args: argparse.Namespace) -> int:
 
 
 def cmd_worker(args: argparse.Namespace) -> int:
-    from .worker import WorkerSpec, run_worker
+    from .worker import WorkerSpec, run_local_group, run_worker
 
-    spec = WorkerSpec(
-        run_root=args.run_root,
-        master=args.master,
-        fn=args.fn,
-        advertise_addr=args.advertise_addr,
-        register_timeout=args.timeout,
-        threads=args.threads,
-    )
-    return run_worker(spec)
+    specs = [
+        WorkerSpec(
+            run_root=args.run_root,
+            master=args.master,
+            fn=args.fn,
+            advertise_addr=args.advertise_addr,
+            register_timeout=args.timeout,
+            threads=args.threads,
+            local_rank=i,
+            local_world_size=args.nproc_per_node,
+        )
+        for i in range(args.nproc_per_node)
+    ]
+    if args.nproc_per_node == 1:
+        return run_worker(specs[0])
+    return run_local_group(specs)
 
 
 def cmd_status(args: argparse.Namespace) -> int:
@@ -241,7 +248,13 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="address the other ranks reach this host on (default: the route to the master)",
     )
-    w.add_argument("--threads", type=_positive, default=None, help="torch threads for this worker")
+    w.add_argument(
+        "--nproc-per-node",
+        type=_positive,
+        default=1,
+        help="worker processes to start on this host (one per GPU where there are GPUs)",
+    )
+    w.add_argument("--threads", type=_positive, default=None, help="torch threads for each worker")
     w.add_argument("--timeout", type=float, default=60.0, help="seconds to wait for the master")
     w.add_argument(
         "--run-root",

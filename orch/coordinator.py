@@ -429,14 +429,18 @@ class Coordinator:
         """Mark ranks whose heartbeats stopped as LOST (and so the run FAILED)."""
         with self._lock:
             now = self._clock()
+            lost = []
             for rec in self.ranks:
                 if (
                     rec.state is RankState.RUNNING
                     and rec.last_heartbeat is not None
                     and now - rec.last_heartbeat > self.heartbeat_timeout
                 ):
+                    lost.append(rec)
                     where = (
-                        "" if rec.beats else " since the start barrier: stuck in the torch.distributed "
+                        ""
+                        if rec.beats
+                        else " since the start barrier: stuck in the torch.distributed "
                         "rendezvous or process-group set-up"
                     )
                     self._end_rank(
@@ -445,6 +449,11 @@ class Coordinator:
                         error=f"no heartbeat for {now - rec.last_heartbeat:.1f}s "
                         f"(timeout {self.heartbeat_timeout:g}s){where}",
                     )
+            if len(lost) > 1 and self.root_cause in lost:
+                # A host that dropped off takes all its ranks with it: name them together.
+                self.failure += "; lost at the same time: " + ", ".join(
+                    f"rank {r.rank} ({r.address or r.host})" for r in lost if r is not self.root_cause
+                )
 
     def wait_changed(self, timeout: float) -> None:
         with self._changed:
@@ -552,8 +561,9 @@ class Coordinator:
             rec.error = error
         if outcome in (RankState.FAILED, RankState.LOST):
             self._event("rank_failed", rec.rank, error or outcome.value)
+            where = rec.host if rec.address in ("", rec.host) else f"{rec.host} {rec.address}"
             message = (
-                f"rank {rec.rank} ({rec.worker_id} on {rec.host}, pid {rec.pid}) "
+                f"rank {rec.rank} ({rec.worker_id} on {where}, pid {rec.pid}) "
                 f"{'was lost' if outcome is RankState.LOST else 'failed'}: {_last_line(error)}"
             )
             if not self.state.done:

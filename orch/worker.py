@@ -27,7 +27,7 @@ from typing import Any
 
 import grpc
 
-from ._net import DEFAULT_RENDEZVOUS_PORT, address_towards, port_is_free, split_address
+from ._net import DEFAULT_RENDEZVOUS_PORT, address_towards, interface_for, port_is_free, split_address
 from ._proto import orchestrator_pb2 as pb
 from ._proto import orchestrator_pb2_grpc as pb_grpc
 from ._sender import HeartbeatSender
@@ -126,9 +126,24 @@ class _Abort:
         os._exit(EXIT_ABORTED)
 
 
-def _register(stub: pb_grpc.OrchestratorStub, spec: WorkerSpec) -> pb.RegisterResponse:
+def _advertised_address(spec: WorkerSpec) -> str:
     host, port = split_address(spec.master)
-    address = spec.advertise_addr or address_towards(host, port)
+    return spec.advertise_addr or address_towards(host, port)
+
+
+def _pin_interface(address: str, backend: str) -> None:
+    """Point gloo/nccl at the interface of the advertised address, unless the user chose one."""
+    variable = "NCCL_SOCKET_IFNAME" if backend == "nccl" else "GLOO_SOCKET_IFNAME"
+    if variable in os.environ:
+        return
+    name = interface_for(address)
+    if name is not None:
+        os.environ[variable] = name
+        log.info("%s=%s (the interface of %s)", variable, name, address)
+
+
+def _register(stub: pb_grpc.OrchestratorStub, spec: WorkerSpec) -> pb.RegisterResponse:
+    address = _advertised_address(spec)
     req = pb.RegisterRequest(
         worker_id=spec.worker_id,
         host=socket.gethostname(),
@@ -291,6 +306,7 @@ def run_worker(spec: WorkerSpec) -> int:
         store = _serve_rendezvous(stub, spec, reg, spec.collective_timeout) if rank == 0 else None
         go = _barrier(stub, spec, run_id)
         backend = go.backend or "gloo"
+        _pin_interface(_advertised_address(spec), backend)
         if backend == "nccl":
             torch.cuda.set_device(spec.local_rank)
             device = torch.device("cuda", spec.local_rank)
@@ -374,6 +390,55 @@ def run_worker(spec: WorkerSpec) -> int:
         dist.destroy_process_group()
     channel.close()
     return code
+
+
+def run_local_group(specs: list[WorkerSpec], poll_interval: float = 0.1) -> int:
+    """Run several workers of one host as spawned processes (``orch worker --nproc-per-node K``).
+
+    Returns the first non-zero exit code (0 when all succeeded). When one process fails the
+    others are ended too (the master aborts them anyway); Ctrl-C or SIGTERM ends them all.
+    """
+    import multiprocessing as mp
+    import signal
+
+    import cloudpickle
+
+    ctx = mp.get_context("spawn")
+    procs = []
+    for spec in specs:
+        spec.watch_parent = os.getpid()
+        p = ctx.Process(target=spawn_main, args=(cloudpickle.dumps(spec),), name=f"orch-{spec.worker_id}")
+        p.start()
+        procs.append(p)
+
+    def end_all(*_: object) -> None:
+        for p in procs:
+            if p.exitcode is None:
+                p.terminate()
+
+    signal.signal(signal.SIGTERM, end_all)
+    code = 0
+    try:
+        while any(p.exitcode is None for p in procs):
+            failed = [p.exitcode for p in procs if p.exitcode]
+            if failed and code == 0:
+                code = _shell_status(failed[0])
+                end_all()
+            time.sleep(poll_interval)
+    except KeyboardInterrupt:
+        end_all()
+        code = code or 130
+    for p in procs:
+        p.join(5.0)
+        if p.exitcode is None:
+            p.kill()
+            p.join()
+    return code or next((_shell_status(p.exitcode) for p in procs if p.exitcode), 0)
+
+
+def _shell_status(exitcode: int) -> int:
+    """multiprocessing's exit code (negative: killed by that signal) as a shell reports it."""
+    return exitcode if exitcode >= 0 else 128 - exitcode
 
 
 def spawn_main(payload: bytes) -> None:

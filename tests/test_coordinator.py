@@ -298,3 +298,19 @@ def test_a_death_seen_just_after_its_peers_errors_is_still_the_root_cause() -> N
     clock.t += 5.0  # too late to be the explanation
     late.rank_exited("w1", -11)
     assert late.root_cause is not None and late.root_cause.rank == 0
+
+
+def test_ranks_lost_together_are_named_together() -> None:
+    clock = Clock()
+    c = Coordinator(3, run_id="r1", heartbeat_timeout=5.0, clock=clock)
+    for i, addr in enumerate(("10.0.0.1", "10.0.0.2", "10.0.0.2")):
+        reg(c, f"w{i}", address=addr)
+    for i in range(3):
+        c.can_start(pb.CanStartTrainingRequest(run_id="r1", worker_id=f"w{i}"))
+    clock.t += 4.0
+    beat(c, "w0", step=1)
+    clock.t += 2.0
+    c.expire()
+    assert c.state is RunState.FAILED and c.root_cause is not None and c.root_cause.rank == 1
+    assert "10.0.0.2" in c.failure and "lost at the same time: rank 2 (10.0.0.2)" in c.failure
+    assert "stuck in the torch.distributed rendezvous" in c.failure

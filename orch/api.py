@@ -7,6 +7,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from .auth import token_from_env
 from .client import MasterClient, StateMirror
 from .coordinator import RunState
 from .errors import ConfigError, RunFailed
@@ -73,6 +74,9 @@ def launch(
     heartbeat_timeout: float = 30.0,
     threads: int | None = None,
     max_restarts: int = 0,
+    tls_cert: str | None = None,
+    tls_key: str | None = None,
+    tls_ca: str | None = None,
 ) -> Run:
     """Start ``train(ctx)`` on ``world_size`` local worker processes; return the :class:`Run` at once.
 
@@ -82,6 +86,9 @@ def launch(
     On a failure the whole group is torn down and, up to ``max_restarts`` times, started
     again; ``ctx.load_checkpoint()`` lets it resume after its last ``ctx.save_checkpoint``.
     A rank whose heartbeats stop for ``heartbeat_timeout`` seconds counts as lost.
+    The master binds 127.0.0.1 and takes only calls that carry this run's random token;
+    ``tls_cert``/``tls_key`` make it serve TLS, verified against ``tls_ca`` (default: the
+    certificate itself).
     Ports default to 50051 (master) and 29500 (rendezvous) when free, else free ones; a
     port you name must be free. Everything is checked before any process starts.
     """
@@ -97,6 +104,9 @@ def launch(
         heartbeat_timeout=heartbeat_timeout,
         threads=threads,
         max_restarts=max_restarts,
+        tls_cert=tls_cert,
+        tls_key=tls_key,
+        tls_ca=tls_ca,
     )
     _check_fits(world_size)
     _check_ports(master_port, rdzv_port)
@@ -106,11 +116,24 @@ def launch(
 class AttachedRun:
     """A run whose master was started elsewhere (``orch master``), read over gRPC."""
 
-    def __init__(self, address: str, *, timeout: float = 10.0) -> None:
+    def __init__(
+        self,
+        address: str,
+        *,
+        timeout: float = 10.0,
+        token: str | None = None,
+        tls_ca: str | Path | None = None,
+    ) -> None:
         self.address = address
-        self.client = MasterClient(address)
+        self.token = token_from_env(token)
+        self.tls_ca = tls_ca
+        self.client = self.connect()
         self.client.wait_ready(timeout)
+        self.client.get_state()  # a wrong token or a server that is not orch fails here, clearly
         self._panel: Panel | None = None
+
+    def connect(self) -> MasterClient:
+        return MasterClient(self.address, token=self.token, tls_ca=self.tls_ca)
 
     def state(self) -> StateMirror:
         return StateMirror().poll(self.client)
@@ -163,9 +186,14 @@ class AttachedRun:
         self.client.close()
 
 
-def attach(address: str, *, timeout: float = 10.0) -> AttachedRun:
-    """Watch the run of a master started elsewhere: ``orch.attach("HOST:PORT").panel()``."""
+def attach(
+    address: str, *, token: str | None = None, tls_ca: str | Path | None = None, timeout: float = 10.0
+) -> AttachedRun:
+    """Watch the run of a master started elsewhere: ``orch.attach("HOST:PORT", token=...).panel()``.
+
+    ``token`` defaults to ``$ORCH_TOKEN``; ``tls_ca`` verifies a master serving TLS.
+    """
     from ._net import split_address
 
     split_address(address)
-    return AttachedRun(address, timeout=timeout)
+    return AttachedRun(address, timeout=timeout, token=token, tls_ca=tls_ca)

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from ._net import split_address
+from .auth import new_token, token_from_env
 from .client import MasterClient, StateMirror
 from .coordinator import Coordinator, RunState
 from .dashboard import Dashboard, render, summary
@@ -90,7 +91,9 @@ def cmd_run(args: argparse.Namespace) -> int:
             flush=True,
         )
         _interrupt_to_stop(run.stop)
-        with MasterClient(run.address) as client:
+        client = run.connect()
+        assert client is not None
+        with client:
             dash = Dashboard(client, interval=args.refresh)
             mirror = dash.run()
         with contextlib.suppress(RunFailed):  # the summary below names the root cause
@@ -113,7 +116,13 @@ def cmd_master(args: argparse.Namespace) -> int:
         heartbeat_timeout=args.heartbeat_timeout,
     )
     run_dir = Path(args.run_root) / coord.run_id
-    server = MasterServer(coord, host=args.host, port=args.port).start()
+    token = token_from_env(args.token)
+    shown = ""
+    if token is None:
+        token, shown = new_token(), "ORCH_TOKEN=<token> "
+    server = MasterServer(
+        coord, host=args.host, port=args.port, token=token, tls_cert=args.tls_cert, tls_key=args.tls_key
+    ).start()
     coord.store = store = RunStore(run_dir)
     store.write_meta(
         {
@@ -127,16 +136,18 @@ def cmd_master(args: argparse.Namespace) -> int:
     )
     print(
         f"orch master: run {coord.run_id} serving on {server.address}; waiting for "
-        f"{args.world_size} workers (orch worker --master {server.address})",
+        f"{args.world_size} workers ({shown}orch worker --master {server.address})",
         flush=True,
     )
+    if shown:
+        print(f"orch master: token {token} (give it to workers as ORCH_TOKEN or --token)", flush=True)
     _interrupt_to_stop(coord.request_stop)
     try:
         if args.no_dashboard:
             while not coord.state.done:
                 coord.wait_changed(0.5)
         else:
-            with MasterClient(server.address) as client:
+            with MasterClient(server.address, token=token, tls_ca=args.tls_cert) as client:
                 Dashboard(client, interval=args.refresh).run()
         # Stay up a little so late pollers and finishing workers still get answers.
         time.sleep(args.linger)
@@ -164,6 +175,8 @@ def cmd_worker(args: argparse.Namespace) -> int:
             threads=args.threads,
             local_rank=i,
             local_world_size=args.nproc_per_node,
+            token=args.token,
+            tls_ca=args.tls_ca,
         )
         for i in range(args.nproc_per_node)
     ]
@@ -174,7 +187,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
 
 def cmd_status(args: argparse.Namespace) -> int:
     split_address(args.master)
-    with MasterClient(args.master, timeout=args.timeout) as client:
+    with MasterClient(args.master, timeout=args.timeout, token=args.token, tls_ca=args.tls_ca) as client:
         mirror = StateMirror().poll(client)
     if args.json:
         print(json.dumps(mirror.as_dict(), indent=2))
@@ -228,7 +241,14 @@ def build_parser() -> argparse.ArgumentParser:
 
     m = sub.add_parser("master", help="serve a run for workers started elsewhere")
     m.add_argument("--world-size", "--workers", type=_positive, required=True, dest="world_size")
-    m.add_argument("--host", default="127.0.0.1", help="address to bind (default loopback)")
+    m.add_argument(
+        "--host",
+        default="127.0.0.1",
+        help="address to bind (default 127.0.0.1; any other address needs a token)",
+    )
+    m.add_argument("--token", default=None, help="the run's secret (default $ORCH_TOKEN, else a new one)")
+    m.add_argument("--tls-cert", default=None, help="serve TLS with this certificate (PEM)")
+    m.add_argument("--tls-key", default=None, help="the certificate's private key (PEM)")
     m.add_argument("--port", type=_port, default=None, help="gRPC port (default 50051, or a free one)")
     m.add_argument("--no-dashboard", action="store_true", help="print nothing while the run goes")
     m.add_argument("--run-root", default="runs", help="where run directories go")
@@ -238,6 +258,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     w = sub.add_parser("worker", help="join the run of a master")
     w.add_argument("--master", required=True, help="HOST:PORT of the master")
+    w.add_argument("--token", default=None, help="the master's token (default $ORCH_TOKEN)")
+    w.add_argument("--tls-ca", default=None, help="verify the master's TLS certificate with this CA")
     w.add_argument(
         "--fn",
         default=None,
@@ -265,6 +287,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     s = sub.add_parser("status", help="print a master's run state once")
     s.add_argument("--master", required=True, help="HOST:PORT of the master")
+    s.add_argument("--token", default=None, help="the master's token (default $ORCH_TOKEN)")
+    s.add_argument("--tls-ca", default=None, help="verify the master's TLS certificate with this CA")
     s.add_argument("--json", action="store_true", help="machine-readable output")
     s.add_argument("--timeout", type=float, default=5.0)
     s.set_defaults(func=cmd_status)

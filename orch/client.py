@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import grpc
@@ -20,18 +21,26 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from ._proto import orchestrator_pb2 as pb
 from ._proto import orchestrator_pb2_grpc as pb_grpc
+from .auth import open_channel, token_from_env
 from .coordinator import RANK_STATE_FROM_PB, RankState, RunState
-from .errors import MasterUnavailable
+from .errors import AuthError, MasterUnavailable, OrchError
 from .master import SERVICE_NAME
 
 
 class MasterClient:
     """A connection to an orch master at ``"host:port"``."""
 
-    def __init__(self, address: str, *, timeout: float = 5.0) -> None:
+    def __init__(
+        self,
+        address: str,
+        *,
+        timeout: float = 5.0,
+        token: str | None = None,
+        tls_ca: str | Path | None = None,
+    ) -> None:
         self.address = address
         self.timeout = timeout
-        self._channel = grpc.insecure_channel(address)
+        self._channel = open_channel(address, token=token_from_env(token), tls_ca=tls_ca)
         self.stub = pb_grpc.OrchestratorStub(self._channel)
 
     def wait_ready(self, timeout: float = 10.0) -> None:
@@ -44,7 +53,8 @@ class MasterClient:
         except grpc.RpcError as e:
             raise MasterUnavailable(
                 f"no orch master answered at {self.address} within {timeout:g}s "
-                f"({e.code().name}): check the address and that `orch master` is running"
+                f"({e.code().name}): check the address, that `orch master` is running there, "
+                "and that TLS is used on both sides or on neither"
             ) from e
         if reply.status != health_pb2.HealthCheckResponse.SERVING:
             raise MasterUnavailable(f"the master at {self.address} is not serving")
@@ -55,18 +65,14 @@ class MasterClient:
                 pb.GetStateRequest(cursor=cursor), timeout=self.timeout
             )
         except grpc.RpcError as e:
-            raise MasterUnavailable(
-                f"GetState from {self.address} failed: {e.code().name}: {e.details()}"
-            ) from e
+            raise _rpc_error("GetState", self.address, e) from e
         return reply
 
     def stop_run(self, reason: str = "") -> RunState:
         try:
             reply = self.stub.StopRun(pb.StopRunRequest(reason=reason), timeout=self.timeout)
         except grpc.RpcError as e:
-            raise MasterUnavailable(
-                f"StopRun to {self.address} failed: {e.code().name}: {e.details()}"
-            ) from e
+            raise _rpc_error("StopRun", self.address, e) from e
         return RunState(pb.RunState.Name(reply.state))
 
     def close(self) -> None:
@@ -77,6 +83,17 @@ class MasterClient:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _rpc_error(call: str, address: str, e: grpc.RpcError) -> OrchError:
+    code = e.code()
+    if code is grpc.StatusCode.UNAUTHENTICATED:
+        return AuthError(f"{call} to {address}: {e.details()}")
+    if code is grpc.StatusCode.UNIMPLEMENTED:
+        return MasterUnavailable(
+            f"{address} answered, but it is not an orch master ({call} is unknown there)"
+        )
+    return MasterUnavailable(f"{call} to {address} failed: {code.name}: {e.details()}")
 
 
 @dataclass

@@ -39,6 +39,7 @@ PEER_ERROR = re.compile(
     re.IGNORECASE,
 )
 MAX_ERROR_LEN = 64 * 1024
+LOST_TOGETHER = "; lost at the same time: "
 BACKENDS = ("", "gloo", "nccl")
 
 
@@ -449,10 +450,25 @@ class Coordinator:
                         error=f"no heartbeat for {now - rec.last_heartbeat:.1f}s "
                         f"(timeout {self.heartbeat_timeout:g}s){where}",
                     )
-            if len(lost) > 1 and self.root_cause in lost:
-                # A host that dropped off takes all its ranks with it: name them together.
-                self.failure += "; lost at the same time: " + ", ".join(
-                    f"rank {r.rank} ({r.address or r.host})" for r in lost if r is not self.root_cause
+            root = self.root_cause
+            if not lost or root is None or root.state is not RankState.LOST or root.last_heartbeat is None:
+                return
+            # A host that dropped off takes all its ranks with it: name them together. They fell
+            # silent within a heartbeat interval of each other, so the expiry that finds the first
+            # may come just before the others'; the ranks aborted because the run failed fall
+            # silent a whole timeout after it, and are not named.
+            together = [
+                r
+                for r in lost
+                if r is not root
+                and r.last_heartbeat is not None
+                and (
+                    root in lost or abs(r.last_heartbeat - root.last_heartbeat) <= self.heartbeat_timeout / 2
+                )
+            ]
+            if together:
+                self.failure += (", " if LOST_TOGETHER in self.failure else LOST_TOGETHER) + ", ".join(
+                    f"rank {r.rank} ({r.address or r.host})" for r in together
                 )
 
     def wait_changed(self, timeout: float) -> None:

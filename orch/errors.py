@@ -6,6 +6,7 @@
     ├── ConfigError                bad arguments, caught before anything starts
     │   └── PortInUseError         a port the user named is taken
     ├── MasterUnavailable          no orch master answers at the address
+    │   └── AuthError              it answered, but refused our token
     ├── RunFailed                  a run ended FAILED; carries the root cause
     └── WorkerError                a worker could not join or finish its run
 """
@@ -35,6 +36,10 @@ class PortInUseError(ConfigError):
 
 class MasterUnavailable(OrchError):
     """No orch master answered at the given address."""
+
+
+class AuthError(MasterUnavailable):
+    """The master refused the call: a missing or wrong token."""
 
 
 class WorkerError(OrchError):

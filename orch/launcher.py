@@ -26,7 +26,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ._net import DEFAULT_RENDEZVOUS_PORT, choose_port
-from .client import StateMirror
+from .auth import TOKEN_ENV, new_token
+from .client import MasterClient, StateMirror
 from .coordinator import Coordinator, RankState, RunState
 from .errors import ConfigError, RunFailed
 from .master import MasterServer
@@ -58,6 +59,9 @@ class LaunchSpec:
     poll_interval: float = 0.1
     grace: float = 1.5
     max_restarts: int = 0
+    tls_cert: str | None = None
+    tls_key: str | None = None
+    tls_ca: str | None = None  # default: tls_cert itself (a self-signed certificate)
 
     def __post_init__(self) -> None:
         if not isinstance(self.world_size, int) or self.world_size < 1:
@@ -135,6 +139,7 @@ class Run:
         self.worker_ids: list[str] = []
         self._exited: dict[int, int] = {}
         self.store: RunStore | None = None
+        self.token = new_token()  # this run's secret: its workers get it through their environment
         self.first_death_at: float | None = None  # monotonic: a worker of this attempt died
         self.all_exited_at: float | None = None  # monotonic: every worker of the run is gone
         self._done = threading.Event()
@@ -157,7 +162,14 @@ class Run:
 
         spec = self.spec
         _track(self)
-        self.server = MasterServer(self.coordinator, host=spec.master_host, port=spec.master_port).start()
+        self.server = MasterServer(
+            self.coordinator,
+            host=spec.master_host,
+            port=spec.master_port,
+            token=self.token,
+            tls_cert=spec.tls_cert,
+            tls_key=spec.tls_key,
+        ).start()
         if spec.rdzv_port:  # a port the user named must be free; otherwise rank 0 binds one
             self.coordinator.rendezvous_port = choose_port(
                 spec.rdzv_port,
@@ -212,9 +224,11 @@ class Run:
                 watch_parent=os.getpid(),
                 log_file=str(self.run_dir / "logs" / f"{wid}.log"),
                 run_root=spec.run_root,
+                tls_ca=self.tls_ca,
             )
             payload = cloudpickle.dumps(wspec)
-            with _child_env({"OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)}):
+            env = {"OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads), TOKEN_ENV: self.token}
+            with _child_env(env):
                 p = ctx.Process(target=spawn_main, args=(payload,), name=f"orch-{wid}")
                 p.start()
             self.procs.append(p)
@@ -223,6 +237,16 @@ class Run:
     def address(self) -> str:
         """``host:port`` of this run's master."""
         return self.server.address if self.server is not None else ""
+
+    @property
+    def tls_ca(self) -> str | None:
+        return self.spec.tls_ca or self.spec.tls_cert
+
+    def connect(self) -> MasterClient | None:
+        """A client of this run's master (with its token), or None once it is closed."""
+        if self.server is None:
+            return None
+        return MasterClient(self.address, token=self.token, tls_ca=self.tls_ca)
 
     def _watch(self) -> None:
         """Every ``poll_interval``: collect exits; on failure tear down, then restart or end."""

@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import threading
 from concurrent import futures
+from pathlib import Path
 from typing import NoReturn
 
 import grpc
@@ -19,8 +20,9 @@ from grpc_reflection.v1alpha import reflection
 from ._net import DEFAULT_MASTER_PORT, choose_port
 from ._proto import orchestrator_pb2 as pb
 from ._proto import orchestrator_pb2_grpc as pb_grpc
+from .auth import TokenInterceptor, is_loopback, server_credentials
 from .coordinator import Coordinator, Reject
-from .errors import PortInUseError
+from .errors import ConfigError, PortInUseError
 
 log = logging.getLogger(__name__)
 
@@ -112,7 +114,18 @@ class MasterServer:
         port: int | None = None,
         max_workers: int = 16,
         expire_interval: float = 0.25,
+        token: str | None = None,
+        tls_cert: str | Path | None = None,
+        tls_key: str | Path | None = None,
     ) -> None:
+        if not is_loopback(host) and not token:
+            raise ConfigError(
+                f"refusing to serve on {host or 'all interfaces'} without a token: anyone who can "
+                "reach it could join or stop the run. Pass --token (or set ORCH_TOKEN), or bind "
+                "127.0.0.1"
+            )
+        if (tls_cert is None) != (tls_key is None):
+            raise ConfigError("TLS needs both --tls-cert and --tls-key")
         self.coordinator = coordinator
         self.host = host
         self.requested_port = port
@@ -123,6 +136,8 @@ class MasterServer:
         self._health = health.HealthServicer()
         self._stopped = threading.Event()
         self._ticker: threading.Thread | None = None
+        self.token = token
+        self.tls = (tls_cert, tls_key) if tls_cert is not None and tls_key is not None else None
 
     @property
     def address(self) -> str:
@@ -141,6 +156,10 @@ class MasterServer:
         )
         server = grpc.server(
             futures.ThreadPoolExecutor(max_workers=self.max_workers, thread_name_prefix="orch-master"),
+            interceptors=[TokenInterceptor(self.token)] if self.token else [],
+            # Beyond this many calls in flight new ones get RESOURCE_EXHAUSTED at once,
+            # so a flood cannot queue up without bound.
+            maximum_concurrent_rpcs=self.max_workers * 8,
             options=[
                 # gRPC sets SO_REUSEPORT by default: a second master would share the port silently.
                 ("grpc.so_reuseport", 0),
@@ -160,7 +179,10 @@ class MasterServer:
         )
         target = f"[{self.host}]:{port}" if ":" in self.host else f"{self.host}:{port}"
         try:
-            bound = server.add_insecure_port(target)
+            if self.tls is not None:
+                bound = server.add_secure_port(target, server_credentials(*self.tls))
+            else:
+                bound = server.add_insecure_port(target)
         except RuntimeError as e:
             raise PortInUseError(port, "orch master", "--port") from e
         if bound == 0:

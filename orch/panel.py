@@ -50,6 +50,8 @@ class PanelSource(Protocol):
     @property
     def address(self) -> str: ...
 
+    def connect(self) -> MasterClient | None: ...
+
     def stop(self, reason: str = ...) -> RunState: ...
 
     def log_files(self) -> dict[str, Path]: ...
@@ -150,7 +152,7 @@ class Panel:
         self.interval = interval
         self.log_lines = log_lines
         # A run read back from disk has no master: its final state is drawn once.
-        self.client = client or (MasterClient(source.address, timeout=5.0) if source.address else None)
+        self.client = client or source.connect()
         self.mirror = StateMirror()
         self.polls = 0
         self.redraws = 0

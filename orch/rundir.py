@@ -87,6 +87,9 @@ class LoadedRun:
     def state(self) -> StateMirror:
         return self._mirror
 
+    def connect(self) -> None:
+        return None  # nothing to poll: the panel draws the state read from disk
+
     def final_state(self) -> StateMirror:
         return self._mirror
 

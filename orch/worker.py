@@ -31,6 +31,7 @@ from ._net import DEFAULT_RENDEZVOUS_PORT, address_towards, interface_for, port_
 from ._proto import orchestrator_pb2 as pb
 from ._proto import orchestrator_pb2_grpc as pb_grpc
 from ._sender import HeartbeatSender
+from .auth import open_channel, token_from_env
 from .errors import ConfigError, PortInUseError, WorkerError
 from .store import write_json_atomic
 
@@ -61,6 +62,8 @@ class WorkerSpec:
     collective_timeout: float = 1800.0
     run_root: str = "runs"  # checkpoints and error files go to run_root/<run-id>/
     watch_parent: int | None = None  # exit when this pid is no longer our parent
+    token: str | None = None  # None: $ORCH_TOKEN
+    tls_ca: str | None = None  # verify the master's TLS certificate against this CA
     log_file: str | None = None
     env: dict[str, str] = field(default_factory=dict)
 
@@ -161,6 +164,12 @@ def _register(stub: pb_grpc.OrchestratorStub, spec: WorkerSpec) -> pb.RegisterRe
             )
             return reply
         except grpc.RpcError as e:
+            if e.code() is grpc.StatusCode.UNAUTHENTICATED:
+                raise WorkerError(f"the master at {spec.master} refused this worker: {e.details()}") from e
+            if e.code() is grpc.StatusCode.UNIMPLEMENTED:
+                raise WorkerError(
+                    f"{spec.master} answered, but it is not an orch master: check the address and port"
+                ) from e
             if e.code() not in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
                 raise WorkerError(
                     f"the master at {spec.master} refused registration: {e.code().name}: {e.details()}"
@@ -168,7 +177,8 @@ def _register(stub: pb_grpc.OrchestratorStub, spec: WorkerSpec) -> pb.RegisterRe
             if time.monotonic() >= deadline:
                 raise WorkerError(
                     f"no orch master answered at {spec.master} within {spec.register_timeout:g}s: "
-                    "check the address and that the master is running"
+                    "check the address, that the master is running, and that TLS is used on both "
+                    "sides or on neither"
                 ) from e
 
 
@@ -291,7 +301,7 @@ def run_worker(spec: WorkerSpec) -> int:
     if spec.watch_parent is not None:
         threading.Thread(target=_watch_parent, args=(spec.watch_parent,), daemon=True).start()
     _set_threads(spec)
-    channel = grpc.insecure_channel(spec.master)
+    channel = open_channel(spec.master, token=token_from_env(spec.token), tls_ca=spec.tls_ca)
     stub = pb_grpc.OrchestratorStub(channel)
     reg = _register(stub, spec)
     run_id, rank, world = reg.run_id, reg.rank, reg.world_size

@@ -82,4 +82,5 @@ def subprocess_env(tmp_path: Path) -> dict[str, str]:
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join([str(TESTS), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
     env["PYTHONUNBUFFERED"] = "1"
+    env["ORCH_TOKEN"] = uuid.uuid4().hex  # `orch master` and `orch worker` both read it
     return env

@@ -26,6 +26,7 @@ import orch
 from conftest import ORCH, TESTS
 from orch._proto import orchestrator_pb2 as pb
 from orch._proto import orchestrator_pb2_grpc as pb_grpc
+from orch.auth import open_channel
 from orch.coordinator import RankState, RunState
 from orch.store import RunStore, read_metrics
 
@@ -179,7 +180,7 @@ def test_workers_exit_when_the_master_is_killed(tmp_path: Path, subprocess_env: 
         for _ in range(2)
     ]
     try:
-        with orch.MasterClient(address) as client:
+        with orch.MasterClient(address, token=subprocess_env["ORCH_TOKEN"]) as client:
             until(
                 lambda: (
                     all(r.step > 3 for r in orch.StateMirror().poll(client).ranks)
@@ -207,7 +208,7 @@ def test_acknowledged_points_survive_a_killed_master(tmp_path: Path, subprocess_
     master, address = _start_master(tmp_path, subprocess_env, "--world-size", "1")
     acked: list[int] = []
     try:
-        with grpc.insecure_channel(address) as channel:
+        with open_channel(address, token=subprocess_env["ORCH_TOKEN"]) as channel:
             stub = pb_grpc.OrchestratorStub(channel)
             reg = stub.Register(
                 pb.RegisterRequest(worker_id="w", host="h", pid=1, rendezvous_port=1), timeout=10

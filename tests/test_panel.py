@@ -158,6 +158,9 @@ class _Source:
     def final_state(self) -> StateMirror | None:
         return None
 
+    def connect(self) -> orch.MasterClient:
+        return orch.MasterClient(self.address)
+
 
 def test_table_marks_nan_losses_and_stragglers(sent: list[Any]) -> None:
     clock = [100.0]
@@ -238,7 +241,7 @@ def test_attach_watches_a_master_started_elsewhere(tmp_path: Path, sent: list[An
     with orch.launch(
         "jobs:allreduce_steps", world_size=2, config={"steps": 20}, run_root=str(tmp_path)
     ) as run:
-        attached = orch.attach(run.address)
+        attached = orch.attach(run.address, token=run.token)
         try:
             panel = attached.panel(interval=0.1)
             final = attached.wait(timeout=120)

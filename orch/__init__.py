@@ -8,7 +8,15 @@ from .api import AttachedRun, attach, launch
 from .client import MasterClient, StateMirror
 from .context import Context
 from .coordinator import RankState, RunState
-from .errors import ConfigError, MasterUnavailable, OrchError, PortInUseError, RunFailed, WorkerError
+from .errors import (
+    AuthError,
+    ConfigError,
+    MasterUnavailable,
+    OrchError,
+    PortInUseError,
+    RunFailed,
+    WorkerError,
+)
 from .launcher import Run, RunResult
 from .rundir import LoadedRun, load_run
 
@@ -16,6 +24,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "AttachedRun",
+    "AuthError",
     "ConfigError",
     "Context",
     "LoadedRun",

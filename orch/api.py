@@ -77,6 +77,7 @@ def launch(
     tls_cert: str | None = None,
     tls_key: str | None = None,
     tls_ca: str | None = None,
+    token: str | None = None,
 ) -> Run:
     """Start ``train(ctx)`` on ``world_size`` local worker processes; return the :class:`Run` at once.
 
@@ -86,7 +87,8 @@ def launch(
     On a failure the whole group is torn down and, up to ``max_restarts`` times, started
     again; ``ctx.load_checkpoint()`` lets it resume after its last ``ctx.save_checkpoint``.
     A rank whose heartbeats stop for ``heartbeat_timeout`` seconds counts as lost.
-    The master binds 127.0.0.1 and takes only calls that carry this run's random token;
+    The master binds 127.0.0.1 and takes only calls that carry the run's token (``token``,
+    else ``$ORCH_TOKEN``, else a random one: ``run.token``);
     ``tls_cert``/``tls_key`` make it serve TLS, verified against ``tls_ca`` (default: the
     certificate itself).
     Ports default to 50051 (master) and 29500 (rendezvous) when free, else free ones; a
@@ -107,6 +109,7 @@ def launch(
         tls_cert=tls_cert,
         tls_key=tls_key,
         tls_ca=tls_ca,
+        token=token,
     )
     _check_fits(world_size)
     _check_ports(master_port, rdzv_port)

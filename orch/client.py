@@ -59,10 +59,10 @@ class MasterClient:
         if reply.status != health_pb2.HealthCheckResponse.SERVING:
             raise MasterUnavailable(f"the master at {self.address} is not serving")
 
-    def get_state(self, cursor: bytes = b"") -> pb.GetStateResponse:
+    def get_state(self, cursor: bytes = b"", *, skip_series: bool = False) -> pb.GetStateResponse:
         try:
             reply: pb.GetStateResponse = self.stub.GetState(
-                pb.GetStateRequest(cursor=cursor), timeout=self.timeout
+                pb.GetStateRequest(cursor=cursor, skip_series=skip_series), timeout=self.timeout
             )
         except grpc.RpcError as e:
             raise _rpc_error("GetState", self.address, e) from e
@@ -111,6 +111,7 @@ class RankView:
     param_checksum: str
     error: str
     exit_code: int
+    address: str = ""
 
     @classmethod
     def from_pb(cls, r: pb.RankInfo) -> RankView:
@@ -128,6 +129,7 @@ class RankView:
             param_checksum=r.param_checksum,
             error=r.error,
             exit_code=r.exit_code,
+            address=r.address,
         )
 
     def as_dict(self) -> dict[str, Any]:
@@ -222,8 +224,8 @@ class StateMirror:
         self.events.extend((e.time, e.kind, e.rank, e.message) for e in reply.events)
         self.cursor = reply.cursor
 
-    def poll(self, client: MasterClient) -> StateMirror:
-        self.apply(client.get_state(self.cursor))
+    def poll(self, client: MasterClient, *, skip_series: bool = False) -> StateMirror:
+        self.apply(client.get_state(self.cursor, skip_series=skip_series))
         return self
 
     def history(self) -> dict[str, dict[int, dict[str, list[float]]]]:

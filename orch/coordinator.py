@@ -14,6 +14,7 @@ import re
 import threading
 import time
 import uuid
+from array import array
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
@@ -33,6 +34,8 @@ MAX_ID_LEN = 256
 # broken collective failed.
 SETTLE_SECONDS = 2.0
 EXIT_ABORTED = 70  # a worker that ended itself because the run had already failed
+MAX_METRICS_PER_RANK = 64
+MAX_POINTS_IN_MEMORY = 250_000  # per rank and metric; the run dir keeps every point
 PEER_ERROR = re.compile(
     r"Connection (reset|closed) by peer|Broken pipe|gloo/transport|DistBackendError|DistNetworkError"
     r"|NCCL (error|communicator)|ProcessGroup\w* .*(timed out|abort)",
@@ -94,12 +97,31 @@ class Reject(Exception):
         super().__init__(message)
 
 
-@dataclass
 class _Series:
-    steps: list[int] = field(default_factory=list)
-    values: list[float] = field(default_factory=list)
-    times: list[float] = field(default_factory=list)
-    attempt: int = 0
+    """One rank's points of one metric, in compact arrays, at most ``limit`` kept in memory.
+
+    ``base`` is the absolute index of the first point held: past the limit the oldest
+    points leave memory (the run dir's metrics log keeps them all), and cursors, which
+    count absolute points, stay valid.
+    """
+
+    __slots__ = ("attempt", "base", "limit", "steps", "times", "values")
+
+    def __init__(self, limit: int = 0) -> None:
+        self.steps = array("q")
+        self.values = array("d")
+        self.times = array("d")
+        self.attempt = 0
+        self.base = 0
+        self.limit = limit
+
+    def __len__(self) -> int:
+        return len(self.steps)
+
+    @property
+    def end(self) -> int:
+        """Absolute index after the last point."""
+        return self.base + len(self.steps)
 
     def add(
         self, steps: Sequence[int], values: Sequence[float], times: Sequence[float], attempt: int
@@ -118,6 +140,10 @@ class _Series:
         self.steps.extend(steps)
         self.values.extend(values)
         self.times.extend(times)
+        if self.limit and len(self.steps) > self.limit:
+            drop = len(self.steps) - self.limit * 3 // 4  # trim in chunks, not on every append
+            del self.steps[:drop], self.values[:drop], self.times[:drop]
+            self.base += drop
         return rewound
 
 
@@ -186,6 +212,7 @@ class Coordinator:
         heartbeat_timeout: float = 30.0,
         max_attempts: int = 1,
         store: RunStore | None = None,
+        max_points_in_memory: int = MAX_POINTS_IN_MEMORY,
         clock: Callable[[], float] = time.monotonic,
         wall: Callable[[], float] = time.time,
     ) -> None:
@@ -207,6 +234,7 @@ class Coordinator:
         self.ranks: list[RankRecord] = []
         self._by_worker: dict[str, RankRecord] = {}
         self._series: dict[tuple[int, str], _Series] = {}
+        self._names: dict[int, set[str]] = {}
         self.events: list[pb.Event] = []
         self.failure = ""
         self.root_cause: RankRecord | None = None
@@ -215,6 +243,7 @@ class Coordinator:
         self.ended_at: float | None = None
         self.attempt = 1
         self.max_attempts = max_attempts
+        self.max_points_in_memory = max_points_in_memory
         self.store = store
         self._epoch = 0
         self._first_failure: tuple[RankRecord | None, str] | None = None
@@ -305,6 +334,11 @@ class Coordinator:
         """Record progress and points; return the command for the worker (a pb.Command)."""
         if req.step < 0 or req.total_steps < 0 or req.dropped_points < 0:
             raise Reject("invalid_argument", "step, total_steps and dropped_points must be >= 0")
+        if len(req.series) > MAX_METRICS_PER_RANK:
+            raise Reject(
+                "invalid_argument",
+                f"a heartbeat carries {len(req.series)} series; the limit is {MAX_METRICS_PER_RANK}",
+            )
         for s in req.series:
             if not s.name or len(s.name) > MAX_ID_LEN:
                 raise Reject("invalid_argument", "every series needs a name of 1-256 characters")
@@ -331,8 +365,18 @@ class Coordinator:
                 rec.progress.append((now, rec.step))
             rec.dropped_points = req.dropped_points
             wall = self._wall()
+            new_names = {s.name for s in req.series} - self._names.get(rec.rank, set())
+            known = self._names.setdefault(rec.rank, set())
+            if len(known) + len(new_names) > MAX_METRICS_PER_RANK:
+                raise Reject(
+                    "resource_exhausted",
+                    f"rank {rec.rank} would log more than {MAX_METRICS_PER_RANK} different metrics",
+                )
+            known |= new_names
             for s in req.series:
-                series = self._series.setdefault((rec.rank, s.name), _Series())
+                series = self._series.get((rec.rank, s.name))
+                if series is None:
+                    series = self._series[(rec.rank, s.name)] = _Series(self.max_points_in_memory)
                 times = s.times if s.times else [wall] * len(s.steps)
                 if series.add(s.steps, s.values, times, self.attempt):
                     self._epoch += 1
@@ -476,12 +520,20 @@ class Coordinator:
             self._changed.wait(timeout)
 
     def series(self, rank: int, name: str) -> tuple[list[int], list[float]]:
+        """The points of one series still held in memory."""
         with self._lock:
             s = self._series.get((rank, name), _Series())
             return list(s.steps), list(s.values)
 
-    def snapshot(self, cursor: bytes = b"") -> pb.GetStateResponse:
-        """The run's state, with only the points and events after ``cursor``."""
+    @property
+    def trimmed(self) -> bool:
+        """True when some points are only in the run dir's metrics log, no longer in memory."""
+        with self._lock:
+            return any(s.base for s in self._series.values())
+
+    def snapshot(self, cursor: bytes = b"", *, skip_series: bool = False) -> pb.GetStateResponse:
+        """The run's state, with only the points and events after ``cursor`` (no points at all
+        with ``skip_series``)."""
         prev = pb.StateCursor()
         if cursor:
             try:
@@ -516,22 +568,21 @@ class Coordinator:
             for rec in self.ranks:
                 reply.ranks.append(self._rank_info(rec, now))
             nxt = pb.StateCursor(run_id=self.run_id, epoch=self._epoch)
-            for (rank, name), s in sorted(self._series.items()):
+            for (rank, name), s in sorted(self._series.items()) if not skip_series else ():
                 key = f"{rank}/{name}"
-                start = sent.get(key, 0)
-                end = len(s.steps)
-                if end > start:
+                start = max(sent.get(key, 0), s.base) - s.base  # points before base left memory
+                if len(s) > start:
                     reply.series.append(
                         pb.Series(
                             rank=rank,
                             name=name,
-                            steps=s.steps[start:end],
-                            values=s.values[start:end],
-                            times=s.times[start:end],
+                            steps=s.steps[start:],
+                            values=s.values[start:],
+                            times=s.times[start:],
                         )
                     )
                 nxt.keys.append(key)
-                nxt.offsets.append(end)
+                nxt.offsets.append(s.end)
             first_event = 0 if full else max(0, prev.events)
             reply.events.extend(self.events[first_event:])
             nxt.events = len(self.events)
@@ -649,6 +700,7 @@ class Coordinator:
             error=rec.error,
             exit_code=rec.exit_code,
             dropped_points=rec.dropped_points,
+            address=rec.address,
         )
 
 

@@ -110,7 +110,7 @@ class Dashboard:
         self._tty = bool(getattr(self.out, "isatty", lambda: False)())
 
     def poll(self) -> StateMirror:
-        return self.mirror.poll(self.client)
+        return self.mirror.poll(self.client, skip_series=True)  # the table needs no points
 
     def draw(self) -> None:
         text = render(self.mirror, address=self.client.address)

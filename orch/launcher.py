@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ._net import DEFAULT_RENDEZVOUS_PORT, choose_port
-from .auth import TOKEN_ENV, new_token
+from .auth import TOKEN_ENV, new_token, token_from_env
 from .client import MasterClient, StateMirror
 from .coordinator import Coordinator, RankState, RunState
 from .errors import ConfigError, RunFailed
@@ -62,6 +62,7 @@ class LaunchSpec:
     tls_cert: str | None = None
     tls_key: str | None = None
     tls_ca: str | None = None  # default: tls_cert itself (a self-signed certificate)
+    token: str | None = None  # default: $ORCH_TOKEN, else a new random one
 
     def __post_init__(self) -> None:
         if not isinstance(self.world_size, int) or self.world_size < 1:
@@ -139,7 +140,8 @@ class Run:
         self.worker_ids: list[str] = []
         self._exited: dict[int, int] = {}
         self.store: RunStore | None = None
-        self.token = new_token()  # this run's secret: its workers get it through their environment
+        # The run's secret; its workers get it through their environment.
+        self.token = token_from_env(spec.token) or new_token()
         self.first_death_at: float | None = None  # monotonic: a worker of this attempt died
         self.all_exited_at: float | None = None  # monotonic: every worker of the run is gone
         self._done = threading.Event()
@@ -384,6 +386,12 @@ class Run:
 
     def history(self) -> dict[str, dict[int, dict[str, list[float]]]]:
         """``{metric: {rank: {"step": [...], "value": [...]}}}`` for every logged scalar."""
+        if self.coordinator.trimmed and self.store is not None:
+            # The oldest points left the master's memory; the run dir has them all.
+            from .rundir import load_run
+
+            self.store.sync()
+            return load_run(self.run_dir).history()
         return self.state().history()
 
     def stop(self, reason: str = "stopped by the user") -> RunState:

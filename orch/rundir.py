@@ -50,7 +50,9 @@ class LoadedRun:
         series: dict[tuple[int, str], _Series] = {}
         for record in read_metrics(self.run_dir / "metrics.pb"):
             for s in record.series:
-                target = series.setdefault((record.rank, s.name), _Series())
+                target = series.get((record.rank, s.name))
+                if target is None:
+                    target = series[(record.rank, s.name)] = _Series()
                 target.add(s.steps, s.values, s.times or [0.0] * len(s.steps), record.attempt)
         m = StateMirror()
         m.run_id = self.result.get("run_id") or self.meta.get("run_id", self.run_dir.name)
@@ -147,6 +149,7 @@ def _rank_view(r: dict[str, Any]) -> RankView:
         param_checksum=r.get("param_checksum", ""),
         error=r.get("error", ""),
         exit_code=int(r.get("exit_code", 0)),
+        address=r.get("address", ""),
     )
 
 

@@ -314,3 +314,69 @@ def test_ranks_lost_together_are_named_together() -> None:
     assert c.state is RunState.FAILED and c.root_cause is not None and c.root_cause.rank == 1
     assert "10.0.0.2" in c.failure and "lost at the same time: rank 2 (10.0.0.2)" in c.failure
     assert "stuck in the torch.distributed rendezvous" in c.failure
+
+
+def test_ranks_lost_together_are_named_together_across_expiry_ticks() -> None:
+    # A host's ranks fall silent at the same moment, but their last heartbeats are a fraction
+    # of a heartbeat interval apart: the expiry tick that finds the first may not find the second.
+    clock = Clock()
+    c = Coordinator(4, run_id="r1", heartbeat_timeout=3.0, clock=clock)
+    for i, addr in enumerate(("10.0.0.1", "10.0.0.2", "10.0.0.1", "10.0.0.2")):
+        reg(c, f"w{i}", address=addr)
+    for i in range(4):
+        c.can_start(pb.CanStartTrainingRequest(run_id="r1", worker_id=f"w{i}"))
+        beat(c, f"w{i}", step=1)
+    clock.t += 1.0
+    beat(c, "w1", step=2)  # host 10.0.0.2 drops off between these two beats
+    clock.t += 0.1
+    beat(c, "w3", step=2)
+    for _ in range(14):  # the healthy host beats on; the master expires every 0.25 s
+        clock.t += 0.25
+        beat(c, "w0", step=3)
+        beat(c, "w2", step=3)
+        c.expire()
+    assert c.state is RunState.FAILED and c.root_cause is not None and c.root_cause.rank == 1
+    assert c.failure.endswith("lost at the same time: rank 3 (10.0.0.2)"), c.failure
+    # The healthy host's ranks, aborted once the run failed, fall silent much later: not named.
+    for _ in range(20):
+        clock.t += 0.25
+        c.expire()
+    assert c.ranks[0].state is RankState.LOST and c.ranks[2].state is RankState.LOST
+    assert "rank 0" not in c.failure and "rank 2" not in c.failure, c.failure
+
+
+def test_memory_holds_a_bounded_tail_and_cursors_stay_valid() -> None:
+    c = Coordinator(1, run_id="r1", max_points_in_memory=100)
+    reg(c, "w0")
+    c.can_start(pb.CanStartTrainingRequest(run_id="r1", worker_id="w0"))
+    mirror = StateMirror()
+    mirror.apply(c.snapshot())
+    for chunk in range(10):  # 10 x 30 points: 300 logged, at most 100 kept
+        steps = list(range(chunk * 30, chunk * 30 + 30))
+        c.heartbeat(
+            pb.HeartbeatRequest(
+                run_id="r1",
+                worker_id="w0",
+                step=steps[-1],
+                series=[pb.Series(name="loss", steps=steps, values=[1.0] * 30)],
+            )
+        )
+        mirror.apply(c.snapshot(mirror.cursor))
+    kept, _ = c.series(0, "loss")
+    assert len(kept) <= 100 and kept[-1] == 299 and c.trimmed
+    # a client that kept polling saw every point exactly once
+    assert mirror.series[(0, "loss")].steps.tolist() == list(range(300))
+
+
+def test_bounded_metric_names_and_series_per_heartbeat() -> None:
+    c = started(world=1)
+    many = [pb.Series(name=f"m{i}", steps=[0], values=[0.0]) for i in range(65)]
+    with pytest.raises(Reject) as e:
+        c.heartbeat(pb.HeartbeatRequest(run_id="r1", worker_id="w0", series=many))
+    assert kind(e) == "invalid_argument"
+    for i in range(64):
+        beat(c, "w0", **{f"m{i}": [0.0]})
+    with pytest.raises(Reject) as e:
+        beat(c, "w0", one_more=[0.0])
+    assert kind(e) == "resource_exhausted"
+    assert beat(c, "w0", m3=[1.0]) == pb.CONTINUE  # known names still go in

@@ -1,0 +1,463 @@
+"""A run across three hosts: a master and two worker hosts, each in its own network namespace.
+
+A fixture builds a small LAN out of Linux network namespaces: a "switch" namespace holding a
+bridge, and a master, host A and host B, each wired to the bridge by a veth pair and given an
+address in a private /24 that exists only inside these namespaces (nothing is added to the
+machine's own namespace). Each host's processes also get their own hostname (a UTS namespace),
+so the master sees three machines. ``orch master`` runs on the master, ``orch worker
+--nproc-per-node 2`` on A and on B (two ranks each), and gloo's traffic crosses the bridge.
+
+The tests need root and iproute2; they are skipped, saying why, only when a network namespace
+cannot be created. The measured times are printed (``pytest -s``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import shutil
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import time
+from collections import Counter
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Any
+
+import pytest
+
+import orch
+from conftest import ORCH
+
+HEARTBEAT_GRACE = 2.0  # a silent host's ranks are declared lost within the heartbeat timeout + this
+# ... and every process in every namespace is gone within the timeout + this: the master lingers
+# 0.5 s, each `orch` process takes a while to exit on a busy 2-core machine (measured: 2-4 s).
+GONE_GRACE = 8.0
+
+# Run in a new UTS namespace: take the host's name, then become the command (same pid).
+SET_HOSTNAME = "import os, socket, sys; socket.sethostname(sys.argv[1]); os.execv(sys.argv[2], sys.argv[2:])"
+
+# Polls the master from inside its namespace (the master's address is reachable only there)
+# and prints one JSON line per poll, stamped with time.time(), until the run has ended.
+POLLER = """
+import json, sys, time
+import orch
+address, interval = sys.argv[1], float(sys.argv[2])
+mirror = orch.StateMirror()
+with orch.MasterClient(address, timeout=2.0) as client:
+    while True:
+        try:
+            mirror.poll(client)
+        except orch.OrchError as e:
+            print(json.dumps({"t": time.time(), "error": str(e)}), flush=True)
+            break
+        record = mirror.as_dict()
+        record["t"] = time.time()
+        print(json.dumps(record), flush=True)
+        if mirror.state.done:
+            break
+        time.sleep(interval)
+"""
+
+
+@dataclass
+class Host:
+    role: str
+    ns: str
+    ifname: str
+    ip: str
+    hostname: str
+
+    def argv(self, *argv: str) -> list[str]:
+        """``argv`` run inside this host: its network namespace and its own hostname."""
+        prefix = ["ip", "netns", "exec", self.ns, "unshare", "--uts", sys.executable, "-c", SET_HOSTNAME]
+        return [*prefix, self.hostname, *argv]
+
+
+@dataclass
+class Net:
+    switch: str
+    master: Host
+    a: Host
+    b: Host
+
+    @property
+    def namespaces(self) -> list[str]:
+        return [self.switch, self.master.ns, self.a.ns, self.b.ns]
+
+
+def _ip(*args: str) -> str:
+    proc = subprocess.run(["ip", *args], capture_output=True, text=True, timeout=30)
+    if proc.returncode != 0:
+        raise RuntimeError(f"`ip {' '.join(args)}` failed ({proc.returncode}): {proc.stderr.strip()}")
+    return proc.stdout
+
+
+def alive(pid: int) -> bool:
+    """True while process ``pid`` runs (a zombie has ended)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+
+
+def ns_pids(ns: str) -> list[int]:
+    """Live processes in network namespace ``ns``."""
+    return [int(word) for word in _ip("netns", "pids", ns).split() if alive(int(word))]
+
+
+def tcp_connections(pid: int) -> set[tuple[str, int, str, int]]:
+    """Established TCP connections in the network namespace of process ``pid``:
+    (local address, local port, remote address, remote port)."""
+
+    def address(text: str) -> tuple[str, int]:
+        ip, port = text.split(":")
+        return socket.inet_ntoa(struct.pack("<I", int(ip, 16))), int(port, 16)
+
+    found: set[tuple[str, int, str, int]] = set()
+    try:
+        lines = Path(f"/proc/{pid}/net/tcp").read_text().splitlines()[1:]
+    except (FileNotFoundError, ProcessLookupError):
+        return found
+    for line in lines:
+        fields = line.split()
+        if fields[3] == "01":  # TCP_ESTABLISHED
+            found.add((*address(fields[1]), *address(fields[2])))
+    return found
+
+
+def netns_of(pid: int, net: Net) -> str | None:
+    """The name of the namespace of ``net`` that process ``pid`` lives in (None: none of them)."""
+    try:
+        inode = os.stat(f"/proc/{pid}/ns/net").st_ino
+    except FileNotFoundError:
+        return None
+    for ns in net.namespaces:
+        if os.stat(f"/run/netns/{ns}").st_ino == inode:
+            return ns
+    return None
+
+
+@pytest.fixture
+def net() -> Iterator[Net]:
+    """A switch (a bridge in its own namespace) and three hosts wired to it; all gone afterwards."""
+    if shutil.which("ip") is None:
+        pytest.skip("needs iproute2's `ip` to create network namespaces, and it is not installed")
+    if os.geteuid() != 0:
+        pytest.skip(f"needs root to create network namespaces (ip netns add); running as uid {os.geteuid()}")
+    suffix = secrets.token_hex(2)
+    subnet = f"10.213.{secrets.randbelow(254) + 1}"
+    hosts = [
+        Host(role, f"orch-{suffix}-{role}", f"v{role}-{suffix}", f"{subnet}.{i}", f"orch-{role}-{suffix}")
+        for i, role in enumerate(("m", "a", "b"), start=1)
+    ]
+    switch = f"orch-{suffix}-sw"
+    bridge = f"br-{suffix}"
+    created: list[str] = []
+    try:
+        probe = subprocess.run(["ip", "netns", "add", switch], capture_output=True, text=True, timeout=30)
+        if probe.returncode != 0:
+            pytest.skip(f"cannot create a network namespace: `ip netns add` said: {probe.stderr.strip()}")
+        created.append(switch)
+        _ip("-n", switch, "link", "set", "lo", "up")
+        _ip("-n", switch, "link", "add", bridge, "type", "bridge")
+        _ip("-n", switch, "link", "set", bridge, "up")
+        for h in hosts:
+            _ip("netns", "add", h.ns)
+            created.append(h.ns)
+            _ip("-n", h.ns, "link", "set", "lo", "up")
+            # Both ends are made inside the namespaces: nothing ever appears in the root one.
+            peer = f"p{h.role}-{suffix}"
+            _ip("-n", h.ns, "link", "add", h.ifname, "type", "veth", "peer", "name", peer, "netns", switch)
+            _ip("-n", switch, "link", "set", peer, "master", bridge)
+            _ip("-n", switch, "link", "set", peer, "up")
+            _ip("-n", h.ns, "addr", "add", f"{h.ip}/24", "dev", h.ifname)
+            _ip("-n", h.ns, "link", "set", h.ifname, "up")
+        yield Net(switch, *hosts)
+    finally:
+        for ns in reversed(created):
+            try:
+                for pid in ns_pids(ns):
+                    os.kill(pid, signal.SIGKILL)
+            except (RuntimeError, ProcessLookupError):
+                pass
+            subprocess.run(["ip", "netns", "del", ns], capture_output=True, timeout=30, check=False)
+
+
+def until(predicate: Callable[[], Any], timeout: float, interval: float = 0.05) -> Any:
+    """The first truthy value of ``predicate()``; fails the test after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"condition not met within {timeout}s")
+        time.sleep(interval)
+
+
+@dataclass
+class Cluster:
+    """The processes of one multi-host run, with their output in files under ``tmp``."""
+
+    net: Net
+    tmp: Path
+    env: dict[str, str]
+    procs: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
+    files: list[IO[bytes]] = field(default_factory=list)
+    ranks: dict[int, int] = field(default_factory=dict)  # rank -> pid of its process
+    exited: dict[str, float] = field(default_factory=dict)  # name -> time.time() its exit was seen
+    address: str = ""
+    run_id: str = ""
+
+    def start(self, name: str, argv: list[str]) -> subprocess.Popen[bytes]:
+        out = open(self.tmp / f"{name}.log", "wb")  # noqa: SIM115 - closed in stop()
+        self.files.append(out)
+        proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=self.env, cwd=self.tmp)
+        self.procs[name] = proc
+        return proc
+
+    def log(self, name: str) -> str:
+        return (self.tmp / f"{name}.log").read_text(errors="replace")
+
+    def start_master(self, *args: str) -> None:
+        m = self.net.master
+        self.start(
+            "master",
+            [
+                "ip", "netns", "exec", m.ns, ORCH, "master", "--host", m.ip, "--port", "0",
+                "--world-size", "4", "--no-dashboard", "--linger", "0.5", "--run-root", str(self.tmp),
+                *args,
+            ],
+        )  # fmt: skip
+
+        def serving() -> str:
+            assert self.procs["master"].poll() is None, f"the master exited:\n{self.log('master')}"
+            first = self.log("master").partition("\n")
+            return first[0] if first[1] else ""
+
+        line = until(serving, 60)
+        assert "serving on" in line, line
+        self.run_id = line.split(" run ")[1].split()[0]
+        self.address = line.split("serving on ")[1].split(";")[0].split()[0]
+        assert self.address.startswith(m.ip + ":"), line
+        self.start(
+            "poller",
+            ["ip", "netns", "exec", m.ns, sys.executable, "-c", POLLER, self.address, "0.1"],
+        )
+
+    def start_workers(self) -> None:
+        for h in (self.net.a, self.net.b):
+            self.start(
+                h.role,
+                h.argv(
+                    ORCH, "worker", "--master", self.address, "--nproc-per-node", "2",
+                    "--run-root", str(self.tmp), "--advertise-addr", h.ip,
+                ),
+            )  # fmt: skip
+
+    def states(self) -> list[dict[str, Any]]:
+        """What the poller saw so far, one record per poll."""
+        records = []
+        for line in self.log("poller").splitlines():
+            try:
+                records.append(json.loads(line))
+            except json.JSONDecodeError:
+                continue  # a line still being written
+        return records
+
+    def latest(self) -> dict[str, Any]:
+        records = self.states()
+        return records[-1] if records else {}
+
+    def all_gone(self) -> bool:
+        for name, p in self.procs.items():
+            if name not in self.exited and p.poll() is not None:
+                self.exited[name] = time.time()
+        for rank, pid in self.ranks.items():
+            if f"rank {rank}" not in self.exited and not alive(pid):
+                self.exited[f"rank {rank}"] = time.time()
+        if len(self.exited) < len(self.procs) + len(self.ranks):
+            return False
+        return not any(ns_pids(ns) for ns in self.net.namespaces)
+
+    def stop(self) -> None:
+        for p in self.procs.values():
+            if p.poll() is None:
+                p.kill()
+            p.wait()
+        for f in self.files:
+            f.close()
+
+    def result(self) -> dict[str, Any]:
+        value: dict[str, Any] = json.loads((self.tmp / self.run_id / "result.json").read_text())
+        return value
+
+
+@pytest.fixture
+def cluster(net: Net, tmp_path: Path, subprocess_env: dict[str, str]) -> Iterator[Cluster]:
+    env = dict(subprocess_env)
+    env["ORCH_TOKEN"] = secrets.token_urlsafe(16)  # the master serves off loopback: a token it takes
+    c = Cluster(net, tmp_path, env)
+    try:
+        yield c
+    finally:
+        c.stop()
+
+
+def hosts_of_ranks(c: Cluster, record: dict[str, Any]) -> dict[int, Host]:
+    """Rank -> the host its process lives on, read from the process itself (/proc/PID/ns/net)."""
+    by_ns = {h.ns: h for h in (c.net.a, c.net.b)}
+    found = {}
+    for r in record["ranks"]:
+        ns = netns_of(r["pid"], c.net)
+        assert ns in by_ns, f"rank {r['rank']} (pid {r['pid']}) is not in host A's or B's namespace: {ns}"
+        found[r["rank"]] = by_ns[ns]
+    return found
+
+
+# The brief sleep per step keeps the ranks alive long enough to be looked at from outside.
+CONFIG_SUCCESS = json.dumps({"steps": 40, "sleep": 0.05})
+
+
+@pytest.mark.timeout(240)
+def test_two_hosts_train_together_over_the_bridge(cluster: Cluster) -> None:
+    c, net = cluster, cluster.net
+    start = time.monotonic()
+    c.start_master("--heartbeat-timeout", "5", "--fn", "jobs:allreduce_steps", "--config", CONFIG_SUCCESS)
+    c.start_workers()
+
+    def registered() -> dict[str, Any] | None:
+        latest = c.latest()
+        return latest if len(latest.get("ranks", [])) == 4 else None
+
+    # While the ranks live: which namespace each rank's process is in, and gloo's connections
+    # between host A and host B (those to the rendezvous store, on its port, not counted).
+    placed = hosts_of_ranks(c, until(registered, 120))
+
+    def gloo_pairs() -> set[tuple[str, int, str, int]]:
+        rdzv = c.latest().get("rendezvous", "")
+        if not rdzv:
+            return set()
+        store = int(rdzv.rpartition(":")[2])
+        return {
+            conn
+            for conn in tcp_connections(c.procs["a"].pid)
+            if conn[0] == net.a.ip and conn[2] == net.b.ip and store not in (conn[1], conn[3])
+        }
+
+    def pairs_or_done() -> bool:
+        return len(gloo_pairs()) >= 4 or c.latest().get("state", "PENDING") not in ("PENDING", "RUNNING")
+
+    until(pairs_or_done, 120)
+    pairs = gloo_pairs()
+    codes = {name: p.wait(timeout=150) for name, p in c.procs.items()}
+    took = time.monotonic() - start
+    print(f"\ntwo hosts, 4 ranks, 40 steps: every process exited {took:.1f}s after the master started")
+    assert codes == {"master": 0, "poller": 0, "a": 0, "b": 0}, {n: c.log(n)[-3000:] for n in codes}
+
+    result = c.result()
+    assert result["state"] == "SUCCEEDED", result["failure"]
+    ranks = result["ranks"]
+    assert [r["rank"] for r in ranks] == [0, 1, 2, 3]
+    assert all(r["state"] == "SUCCEEDED" and r["step"] == 40 for r in ranks), ranks
+    # Every rank's losses reached the master, and DDP kept the parameters identical everywhere.
+    loss = orch.load_run(c.tmp / c.run_id).history()["loss"]
+    assert sorted(loss) == [0, 1, 2, 3] and all(loss[i]["step"] == list(range(40)) for i in range(4))
+    checksums = {r["param_checksum"] for r in ranks}
+    assert len(checksums) == 1 and "" not in checksums, checksums
+    # Two ranks on each host: by the hostname each reported and by the namespace its process was in.
+    assert Counter(r["host"] for r in ranks) == {net.a.hostname: 2, net.b.hostname: 2}
+    assert all(placed[r["rank"]].hostname == r["host"] for r in ranks), (placed, ranks)
+    registered_events = [e for e in result["events"] if e["kind"] == "registered"]
+    assert len(registered_events) == 4
+    for r in ranks:
+        assert any(f"on {r['host']} pid {r['pid']}" in e["message"] for e in registered_events), r
+
+    # The rendezvous was rank 0's host address on the LAN, and every rank used it, over the veths.
+    rank0 = placed[0]
+    rdzv_host, _, rdzv_port = result["rendezvous"].rpartition(":")
+    assert rdzv_host == rank0.ip != "127.0.0.1", result["rendezvous"]
+    for h in (net.a, net.b):
+        log = c.log(h.role)
+        assert log.count(f"process group up (gloo, rendezvous {rank0.ip}:{rdzv_port})") == 2, log
+        assert f"GLOO_SOCKET_IFNAME={h.ifname} (the interface of {h.ip})" in log, log
+        assert "127.0.0.1" not in log, log
+    # Each of A's two ranks talks to each of B's two over TCP, across the bridge.
+    assert len(pairs) >= 4, pairs
+    print(
+        f"rendezvous {result['rendezvous']} (rank 0 on {rank0.hostname}); gloo pinned to the veths; "
+        f"{len(pairs)} TCP connections between A's and B's ranks seen during training"
+    )
+
+
+@pytest.mark.timeout(240)
+def test_a_host_that_drops_off_fails_the_run_and_every_process_ends(cluster: Cluster) -> None:
+    c, net = cluster, cluster.net
+    timeout = 3.0
+    c.start_master("--heartbeat-timeout", str(timeout), "--fn", "jobs:long_barriers")
+    c.start_workers()
+
+    def training() -> dict[str, Any] | None:
+        latest = c.latest()
+        ranks = latest.get("ranks", [])
+        ok = latest.get("state") == "RUNNING" and len(ranks) == 4 and all(r["step"] > 5 for r in ranks)
+        return latest if ok else None
+
+    record = until(training, 120)
+    placed = hosts_of_ranks(c, record)
+    c.ranks = {r["rank"]: r["pid"] for r in record["ranks"]}
+    lost = sorted(rank for rank, h in placed.items() if h is net.b)
+    assert len(lost) == 2
+
+    t0 = time.time()
+    _ip("-n", net.b.ns, "link", "set", net.b.ifname, "down")  # host B drops off the LAN
+
+    def failed() -> dict[str, Any] | None:
+        latest = c.latest()
+        return latest if latest.get("state") == "FAILED" else None
+
+    final = until(failed, timeout + 20)
+    detected = final["t"] - t0
+    # Every process in every namespace ends: the master after its linger, A's ranks on ABORT,
+    # B's ranks once the master has been silent for the heartbeat timeout.
+    until(c.all_gone, timeout + 20, 0.02)
+    gone = time.time() - t0
+    ended = {name: p.returncode for name, p in c.procs.items()}
+    exits = ", ".join(
+        f"{name}{'' if name not in ended else f' (exit {ended[name]})'} {when - t0:.2f}s"
+        for name, when in sorted(c.exited.items(), key=lambda item: item[1])
+    )
+    print(
+        f"\nhost B's link down: run FAILED {detected:.2f}s later (heartbeat timeout {timeout:g}s); "
+        f"every process in every namespace gone {gone:.2f}s later; exits after the link went down: {exits}"
+    )
+    assert detected < timeout + HEARTBEAT_GRACE
+    assert ended["master"] == 1, c.log("master")
+    assert ended["a"] != 0 and ended["b"] != 0, ended
+    # A's ranks got ABORT from the master at their next heartbeat; B's gave up on the master
+    # they could no longer reach, once it had been silent for the heartbeat timeout.
+    assert "the master aborted the run" in c.log("a"), c.log("a")
+    assert all(c.exited[f"rank {r}"] - final["t"] < 2.0 for r in placed if r not in lost), exits
+    assert "the master has not answered" in c.log("b"), c.log("b")
+    assert all(c.exited[f"rank {r}"] - t0 < timeout + 2.5 for r in lost), exits
+    assert gone < timeout + GONE_GRACE
+    # The root cause is one of host B's ranks, and the other one, lost with it, is named too.
+    # (The final message, from result.json: the expiry that finds the second may come a tick later.)
+    result = c.result()
+    assert result["state"] == "FAILED"
+    first = final["root_cause_rank"]
+    assert first in lost and result["root_cause_rank"] == first
+    (other,) = set(lost) - {first}
+    failure = result["failure"]
+    print(f"failure: {failure}")
+    assert failure.startswith(f"rank {first} (") and "was lost: no heartbeat" in failure, failure
+    assert f"on {net.b.hostname} {net.b.ip}, pid" in failure, failure
+    assert failure.endswith(f"; lost at the same time: rank {other} ({net.b.ip})"), failure
+    assert net.a.ip not in failure and net.a.hostname not in failure, failure

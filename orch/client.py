@@ -112,6 +112,17 @@ class RankView:
     error: str
     exit_code: int
     address: str = ""
+    has_loss: bool = False
+
+    @property
+    def diverged(self) -> bool:
+        """The last logged loss is NaN or infinite."""
+        return self.has_loss and not math.isfinite(self.loss)
+
+    def loss_text(self) -> str:
+        if not self.has_loss:
+            return "-"
+        return f"{self.loss:.4f}" if math.isfinite(self.loss) else str(self.loss)
 
     @classmethod
     def from_pb(cls, r: pb.RankInfo) -> RankView:
@@ -130,6 +141,7 @@ class RankView:
             error=r.error,
             exit_code=r.exit_code,
             address=r.address,
+            has_loss=r.has_loss,
         )
 
     def as_dict(self) -> dict[str, Any]:

@@ -167,6 +167,7 @@ class RankRecord:
     dropped_points: int = 0
     ended_at: float | None = None
     beats: int = 0
+    has_loss: bool = False
     progress: deque[tuple[float, int]] = field(default_factory=lambda: deque(maxlen=16))
 
     def steps_per_sec(self) -> float:
@@ -382,6 +383,7 @@ class Coordinator:
                     self._epoch += 1
                 if s.name == "loss" and s.values:
                     rec.loss = s.values[-1]
+                    rec.has_loss = True
             if self.store is not None and req.series:
                 # Written before the reply: an acknowledged point is in the run dir.
                 self.store.append_points(rec.rank, self.attempt, req.series)
@@ -701,6 +703,7 @@ class Coordinator:
             exit_code=rec.exit_code,
             dropped_points=rec.dropped_points,
             address=rec.address,
+            has_loss=rec.has_loss,
         )
 
 

@@ -7,7 +7,6 @@ or prints a line now and then when the output is a file or a pipe.
 
 from __future__ import annotations
 
-import math
 import sys
 import threading
 import time
@@ -18,10 +17,6 @@ from .coordinator import RankState
 from .errors import MasterUnavailable
 
 STRAGGLER_FRACTION = 0.8  # a rank below this share of the median steps/s is marked slow
-
-
-def _fmt_loss(x: float) -> str:
-    return f"{x:.4f}" if math.isfinite(x) else str(x)
 
 
 def _fmt_age(age: float) -> str:
@@ -63,10 +58,10 @@ def render(mirror: StateMirror, *, address: str = "") -> str:
         marks = []
         if r.rank in slow:
             marks.append("SLOW")
-        if r.step > 0 and not math.isfinite(r.loss):
+        if r.diverged:
             marks.append("NaN/inf loss")
         lines.append(
-            f"{r.rank:>4}  {r.state.value:<10} {r.step:>7} {_fmt_loss(r.loss):>10} "
+            f"{r.rank:>4}  {r.state.value:<10} {r.step:>7} {r.loss_text():>10} "
             f"{r.steps_per_sec:>8.1f} {_fmt_age(r.heartbeat_age):>9}  {r.host}/{r.pid}"
             + (f"  <- {', '.join(marks)}" if marks else "")
         )
@@ -79,7 +74,7 @@ def summary(mirror: StateMirror) -> str:
     lines = [f"run {mirror.run_id} {mirror.state.value} in {mirror.elapsed:.1f}s"]
     for r in mirror.ranks:
         lines.append(
-            f"  rank {r.rank}: {r.state.value}, step {r.step}, loss {_fmt_loss(r.loss)}"
+            f"  rank {r.rank}: {r.state.value}, step {r.step}, loss {r.loss_text()}"
             + (f", params {r.param_checksum[:12]}" if r.param_checksum else "")
         )
     if mirror.failure:
@@ -125,7 +120,7 @@ class Dashboard:
                 return
             self._last_plain = now
             done, total = self.mirror.progress()
-            losses = " ".join(_fmt_loss(r.loss) for r in self.mirror.ranks)
+            losses = " ".join(r.loss_text() for r in self.mirror.ranks)
             self.out.write(
                 f"[{self.mirror.elapsed:6.1f}s] {self.mirror.state.value} step {done}"
                 f"{'/' + str(total) if total else ''} loss per rank: {losses}\n"

@@ -16,7 +16,6 @@ from __future__ import annotations
 import html
 import io
 import logging
-import math
 import threading
 import time
 import traceback
@@ -129,10 +128,6 @@ class _Plot:
         out = io.BytesIO()
         self.fig.savefig(out, format="png")
         return out.getvalue()
-
-
-def _fmt(x: float) -> str:
-    return f"{x:.4f}" if math.isfinite(x) else str(x)
 
 
 class Panel:
@@ -319,13 +314,13 @@ class Panel:
             marks = []
             if r.rank in slow:
                 marks.append('<span class="orch-slow" title="slower than the others">straggler</span>')
-            if r.step > 0 and not math.isfinite(r.loss):
+            if r.diverged:
                 marks.append('<span class="orch-nan" title="the loss is not finite">NaN/inf loss</span>')
             color = "#cf222e" if r.state in (RankState.FAILED, RankState.LOST) else "inherit"
             age = "-" if r.heartbeat_age < 0 else f"{r.heartbeat_age:.1f}s"
             rows.append(
                 f'<tr class="orch-rank" data-rank="{r.rank}" style="color:{color}">'
-                f"<td>{r.rank}</td><td>{r.state.value}</td><td>{r.step}</td><td>{_fmt(r.loss)}</td>"
+                f"<td>{r.rank}</td><td>{r.state.value}</td><td>{r.step}</td><td>{r.loss_text()}</td>"
                 f"<td>{r.steps_per_sec:.1f}</td><td>{age}</td>"
                 f"<td>{html.escape(r.host)}/{r.pid}</td><td>{' '.join(marks)}</td></tr>"
             )

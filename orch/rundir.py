@@ -150,6 +150,7 @@ def _rank_view(r: dict[str, Any]) -> RankView:
         error=r.get("error", ""),
         exit_code=int(r.get("exit_code", 0)),
         address=r.get("address", ""),
+        has_loss=bool(r.get("has_loss", False)),
     )
 
 

@@ -181,7 +181,7 @@ class GetStateRequest(_message.Message):
     def __init__(self, cursor: _Optional[bytes] = ..., skip_series: _Optional[bool] = ...) -> None: ...
 
 class RankInfo(_message.Message):
-    __slots__ = ("rank", "worker_id", "host", "pid", "state", "step", "total_steps", "steps_per_sec", "heartbeat_age", "loss", "param_checksum", "error", "exit_code", "dropped_points", "address")
+    __slots__ = ("rank", "worker_id", "host", "pid", "state", "step", "total_steps", "steps_per_sec", "heartbeat_age", "loss", "param_checksum", "error", "exit_code", "dropped_points", "address", "has_loss")
     RANK_FIELD_NUMBER: _ClassVar[int]
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     HOST_FIELD_NUMBER: _ClassVar[int]
@@ -197,6 +197,7 @@ class RankInfo(_message.Message):
     EXIT_CODE_FIELD_NUMBER: _ClassVar[int]
     DROPPED_POINTS_FIELD_NUMBER: _ClassVar[int]
     ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    HAS_LOSS_FIELD_NUMBER: _ClassVar[int]
     rank: int
     worker_id: str
     host: str
@@ -212,7 +213,8 @@ class RankInfo(_message.Message):
     exit_code: int
     dropped_points: int
     address: str
-    def __init__(self, rank: _Optional[int] = ..., worker_id: _Optional[str] = ..., host: _Optional[str] = ..., pid: _Optional[int] = ..., state: _Optional[_Union[RankState, str]] = ..., step: _Optional[int] = ..., total_steps: _Optional[int] = ..., steps_per_sec: _Optional[float] = ..., heartbeat_age: _Optional[float] = ..., loss: _Optional[float] = ..., param_checksum: _Optional[str] = ..., error: _Optional[str] = ..., exit_code: _Optional[int] = ..., dropped_points: _Optional[int] = ..., address: _Optional[str] = ...) -> None: ...
+    has_loss: bool
+    def __init__(self, rank: _Optional[int] = ..., worker_id: _Optional[str] = ..., host: _Optional[str] = ..., pid: _Optional[int] = ..., state: _Optional[_Union[RankState, str]] = ..., step: _Optional[int] = ..., total_steps: _Optional[int] = ..., steps_per_sec: _Optional[float] = ..., heartbeat_age: _Optional[float] = ..., loss: _Optional[float] = ..., param_checksum: _Optional[str] = ..., error: _Optional[str] = ..., exit_code: _Optional[int] = ..., dropped_points: _Optional[int] = ..., address: _Optional[str] = ..., has_loss: _Optional[bool] = ...) -> None: ...
 
 class Event(_message.Message):
     __slots__ = ("time", "kind", "rank", "message")

@@ -5,7 +5,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh
 echo "== ruff"
-.venv/bin/ruff check orch tests benchmarks
+.venv/bin/ruff check .
 echo "== mypy"
 .venv/bin/mypy orch
 echo "== pytest"

@@ -24,6 +24,11 @@ from .errors import ConfigError
 TOKEN_ENV = "ORCH_TOKEN"
 HEALTH_PREFIX = "/grpc.health.v1.Health/"
 MAX_TOKEN_LEN = 512
+MAX_MESSAGE_BYTES = 64 * 1024 * 1024
+CHANNEL_OPTIONS = [
+    ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+    ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+]
 
 
 def new_token() -> str:
@@ -97,9 +102,11 @@ def open_channel(address: str, *, token: str | None = None, tls_ca: str | Path |
             ca = Path(tls_ca).read_bytes()
         except OSError as e:
             raise ConfigError(f"cannot read the TLS CA certificate {tls_ca}: {e}") from e
-        channel = grpc.secure_channel(address, grpc.ssl_channel_credentials(root_certificates=ca))
+        channel = grpc.secure_channel(
+            address, grpc.ssl_channel_credentials(root_certificates=ca), options=CHANNEL_OPTIONS
+        )
     else:
-        channel = grpc.insecure_channel(address)
+        channel = grpc.insecure_channel(address, options=CHANNEL_OPTIONS)
     if token:
         channel = grpc.intercept_channel(channel, _TokenMetadata(token))
     return channel

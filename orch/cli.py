@@ -151,8 +151,7 @@ def cmd_master(args: argparse.Namespace) -> int:
                 Dashboard(client, interval=args.refresh).run()
         # Stay up a little so late pollers and finishing workers still get answers.
         time.sleep(args.linger)
-        mirror = StateMirror()
-        mirror.apply(coord.snapshot())
+        mirror = StateMirror.of(coord)
         path = write_result(coord, run_dir)
         print(summary(mirror), flush=True)
         print(f"orch master: result in {path}", flush=True)

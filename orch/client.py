@@ -22,7 +22,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from ._proto import orchestrator_pb2 as pb
 from ._proto import orchestrator_pb2_grpc as pb_grpc
 from .auth import open_channel, token_from_env
-from .coordinator import RANK_STATE_FROM_PB, RankState, RunState
+from .coordinator import RANK_STATE_FROM_PB, Coordinator, RankState, RunState
 from .errors import AuthError, MasterUnavailable, OrchError
 from .master import SERVICE_NAME
 
@@ -237,8 +237,22 @@ class StateMirror:
         self.cursor = reply.cursor
 
     def poll(self, client: MasterClient, *, skip_series: bool = False) -> StateMirror:
-        self.apply(client.get_state(self.cursor, skip_series=skip_series))
-        return self
+        """Fetch what changed since the last poll (in several replies when there is a lot)."""
+        while True:
+            reply = client.get_state(self.cursor, skip_series=skip_series)
+            self.apply(reply)
+            if not reply.more:
+                return self
+
+    @classmethod
+    def of(cls, coordinator: Coordinator) -> StateMirror:
+        """The full state of a master in this process (no RPC)."""
+        mirror = cls()
+        while True:
+            reply = coordinator.snapshot(mirror.cursor)
+            mirror.apply(reply)
+            if not reply.more:
+                return mirror
 
     def history(self) -> dict[str, dict[int, dict[str, list[float]]]]:
         """``{metric: {rank: {"step": [...], "value": [...]}}}`` for every logged scalar."""

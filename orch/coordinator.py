@@ -36,6 +36,7 @@ SETTLE_SECONDS = 2.0
 EXIT_ABORTED = 70  # a worker that ended itself because the run had already failed
 MAX_METRICS_PER_RANK = 64
 MAX_POINTS_IN_MEMORY = 250_000  # per rank and metric; the run dir keeps every point
+MAX_POINTS_PER_REPLY = 250_000  # a GetState reply stays a few MiB; the caller asks again for more
 PEER_ERROR = re.compile(
     r"Connection (reset|closed) by peer|Broken pipe|gloo/transport|DistBackendError|DistNetworkError"
     r"|NCCL (error|communicator)|ProcessGroup\w* .*(timed out|abort)",
@@ -53,6 +54,8 @@ class RunState(str, Enum):
     RUNNING -> SUCCEEDED (every rank finished) | FAILED (a rank failed or was lost)
             | STOPPED (stop requested, every rank ended)
     PENDING -> FAILED | STOPPED (a launch that failed or was stopped before it started)
+    RUNNING -> RESTARTING (a rank failed after the group made progress, restarts are left)
+    RESTARTING -> PENDING (the next attempt) | FAILED (the launcher gave up: ``give_up``)
     SUCCEEDED, FAILED and STOPPED are final.
     """
 
@@ -61,10 +64,16 @@ class RunState(str, Enum):
     SUCCEEDED = "SUCCEEDED"
     FAILED = "FAILED"
     STOPPED = "STOPPED"
+    RESTARTING = "RESTARTING"
 
     @property
     def done(self) -> bool:
         return self in (RunState.SUCCEEDED, RunState.FAILED, RunState.STOPPED)
+
+    @property
+    def failing(self) -> bool:
+        """A rank failed: every other one must stop now (for good, or for a restart)."""
+        return self in (RunState.FAILED, RunState.RESTARTING)
 
 
 class RankState(str, Enum):
@@ -447,10 +456,10 @@ class Coordinator:
     def restart(self) -> int:
         """Open a new attempt after a failure: the ranks re-register, the series go on.
 
-        Returns the new attempt number. Only a FAILED run with attempts left restarts.
+        Returns the new attempt number. Only a RESTARTING run restarts.
         """
         with self._lock:
-            if self.state is not RunState.FAILED or self.attempt >= self.max_attempts:
+            if self.state is not RunState.RESTARTING:
                 raise Reject("failed_precondition", "only a failed run with restarts left can restart")
             if self._first_failure is None:
                 self._first_failure = (self.root_cause, self.failure)
@@ -467,10 +476,11 @@ class Coordinator:
             return self.attempt
 
     def fail(self, message: str) -> None:
-        """Fail the run from outside (the launcher gave up on it)."""
+        """Fail the run from outside, for good (the launcher gave up on it)."""
         with self._lock:
             if not self.state.done:
-                self._fail_run(None, message)
+                self.root_cause, self.failure = None, message
+                self._finish(RunState.FAILED)
 
     def expire(self) -> None:
         """Mark ranks whose heartbeats stopped as LOST (and so the run FAILED)."""
@@ -533,9 +543,17 @@ class Coordinator:
         with self._lock:
             return any(s.base for s in self._series.values())
 
-    def snapshot(self, cursor: bytes = b"", *, skip_series: bool = False) -> pb.GetStateResponse:
-        """The run's state, with only the points and events after ``cursor`` (no points at all
-        with ``skip_series``)."""
+    def snapshot(
+        self, cursor: bytes = b"", *, skip_series: bool = False, max_points: int = 0
+    ) -> pb.GetStateResponse:
+        """The run's state, with only the points and events after ``cursor``.
+
+        At most ``max_points`` points (default and ceiling :data:`MAX_POINTS_PER_REPLY`) go in
+        one reply; ``more`` then says to ask again with its cursor. ``skip_series``: no points.
+        """
+        if max_points < 0:
+            raise Reject("invalid_argument", f"max_points must be >= 0, got {max_points}")
+        budget = min(max_points or MAX_POINTS_PER_REPLY, MAX_POINTS_PER_REPLY)
         prev = pb.StateCursor()
         if cursor:
             try:
@@ -573,18 +591,21 @@ class Coordinator:
             for (rank, name), s in sorted(self._series.items()) if not skip_series else ():
                 key = f"{rank}/{name}"
                 start = max(sent.get(key, 0), s.base) - s.base  # points before base left memory
-                if len(s) > start:
+                stop = min(len(s), start + budget)
+                if stop > start:
                     reply.series.append(
                         pb.Series(
                             rank=rank,
                             name=name,
-                            steps=s.steps[start:],
-                            values=s.values[start:],
-                            times=s.times[start:],
+                            steps=s.steps[start:stop],
+                            values=s.values[start:stop],
+                            times=s.times[start:stop],
                         )
                     )
+                    budget -= stop - start
+                reply.more = reply.more or stop < len(s)
                 nxt.keys.append(key)
-                nxt.offsets.append(s.end)
+                nxt.offsets.append(s.base + stop)
             first_event = 0 if full else max(0, prev.events)
             reply.events.extend(self.events[first_event:])
             nxt.events = len(self.events)
@@ -614,7 +635,7 @@ class Coordinator:
         return self.rendezvous_port or (self.ranks[0].rendezvous_port if self.ranks else 0)
 
     def _command_for(self, rec: RankRecord) -> int:
-        if self.state is RunState.FAILED:
+        if self.state.failing:
             return int(pb.ABORT)
         if self.stop_requested or self.state is RunState.STOPPED:
             return int(pb.STOP)
@@ -635,11 +656,11 @@ class Coordinator:
                 f"rank {rec.rank} ({rec.worker_id} on {where}, pid {rec.pid}) "
                 f"{'was lost' if outcome is RankState.LOST else 'failed'}: {_last_line(error)}"
             )
-            if not self.state.done:
+            if not self.state.done and not self.state.failing:
                 self._fail_run(rec, message)
                 self._cause_rank_of, self._failed_at = weight, rec.ended_at
             elif (
-                self.state is RunState.FAILED
+                self.state.failing
                 and weight < self._cause_rank_of
                 and rec.ended_at - self._failed_at <= SETTLE_SECONDS
             ):
@@ -657,11 +678,19 @@ class Coordinator:
     def _fail_run(self, rec: RankRecord | None, message: str) -> None:
         self.root_cause = rec
         self.failure = message
-        self._finish(RunState.FAILED)
+        if self.attempt < self.max_attempts and any(r.step > 0 for r in self.ranks):
+            # Not final: the launcher tears the group down and starts the next attempt.
+            self.state = RunState.RESTARTING
+            self._event("attempt_failed", -1, f"attempt {self.attempt}: {message}")
+            self._changed.notify_all()
+        else:
+            self._finish(RunState.FAILED)
 
     def give_up(self, reason: str = "") -> None:
-        """No restart follows this failure: report the first attempt's root cause."""
+        """No restart follows this failure: the run is FAILED, with the first attempt's root cause."""
         with self._lock:
+            if self.state is RunState.RESTARTING:
+                self._finish(RunState.FAILED)
             if self._first_failure is not None and self.state is RunState.FAILED:
                 self.root_cause, first = self._first_failure
                 self.failure = f"{first} (after {self.attempt} attempts{'; ' + reason if reason else ''})"

@@ -255,12 +255,12 @@ class Run:
         coord = self.coordinator
         while not self._closing.is_set():
             self._collect_exits()
-            if coord.state is RunState.FAILED:
+            if coord.state.failing:
                 self._terminate_workers()
                 self._collect_exits(expected=True)
                 self.all_exited_at = time.monotonic()
                 reason = self._restart_refused()
-                if reason is None:
+                if reason is None and coord.state is RunState.RESTARTING:
                     coord.restart()
                     log.warning(
                         "run %s: restarting (attempt %d of %d)",
@@ -270,7 +270,7 @@ class Run:
                     )
                     self._spawn_workers()
                     continue
-                coord.give_up(reason)
+                coord.give_up(reason or "")
                 break
             if len(self._exited) == len(self.procs):
                 self.all_exited_at = time.monotonic()
@@ -380,9 +380,7 @@ class Run:
 
     def state(self) -> StateMirror:
         """A full snapshot of the run, read from the master in this process."""
-        mirror = StateMirror()
-        mirror.apply(self.coordinator.snapshot())
-        return mirror
+        return StateMirror.of(self.coordinator)
 
     def history(self) -> dict[str, dict[int, dict[str, list[float]]]]:
         """``{metric: {rank: {"step": [...], "value": [...]}}}`` for every logged scalar."""
@@ -412,7 +410,9 @@ class Run:
             self._finish()
             self._close_store()
             return
-        if not self.coordinator.state.done:
+        if self.coordinator.state is RunState.RESTARTING:
+            self.coordinator.give_up("the run was closed")
+        elif not self.coordinator.state.done:
             self.coordinator.fail("the run was closed while it was running")
         self._terminate_workers()
         for i, p in enumerate(self.procs):

@@ -92,7 +92,9 @@ class OrchestratorServicer(pb_grpc.OrchestratorServicer):  # type: ignore[misc]
 
     def GetState(self, request: pb.GetStateRequest, context: grpc.ServicerContext) -> pb.GetStateResponse:
         try:
-            return self.coordinator.snapshot(request.cursor, skip_series=request.skip_series)
+            return self.coordinator.snapshot(
+                request.cursor, skip_series=request.skip_series, max_points=request.max_points
+            )
         except Reject as e:
             _abort(context, e)
 

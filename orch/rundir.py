@@ -22,8 +22,7 @@ from .store import read_events, read_metrics, write_json_atomic
 
 def write_result(coordinator: Coordinator, run_dir: Path) -> Path:
     """Write ``result.json``: the final state of the run and of every rank (atomically)."""
-    mirror = StateMirror()
-    mirror.apply(coordinator.snapshot())
+    mirror = StateMirror.of(coordinator)
     record: dict[str, Any] = mirror.as_dict()
     record["events"] = [
         {"time": t, "kind": kind, "rank": rank, "message": msg} for t, kind, rank, msg in mirror.events

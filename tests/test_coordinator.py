@@ -380,3 +380,33 @@ def test_bounded_metric_names_and_series_per_heartbeat() -> None:
         beat(c, "w0", one_more=[0.0])
     assert kind(e) == "resource_exhausted"
     assert beat(c, "w0", m3=[1.0]) == pb.CONTINUE  # known names still go in
+
+
+def test_a_long_history_comes_in_bounded_replies() -> None:
+    c = started(world=1)
+    for chunk in range(5):
+        steps = list(range(chunk * 1000, chunk * 1000 + 1000))
+        c.heartbeat(
+            pb.HeartbeatRequest(
+                run_id="r1",
+                worker_id="w0",
+                step=steps[-1],
+                series=[pb.Series(name="loss", steps=steps, values=[0.5] * 1000)],
+            )
+        )
+    first = c.snapshot(max_points=1500)
+    assert first.more and sum(len(s.steps) for s in first.series) == 1500
+    mirror = StateMirror()
+    mirror.apply(first)
+    replies = 1
+    while True:
+        reply = c.snapshot(mirror.cursor, max_points=1500)
+        assert sum(len(s.steps) for s in reply.series) <= 1500
+        mirror.apply(reply)
+        replies += 1
+        if not reply.more:
+            break
+    assert replies == 4 and mirror.series[(0, "loss")].steps.tolist() == list(range(5000))
+    assert StateMirror.of(c).series[(0, "loss")].steps.tolist() == list(range(5000))
+    with pytest.raises(Reject):
+        c.snapshot(max_points=-1)

@@ -15,6 +15,7 @@ class RunState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     SUCCEEDED: _ClassVar[RunState]
     FAILED: _ClassVar[RunState]
     STOPPED: _ClassVar[RunState]
+    RESTARTING: _ClassVar[RunState]
 
 class RankState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -38,6 +39,7 @@ RUNNING: RunState
 SUCCEEDED: RunState
 FAILED: RunState
 STOPPED: RunState
+RESTARTING: RunState
 RANK_STATE_UNSPECIFIED: RankState
 RANK_REGISTERED: RankState
 RANK_RUNNING: RankState
@@ -173,12 +175,14 @@ class CompletionResponse(_message.Message):
     def __init__(self) -> None: ...
 
 class GetStateRequest(_message.Message):
-    __slots__ = ("cursor", "skip_series")
+    __slots__ = ("cursor", "skip_series", "max_points")
     CURSOR_FIELD_NUMBER: _ClassVar[int]
     SKIP_SERIES_FIELD_NUMBER: _ClassVar[int]
+    MAX_POINTS_FIELD_NUMBER: _ClassVar[int]
     cursor: bytes
     skip_series: bool
-    def __init__(self, cursor: _Optional[bytes] = ..., skip_series: _Optional[bool] = ...) -> None: ...
+    max_points: int
+    def __init__(self, cursor: _Optional[bytes] = ..., skip_series: _Optional[bool] = ..., max_points: _Optional[int] = ...) -> None: ...
 
 class RankInfo(_message.Message):
     __slots__ = ("rank", "worker_id", "host", "pid", "state", "step", "total_steps", "steps_per_sec", "heartbeat_age", "loss", "param_checksum", "error", "exit_code", "dropped_points", "address", "has_loss")
@@ -229,7 +233,7 @@ class Event(_message.Message):
     def __init__(self, time: _Optional[float] = ..., kind: _Optional[str] = ..., rank: _Optional[int] = ..., message: _Optional[str] = ...) -> None: ...
 
 class GetStateResponse(_message.Message):
-    __slots__ = ("run_id", "state", "world_size", "registered", "total_steps", "elapsed", "ranks", "series", "events", "failure", "cursor", "full", "root_cause_rank", "attempt", "max_attempts", "root_cause_error", "root_cause_exit_code", "rendezvous")
+    __slots__ = ("run_id", "state", "world_size", "registered", "total_steps", "elapsed", "ranks", "series", "events", "failure", "cursor", "full", "root_cause_rank", "attempt", "max_attempts", "root_cause_error", "root_cause_exit_code", "rendezvous", "more")
     RUN_ID_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
     WORLD_SIZE_FIELD_NUMBER: _ClassVar[int]
@@ -248,6 +252,7 @@ class GetStateResponse(_message.Message):
     ROOT_CAUSE_ERROR_FIELD_NUMBER: _ClassVar[int]
     ROOT_CAUSE_EXIT_CODE_FIELD_NUMBER: _ClassVar[int]
     RENDEZVOUS_FIELD_NUMBER: _ClassVar[int]
+    MORE_FIELD_NUMBER: _ClassVar[int]
     run_id: str
     state: RunState
     world_size: int
@@ -266,7 +271,8 @@ class GetStateResponse(_message.Message):
     root_cause_error: str
     root_cause_exit_code: int
     rendezvous: str
-    def __init__(self, run_id: _Optional[str] = ..., state: _Optional[_Union[RunState, str]] = ..., world_size: _Optional[int] = ..., registered: _Optional[int] = ..., total_steps: _Optional[int] = ..., elapsed: _Optional[float] = ..., ranks: _Optional[_Iterable[_Union[RankInfo, _Mapping]]] = ..., series: _Optional[_Iterable[_Union[Series, _Mapping]]] = ..., events: _Optional[_Iterable[_Union[Event, _Mapping]]] = ..., failure: _Optional[str] = ..., cursor: _Optional[bytes] = ..., full: _Optional[bool] = ..., root_cause_rank: _Optional[int] = ..., attempt: _Optional[int] = ..., max_attempts: _Optional[int] = ..., root_cause_error: _Optional[str] = ..., root_cause_exit_code: _Optional[int] = ..., rendezvous: _Optional[str] = ...) -> None: ...
+    more: bool
+    def __init__(self, run_id: _Optional[str] = ..., state: _Optional[_Union[RunState, str]] = ..., world_size: _Optional[int] = ..., registered: _Optional[int] = ..., total_steps: _Optional[int] = ..., elapsed: _Optional[float] = ..., ranks: _Optional[_Iterable[_Union[RankInfo, _Mapping]]] = ..., series: _Optional[_Iterable[_Union[Series, _Mapping]]] = ..., events: _Optional[_Iterable[_Union[Event, _Mapping]]] = ..., failure: _Optional[str] = ..., cursor: _Optional[bytes] = ..., full: _Optional[bool] = ..., root_cause_rank: _Optional[int] = ..., attempt: _Optional[int] = ..., max_attempts: _Optional[int] = ..., root_cause_error: _Optional[str] = ..., root_cause_exit_code: _Optional[int] = ..., rendezvous: _Optional[str] = ..., more: _Optional[bool] = ...) -> None: ...
 
 class StopRunRequest(_message.Message):
     __slots__ = ("reason",)

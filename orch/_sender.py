@@ -49,7 +49,7 @@ class HeartbeatSender:
         self._on_stop = on_stop
         self._on_abort = on_abort
         self._queue: deque[Point] = deque()
-        self._unsent: list[Point] = []
+        self._retry: pb.HeartbeatRequest | None = None  # built once, sent again until acknowledged
         self.step = 0
         self.total_steps = 0
         self.dropped = 0
@@ -71,6 +71,13 @@ class HeartbeatSender:
             return
         self._queue.append((step, time.time(), values))
 
+    @property
+    def pending(self) -> int:
+        """Logged points still queued, plus the values of the batch awaiting a retry."""
+        retry = self._retry
+        waiting = sum(len(s.steps) for s in retry.series) if retry is not None else 0
+        return len(self._queue) + waiting
+
     def ignore_commands(self) -> None:
         """Keep sending, but no longer act on STOP/ABORT or on the master going silent."""
         self._obey = False
@@ -78,7 +85,7 @@ class HeartbeatSender:
     def flush(self, timeout: float = 10.0) -> bool:
         """Send everything queued so far, from the calling thread; True when the master has it all."""
         deadline = time.monotonic() + timeout
-        while self._queue or self._unsent:
+        while self._queue or self._retry is not None:
             if time.monotonic() > deadline:
                 return False
             if not self._beat():
@@ -89,18 +96,18 @@ class HeartbeatSender:
         """Send what is queued and stop the thread; True when everything went out."""
         self._closing.set()
         self._thread.join(timeout)
-        return not self._queue and not self._unsent
+        return not self._queue and self._retry is None
 
     def _loop(self) -> None:
         while not self._closing.wait(self.interval):
             self._beat()
         deadline = time.monotonic() + self.interval * 4 + 2.0
-        while (self._queue or self._unsent) and time.monotonic() < deadline:
+        while (self._queue or self._retry is not None) and time.monotonic() < deadline:
             if not self._beat():
                 time.sleep(0.05)
 
     def _drain(self) -> list[Point]:
-        points, self._unsent = self._unsent, []
+        points: list[Point] = []
         q = self._queue
         while q and len(points) < self.max_batch:
             points.append(q.popleft())
@@ -130,11 +137,11 @@ class HeartbeatSender:
             return self._beat_locked()
 
     def _beat_locked(self) -> bool:
-        points = self._drain()
+        request = self._retry if self._retry is not None else self._request(self._drain())
         try:
-            reply = self._stub.SendHeartbeat(self._request(points), timeout=max(1.0, self.interval * 4))
+            reply = self._stub.SendHeartbeat(request, timeout=max(1.0, self.interval * 4))
         except grpc.RpcError as e:
-            self._unsent = points + self._unsent
+            self._retry = request  # the same points go again, in order, without rebuilding them
             silent = time.monotonic() - self._last_ok
             code = e.code()
             if not self._obey:
@@ -149,6 +156,7 @@ class HeartbeatSender:
             else:
                 log.debug("heartbeat failed (%s), retrying", code.name)
             return False
+        self._retry = None
         self._last_ok = time.monotonic()
         if not self._obey:
             pass

@@ -17,8 +17,10 @@ import logging
 import multiprocessing as mp
 import os
 import signal
+import sys
 import threading
 import time
+import types
 import weakref
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -91,19 +93,44 @@ class LaunchSpec:
         return f"{getattr(self.fn, '__module__', '?')}:{getattr(self.fn, '__qualname__', '?')}"
 
 
+# Modules a worker needs that take long to import: the forkserver imports them once.
+# (DistributedDataParallel's first construction imports torch._dynamo: 800 modules, ~1-2 s.)
+PRELOAD = ["torch", "torch.distributed", "torch.nn.parallel", "torch._dynamo", "sklearn.datasets"]
+
+
+def worker_context() -> mp.context.ForkServerContext:
+    """The multiprocessing context workers start from: a forkserver with torch imported.
+
+    The forkserver is a fresh process (never a fork of this one, so it holds none of this
+    process's gRPC or CUDA state) that imports torch once and then forks a worker in
+    milliseconds for each launch; it exits with this process. Environment variables do not
+    reach it after it started, so each worker gets its launcher's in its WorkerSpec.
+    """
+    global _preload_set
+    ctx: mp.context.ForkServerContext = mp.get_context("forkserver")
+    if not _preload_set:
+        ctx.set_forkserver_preload(PRELOAD)
+        _preload_set = True
+    return ctx
+
+
+_preload_set = False
+
+
 @contextlib.contextmanager
-def _child_env(values: dict[str, str]) -> Iterator[None]:
-    """Set environment variables for children started inside; restore them after."""
-    old = {k: os.environ.get(k) for k in values}
-    os.environ.update(values)
+def _main_not_inherited() -> Iterator[None]:
+    """Start children without re-running this process's ``__main__`` in them.
+
+    multiprocessing re-imports the parent's main module in each child; a notebook's,
+    ``python -`` or a script with side effects cannot be, and workers never need it: the
+    training function travels cloudpickled, by value. A bare stand-in hides it during start().
+    """
+    main = sys.modules["__main__"]
+    sys.modules["__main__"] = types.ModuleType("__main__")
     try:
         yield
     finally:
-        for k, v in old.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
+        sys.modules["__main__"] = main
 
 
 @dataclass
@@ -192,7 +219,8 @@ class Run:
             }
         )
         self.coordinator.store = self.store
-        self._spawn_workers()
+        # Workers start from the monitor thread: launch() returns at once, even while the
+        # forkserver of the first launch is still importing torch.
         self._monitor = threading.Thread(target=self._watch, name="orch-monitor", daemon=True)
         self._monitor.start()
         log.info("run %s: master on %s, %d workers", self.run_id, self.address, spec.world_size)
@@ -209,8 +237,14 @@ class Run:
         self._exited = {}
         self.first_death_at = None
         (self.run_dir / "logs").mkdir(parents=True, exist_ok=True)
-        ctx = mp.get_context("spawn")
+        ctx = worker_context()
         threads = spec.threads or max(1, (os.cpu_count() or 1) // spec.world_size)
+        env = {
+            **os.environ,
+            "OMP_NUM_THREADS": str(threads),
+            "MKL_NUM_THREADS": str(threads),
+            TOKEN_ENV: self.token,
+        }
         for i, wid in enumerate(self.worker_ids):
             wspec = WorkerSpec(
                 master=self.server.address,
@@ -223,15 +257,14 @@ class Run:
                 threads=threads,
                 heartbeat_interval=spec.heartbeat_interval,
                 master_timeout=spec.heartbeat_timeout,
-                watch_parent=os.getpid(),
+                exit_with_parent=True,
+                env=env,
                 log_file=str(self.run_dir / "logs" / f"{wid}.log"),
                 run_root=spec.run_root,
                 tls_ca=self.tls_ca,
             )
-            payload = cloudpickle.dumps(wspec)
-            env = {"OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads), TOKEN_ENV: self.token}
-            with _child_env(env):
-                p = ctx.Process(target=spawn_main, args=(payload,), name=f"orch-{wid}")
+            p = ctx.Process(target=spawn_main, args=(cloudpickle.dumps(wspec),), name=f"orch-{wid}")
+            with _main_not_inherited():
                 p.start()
             self.procs.append(p)
 
@@ -253,6 +286,11 @@ class Run:
     def _watch(self) -> None:
         """Every ``poll_interval``: collect exits; on failure tear down, then restart or end."""
         coord = self.coordinator
+        try:
+            self._spawn_workers()
+        except Exception as e:
+            log.exception("run %s: could not start its workers", self.run_id)
+            coord.fail(f"could not start the worker processes: {e}")
         while not self._closing.is_set():
             self._collect_exits()
             if coord.state.failing:
@@ -401,6 +439,8 @@ class Run:
         self._closing.set()
         if self._monitor is not None and self._monitor is not threading.current_thread():
             self._monitor.join(5.0)
+        # Exits the monitor had no time to see name the root cause before the tear-down does.
+        self._collect_exits()
         for i, p in enumerate(self.procs):
             if p.exitcode is None:
                 break

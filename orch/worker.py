@@ -61,7 +61,7 @@ class WorkerSpec:
     master_timeout: float | None = None  # None: the master's heartbeat timeout
     collective_timeout: float = 1800.0
     run_root: str = "runs"  # checkpoints and error files go to run_root/<run-id>/
-    watch_parent: int | None = None  # exit when this pid is no longer our parent
+    exit_with_parent: bool = False  # end when the process that started this one is gone
     token: str | None = None  # None: $ORCH_TOKEN
     tls_ca: str | None = None  # verify the master's TLS certificate against this CA
     log_file: str | None = None
@@ -109,9 +109,10 @@ def _set_threads(spec: WorkerSpec) -> None:
 
 
 def _watch_parent(ppid: int) -> None:
+    # The parent is the launcher, or its forkserver, which exits with the launcher: when it
+    # is gone (a killed notebook kernel, a crashed `orch run`), this worker ends too.
     while True:
         if os.getppid() != ppid:
-            # The launcher died (a killed notebook kernel, a crashed `orch run`): end now.
             os._exit(EXIT_ABORTED)
         time.sleep(0.2)
 
@@ -298,8 +299,8 @@ def run_worker(spec: WorkerSpec) -> int:
     # A segfault or an abort in native code still leaves a Python stack in the rank's log.
     faulthandler.enable()
 
-    if spec.watch_parent is not None:
-        threading.Thread(target=_watch_parent, args=(spec.watch_parent,), daemon=True).start()
+    if spec.exit_with_parent:
+        threading.Thread(target=_watch_parent, args=(os.getppid(),), daemon=True).start()
     _set_threads(spec)
     channel = open_channel(spec.master, token=token_from_env(spec.token), tls_ca=spec.tls_ca)
     stub = pb_grpc.OrchestratorStub(channel)
@@ -416,7 +417,7 @@ def run_local_group(specs: list[WorkerSpec], poll_interval: float = 0.1) -> int:
     ctx = mp.get_context("spawn")
     procs = []
     for spec in specs:
-        spec.watch_parent = os.getpid()
+        spec.exit_with_parent = True
         p = ctx.Process(target=spawn_main, args=(cloudpickle.dumps(spec),), name=f"orch-{spec.worker_id}")
         p.start()
         procs.append(p)
@@ -452,7 +453,7 @@ def _shell_status(exitcode: int) -> int:
 
 
 def spawn_main(payload: bytes) -> None:
-    """Entry point of a worker process started by the launcher (spawn start method)."""
+    """Entry point of a worker process started by the launcher (forkserver or spawn)."""
     import cloudpickle
 
     spec: WorkerSpec = cloudpickle.loads(payload)
@@ -463,7 +464,10 @@ def spawn_main(payload: bytes) -> None:
         os.dup2(fd, 1)
         os.dup2(fd, 2)
         os.close(fd)
-    os.environ.update(spec.env)
+    if spec.env:
+        # The launcher's environment as it was at this launch (a forkserver's is older).
+        os.environ.clear()
+        os.environ.update(spec.env)
     logging.basicConfig(level=logging.INFO, format=f"%(asctime)s {spec.worker_id} %(levelname)s %(message)s")
     try:
         code = run_worker(spec)

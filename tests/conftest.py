@@ -36,11 +36,15 @@ def tagged_processes(tag: str) -> list[psutil.Process]:
 
 @pytest.fixture(autouse=True, scope="session")
 def _resource_tracker() -> None:
-    # multiprocessing's resource tracker lives as long as this pytest process, by design;
-    # start it before any test so that it does not carry a test's tag.
-    from multiprocessing import resource_tracker
+    # multiprocessing's resource tracker and the workers' forkserver live as long as this
+    # pytest process, by design; start them before any test so that they carry no test's tag.
+    from multiprocessing import forkserver, resource_tracker
+
+    from orch.launcher import worker_context
 
     resource_tracker.ensure_running()
+    worker_context()  # sets the preload; the forkserver, too, lives as long as pytest
+    forkserver.ensure_running()
 
 
 @pytest.fixture(autouse=True)

@@ -191,7 +191,18 @@ def test_dashboard_redraws_in_place_on_a_terminal(tmp_path: Path, subprocess_env
         os.chdir(tmp_path)
         os.execve(
             ORCH,
-            [ORCH, "run", "--workers", "2", "--steps", "60", "--refresh", "0.2", "--run-root", str(tmp_path)],
+            [
+                ORCH,
+                "run",
+                "--workers",
+                "2",
+                "--steps",
+                "500",
+                "--refresh",
+                "0.1",
+                "--run-root",
+                str(tmp_path),
+            ],
             subprocess_env,
         )
     chunks = []

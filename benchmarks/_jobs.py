@@ -1,0 +1,204 @@
+"""The jobs the benchmarks run, under orch (``_jobs:NAME`` functions taking ``ctx``) and torchrun.
+
+Run as a script it is the torchrun worker: ``python -m torch.distributed.run --standalone
+--nproc-per-node N benchmarks/_jobs.py MODE --out DIR [...]`` with MODE one of ``ddp``
+(the DDP loop of step_overhead), ``first-step`` (launch_latency) or ``barriers``
+(teardown). Both sides run the same model, data and loop; only the launcher differs, and
+orch's side logs every step with ``ctx.log`` as a user would.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+DEFAULTS = {"steps": 400, "warmup": 40, "hidden": 512, "inputs": 128, "batch": 64}
+
+
+def _model(cfg: dict[str, Any]) -> nn.Module:
+    torch.manual_seed(0)
+    h = int(cfg["hidden"])
+    return nn.Sequential(
+        nn.Linear(int(cfg["inputs"]), h), nn.ReLU(), nn.Linear(h, h), nn.ReLU(), nn.Linear(h, 10)
+    )
+
+
+def _data(cfg: dict[str, Any], rank: int) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(1000 + rank)
+    x = torch.randn(int(cfg["batch"]), int(cfg["inputs"]), generator=g)
+    y = torch.randint(0, 10, (int(cfg["batch"]),), generator=g)
+    return x, y
+
+
+def _write(out_dir: str, name: str, value: Any) -> None:
+    path = Path(out_dir) / name
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(value))
+    os.replace(tmp, path)
+
+
+def _step_times(marks: list[float], warmup: int) -> list[float]:
+    """Wall time of each step after the warm-up: from one step's start to the next's."""
+    return [b - a for a, b in zip(marks[warmup:], marks[warmup + 1 :], strict=False)]
+
+
+def _write_steps(cfg: dict[str, Any], rank: int, marks: list[float], cpu: list[float]) -> None:
+    """Per step: wall time, and CPU time of the whole process (every thread, orch's too)."""
+    w = int(cfg["warmup"])
+    _write(cfg["out"], f"rank{rank}.json", {"wall": _step_times(marks, w), "cpu": _step_times(cpu, w)})
+
+
+# -- under orch ------------------------------------------------------------------------------------
+def ddp_loop(ctx: Any) -> None:
+    """step_overhead: the DDP loop, ``ctx.log(step, loss=..., lr=...)`` on every step."""
+    cfg = {**DEFAULTS, **ctx.config}
+    torch.set_num_threads(1)
+    model = ctx.ddp(_model(cfg))
+    opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    loss_fn = nn.CrossEntropyLoss()
+    x, y = _data(cfg, ctx.rank)
+    lr = opt.param_groups[0]["lr"]
+    steps = int(cfg["steps"]) + 1
+    loop = ctx.steps(steps) if cfg.get("loop", "steps") == "steps" else range(steps)
+    marks: list[float] = []
+    cpu: list[float] = []
+    for step in loop:
+        marks.append(time.perf_counter())
+        cpu.append(time.process_time())
+        opt.zero_grad(set_to_none=True)
+        loss = loss_fn(model(x), y)
+        loss.backward()
+        opt.step()
+        ctx.log(step, loss=loss.item(), lr=lr)
+    _write_steps(cfg, ctx.rank, marks, cpu)
+
+
+def first_step(ctx: Any) -> None:
+    """launch_latency: the wall-clock time this rank reaches its first step."""
+    cfg = {**DEFAULTS, **ctx.config}
+    model = ctx.ddp(_model(cfg))
+    x, _ = _data(cfg, ctx.rank)
+    for step in ctx.steps(1):
+        _write(cfg["out"], f"rank{ctx.rank}.json", time.time())
+        ctx.log(step, loss=float(model(x).sum().item()))
+
+
+def barrier_loop(ctx: Any) -> None:
+    """teardown: a real collective every step until stopped or killed."""
+    for step in ctx.steps(int(ctx.config.get("steps", 10**9))):
+        dist.barrier()
+        ctx.log(step, loss=1.0 / (step + 1))
+        time.sleep(float(ctx.config.get("sleep", 0.01)))
+
+
+def launch_and_time(out_dir: str, world_size: int, run_root: str, launches: int, import_s: float) -> None:
+    """launch_latency's orch side, run in a fresh ``python -c`` process (a notebook kernel).
+
+    For each launch: the time just before ``orch.launch`` and the ranks' first-step
+    times, written to ``out_dir/launch{i}/``; launch 0 is the cold one.
+    """
+    import orch
+
+    result: dict[str, Any] = {"import_orch_s": import_s, "launches": []}
+    for i in range(launches):
+        d = Path(out_dir) / f"launch{i}"
+        d.mkdir(parents=True, exist_ok=True)
+        t0 = time.time()
+        run = orch.launch(
+            "_jobs:first_step",
+            world_size=world_size,
+            config={"out": str(d)},
+            run_root=run_root,
+            threads=1,
+            master_port=0,  # any free port: other runs may share this machine
+        )
+        returned = time.time() - t0
+        try:
+            run.wait(timeout=120)
+        finally:
+            run.close()
+        firsts = [json.loads((d / f"rank{r}.json").read_text()) for r in range(world_size)]
+        result["launches"].append(
+            {
+                "t0": t0,
+                "returned_s": returned,
+                "first_step": firsts,
+                "latency_s": max(firsts) - t0,
+                "phases": _phases(run.log_files().values(), t0),
+            }
+        )
+    _write(out_dir, "orch.json", result)
+
+
+_PHASES = {"registered as rank": "registered", "process group up": "process_group_up"}
+
+
+def _phases(logs: Any, t0: float) -> dict[str, float]:
+    """Seconds from ``t0`` to the last rank's "registered" and "process group up" log lines."""
+    import datetime
+
+    out: dict[str, float] = {}
+    for path in logs:
+        try:
+            lines = Path(path).read_text().splitlines()
+        except OSError:
+            continue
+        for line in lines:
+            for marker, phase in _PHASES.items():
+                if marker in line:
+                    stamp = datetime.datetime.strptime(line[:23], "%Y-%m-%d %H:%M:%S,%f").timestamp()
+                    out[phase] = max(out.get(phase, 0.0), stamp - t0)
+    return out
+
+
+# -- under torchrun --------------------------------------------------------------------------------
+def _torchrun_main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("mode", choices=["ddp", "first-step", "barriers"])
+    p.add_argument("--out", required=True)
+    p.add_argument("--config", default="{}")
+    args = p.parse_args()
+    cfg = {**DEFAULTS, **json.loads(args.config)}
+    torch.set_num_threads(1)
+    torch.set_num_interop_threads(1)  # as orch's workers do
+    dist.init_process_group("gloo")
+    rank = dist.get_rank()
+    if args.mode == "barriers":
+        _write(args.out, f"pid{rank}.json", os.getpid())
+        while True:
+            dist.barrier()
+            time.sleep(0.01)
+    model = nn.parallel.DistributedDataParallel(_model(cfg))
+    x, y = _data(cfg, rank)
+    if args.mode == "first-step":
+        for _step in range(1):
+            _write(args.out, f"rank{rank}.json", time.time())
+            float(model(x).sum().item())
+        dist.destroy_process_group()
+        return
+    opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    loss_fn = nn.CrossEntropyLoss()
+    marks: list[float] = []
+    cpu: list[float] = []
+    for _step in range(int(cfg["steps"]) + 1):
+        marks.append(time.perf_counter())
+        cpu.append(time.process_time())
+        opt.zero_grad(set_to_none=True)
+        loss = loss_fn(model(x), y)
+        loss.backward()
+        opt.step()
+        loss.item()
+    _write_steps({**cfg, "out": args.out}, rank, marks, cpu)
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    _torchrun_main()

@@ -1,0 +1,385 @@
+"""The master under load: heartbeat ingest rate and latency with simulated workers.
+
+Each case starts a real master in its own process (``python -m orch.cli master
+--world-size N --port 0 --no-dashboard --heartbeat-timeout 600 --linger 0``, metrics log
+and all) and drives it from this process: N simulated workers (no torch) register
+(the first with rendezvous_port=1, so the barrier opens), pass the start barrier, then
+send heartbeats over plain gRPC (grpc.aio; requests serialised once up front, so the
+client spends its CPU on the RPCs, not on building messages). Two kinds of case:
+
+- throughput: 4 workers, each sending heartbeats of 1000 points back to back (one in
+  flight per worker, as the real sender does) for ``--seconds``: points/s and RPCs/s;
+- latency: 64, 256 and 1024 workers, each sending 10 heartbeats/s of 5 points on a fixed
+  schedule (one in flight; a late reply delays the next send): p50/p99 latency and the
+  rate actually achieved, after a 1 s warm-up.
+
+The master's and the client's CPU use over each case tell which side saturated. The
+master process is killed at the end of each case.
+
+    .venv/bin/python benchmarks/master_ingest.py            # full run, writes RESULTS.md
+    .venv/bin/python benchmarks/master_ingest.py --quick    # tiny, prints only
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import secrets
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import _common as c
+import grpc
+import psutil
+
+from orch._proto import orchestrator_pb2 as pb
+from orch._proto import orchestrator_pb2_grpc as pb_grpc
+
+NAME = "master_ingest"
+TARGET_POINTS = 100_000
+TARGET_P99_MS = 20.0
+HEARTBEAT = "/orch.v1.Orchestrator/SendHeartbeat"
+TOKEN = secrets.token_urlsafe(16)
+# orch masters may require a bearer token (ORCH_TOKEN); one that does not ignores it.
+AUTH = (("authorization", f"Bearer {TOKEN}"),)
+
+
+@dataclass
+class Result:
+    workers: int
+    kind: str
+    seconds: float = 0.0
+    rpcs: int = 0
+    points: int = 0
+    errors: int = 0
+    latencies: list[float] = field(default_factory=list)
+    master_cpu: float = 0.0  # fraction of one core over the measured window
+    client_cpu: float = 0.0
+    master_rss_mb: float = 0.0
+    offered_rps: float = 0.0
+    codes: dict[str, int] = field(default_factory=dict)  # status codes of the failed calls
+
+    @property
+    def rps(self) -> float:
+        return self.rpcs / self.seconds if self.seconds else 0.0
+
+    @property
+    def pps(self) -> float:
+        return self.points / self.seconds if self.seconds else 0.0
+
+    def p(self, q: float) -> float:
+        return c.percentile(self.latencies, q) * 1e3
+
+
+class Master:
+    """``orch master`` in its own process; killed (with its tree) on exit."""
+
+    def __init__(self, world: int, run_root: Path) -> None:
+        cmd = [
+            c.PYTHON,
+            "-m",
+            "orch.cli",
+            "master",
+            "--world-size",
+            str(world),
+            "--port",
+            "0",
+            "--no-dashboard",
+            "--heartbeat-timeout",
+            "600",
+            "--linger",
+            "0",
+            "--run-root",
+            str(run_root),
+        ]
+        self.proc = subprocess.Popen(
+            cmd, env=c.bench_env(ORCH_TOKEN=TOKEN), stdout=subprocess.PIPE, stderr=subprocess.STDOUT
+        )
+        self.address = ""
+
+    def __enter__(self) -> Master:
+        assert self.proc.stdout is not None
+        deadline = time.monotonic() + 60
+        for raw in self.proc.stdout:
+            line = raw.decode(errors="replace")
+            m = re.search(r"serving on (\S+);", line)
+            if m:
+                self.address = m.group(1)
+                break
+            if time.monotonic() > deadline:
+                break
+        if not self.address:
+            raise RuntimeError("the master did not print its address")
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        c.kill_tree(self.proc.pid)
+        self.proc.wait(10)
+        if self.proc.stdout is not None:
+            self.proc.stdout.close()
+
+
+def _heartbeat(run_id: str, worker: str, step: int, points: int) -> bytes:
+    t = time.time()
+    series = pb.Series(
+        name="loss",
+        steps=list(range(step, step + points)),
+        values=[1.0 / (i + 1) for i in range(points)],
+        times=[t] * points,
+    )
+    return pb.HeartbeatRequest(
+        run_id=run_id, worker_id=worker, step=step + points, total_steps=10**6, series=[series]
+    ).SerializeToString()
+
+
+async def _join(address: str, n: int) -> str:
+    """Register n workers and pass the start barrier; returns the run id."""
+    async with grpc.aio.insecure_channel(address) as ch:
+        stub = pb_grpc.OrchestratorStub(ch)
+        run_id = ""
+        first = await stub.Register(
+            pb.RegisterRequest(worker_id="w0", host="sim", pid=1, rendezvous_port=1),
+            wait_for_ready=True,
+            metadata=AUTH,
+        )
+        run_id = first.run_id
+        sem = asyncio.Semaphore(64)
+
+        async def reg(i: int) -> None:
+            async with sem:
+                await stub.Register(
+                    pb.RegisterRequest(worker_id=f"w{i}", host="sim", pid=i + 1), metadata=AUTH
+                )
+
+        await asyncio.gather(*(reg(i) for i in range(1, n)))
+
+        async def barrier(i: int) -> None:
+            async with sem:
+                reply = await stub.CanStartTraining(
+                    pb.CanStartTrainingRequest(run_id=run_id, worker_id=f"w{i}"), metadata=AUTH
+                )
+                assert reply.ready, reply
+
+        await asyncio.gather(*(barrier(i) for i in range(n)))
+        return run_id
+
+
+def _cpu(proc: psutil.Process) -> float:
+    t = proc.cpu_times()
+    return float(t.user + t.system)
+
+
+async def _load(
+    address: str, run_id: str, res: Result, *, points: int, rate: float | None, seconds: float, warmup: float
+) -> None:
+    """Drive the master: ``rate`` heartbeats/s per worker, or back to back when None."""
+    n = res.workers
+    channels = [grpc.aio.insecure_channel(address) for _ in range(min(n, 64))]
+    calls = [
+        ch.unary_unary(HEARTBEAT, request_serializer=None, response_deserializer=None) for ch in channels
+    ]
+    reqs = [_heartbeat(run_id, f"w{i}", 1000, points) for i in range(n)]
+    loop = asyncio.get_running_loop()
+    t_start = loop.time() + 0.2
+    t_measure = t_start + warmup
+    t_end = t_measure + seconds
+
+    async def worker(i: int) -> None:
+        call = calls[i % len(calls)]
+        req = reqs[i]
+        period = 1.0 / rate if rate else 0.0
+        nxt = t_start + (i / n) * period
+        while True:
+            now = loop.time()
+            if rate:
+                if nxt > now:
+                    await asyncio.sleep(nxt - now)
+                nxt = max(nxt + period, loop.time() - period)  # late: the next one goes at once
+            sent = loop.time()
+            if sent >= t_end:
+                return
+            try:
+                await call(req, timeout=10.0, metadata=AUTH)
+                ok = True
+            except grpc.aio.AioRpcError as e:
+                ok = False
+                code = e.code().name
+            done = loop.time()
+            if sent >= t_measure and done <= t_end:
+                if ok:
+                    res.rpcs += 1
+                    res.points += points
+                    res.latencies.append(done - sent)
+                else:
+                    res.errors += 1
+                    res.codes[code] = res.codes.get(code, 0) + 1
+
+    master_proc = psutil.Process(_master_pid)
+    tasks = [asyncio.create_task(worker(i)) for i in range(n)]
+    await asyncio.sleep(max(0.0, t_measure - loop.time()))
+    m0, c0, w0 = _cpu(master_proc), _cpu(psutil.Process()), time.monotonic()
+    await asyncio.sleep(max(0.0, t_end - loop.time()))
+    m1, c1, w1 = _cpu(master_proc), _cpu(psutil.Process()), time.monotonic()
+    await asyncio.gather(*tasks)
+    res.seconds = seconds
+    res.master_cpu = (m1 - m0) / (w1 - w0)
+    res.client_cpu = (c1 - c0) / (w1 - w0)
+    res.master_rss_mb = master_proc.memory_info().rss / 2**20
+    res.offered_rps = n * rate if rate else float("nan")
+    for ch in channels:
+        await ch.close()
+
+
+_master_pid = 0
+
+
+def run_case(
+    tmp: Path, workers: int, kind: str, *, points: int, rate: float | None, seconds: float, warmup: float
+) -> Result:
+    global _master_pid
+    res = Result(workers, kind)
+    with Master(workers, tmp / f"runs-{kind}-{workers}") as master:
+        _master_pid = master.proc.pid
+
+        async def go() -> None:
+            run_id = await _join(master.address, workers)
+            await _load(master.address, run_id, res, points=points, rate=rate, seconds=seconds, warmup=warmup)
+
+        asyncio.run(go())
+    return res
+
+
+def main() -> None:
+    p = c.parser(NAME, __doc__)
+    p.add_argument("--seconds", type=float, default=6.0, help="measured seconds per case (after warm-up)")
+    p.add_argument("--workers", default="64,256,1024", help="worker counts of the latency cases")
+    args = p.parse_args()
+    warmup = 1.0
+    counts = [int(x) for x in args.workers.split(",")]
+    if args.quick:
+        args.seconds, warmup, counts = 1.0, 0.3, [64]
+    started = c.start()
+    results: list[Result] = []
+    try:
+        with tempfile.TemporaryDirectory(prefix="orch-bench-ingest-") as d:
+            tmp = Path(d)
+            big = run_case(tmp, 4, "throughput", points=1000, rate=None, seconds=args.seconds, warmup=warmup)
+            results.append(big)
+            print(
+                f"  throughput: {big.pps:,.0f} points/s, {big.rps:,.0f} RPC/s, p50 {big.p(50):.1f} ms, "
+                f"master CPU {big.master_cpu:.0%}, client CPU {big.client_cpu:.0%}",
+                flush=True,
+            )
+            for n in counts:
+                r = run_case(tmp, n, "latency", points=5, rate=10.0, seconds=args.seconds, warmup=warmup)
+                results.append(r)
+                print(
+                    f"  {n} workers x 10/s: {r.rps:,.0f} of {r.offered_rps:,.0f} RPC/s, "
+                    f"p50 {r.p(50):.1f} ms, p99 {r.p(99):.1f} ms, errors {r.errors} {r.codes or ''}, "
+                    f"master CPU {r.master_cpu:.0%}, client CPU {r.client_cpu:.0%}",
+                    flush=True,
+                )
+    finally:
+        c.kill_all_children()
+    c.emit(
+        NAME,
+        "points_per_s",
+        f"{big.pps:.0f}",
+        rpcs_per_s=f"{big.rps:.0f}",
+        target=f">={TARGET_POINTS}",
+        met=big.pps >= TARGET_POINTS,
+    )
+    for r in results[1:]:
+        extra: dict[str, Any] = {}
+        if r.workers == 256:
+            extra = {"target": f"p99<{TARGET_P99_MS}ms", "met": r.p(99) < TARGET_P99_MS}
+        c.emit(
+            NAME,
+            f"latency_{r.workers}_workers_p50_ms",
+            f"{r.p(50):.2f}",
+            p99_ms=f"{r.p(99):.2f}",
+            achieved_rps=f"{r.rps:.0f}",
+            offered_rps=f"{r.offered_rps:.0f}",
+            errors=r.errors,
+            codes=",".join(f"{k}:{v}" for k, v in r.codes.items()) or "-",
+            **extra,
+        )
+    c.check_no_leftovers(NAME)
+    if args.quick:
+        return
+    rows = [
+        c.Row(
+            "master ingest, 4 workers x 1000-point heartbeats",
+            f">= {TARGET_POINTS:,} points/s",
+            f"{big.pps:,.0f} points/s ({big.rps:,.0f} RPC/s)",
+            big.pps >= TARGET_POINTS,
+        )
+    ]
+    for r in results[1:]:
+        sustained = r.rps >= 0.95 * r.offered_rps
+        note = "" if sustained else f", only {r.rps:,.0f} of {r.offered_rps:,.0f} heartbeats/s"
+        if r.workers == 256:
+            rows.append(
+                c.Row(
+                    "heartbeat p99, 256 workers x 10/s",
+                    f"< {TARGET_P99_MS:g} ms",
+                    f"{r.p(99):.1f} ms{note}",
+                    r.p(99) < TARGET_P99_MS and sustained,
+                )
+            )
+        else:
+            rows.append(
+                c.Row(f"heartbeat p99, {r.workers} workers x 10/s", "-", f"{r.p(99):.1f} ms{note}", None)
+            )
+    detail = [
+        (
+            r.kind,
+            r.workers,
+            "-" if r.kind == "throughput" else f"{r.offered_rps:,.0f}",
+            f"{r.rps:,.0f}",
+            f"{r.pps:,.0f}",
+            f"{r.p(50):.2f}",
+            f"{r.p(99):.2f}",
+            f"{r.errors}"
+            + (" (" + ", ".join(f"{k} {v}" for k, v in r.codes.items()) + ")" if r.codes else ""),
+            f"{r.master_cpu:.0%}",
+            f"{r.client_cpu:.0%}",
+            f"{r.master_rss_mb:.0f}",
+        )
+        for r in results
+    ]
+    body = "\n".join(
+        [
+            f"{args.seconds:g} s measured per case after a {warmup:g} s warm-up; a fresh master process per "
+            "case (it writes its metrics log to a temp dir as usual); the client is one process "
+            "(grpc.aio, up to 64 channels). CPU is the fraction of one core used over the measured "
+            "window (the machine has 2 cores: master + client can use at most 200% together).",
+            "",
+            c.table(
+                [
+                    "case",
+                    "workers",
+                    "offered RPC/s",
+                    "achieved RPC/s",
+                    "points/s",
+                    "p50 ms",
+                    "p99 ms",
+                    "errors",
+                    "master CPU",
+                    "client CPU",
+                    "master RSS MB (end)",
+                ],
+                detail,
+            ),
+        ]
+    )
+    c.write_section(args.out, NAME, body, rows, started)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

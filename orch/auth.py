@@ -13,7 +13,7 @@ from __future__ import annotations
 import hmac
 import os
 import secrets
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -44,18 +44,18 @@ def is_loopback(host: str) -> bool:
     return host in ("localhost", "::1") or host.startswith("127.")
 
 
-class TokenInterceptor(grpc.ServerInterceptor):  # type: ignore[type-arg]
+class TokenInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[type-arg]
     """Rejects every call but the health check unless it carries the run's token."""
 
     def __init__(self, token: str) -> None:
         self._expected = f"Bearer {token}".encode()
 
-    def intercept_service(
-        self, continuation: Callable[[Any], Any], handler_call_details: grpc.HandlerCallDetails
+    async def intercept_service(
+        self, continuation: Callable[[Any], Awaitable[Any]], handler_call_details: grpc.HandlerCallDetails
     ) -> Any:
         method: str = handler_call_details.method
         if method.startswith(HEALTH_PREFIX):
-            return continuation(handler_call_details)
+            return await continuation(handler_call_details)
         metadata = dict(handler_call_details.invocation_metadata or ())
         given = metadata.get("authorization")
         if given is None:
@@ -68,12 +68,12 @@ class TokenInterceptor(grpc.ServerInterceptor):  # type: ignore[type-arg]
                 "wrong token for this orch master: use the token it was started with "
                 "(printed by `orch master`, or $ORCH_TOKEN)"
             )
-        return continuation(handler_call_details)
+        return await continuation(handler_call_details)
 
 
 def _deny(message: str) -> grpc.RpcMethodHandler:  # type: ignore[type-arg]
-    def abort(request: Any, context: grpc.ServicerContext) -> None:
-        context.abort(grpc.StatusCode.UNAUTHENTICATED, message)
+    async def abort(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> None:
+        await context.abort(grpc.StatusCode.UNAUTHENTICATED, message)
 
     # Every orch RPC is unary-unary; streaming calls (reflection) are refused the same way.
     return grpc.unary_unary_rpc_method_handler(abort)

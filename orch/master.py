@@ -7,11 +7,14 @@ service and server reflection beside it, so stock gRPC tools can talk to it.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import functools
 import logging
+import queue
 import threading
-from concurrent import futures
 from pathlib import Path
-from typing import NoReturn
+from typing import Any, NoReturn
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
@@ -25,6 +28,7 @@ from .coordinator import Coordinator, Reject
 from .errors import ConfigError, PortInUseError
 
 log = logging.getLogger(__name__)
+Ctx = grpc.aio.ServicerContext[Any, Any]
 
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["Orchestrator"].full_name
 MAX_MESSAGE_BYTES = 16 * 1024 * 1024
@@ -37,22 +41,26 @@ _STATUS = {
 }
 
 
-def _abort(context: grpc.ServicerContext, e: Reject) -> NoReturn:
-    context.abort(_STATUS[e.kind], str(e))
+async def _abort(context: grpc.aio.ServicerContext[Any, Any], e: Reject) -> NoReturn:
+    await context.abort(_STATUS[e.kind], str(e))
     raise AssertionError("context.abort returned")  # pragma: no cover
 
 
 class OrchestratorServicer(pb_grpc.OrchestratorServicer):  # type: ignore[misc]
-    """Each method validates through the coordinator and maps refusals to status codes."""
+    """Each method validates through the coordinator and maps refusals to status codes.
+
+    The methods run on the server's event loop; the coordinator's work per call is short
+    and under its own lock (GetState, which can be long, runs in a thread).
+    """
 
     def __init__(self, coordinator: Coordinator) -> None:
         self.coordinator = coordinator
 
-    def Register(self, request: pb.RegisterRequest, context: grpc.ServicerContext) -> pb.RegisterResponse:
+    async def Register(self, request: pb.RegisterRequest, context: Ctx) -> pb.RegisterResponse:
         try:
             reg = self.coordinator.register(request)
         except Reject as e:
-            _abort(context, e)
+            await _abort(context, e)
         return pb.RegisterResponse(
             rank=reg.rank,
             world_size=reg.world_size,
@@ -65,42 +73,45 @@ class OrchestratorServicer(pb_grpc.OrchestratorServicer):  # type: ignore[misc]
             rendezvous_port=reg.rendezvous_port,
         )
 
-    def CanStartTraining(
-        self, request: pb.CanStartTrainingRequest, context: grpc.ServicerContext
+    async def CanStartTraining(
+        self, request: pb.CanStartTrainingRequest, context: Ctx
     ) -> pb.CanStartTrainingResponse:
         try:
             return self.coordinator.can_start(request)
         except Reject as e:
-            _abort(context, e)
+            await _abort(context, e)
 
-    def SendHeartbeat(
-        self, request: pb.HeartbeatRequest, context: grpc.ServicerContext
-    ) -> pb.HeartbeatResponse:
+    async def SendHeartbeat(self, request: pb.HeartbeatRequest, context: Ctx) -> pb.HeartbeatResponse:
         try:
             return pb.HeartbeatResponse(command=self.coordinator.heartbeat(request))  # type: ignore[arg-type]
         except Reject as e:
-            _abort(context, e)
+            await _abort(context, e)
 
-    def ReportCompletion(
-        self, request: pb.CompletionRequest, context: grpc.ServicerContext
-    ) -> pb.CompletionResponse:
+    async def ReportCompletion(self, request: pb.CompletionRequest, context: Ctx) -> pb.CompletionResponse:
         try:
             self.coordinator.complete(request)
         except Reject as e:
-            _abort(context, e)
+            await _abort(context, e)
         return pb.CompletionResponse()
 
-    def GetState(self, request: pb.GetStateRequest, context: grpc.ServicerContext) -> pb.GetStateResponse:
+    async def GetState(self, request: pb.GetStateRequest, context: Ctx) -> pb.GetStateResponse:
         try:
-            return self.coordinator.snapshot(
-                request.cursor, skip_series=request.skip_series, max_points=request.max_points
+            # A catch-up reply can take a while to build: off the event loop, so heartbeats flow.
+            return await asyncio.get_running_loop().run_in_executor(
+                None,
+                functools.partial(
+                    self.coordinator.snapshot,
+                    request.cursor,
+                    skip_series=request.skip_series,
+                    max_points=request.max_points,
+                ),
             )
         except Reject as e:
-            _abort(context, e)
+            await _abort(context, e)
 
-    def StopRun(self, request: pb.StopRunRequest, context: grpc.ServicerContext) -> pb.StopRunResponse:
+    async def StopRun(self, request: pb.StopRunRequest, context: Ctx) -> pb.StopRunResponse:
         if len(request.reason) > 1024:
-            _abort(context, Reject("invalid_argument", "reason is longer than 1024 characters"))
+            await _abort(context, Reject("invalid_argument", "reason is longer than 1024 characters"))
         state = self.coordinator.request_stop(request.reason)
         return pb.StopRunResponse(state=getattr(pb, state.value))
 
@@ -114,7 +125,7 @@ class MasterServer:
         *,
         host: str = "127.0.0.1",
         port: int | None = None,
-        max_workers: int = 16,
+        max_concurrent_rpcs: int = 4096,
         expire_interval: float = 0.25,
         token: str | None = None,
         tls_cert: str | Path | None = None,
@@ -132,10 +143,14 @@ class MasterServer:
         self.host = host
         self.requested_port = port
         self.port = 0
-        self.max_workers = max_workers
         self.expire_interval = expire_interval
-        self._server: grpc.Server | None = None
-        self._health = health.HealthServicer()
+        self._server: grpc.aio.Server | None = None
+        self._health = health.aio.HealthServicer()  # type: ignore[attr-defined]
+        self._thread: threading.Thread | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._stop_requested: asyncio.Event | None = None
+        self._grace = 1.0
+        self.max_concurrent_rpcs = max_concurrent_rpcs
         self._stopped = threading.Event()
         self._ticker: threading.Thread | None = None
         self.token = token
@@ -156,12 +171,36 @@ class MasterServer:
             option="--port" if self.requested_port else "master_port",
             host=self.host if self.host not in ("", "::") else "0.0.0.0",
         )
-        server = grpc.server(
-            futures.ThreadPoolExecutor(max_workers=self.max_workers, thread_name_prefix="orch-master"),
+        # An asyncio server on its own thread and event loop: one thread serves thousands of
+        # heartbeats a second, where a thread-pool server spends its time switching threads.
+        started: queue.Queue[BaseException | None] = queue.Queue()
+        self._thread = threading.Thread(
+            target=self._run_loop, args=(port, started), name="orch-master", daemon=True
+        )
+        self._thread.start()
+        error = started.get()
+        if error is not None:
+            self._thread.join(5.0)
+            raise error
+        self._ticker = threading.Thread(target=self._tick, name="orch-master-expiry", daemon=True)
+        self._ticker.start()
+        log.info("orch master serving run %s on %s", self.coordinator.run_id, self.address)
+        return self
+
+    def _run_loop(self, port: int, started: queue.Queue[BaseException | None]) -> None:
+        loop = asyncio.new_event_loop()
+        self._loop = loop
+        try:
+            loop.run_until_complete(self._serve(port, started))
+        finally:
+            loop.close()
+
+    async def _serve(self, port: int, started: queue.Queue[BaseException | None]) -> None:
+        server = grpc.aio.server(
             interceptors=[TokenInterceptor(self.token)] if self.token else [],
             # Beyond this many calls in flight new ones get RESOURCE_EXHAUSTED at once,
             # so a flood cannot queue up without bound.
-            maximum_concurrent_rpcs=self.max_workers * 8,
+            maximum_concurrent_rpcs=self.max_concurrent_rpcs,
             options=[
                 # gRPC sets SO_REUSEPORT by default: a second master would share the port silently.
                 ("grpc.so_reuseport", 0),
@@ -185,19 +224,26 @@ class MasterServer:
                 bound = server.add_secure_port(target, server_credentials(*self.tls))
             else:
                 bound = server.add_insecure_port(target)
-        except RuntimeError as e:
-            raise PortInUseError(port, "orch master", "--port") from e
-        if bound == 0:
-            raise PortInUseError(port, "orch master", "--port")
+            if bound == 0:
+                raise RuntimeError(f"could not bind {target}")
+            await server.start()
+            for name in ("", SERVICE_NAME):
+                await self._health.set(name, health_pb2.HealthCheckResponse.SERVING)
+        except RuntimeError:
+            started.put(PortInUseError(port, "orch master", "--port"))
+            await server.stop(None)
+            return
+        except BaseException as e:  # a bad certificate, ...: the caller of start() gets it
+            started.put(e)
+            await server.stop(None)
+            return
         self.port = bound
-        server.start()
         self._server = server
-        for name in ("", SERVICE_NAME):
-            self._health.set(name, health_pb2.HealthCheckResponse.SERVING)
-        self._ticker = threading.Thread(target=self._tick, name="orch-master-expiry", daemon=True)
-        self._ticker.start()
-        log.info("orch master serving run %s on %s", self.coordinator.run_id, self.address)
-        return self
+        self._stop_requested = asyncio.Event()
+        started.put(None)
+        await self._stop_requested.wait()
+        await self._health.enter_graceful_shutdown()
+        await server.stop(self._grace)
 
     def _tick(self) -> None:
         while not self._stopped.wait(self.expire_interval):
@@ -205,10 +251,14 @@ class MasterServer:
 
     def stop(self, grace: float = 1.0) -> None:
         self._stopped.set()
-        if self._server is not None:
-            self._health.enter_graceful_shutdown()
-            self._server.stop(grace).wait(grace + 1.0)
-            self._server = None
+        loop, stop_requested = self._loop, self._stop_requested
+        if self._thread is not None and loop is not None and stop_requested is not None:
+            self._grace = grace
+            with contextlib.suppress(RuntimeError):  # the loop already ended
+                loop.call_soon_threadsafe(stop_requested.set)
+            self._thread.join(grace + 5.0)
+        self._thread = None
+        self._server = None
         if self._ticker is not None:
             self._ticker.join(timeout=2.0)
             self._ticker = None

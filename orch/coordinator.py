@@ -16,7 +16,7 @@ import time
 import uuid
 from array import array
 from collections import deque
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import TYPE_CHECKING, Literal
@@ -750,7 +750,3 @@ def _describe_exit(code: int) -> str:
 def _last_line(text: str) -> str:
     lines = [ln for ln in text.strip().splitlines() if ln.strip()]
     return lines[-1].strip() if lines else "no error message"
-
-
-def rank_states(reply: pb.GetStateResponse) -> Iterable[RankState]:
-    return (RANK_STATE_FROM_PB[r.state] for r in reply.ranks)

@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any
 from ._net import DEFAULT_RENDEZVOUS_PORT, choose_port
 from .auth import TOKEN_ENV, new_token, token_from_env
 from .client import MasterClient, StateMirror
-from .coordinator import Coordinator, RankState, RunState
+from .coordinator import Coordinator, RunState
 from .errors import ConfigError, RunFailed
 from .master import MasterServer
 from .rundir import write_result
@@ -169,7 +169,6 @@ class Run:
         self.store: RunStore | None = None
         # The run's secret; its workers get it through their environment.
         self.token = token_from_env(spec.token) or new_token()
-        self.first_death_at: float | None = None  # monotonic: a worker of this attempt died
         self.all_exited_at: float | None = None  # monotonic: every worker of the run is gone
         self._done = threading.Event()
         self._closing = threading.Event()
@@ -235,7 +234,6 @@ class Run:
         self.worker_ids = [f"{prefix}{i}" for i in range(spec.world_size)]
         self.procs = []
         self._exited = {}
-        self.first_death_at = None
         (self.run_dir / "logs").mkdir(parents=True, exist_ok=True)
         ctx = worker_context()
         threads = spec.threads or max(1, (os.cpu_count() or 1) // spec.world_size)
@@ -325,8 +323,6 @@ class Run:
             wid = self.worker_ids[i]
             self._exited[i] = p.exitcode
             self.exit_codes[wid] = p.exitcode
-            if p.exitcode != 0 and self.first_death_at is None:
-                self.first_death_at = time.monotonic()
             # After a tear-down, a SIGTERM or SIGKILL is ours; any other death is the worker's own.
             ours = expected and p.exitcode in (-signal.SIGTERM, -signal.SIGKILL)
             self.coordinator.rank_exited(
@@ -476,9 +472,6 @@ class Run:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-    def ranks_in(self, state: RankState) -> list[int]:
-        return [r.rank for r in self.coordinator.ranks if r.state is state]
 
     # -- the notebook panel -------------------------------------------------------------
     def log_files(self) -> dict[str, Path]:

@@ -5,17 +5,15 @@ from __future__ import annotations
 import os
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from ._viewable import Viewable
 from .auth import token_from_env
 from .client import MasterClient, StateMirror
 from .coordinator import RunState
 from .errors import ConfigError, RunFailed
 from .launcher import LaunchSpec, Run, live_runs
 from .worker import TrainFn
-
-if TYPE_CHECKING:
-    from .panel import Panel
 
 MAX_WORKERS_PER_CORE = 8
 
@@ -116,7 +114,7 @@ def launch(
     return Run(spec).start()
 
 
-class AttachedRun:
+class AttachedRun(Viewable):
     """A run whose master was started elsewhere (``orch master``), read over gRPC."""
 
     def __init__(
@@ -133,7 +131,6 @@ class AttachedRun:
         self.client = self.connect()
         self.client.wait_ready(timeout)
         self.client.get_state()  # a wrong token or a server that is not orch fails here, clearly
-        self._panel: Panel | None = None
 
     def connect(self) -> MasterClient:
         return MasterClient(self.address, token=self.token, tls_ca=self.tls_ca)
@@ -172,16 +169,6 @@ class AttachedRun:
 
     def final_state(self) -> StateMirror | None:
         return None
-
-    def panel(self, **options: Any) -> Panel:
-        from .panel import Panel
-
-        if self._panel is None or options:
-            self._panel = Panel(self, **options)
-        return self._panel
-
-    def _repr_mimebundle_(self, **kwargs: Any) -> Any:
-        return self.panel()._repr_mimebundle_(**kwargs)
 
     def close(self) -> None:
         if self._panel is not None:

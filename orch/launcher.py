@@ -25,9 +25,10 @@ import weakref
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ._net import DEFAULT_RENDEZVOUS_PORT, choose_port
+from ._viewable import Viewable
 from .auth import TOKEN_ENV, new_token, token_from_env
 from .client import MasterClient, StateMirror
 from .coordinator import Coordinator, RunState
@@ -36,9 +37,6 @@ from .master import MasterServer
 from .rundir import write_result
 from .store import RunStore
 from .worker import TrainFn, WorkerSpec, spawn_main
-
-if TYPE_CHECKING:
-    from .panel import Panel
 
 log = logging.getLogger(__name__)
 
@@ -147,7 +145,7 @@ class RunResult:
     run_dir: Path
 
 
-class Run:
+class Run(Viewable):
     """A run started on this machine. Use :func:`orch.launch` to make one."""
 
     def __init__(self, spec: LaunchSpec) -> None:
@@ -174,7 +172,6 @@ class Run:
         self._closing = threading.Event()
         self._finish_lock = threading.Lock()
         self._monitor: threading.Thread | None = None
-        self._panel: Panel | None = None
         self.exit_codes: dict[str, int] = {}
 
     # -- lifecycle --------------------------------------------------------------------
@@ -479,17 +476,6 @@ class Run:
 
     def final_state(self) -> StateMirror | None:
         return self.state() if self.server is None or self.done else None
-
-    def panel(self, **options: Any) -> Panel:
-        """The live panel of this run (one per run; options make a new one)."""
-        from .panel import Panel
-
-        if self._panel is None or options:
-            self._panel = Panel(self, **options)
-        return self._panel
-
-    def _repr_mimebundle_(self, **kwargs: Any) -> Any:
-        return self.panel()._repr_mimebundle_(**kwargs)
 
     def __repr__(self) -> str:
         return f"<orch.Run {self.run_id} {self.coordinator.state.value} world_size={self.spec.world_size}>"

@@ -14,6 +14,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from ._viewable import Viewable
 from .client import RankView, SeriesBuffer, StateMirror
 from .coordinator import Coordinator, RankState, RunState, _Series
 from .errors import ConfigError
@@ -33,7 +34,7 @@ def write_result(coordinator: Coordinator, run_dir: Path) -> Path:
     return path
 
 
-class LoadedRun:
+class LoadedRun(Viewable):
     """A run read back from its directory: ``history()``, ``state()``, ``panel()``, ``to_csv()``."""
 
     def __init__(self, path: str | Path) -> None:
@@ -102,12 +103,6 @@ class LoadedRun:
 
     def stop(self, reason: str = "") -> RunState:
         return self._mirror.state
-
-    def panel(self, **options: Any) -> Any:
-        """A panel drawing this run's final state (nothing to poll)."""
-        from .panel import Panel
-
-        return Panel(self, **options)
 
     def to_csv(self, path: str | Path) -> Path:
         """Every point as ``rank,metric,step,value`` rows."""

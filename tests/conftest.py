@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import subprocess
 import sys
 import time
 import uuid
@@ -88,3 +89,10 @@ def subprocess_env(tmp_path: Path) -> dict[str, str]:
     env["PYTHONUNBUFFERED"] = "1"
     env["ORCH_TOKEN"] = uuid.uuid4().hex  # `orch master` and `orch worker` both read it
     return env
+
+
+def orch_cli(
+    *args: str, env: dict[str, str], cwd: Path | None = None, timeout: float = 200
+) -> subprocess.CompletedProcess[str]:
+    """Run the ``orch`` command to completion; its output is captured as text."""
+    return subprocess.run([ORCH, *args], capture_output=True, text=True, timeout=timeout, env=env, cwd=cwd)

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 import orch
-from conftest import ORCH
+from conftest import ORCH, orch_cli
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -47,11 +47,16 @@ def assert_trained(result: dict[str, Any], world: int) -> None:
 
 
 def test_orch_run_four_workers(tmp_path: Path, subprocess_env: dict[str, str]) -> None:
-    proc = subprocess.run(
-        [ORCH, "run", "--workers", "4", "--steps", "120", "--run-root", str(tmp_path), "--refresh", "0.2"],
-        capture_output=True,
-        text=True,
-        timeout=200,
+    proc = orch_cli(
+        "run",
+        "--workers",
+        "4",
+        "--steps",
+        "120",
+        "--run-root",
+        str(tmp_path),
+        "--refresh",
+        "0.2",
         env=subprocess_env,
         cwd=tmp_path,
     )
@@ -104,13 +109,7 @@ def test_master_and_four_separate_workers(tmp_path: Path, subprocess_env: dict[s
     workers: list[subprocess.Popen[str]] = []
     try:
         address = _read_until(master, r"serving on (\S+);").group(1)
-        status = subprocess.run(
-            [ORCH, "status", "--master", address, "--json"],
-            capture_output=True,
-            text=True,
-            timeout=30,
-            env=subprocess_env,
-        )
+        status = orch_cli("status", "--master", address, "--json", env=subprocess_env, timeout=30)
         assert status.returncode == 0, status.stderr
         before = json.loads(status.stdout)
         assert (before["state"], before["registered"], before["world_size"]) == ("PENDING", 0, 4)
@@ -139,13 +138,17 @@ def test_master_and_four_separate_workers(tmp_path: Path, subprocess_env: dict[s
 
 
 def test_failed_rank_fails_the_run_with_its_traceback(tmp_path: Path, subprocess_env: dict[str, str]) -> None:
-    proc = subprocess.run(
-        [ORCH, "run", "--workers", "2", "--fn", "jobs:raise_on_rank1", "--run-root", str(tmp_path)],
-        capture_output=True,
-        text=True,
-        timeout=120,
+    proc = orch_cli(
+        "run",
+        "--workers",
+        "2",
+        "--fn",
+        "jobs:raise_on_rank1",
+        "--run-root",
+        str(tmp_path),
         env=subprocess_env,
         cwd=tmp_path,
+        timeout=120,
     )
     assert proc.returncode == 1, proc.stdout + proc.stderr
     assert "root cause: rank 1" in proc.stdout
@@ -158,13 +161,8 @@ def test_taken_master_port_is_named(tmp_path: Path, subprocess_env: dict[str, st
         holder.bind(("127.0.0.1", 0))
         holder.listen()
         port = holder.getsockname()[1]
-        proc = subprocess.run(
-            [ORCH, "master", "--world-size", "1", "--port", str(port)],
-            capture_output=True,
-            text=True,
-            timeout=60,
-            env=subprocess_env,
-            cwd=tmp_path,
+        proc = orch_cli(
+            "master", "--world-size", "1", "--port", str(port), env=subprocess_env, cwd=tmp_path, timeout=60
         )
     assert proc.returncode == 2
     assert f"port {port}" in proc.stderr and "already in use" in proc.stderr
@@ -174,12 +172,8 @@ def test_status_of_a_missing_master_says_so(subprocess_env: dict[str, str]) -> N
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    proc = subprocess.run(
-        [ORCH, "status", "--master", f"127.0.0.1:{port}", "--timeout", "1"],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        env=subprocess_env,
+    proc = orch_cli(
+        "status", "--master", f"127.0.0.1:{port}", "--timeout", "1", env=subprocess_env, timeout=60
     )
     assert proc.returncode == 1
     assert f"127.0.0.1:{port}" in proc.stderr and "UNAVAILABLE" in proc.stderr

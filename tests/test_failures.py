@@ -23,7 +23,7 @@ import pytest
 import torch
 
 import orch
-from conftest import ORCH, TESTS
+from conftest import ORCH, TESTS, orch_cli
 from orch._proto import orchestrator_pb2 as pb
 from orch._proto import orchestrator_pb2_grpc as pb_grpc
 from orch.auth import open_channel
@@ -373,24 +373,18 @@ def test_graceful_stop_checkpoints_and_exits_cleanly(tmp_path: Path) -> None:
 
 
 def test_cli_max_restarts(tmp_path: Path, subprocess_env: dict[str, str]) -> None:
-    proc = subprocess.run(
-        [
-            ORCH,
-            "run",
-            "--workers",
-            "2",
-            "--fn",
-            "jobs:checkpointed",
-            "--max-restarts",
-            "1",
-            "--config",
-            '{"steps": 30, "die_at": 15}',
-            "--run-root",
-            str(tmp_path),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=200,
+    proc = orch_cli(
+        "run",
+        "--workers",
+        "2",
+        "--fn",
+        "jobs:checkpointed",
+        "--max-restarts",
+        "1",
+        "--config",
+        '{"steps": 30, "die_at": 15}',
+        "--run-root",
+        str(tmp_path),
         env=subprocess_env,
         cwd=tmp_path,
     )

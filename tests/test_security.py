@@ -27,7 +27,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import orch
-from conftest import ORCH, TESTS
+from conftest import ORCH, TESTS, orch_cli
 from orch._proto import orchestrator_pb2 as pb
 from orch._proto import orchestrator_pb2_grpc as pb_grpc
 from orch.auth import open_channel
@@ -109,19 +109,13 @@ def test_orch_master_prints_the_token_it_made(tmp_path: Path, subprocess_env: di
         assert token, "the master did not print its token"
         assert (
             json.loads(
-                subprocess.run(
-                    [ORCH, "status", "--master", address, "--json", "--token", token.group(1)],
-                    capture_output=True,
-                    text=True,
-                    timeout=30,
-                    env=env,
+                orch_cli(
+                    "status", "--master", address, "--json", "--token", token.group(1), env=env, timeout=30
                 ).stdout
             )["world_size"]
             == 1
         )
-        denied = subprocess.run(
-            [ORCH, "status", "--master", address], capture_output=True, text=True, timeout=30, env=env
-        )
+        denied = orch_cli("status", "--master", address, env=env, timeout=30)
         assert denied.returncode == 1 and "requires a token" in denied.stderr
     finally:
         master.kill()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import ipaddress
 import socket
 
 from .errors import ConfigError, PortInUseError
@@ -64,6 +65,29 @@ def split_address(address: str) -> tuple[str, int]:
     if not sep or not host or not port.isdigit():
         raise ConfigError(f"expected HOST:PORT for the master address, got {address!r}")
     return host.strip("[]"), int(port)
+
+
+def is_loopback(host: str) -> bool:
+    """True for ``localhost`` and loopback addresses (parsed, so ``127.evil.example`` is not one)."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def is_local_address(host: str) -> bool:
+    """True when ``host`` is an address of this machine (a loopback one, or one we can bind)."""
+    if is_loopback(host):
+        return True
+    try:
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        with socket.socket(family, socket.SOCK_STREAM) as s:
+            s.bind((host.strip("[]"), 0))
+    except OSError:
+        return False
+    return True
 
 
 def interface_for(address: str) -> str | None:

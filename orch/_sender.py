@@ -38,6 +38,7 @@ class HeartbeatSender:
         max_batch: int = 100_000,
         on_stop: Callable[[], None],
         on_abort: Callable[[str], None],
+        local_master: bool = False,
     ) -> None:
         self._stub = stub
         self.run_id = run_id
@@ -48,6 +49,10 @@ class HeartbeatSender:
         self.max_batch = max_batch
         self._on_stop = on_stop
         self._on_abort = on_abort
+        # A master on this host whose port refuses connections is gone for good: its
+        # workers end at once instead of waiting out master_timeout.
+        self.local_master = local_master
+        self._refused = 0
         self._queue: deque[Point] = deque()
         self._retry: pb.HeartbeatRequest | None = None  # built once, sent again until acknowledged
         self.step = 0
@@ -132,6 +137,16 @@ class HeartbeatSender:
             series=[pb.Series(name=name, steps=c[0], values=c[1], times=c[2]) for name, c in columns.items()],
         )
 
+    def _master_gone(self, e: grpc.RpcError) -> bool:
+        """Twice in a row "connection refused" from a master on this host: nothing listens there now."""
+        if not self.local_master or e.code() is not grpc.StatusCode.UNAVAILABLE:
+            return False
+        if "refused" not in (e.details() or "").lower():
+            self._refused = 0
+            return False
+        self._refused += 1
+        return self._refused >= 2
+
     def _beat(self) -> bool:
         with self._beat_lock:
             return self._beat_locked()
@@ -148,6 +163,11 @@ class HeartbeatSender:
                 pass
             elif code in (grpc.StatusCode.FAILED_PRECONDITION, grpc.StatusCode.NOT_FOUND):
                 self._on_abort(f"the master refused this worker's heartbeat: {e.details()}")
+            elif self._master_gone(e):
+                self._on_abort(
+                    "the master's port on this host refuses connections: the master is gone, "
+                    "so this worker ends instead of training on alone"
+                )
             elif silent > self.master_timeout:
                 self._on_abort(
                     f"the master has not answered for {silent:.1f}s ({code.name}): "
@@ -157,6 +177,7 @@ class HeartbeatSender:
                 log.debug("heartbeat failed (%s), retrying", code.name)
             return False
         self._retry = None
+        self._refused = 0
         self._last_ok = time.monotonic()
         if not self._obey:
             pass

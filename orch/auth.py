@@ -40,10 +40,6 @@ def token_from_env(token: str | None) -> str | None:
     return token or os.environ.get(TOKEN_ENV) or None
 
 
-def is_loopback(host: str) -> bool:
-    return host in ("localhost", "::1") or host.startswith("127.")
-
-
 class TokenInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[type-arg]
     """Rejects every call but the health check unless it carries the run's token."""
 

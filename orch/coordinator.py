@@ -442,6 +442,12 @@ class Coordinator:
                 rec, RankState.FAILED, error=f"{detail.rstrip()}\n{error}" if detail else error, weight=weight
             )
 
+    def rank_reported(self, worker_id: str) -> bool:
+        """True when the worker's rank reported its end (or its process exited), unlike a LOST one."""
+        with self._lock:
+            rec = self._by_worker.get(worker_id)
+            return rec is not None and rec.state.done and rec.state is not RankState.LOST
+
     def request_stop(self, reason: str = "") -> RunState:
         with self._lock:
             if self.state.done:

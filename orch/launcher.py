@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from ._net import DEFAULT_RENDEZVOUS_PORT, choose_port
+from ._owner import Owner
 from ._viewable import Viewable
 from .auth import TOKEN_ENV, new_token, token_from_env
 from .client import MasterClient, StateMirror
@@ -93,7 +94,14 @@ class LaunchSpec:
 
 # Modules a worker needs that take long to import: the forkserver imports them once.
 # (DistributedDataParallel's first construction imports torch._dynamo: 800 modules, ~1-2 s.)
-PRELOAD = ["torch", "torch.distributed", "torch.nn.parallel", "torch._dynamo", "sklearn.datasets"]
+PRELOAD = [
+    "torch",
+    "torch.distributed",
+    "torch.nn.parallel",
+    "torch._dynamo",
+    "sklearn.datasets",
+    "orch._forkserver",  # last: its atexit hook runs first
+]
 
 
 def worker_context() -> mp.context.ForkServerContext:
@@ -240,6 +248,7 @@ class Run(Viewable):
             "MKL_NUM_THREADS": str(threads),
             TOKEN_ENV: self.token,
         }
+        owner = Owner()
         for i, wid in enumerate(self.worker_ids):
             wspec = WorkerSpec(
                 master=self.server.address,
@@ -252,7 +261,7 @@ class Run(Viewable):
                 threads=threads,
                 heartbeat_interval=spec.heartbeat_interval,
                 master_timeout=spec.heartbeat_timeout,
-                exit_with_parent=True,
+                owner=owner,
                 env=env,
                 log_file=str(self.run_dir / "logs" / f"{wid}.log"),
                 run_root=spec.run_root,
@@ -359,9 +368,15 @@ class Run(Viewable):
             self._done.set()
 
     def _terminate_workers(self) -> None:
-        """SIGTERM, a bounded grace, SIGKILL, join — all against one deadline."""
+        """SIGTERM, a bounded grace, SIGKILL, join — all against one deadline.
+
+        A rank that already reported its end is leaving by itself (delivering its last
+        points): it gets the grace without a SIGTERM, so its own exit code stays on record.
+        """
         alive = [p for p in self.procs if p.exitcode is None]
-        for p in alive:
+        for i, p in enumerate(self.procs):
+            if p.exitcode is not None or self.coordinator.rank_reported(self.worker_ids[i]):
+                continue
             with contextlib.suppress(ProcessLookupError, AttributeError, TypeError):
                 p.terminate()
                 # A stopped (SIGSTOP, hung) worker only acts on SIGTERM once continued.

@@ -20,10 +20,10 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
-from ._net import DEFAULT_MASTER_PORT, choose_port
+from ._net import DEFAULT_MASTER_PORT, choose_port, is_loopback
 from ._proto import orchestrator_pb2 as pb
 from ._proto import orchestrator_pb2_grpc as pb_grpc
-from .auth import TokenInterceptor, is_loopback, server_credentials
+from .auth import TokenInterceptor, server_credentials
 from .coordinator import Coordinator, Reject
 from .errors import ConfigError, PortInUseError
 

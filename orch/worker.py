@@ -17,7 +17,6 @@ import logging
 import os
 import socket
 import sys
-import threading
 import time
 import traceback
 from collections.abc import Callable
@@ -27,7 +26,15 @@ from typing import Any
 
 import grpc
 
-from ._net import DEFAULT_RENDEZVOUS_PORT, address_towards, interface_for, port_is_free, split_address
+from ._net import (
+    DEFAULT_RENDEZVOUS_PORT,
+    address_towards,
+    interface_for,
+    is_local_address,
+    port_is_free,
+    split_address,
+)
+from ._owner import Owner, exit_when_gone
 from ._proto import orchestrator_pb2 as pb
 from ._proto import orchestrator_pb2_grpc as pb_grpc
 from ._sender import HeartbeatSender
@@ -61,7 +68,7 @@ class WorkerSpec:
     master_timeout: float | None = None  # None: the master's heartbeat timeout
     collective_timeout: float = 1800.0
     run_root: str = "runs"  # checkpoints and error files go to run_root/<run-id>/
-    exit_with_parent: bool = False  # end when the process that started this one is gone
+    owner: Owner | None = None  # end when this process (the launcher) is gone
     token: str | None = None  # None: $ORCH_TOKEN
     tls_ca: str | None = None  # verify the master's TLS certificate against this CA
     log_file: str | None = None
@@ -106,15 +113,6 @@ def _set_threads(spec: WorkerSpec) -> None:
     torch.set_num_threads(n)
     with contextlib.suppress(RuntimeError):  # only settable before the first parallel op
         torch.set_num_interop_threads(max(1, min(n, 2)))
-
-
-def _watch_parent(ppid: int) -> None:
-    # The parent is the launcher, or its forkserver, which exits with the launcher: when it
-    # is gone (a killed notebook kernel, a crashed `orch run`), this worker ends too.
-    while True:
-        if os.getppid() != ppid:
-            os._exit(EXIT_ABORTED)
-        time.sleep(0.2)
 
 
 class _Abort:
@@ -299,8 +297,8 @@ def run_worker(spec: WorkerSpec) -> int:
     # A segfault or an abort in native code still leaves a Python stack in the rank's log.
     faulthandler.enable()
 
-    if spec.exit_with_parent:
-        threading.Thread(target=_watch_parent, args=(os.getppid(),), daemon=True).start()
+    if spec.owner is not None:
+        exit_when_gone(spec.owner, EXIT_ABORTED)
     _set_threads(spec)
     channel = open_channel(spec.master, token=token_from_env(spec.token), tls_ca=spec.tls_ca)
     stub = pb_grpc.OrchestratorStub(channel)
@@ -356,6 +354,7 @@ def run_worker(spec: WorkerSpec) -> int:
             master_timeout=spec.master_timeout or reg.heartbeat_timeout or 30.0,
             on_stop=lambda: ctx.request_stop(),
             on_abort=_Abort(),
+            local_master=is_local_address(split_address(spec.master)[0]),
         )
         ctx = Context(
             rank=rank,
@@ -415,9 +414,10 @@ def run_local_group(specs: list[WorkerSpec], poll_interval: float = 0.1) -> int:
     import cloudpickle
 
     ctx = mp.get_context("spawn")
+    owner = Owner()
     procs = []
     for spec in specs:
-        spec.exit_with_parent = True
+        spec.owner = owner
         p = ctx.Process(target=spawn_main, args=(cloudpickle.dumps(spec),), name=f"orch-{spec.worker_id}")
         p.start()
         procs.append(p)

@@ -481,6 +481,18 @@ class Coordinator:
             self._changed.notify_all()
             return self.attempt
 
+    def close_run(self, message: str) -> None:
+        """End a live run from outside: STOPPED when a stop was asked for, else FAILED."""
+        with self._lock:
+            if self.state.done:
+                return
+            self._event("closed", -1, message)
+            if self.stop_requested:
+                self._finish(RunState.STOPPED)
+            else:
+                self.root_cause, self.failure = None, message
+                self._finish(RunState.FAILED)
+
     def fail(self, message: str) -> None:
         """Fail the run from outside, for good (the launcher gave up on it)."""
         with self._lock:

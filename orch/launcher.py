@@ -186,15 +186,28 @@ class Run(Viewable):
     def start(self) -> Run:
         try:
             self._start()
-        except BaseException:
+        except BaseException as e:
+            # The record on disk says the launch failed, and why, not PENDING.
+            self.coordinator.fail(f"the launch failed before any worker started: {e}")
             self.close()
             raise
         return self
 
     def _start(self) -> None:
-
         spec = self.spec
         _track(self)
+        # The run dir first: a launch that fails below still leaves a record that says so.
+        self.store = RunStore(self.run_dir)
+        meta = {
+            "run_id": self.run_id,
+            "fn": spec.fn_name,
+            "world_size": spec.world_size,
+            "config": spec.config,
+            "max_restarts": spec.max_restarts,
+            "started": time.time(),
+        }
+        self.store.write_meta(meta)
+        self.coordinator.store = self.store
         self.server = MasterServer(
             self.coordinator,
             host=spec.master_host,
@@ -203,6 +216,7 @@ class Run(Viewable):
             tls_cert=spec.tls_cert,
             tls_key=spec.tls_key,
         ).start()
+        self.store.write_meta({**meta, "master": self.server.address})
         if spec.rdzv_port:  # a port the user named must be free; otherwise rank 0 binds one
             self.coordinator.rendezvous_port = choose_port(
                 spec.rdzv_port,
@@ -210,19 +224,6 @@ class Run(Viewable):
                 what="torch.distributed rendezvous",
                 option="rdzv_port",
             )
-        self.store = RunStore(self.run_dir)
-        self.store.write_meta(
-            {
-                "run_id": self.run_id,
-                "fn": spec.fn_name,
-                "world_size": spec.world_size,
-                "config": spec.config,
-                "max_restarts": spec.max_restarts,
-                "master": self.server.address,
-                "started": time.time(),
-            }
-        )
-        self.coordinator.store = self.store
         # Workers start from the monitor thread: launch() returns at once, even while the
         # forkserver of the first launch is still importing torch.
         self._monitor = threading.Thread(target=self._watch, name="orch-monitor", daemon=True)
@@ -320,7 +321,8 @@ class Run(Viewable):
                     coord.fail("every worker exited before the run finished")
                 break
             time.sleep(self.spec.poll_interval)
-        self._finish()
+        if not self._closing.is_set():  # close() ends the run itself, then writes the record
+            self._finish()
 
     def _collect_exits(self, expected: bool = False) -> None:
         for i, p in enumerate(self.procs):
@@ -443,29 +445,25 @@ class Run(Viewable):
         return self.coordinator.request_stop(reason)
 
     def close(self) -> None:
-        """Tear everything down: workers (SIGTERM, grace, SIGKILL), then the master."""
+        """Tear everything down: workers (SIGTERM, grace, SIGKILL), then the master.
+
+        A run still going is ended first (STOPPED if a stop was asked for, else FAILED), so
+        ``result.json``, written last, holds the state the run really ended in.
+        """
         self._closing.set()
         if self._monitor is not None and self._monitor is not threading.current_thread():
-            self._monitor.join(5.0)
+            self._monitor.join(60.0)  # it may be starting the workers' forkserver
         # Exits the monitor had no time to see name the root cause before the tear-down does.
         self._collect_exits()
-        for i, p in enumerate(self.procs):
-            if p.exitcode is None:
-                break
-            self._exited.setdefault(i, p.exitcode)
-        else:
-            self._stop_server()
-            self._finish()
-            self._close_store()
-            return
         if self.coordinator.state is RunState.RESTARTING:
             self.coordinator.give_up("the run was closed")
         elif not self.coordinator.state.done:
-            self.coordinator.fail("the run was closed while it was running")
+            self.coordinator.close_run(
+                "the run was closed while it was running (run.close(), the end of a `with` "
+                "block, or the process exiting): its ranks were terminated"
+            )
         self._terminate_workers()
-        for i, p in enumerate(self.procs):
-            if i not in self._exited and p.exitcode is not None:
-                self.exit_codes[self.worker_ids[i]] = p.exitcode
+        self._collect_exits(expected=True)
         self._stop_server()
         self._finish()
         self._close_store()

@@ -55,7 +55,8 @@ class HeartbeatSender:
         self._refused = 0
         self._queue: deque[Point] = deque()
         self._retry: pb.HeartbeatRequest | None = None  # built once, sent again until acknowledged
-        self.step = 0
+        self.step = 0  # set by ctx.steps()
+        self.logged_step = 0  # the highest step ctx.log() was given
         self.total_steps = 0
         self.dropped = 0
         self._closing = threading.Event()
@@ -71,10 +72,17 @@ class HeartbeatSender:
 
     def log(self, step: int, values: dict[str, float]) -> None:
         """Queue one point; called from the training thread, never blocks."""
+        if step > self.logged_step:
+            self.logged_step = step
         if len(self._queue) >= self.max_queue:
             self.dropped += 1
             return
         self._queue.append((step, time.time(), values))
+
+    @property
+    def progress(self) -> int:
+        """The rank's step: the larger of ``ctx.steps``' and the last one logged."""
+        return max(self.step, self.logged_step)
 
     @property
     def pending(self) -> int:
@@ -128,14 +136,33 @@ class HeartbeatSender:
                 col[0].append(step)
                 col[1].append(value)
                 col[2].append(t)
+        series = []
+        for name, (steps, column, times) in columns.items():
+            try:
+                series.append(pb.Series(name=name, steps=steps, values=column, times=times))
+            except (TypeError, ValueError):  # ctx.log checks its input: only a direct caller gets here
+                series.append(self._salvage(name, steps, column, times))
         return pb.HeartbeatRequest(
             run_id=self.run_id,
             worker_id=self.worker_id,
-            step=self.step,
+            step=self.progress,
             total_steps=self.total_steps,
             dropped_points=self.dropped,
-            series=[pb.Series(name=name, steps=c[0], values=c[1], times=c[2]) for name, c in columns.items()],
+            series=series,
         )
+
+    def _salvage(self, name: str, steps: list[int], values: list[float], times: list[float]) -> pb.Series:
+        """The good points of a series that held a bad one; the bad ones count as dropped."""
+        kept = pb.Series(name=name)
+        for step, value, t in zip(steps, values, times, strict=True):
+            try:
+                point = pb.Series(steps=[step], values=[value], times=[t])
+            except (TypeError, ValueError):
+                self.dropped += 1
+                log.warning("dropped a point of %r at step %r: %r is not a real number", name, step, value)
+                continue
+            kept.MergeFrom(point)
+        return kept
 
     def _master_gone(self, e: grpc.RpcError) -> bool:
         """Twice in a row "connection refused" from a master on this host: nothing listens there now."""

@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import hashlib
+import numbers
+import operator
 import os
 import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 import torch.distributed as dist
 from torch import nn
@@ -68,10 +71,14 @@ class Context:
         self._stop.set()
 
     def ddp(self, model: nn.Module, **kwargs: Any) -> nn.Module:
-        """Move ``model`` to this rank's device and wrap it in DistributedDataParallel."""
+        """Move ``model`` to this rank's device and wrap it in DistributedDataParallel.
+
+        At every world size, 1 included (a process group of one), so ``model.module`` and
+        the rest of the code written for several ranks run unchanged on one.
+        """
         model = model.to(self.device)
         self._models.append(model)
-        if self.world_size == 1 or not dist.is_initialized():
+        if not dist.is_initialized():  # only a Context made outside a worker has no group
             return model
         if self.device.type == "cuda":
             kwargs.setdefault("device_ids", [self.device.index])
@@ -174,12 +181,41 @@ class Context:
         self._step = int(saved["step"])
         return saved["state"]
 
-    def log(self, step: int, loss: float | None = None, **scalars: float) -> None:
-        """Record ``loss`` and any other scalars at ``step``; returns at once."""
+    def log(self, step: int, loss: float | None = None, **scalars: Any) -> None:
+        """Record ``loss`` and any other scalars at ``step``; returns at once.
+
+        ``step`` is an integer >= 0 (a counter of optimizer steps: with a DataLoader,
+        ``epoch * len(loader) + i``). Values are real numbers: ``float``, ``int``, ``bool``,
+        numpy scalars and one-element tensors (``.item()`` is taken: on a GPU that waits
+        for the value). ``None`` logs nothing for that key. Anything else raises
+        ``TypeError`` here, naming the key, so one bad value never costs the other points.
+        """
+        if type(step) is not int:
+            step = _as_step(step)
+        if step < 0 or step > MAX_STEP:
+            raise ValueError(f"ctx.log: step must be between 0 and {MAX_STEP}, got {step}")
         if loss is not None:
             scalars["loss"] = loss
+        # The common case, plain floats, costs one type check per value.
+        for value in scalars.values():
+            if type(value) is not float:
+                scalars = _as_reals(scalars)
+                break
         if self._sender is not None:
             self._sender.log(step, scalars)
+
+    @property
+    def total_steps(self) -> int:
+        """The run's length in steps, for its progress bar (0: unknown)."""
+        return self._sender.total_steps if self._sender is not None else 0
+
+    @total_steps.setter
+    def total_steps(self, n: int) -> None:
+        """Say how many steps the run takes when the loop is not ``ctx.steps(n)``."""
+        if type(n) is not int or n < 0:
+            raise TypeError(f"ctx.total_steps must be an integer >= 0, got {n!r}")
+        if self._sender is not None:
+            self._sender.total_steps = n
 
     def param_checksum(self) -> str:
         """sha256 of every parameter of the models passed to :meth:`ddp`, in order."""
@@ -188,3 +224,62 @@ class Context:
             for p in model.parameters():
                 h.update(p.detach().to("cpu", torch.float64).contiguous().numpy().tobytes())
         return h.hexdigest() if self._models else ""
+
+
+MAX_STEP = 2**63 - 1
+
+
+def _as_step(step: Any) -> int:
+    if not isinstance(step, bool):
+        try:
+            return operator.index(step)  # numpy integers, integer tensors with one element
+        except TypeError:
+            pass
+    raise TypeError(
+        f"ctx.log: step must be an integer (count optimizer steps, e.g. epoch * len(loader) + i), "
+        f"got {type(step).__name__} {step!r}"
+    )
+
+
+def _as_reals(scalars: dict[str, Any]) -> dict[str, Any]:
+    """``scalars`` with every value a float or int, ``None`` dropped; TypeError names a bad key."""
+    out: dict[str, Any] = {}
+    for key, value in scalars.items():
+        if value is None:
+            continue
+        t = type(value)
+        if t is float or t is int:
+            out[key] = value
+        elif t is bool or t is np.bool_ or isinstance(value, numbers.Real):  # numpy scalars are Real
+            out[key] = float(value)
+        elif _one_real(value):
+            out[key] = float(value.item())
+        else:
+            raise TypeError(
+                f"ctx.log: {key}={_short(value)} is {_kind(value)}, not a real number: log floats, ints, "
+                "numpy scalars or one-element tensors (use .item() on a loss tensor's value)"
+            )
+    return out
+
+
+def _one_real(value: Any) -> bool:
+    """A tensor or numpy array holding exactly one real (or bool) value."""
+    if isinstance(value, torch.Tensor):
+        return value.numel() == 1 and not value.is_complex()
+    if isinstance(value, np.ndarray):
+        return value.size == 1 and (np.issubdtype(value.dtype, np.number) or value.dtype == np.bool_) and (
+            not np.iscomplexobj(value)
+        )
+    return False
+
+
+def _kind(value: Any) -> str:
+    if isinstance(value, (torch.Tensor, np.ndarray)):
+        shape = tuple(value.shape)
+        return f"a {type(value).__name__} of shape {shape} and dtype {value.dtype}"
+    return f"a {type(value).__name__}"
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."

@@ -392,7 +392,7 @@ def run_worker(spec: WorkerSpec) -> int:
             sender.ignore_commands()
     if sender is not None:
         sender.close()
-        step = max(step, sender.step)
+        step = max(step, sender.progress)
     log.info("rank %d: %s at step %d", rank, pb.RankState.Name(outcome), step)
     if outcome != pb.RANK_FAILED or not reported:
         _report(stub, run_id, spec.worker_id, outcome, error, checksum, step)

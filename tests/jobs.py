@@ -109,3 +109,28 @@ def checkpointed(ctx: Any) -> None:
 
 def fails_at_startup(ctx: Any) -> None:
     raise ImportError("no module named 'missing_dependency'")
+
+
+def logs_a_string(ctx: Any) -> None:
+    """A user's slip: a string logged beside the loss."""
+    for step in ctx.steps(20):
+        ctx.log(step, loss=1.0 / (step + 1), opt="sgd")
+
+
+def dataloader_loop(ctx: Any) -> None:
+    """The usual epoch-and-DataLoader loop: ctx.log with a step counter, never ctx.steps."""
+    from torch.utils.data import DataLoader, TensorDataset
+
+    model = ctx.ddp(torch.nn.Linear(4, 1))
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    x = torch.randn(256, 4)
+    loader = DataLoader(TensorDataset(x, x.sum(1, keepdim=True)), batch_size=8)
+    ctx.total_steps = int(ctx.config.get("epochs", 2)) * len(loader)
+    for epoch in range(int(ctx.config.get("epochs", 2))):
+        for i, (xb, yb) in enumerate(loader):
+            loss = ((model(xb) - yb) ** 2).mean()
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            ctx.log(epoch * len(loader) + i, loss=loss, epoch=epoch)  # a tensor loss, an int
+            time.sleep(float(ctx.config.get("sleep", 0.02)))

@@ -9,16 +9,29 @@ worker's stdout and stderr), ``errors/`` (a failed worker's traceback),
 
 from __future__ import annotations
 
+import bisect
 import csv
 import json
+import logging
+from array import array
+from collections.abc import Iterable, Sequence
+from enum import Enum
+from itertools import repeat
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
+from ._proto import orchestrator_pb2 as pb
 from ._viewable import Viewable
 from .client import RankView, SeriesBuffer, StateMirror
-from .coordinator import Coordinator, RankState, RunState, _Series
-from .errors import ConfigError
-from .store import read_events, read_metrics, write_json_atomic
+from .coordinator import Coordinator, RankState, RunState
+from .errors import ConfigError, OrchError
+from .store import MetricsDamage, read_events, read_metrics, write_json_atomic
+
+log = logging.getLogger(__name__)
+
+DEFAULT_MAX_POINTS = 1_000_000
+SeriesKey = tuple[int, str]  # (rank, metric name)
+_E = TypeVar("_E", bound=Enum)
 
 
 def write_result(coordinator: Coordinator, run_dir: Path) -> Path:
@@ -35,46 +48,79 @@ def write_result(coordinator: Coordinator, run_dir: Path) -> Path:
 
 
 class LoadedRun(Viewable):
-    """A run read back from its directory: ``history()``, ``state()``, ``panel()``, ``to_csv()``."""
+    """A run read back from its directory: ``history()``, ``state()``, ``panel()``, ``to_csv()``.
 
-    def __init__(self, path: str | Path) -> None:
+    At most ``max_points`` points (over every rank and metric; ``None``: no limit) are
+    held in memory: past the budget, each series keeps one point in every ``stride``
+    (a power of two), so a log of any size loads in bounded memory; ``to_csv()`` still
+    exports every point, straight from the log. Damage in ``metrics.pb`` is skipped and
+    described in ``damage``; damage in the JSON files is an :class:`~orch.errors.OrchError`.
+    """
+
+    def __init__(self, path: str | Path, *, max_points: int | None = DEFAULT_MAX_POINTS) -> None:
         self.run_dir = Path(path)
         if not (self.run_dir / "run.json").exists() and not (self.run_dir / "metrics.pb").exists():
             raise ConfigError(f"{self.run_dir} is not an orch run directory (no run.json or metrics.pb)")
+        if max_points is not None and (
+            isinstance(max_points, bool) or not isinstance(max_points, int) or max_points < 1
+        ):
+            raise ConfigError(f"max_points must be a positive number of points, or None; got {max_points!r}")
+        self.max_points = max_points
         self.meta: dict[str, Any] = _read_json(self.run_dir / "run.json")
         self.result: dict[str, Any] = _read_json(self.run_dir / "result.json")
         self.events = read_events(self.run_dir / "events.jsonl")
-        self._mirror = self._build()
+        self._mirror = self._build(self._read_points())
 
-    def _build(self) -> StateMirror:
-        series: dict[tuple[int, str], _Series] = {}
-        for record in read_metrics(self.run_dir / "metrics.pb"):
-            for s in record.series:
-                target = series.get((record.rank, s.name))
-                if target is None:
-                    target = series[(record.rank, s.name)] = _Series()
-                target.add(s.steps, s.values, s.times or [0.0] * len(s.steps), record.attempt)
+    def _read_points(self) -> _Sampler:
+        """One pass over ``metrics.pb``, within the budget; says what it skipped or thinned."""
+        sampler = _Sampler(self.max_points)
+        found = MetricsDamage()
+        for record in read_metrics(self.run_dir / "metrics.pb", found):
+            sampler.add(record)
+        self.stride = sampler.stride  # 1: every point was kept
+        self.points_read = sampler.read  # in the log's intact records, replaced ones included
+        self.skipped_regions = found.regions  # damaged stretches of metrics.pb skipped
+        self.skipped_bytes = found.skipped_bytes
+        self.torn_tail = found.torn_tail is not None  # normal after a crash: not counted as damage
+        self.damage = found.notes("metrics.pb")  # one line per thing skipped, torn tail included
+        found.warn(self.run_dir / "metrics.pb")
+        if self.stride > 1:
+            log.warning(
+                "%s: %d points are more than max_points=%d: kept 1 point in %d of each series (%d); "
+                "to_csv() still exports them all",
+                self.run_dir,
+                sampler.read,
+                self.max_points,
+                self.stride,
+                sampler.kept,
+            )
+        return sampler
+
+    def _build(self, sampler: _Sampler) -> StateMirror:
+        result = _Fields(self.result, self.run_dir / "result.json")
+        meta = _Fields(self.meta, self.run_dir / "run.json")
+        launched_id, launched_size = meta.text("run_id"), meta.integer("world_size")
         m = StateMirror()
-        m.run_id = self.result.get("run_id") or self.meta.get("run_id", self.run_dir.name)
-        m.world_size = int(self.result.get("world_size") or self.meta.get("world_size", 0))
+        m.run_id = result.text("run_id") or launched_id or self.run_dir.name
+        m.world_size = result.integer("world_size") or launched_size
         if self.result:
-            m.state = RunState(self.result["state"])
-            m.failure = self.result.get("failure", "")
-            m.elapsed = float(self.result.get("elapsed", 0.0))
-            m.root_cause_rank = int(self.result.get("root_cause_rank", -1))
-            m.root_cause_error = self.result.get("root_cause_error", "")
-            m.attempt = int(self.result.get("attempt", 1))
-            m.max_attempts = int(self.result.get("max_attempts", 1))
-            m.total_steps = int(self.result.get("total_steps", 0))
-            m.ranks = [_rank_view(r) for r in self.result.get("ranks", [])]
+            m.state = result.choice("state", RunState)
+            m.failure = result.text("failure")
+            m.elapsed = result.number("elapsed")
+            m.root_cause_rank = result.integer("root_cause_rank", -1)
+            m.root_cause_error = result.text("root_cause_error")
+            m.attempt = result.integer("attempt", 1)
+            m.max_attempts = result.integer("max_attempts", 1)
+            m.total_steps = result.integer("total_steps")
+            m.ranks = [_rank_view(r) for r in result.objects("ranks")]
             m.registered = len(m.ranks)
         else:
             m.state = RunState.FAILED
             m.failure = "the run did not finish: its master stopped without writing result.json"
-        for key, kept in sorted(series.items()):
-            buf = SeriesBuffer()
+        for key in sorted(sampler.series):
+            kept = sampler.series.pop(key)  # one series at a time: the arrays go as their copy comes
+            buf = m.series[key] = SeriesBuffer()
             buf.extend(kept.steps, kept.values)
-            m.series[key] = buf
         m.events = [(e["time"], e["kind"], e["rank"], e["message"]) for e in self.events]
         return m
 
@@ -96,6 +142,7 @@ class LoadedRun(Viewable):
         return self._mirror
 
     def history(self) -> dict[str, dict[int, dict[str, list[float]]]]:
+        """The points held: every one, or one in ``stride`` past ``max_points``."""
         return self._mirror.history()
 
     def log_files(self) -> dict[str, Path]:
@@ -105,49 +152,279 @@ class LoadedRun(Viewable):
         return self._mirror.state
 
     def to_csv(self, path: str | Path) -> Path:
-        """Every point as ``rank,metric,step,value`` rows."""
+        """Every point as ``rank,metric,step,value`` rows, in the order they were logged.
+
+        Read from ``metrics.pb``, not from memory, so that a run loaded down-sampled still
+        exports every point: a first pass finds where restarts replaced points, the second
+        writes the points that stayed, so memory stays small whatever the log's size.
+        """
+        metrics = self.run_dir / "metrics.pb"
+        replaced = _Replaced(metrics)
         out = Path(path)
         with open(out, "w", newline="") as f:
             writer = csv.writer(f)
             writer.writerow(["rank", "metric", "step", "value"])
-            for (rank, name), buf in sorted(self._mirror.series.items()):
-                for step, value in zip(buf.steps.tolist(), buf.values.tolist(), strict=True):
-                    writer.writerow([rank, name, step, repr(value)])
+            for position, record in enumerate(read_metrics(metrics, MetricsDamage())):
+                for s in record.series:
+                    rows: Iterable[tuple[int, str, int, str]] = zip(
+                        repeat(record.rank), repeat(s.name), s.steps, map(repr, s.values)
+                    )
+                    limit = replaced.limit((record.rank, s.name), position)
+                    if limit is not None:
+                        rows = (row for row in rows if row[2] < limit)
+                    writer.writerows(rows)
         return out
 
     def __repr__(self) -> str:
-        return f"<orch.LoadedRun {self.run_id} {self._mirror.state.value} from {self.run_dir}>"
+        notes = []
+        if self.stride > 1:
+            notes.append(
+                f"down-sampled: 1 point in {self.stride} of {self.points_read} (max_points={self.max_points})"
+            )
+        if self.skipped_regions:
+            notes.append(
+                f"metrics.pb damaged: skipped {self.skipped_regions} region(s), {self.skipped_bytes} bytes"
+            )
+        if self.torn_tail:
+            notes.append("metrics.pb: an incomplete last record ignored")
+        tail = "".join(f"; {n}" for n in notes)
+        return f"<orch.LoadedRun {self.run_id} {self._mirror.state.value} from {self.run_dir}{tail}>"
+
+
+class _Attempts:
+    """The restart rule of ``coordinator._Series.add``, apart from the points it applies to.
+
+    A restarted group replays the steps after its last checkpoint: a newer attempt's points
+    replace those of the older one from its first step on, so no step is counted twice.
+    """
+
+    __slots__ = ("attempt", "last_step")
+
+    def __init__(self) -> None:
+        self.attempt = 0
+        self.last_step: int | None = None
+
+    def rewinds(self, steps: Sequence[int], attempt: int) -> bool:
+        """Take a batch: True when it replaces the points held from ``steps[0]`` on."""
+        rewound = (
+            attempt > self.attempt
+            and len(steps) > 0
+            and self.last_step is not None
+            and steps[0] <= self.last_step
+        )
+        self.attempt = max(self.attempt, attempt)
+        if steps:
+            self.last_step = steps[-1]
+        return rewound
+
+
+class _Thinned(_Attempts):
+    """One series, one point in ``stride`` kept: the points of absolute index 0, stride, 2*stride..."""
+
+    __slots__ = ("seen", "steps", "values")
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.steps = array("q")
+        self.values = array("d")
+        self.seen = 0  # points of the series so far, kept or not
+
+    def add(self, steps: Sequence[int], values: Sequence[float], attempt: int, stride: int) -> int:
+        """Take a batch; returns how many more points are kept than before."""
+        before = len(self.steps)
+        if self.rewinds(steps, attempt):
+            cut = bisect.bisect_left(self.steps, steps[0])
+            del self.steps[cut:], self.values[cut:]
+            self.seen = cut * stride  # the first replayed point takes the place of the first one cut
+        first = -self.seen % stride
+        self.steps.extend(steps[first::stride])
+        self.values.extend(values[first::stride])
+        self.seen += len(steps)
+        return len(self.steps) - before
+
+    def halve(self) -> None:
+        del self.steps[1::2], self.values[1::2]
+
+
+class _Sampler:
+    """Reads a run's series in one pass within a points budget, one point in ``stride`` kept.
+
+    Whenever the points kept pass the budget, the stride doubles and every series drops
+    every other point it kept, so memory stays near the budget whatever the log's size.
+    Each series keeps at least its first point.
+    """
+
+    def __init__(self, budget: int | None) -> None:
+        self.budget = budget
+        self.stride = 1
+        self.kept = 0
+        self.read = 0
+        self.series: dict[SeriesKey, _Thinned] = {}
+
+    def add(self, record: pb.MetricRecord) -> None:
+        for s in record.series:
+            target = self.series.get((record.rank, s.name))
+            if target is None:
+                target = self.series[(record.rank, s.name)] = _Thinned()
+            self.kept += target.add(s.steps, s.values, record.attempt, self.stride)
+            self.read += len(s.steps)
+            if self.budget is not None and self.kept > self.budget:
+                self._thin(self.budget)
+
+    def _thin(self, budget: int) -> None:
+        while self.kept > budget and any(len(t.steps) > 1 for t in self.series.values()):
+            self.stride *= 2
+            for target in self.series.values():
+                target.halve()
+            self.kept = sum(len(t.steps) for t in self.series.values())
+
+
+class _Replaced:
+    """Where restarts replaced each series' points, from a first pass over a metrics log.
+
+    A point logged in record ``p`` stays unless a later record rewound its series at a
+    step at or below it; ``limit`` gives that step (the least of the later rewinds).
+    """
+
+    def __init__(self, metrics: Path) -> None:
+        seen: dict[SeriesKey, _Attempts] = {}
+        rewinds: dict[SeriesKey, list[tuple[int, int]]] = {}  # (record position, first step)
+        for position, record in enumerate(read_metrics(metrics, MetricsDamage())):
+            for s in record.series:
+                key = (record.rank, s.name)
+                if seen.setdefault(key, _Attempts()).rewinds(s.steps, record.attempt):
+                    rewinds.setdefault(key, []).append((position, s.steps[0]))
+        self._positions = {key: [p for p, _ in found] for key, found in rewinds.items()}
+        self._floors: dict[SeriesKey, list[int]] = {}
+        for key, found in rewinds.items():
+            floors = [step for _, step in found]
+            for i in range(len(floors) - 2, -1, -1):
+                floors[i] = min(floors[i], floors[i + 1])
+            self._floors[key] = floors
+
+    def limit(self, key: SeriesKey, position: int) -> int | None:
+        """The step from which the points of ``key`` logged at ``position`` were replaced, if any."""
+        positions = self._positions.get(key)
+        if positions is None:
+            return None
+        i = bisect.bisect_right(positions, position)
+        return self._floors[key][i] if i < len(positions) else None
+
+
+class _Fields:
+    """Typed reads from a JSON object of a run dir; a wrong field is an OrchError naming the file."""
+
+    def __init__(self, value: dict[str, Any], where: str | Path) -> None:
+        self.value = value
+        self.where = str(where)
+
+    def text(self, key: str, default: str = "") -> str:
+        v = self.value.get(key, default)
+        if not isinstance(v, str):
+            raise self._wrong(key, v, "a string")
+        return v
+
+    def integer(self, key: str, default: int | None = 0) -> int:
+        """An integer; required when the default is None."""
+        v = self.value.get(key, default)
+        if not isinstance(v, int) or isinstance(v, bool):
+            raise self._wrong(key, v, "an integer")
+        return v
+
+    def number(self, key: str, default: float = 0.0) -> float:
+        """A float; also a string such as "nan" or "inf", as JSON has no such numbers."""
+        v = self.value.get(key, default)
+        if isinstance(v, bool) or not isinstance(v, int | float | str):
+            raise self._wrong(key, v, "a number")
+        try:
+            return float(v)
+        except ValueError as e:
+            raise self._wrong(key, v, "a number") from e
+
+    def flag(self, key: str, default: bool = False) -> bool:
+        v = self.value.get(key, default)
+        if not isinstance(v, bool):
+            raise self._wrong(key, v, "true or false")
+        return v
+
+    def choice(self, key: str, kind: type[_E], default: _E | None = None) -> _E:
+        """A member of ``kind`` by value; required when there is no default."""
+        if key not in self.value and default is not None:
+            return default
+        v = self.value.get(key)
+        try:
+            return kind(v)
+        except (ValueError, TypeError) as e:
+            names = ", ".join(str(m.value) for m in kind)
+            raise self._wrong(key, v, f"one of {names}") from e
+
+    def objects(self, key: str) -> list[_Fields]:
+        v = self.value.get(key, [])
+        if not isinstance(v, list):
+            raise self._wrong(key, v, "a list")
+        out = []
+        for i, item in enumerate(v):
+            if not isinstance(item, dict):
+                raise OrchError(f"{self.where}: {key}[{i}] should be a JSON object, not {_kind(item)}")
+            out.append(_Fields(item, f"{self.where}, {key}[{i}]"))
+        return out
+
+    def _wrong(self, key: str, value: Any, want: str) -> OrchError:
+        if key not in self.value:
+            return OrchError(f"{self.where}: {key!r} is missing")
+        return OrchError(f"{self.where}: {key!r} should be {want}, not {_kind(value)}")
+
+
+def _kind(value: Any) -> str:
+    """A short description of a JSON value for an error message."""
+    text = repr(value)
+    return f"{type(value).__name__} {text if len(text) <= 40 else text[:37] + '...'}"
 
 
 def _read_json(path: Path) -> dict[str, Any]:
+    """A JSON object file of the run dir; ``{}`` when it is missing."""
     try:
-        value = json.loads(path.read_text())
-    except (FileNotFoundError, json.JSONDecodeError):
+        data = path.read_bytes()
+    except FileNotFoundError:
         return {}
-    return value if isinstance(value, dict) else {}
+    except OSError as e:
+        raise OrchError(f"cannot read {path}: {e}") from e
+    try:
+        value = json.loads(data.decode("utf-8"))
+    except (ValueError, RecursionError) as e:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
+        raise OrchError(
+            f"{path} is not valid JSON ({type(e).__name__}: {e}): the file is damaged; "
+            "move it aside to load the run without it"
+        ) from e
+    if not isinstance(value, dict):
+        raise OrchError(f"{path} should hold a JSON object, not {type(value).__name__}")
+    return value
 
 
-def _rank_view(r: dict[str, Any]) -> RankView:
-    loss = r.get("loss", float("nan"))
+def _rank_view(r: _Fields) -> RankView:
     return RankView(
-        rank=int(r["rank"]),
-        worker_id=r.get("worker_id", ""),
-        host=r.get("host", ""),
-        pid=int(r.get("pid", 0)),
-        state=RankState(r.get("state", "REGISTERED")),
-        step=int(r.get("step", 0)),
-        total_steps=int(r.get("total_steps", 0)),
+        rank=r.integer("rank", None),
+        worker_id=r.text("worker_id"),
+        host=r.text("host"),
+        pid=r.integer("pid"),
+        state=r.choice("state", RankState, RankState.REGISTERED),
+        step=r.integer("step"),
+        total_steps=r.integer("total_steps"),
         steps_per_sec=0.0,
         heartbeat_age=-1.0,
-        loss=float(loss),
-        param_checksum=r.get("param_checksum", ""),
-        error=r.get("error", ""),
-        exit_code=int(r.get("exit_code", 0)),
-        address=r.get("address", ""),
-        has_loss=bool(r.get("has_loss", False)),
+        loss=r.number("loss", float("nan")),
+        param_checksum=r.text("param_checksum"),
+        error=r.text("error"),
+        exit_code=r.integer("exit_code"),
+        address=r.text("address"),
+        has_loss=r.flag("has_loss"),
     )
 
 
-def load_run(path: str | Path) -> LoadedRun:
-    """Read a run back from ``runs/<run-id>/``, whether it finished or its master crashed."""
-    return LoadedRun(path)
+def load_run(path: str | Path, *, max_points: int | None = DEFAULT_MAX_POINTS) -> LoadedRun:
+    """Read a run back from ``runs/<run-id>/``, whether it finished or its master crashed.
+
+    At most ``max_points`` points are held (``None``: every one); past that the series are
+    down-sampled evenly (see :class:`LoadedRun`), and ``to_csv()`` still exports every point.
+    """
+    return LoadedRun(path, max_points=max_points)

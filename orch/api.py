@@ -2,48 +2,17 @@
 
 from __future__ import annotations
 
-import os
 import time
 from pathlib import Path
 from typing import Any
 
+from ._target import TrainFn
 from ._viewable import Viewable
 from .auth import token_from_env
 from .client import MasterClient, StateMirror
 from .coordinator import RunState
 from .errors import ConfigError, RunFailed
 from .launcher import LaunchSpec, Run, live_runs
-from .worker import TrainFn
-
-MAX_WORKERS_PER_CORE = 8
-
-
-def _check_picklable(train: TrainFn | str | None) -> None:
-    if train is None or isinstance(train, str):
-        return
-    if not callable(train):
-        raise ConfigError(f"train must be a function, an import path or None, got {type(train).__name__}")
-    import cloudpickle
-
-    try:
-        cloudpickle.dumps(train)
-    except Exception as e:
-        name = getattr(train, "__qualname__", repr(train))
-        raise ConfigError(
-            f"the training function {name} cannot be sent to the worker processes: {e}. "
-            "It must be picklable by cloudpickle: move what it closes over that cannot be pickled "
-            "(an open file, a lock, a live model on a GPU) inside the function, and create it there."
-        ) from e
-
-
-def _check_fits(world_size: int) -> None:
-    cores = os.cpu_count() or 1
-    if world_size > MAX_WORKERS_PER_CORE * cores:
-        raise ConfigError(
-            f"world_size={world_size} does not fit this machine ({cores} CPU cores; at most "
-            f"{MAX_WORKERS_PER_CORE * cores} local workers): pass a smaller world_size, or start "
-            "`orch master` and `orch worker` on more machines"
-        )
 
 
 def _check_ports(master_port: int | None, rdzv_port: int | None) -> None:
@@ -80,7 +49,9 @@ def launch(
     """Start ``train(ctx)`` on ``world_size`` local worker processes; return the :class:`Run` at once.
 
     ``train`` is a function (defined in a notebook cell; closures and lambdas work), an
-    import path ``"package.module:function"``, or ``None`` for the built-in example job.
+    import path ``"package.module:function"`` (found from the current folder, as
+    ``python -m`` finds it), a file path ``"train.py:main"``, or ``None`` for the built-in
+    example job. The workers run in the current folder.
     ``config`` reaches the function as ``ctx.config``; ``steps`` sets ``config["steps"]``.
     On a failure the whole group is torn down and, up to ``max_restarts`` times, started
     again; ``ctx.load_checkpoint()`` lets it resume after its last ``ctx.save_checkpoint``.
@@ -90,13 +61,13 @@ def launch(
     ``tls_cert``/``tls_key`` make it serve TLS, verified against ``tls_ca`` (default: the
     certificate itself).
     Ports default to 50051 (master) and 29500 (rendezvous) when free, else free ones; a
-    port you name must be free. Everything is checked before any process starts.
+    port you name must be free. Everything is checked before any process starts: a bad
+    argument is an :class:`orch.ConfigError` that says what to pass instead.
     """
-    _check_picklable(train)
     spec = LaunchSpec(
         fn=train,
         world_size=world_size,
-        config=dict(config or {}),
+        config={} if config is None else config,
         steps=steps,
         master_port=master_port,
         rdzv_port=rdzv_port,
@@ -109,7 +80,6 @@ def launch(
         tls_ca=tls_ca,
         token=token,
     )
-    _check_fits(world_size)
     _check_ports(master_port, rdzv_port)
     return Run(spec).start()
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 import hmac
 import os
 import secrets
+import ssl
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -91,15 +92,28 @@ class _TokenMetadata(grpc.UnaryUnaryClientInterceptor, grpc.UnaryStreamClientInt
         return continuation(self._with_token(details), request)
 
 
-def open_channel(address: str, *, token: str | None = None, tls_ca: str | Path | None = None) -> grpc.Channel:
-    """A channel to a master: TLS verified against ``tls_ca`` when given, the token on every call."""
+def open_channel(
+    address: str,
+    *,
+    token: str | None = None,
+    tls_ca: str | Path | None = None,
+    tls_server_name: str | None = None,
+) -> grpc.Channel:
+    """A channel to a master: TLS verified against ``tls_ca`` when given, the token on every call.
+
+    ``tls_server_name`` is the name to verify the master's certificate for, when it differs
+    from the address dialled (a master's own clients dial 127.0.0.1).
+    """
     if tls_ca is not None:
         try:
             ca = Path(tls_ca).read_bytes()
         except OSError as e:
             raise ConfigError(f"cannot read the TLS CA certificate {tls_ca}: {e}") from e
+        options: list[tuple[str, int | str]] = list(CHANNEL_OPTIONS)
+        if tls_server_name:
+            options.append(("grpc.ssl_target_name_override", tls_server_name))
         channel = grpc.secure_channel(
-            address, grpc.ssl_channel_credentials(root_certificates=ca), options=CHANNEL_OPTIONS
+            address, grpc.ssl_channel_credentials(root_certificates=ca), options=options
         )
     else:
         channel = grpc.insecure_channel(address, options=CHANNEL_OPTIONS)
@@ -114,3 +128,45 @@ def server_credentials(cert: str | Path, key: str | Path) -> grpc.ServerCredenti
     except OSError as e:
         raise ConfigError(f"cannot read the TLS certificate or key: {e}") from e
     return grpc.ssl_server_credentials([pair])
+
+
+def certificate_name(cert: str | Path) -> str | None:
+    """A name the certificate is valid for (its first DNS name, else IP address, else CN).
+
+    The master's own clients dial it on 127.0.0.1; they verify its certificate for a name
+    it carries, so a certificate made for the host's real name works on the master's host too.
+    """
+    try:
+        # CPython's own certificate decoder: no third-party parser needed for one field.
+        decoded = ssl._ssl._test_decode_cert(str(cert))  # type: ignore[attr-defined]
+    except (AttributeError, OSError, ValueError, ssl.SSLError):
+        return None
+    alt_names = decoded.get("subjectAltName", ())
+    for wanted in ("DNS", "IP Address"):
+        for kind, value in alt_names:
+            if kind == wanted:
+                return str(value)
+    for rdn in decoded.get("subject", ()):
+        for key, value in rdn:
+            if key == "commonName":
+                return str(value)
+    return None
+
+
+def unavailable_hint(details: str, tls: bool) -> str:
+    """What to check when a master cannot be reached, with TLS named when it may be the cause."""
+    lowered = details.lower()
+    if tls and any(w in lowered for w in ("ssl", "handshake", "certificate", "peer name", "tls")):
+        return (
+            "the TLS handshake failed: check that the master serves TLS, that --tls-ca / tls_ca is "
+            "the CA that signed its certificate, and that the certificate names the address you dial"
+        )
+    if not tls and "socket closed" in lowered:
+        return (
+            "the master closed the connection: if it serves TLS, pass its CA (--tls-ca / tls_ca); "
+            "otherwise check the address and port"
+        )
+    return (
+        "check the address, that the master is running, and that TLS is used on both sides or on "
+        "neither (--tls-ca / tls_ca for a master that serves TLS)"
+    )

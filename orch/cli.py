@@ -9,14 +9,16 @@ import argparse
 import contextlib
 import json
 import logging
+import math
 import signal
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from ._net import split_address
-from .auth import new_token, token_from_env
+from ._target import EXAMPLE, resolve_fn, split_target
+from .auth import certificate_name, new_token, token_from_env
 from .client import MasterClient, StateMirror
 from .coordinator import Coordinator, RunState
 from .dashboard import Dashboard, render, summary
@@ -53,6 +55,36 @@ def _positive(text: str) -> int:
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
     return value
+
+
+def _count(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be 0 or more, got {value}")
+    return value
+
+
+def _seconds(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value) or value <= 0:
+        raise argparse.ArgumentTypeError(f"must be a positive number of seconds, got {text}")
+    return value
+
+
+def _seconds_or_zero(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value) or value < 0:
+        raise argparse.ArgumentTypeError(f"must be 0 or a positive number of seconds, got {text}")
+    return value
+
+
+def _target(text: str) -> str:
+    """--fn's form is checked here; whether it exists, where it runs (launcher or worker)."""
+    try:
+        split_target(text)
+    except ConfigError as e:
+        raise argparse.ArgumentTypeError(str(e)) from e
+    return text
 
 
 def _interrupt_to_stop(stop: Any) -> None:
@@ -109,7 +141,7 @@ def cmd_master(args: argparse.Namespace) -> int:
         config["steps"] = args.steps
     coord = Coordinator(
         args.world_size,
-        fn=args.fn or "orch.example:train",
+        fn=args.fn or EXAMPLE,
         config_json=json.dumps(config),
         total_steps=int(config.get("steps", 0) or 0),
         rendezvous_port=args.rdzv_port or 0,
@@ -123,6 +155,7 @@ def cmd_master(args: argparse.Namespace) -> int:
     server = MasterServer(
         coord, host=args.host, port=args.port, token=token, tls_cert=args.tls_cert, tls_key=args.tls_key
     ).start()
+    tls_name = certificate_name(args.tls_cert) if args.tls_cert else None
     coord.store = store = RunStore(run_dir)
     store.write_meta(
         {
@@ -147,22 +180,27 @@ def cmd_master(args: argparse.Namespace) -> int:
             while not coord.state.done:
                 coord.wait_changed(0.5)
         else:
-            with MasterClient(server.address, token=token, tls_ca=args.tls_cert) as client:
+            with MasterClient(
+                server.address, token=token, tls_ca=args.tls_cert, tls_server_name=tls_name
+            ) as client:
                 Dashboard(client, interval=args.refresh).run()
         # Stay up a little so late pollers and finishing workers still get answers.
         time.sleep(args.linger)
-        mirror = StateMirror.of(coord)
-        path = write_result(coord, run_dir)
-        print(summary(mirror), flush=True)
-        print(f"orch master: result in {path}", flush=True)
-        return EXIT.get(coord.state, 1)
     finally:
+        coord.close_run("the master was interrupted before the run ended")
+        path = write_result(coord, run_dir)
         server.stop(grace=1.0)
         store.close()
+    print(summary(StateMirror.of(coord)), flush=True)
+    print(f"orch master: result in {path}", flush=True)
+    return EXIT.get(coord.state, 1)
 
 
 def cmd_worker(args: argparse.Namespace) -> int:
     from .worker import WorkerSpec, run_local_group, run_worker
+
+    if args.fn is not None:
+        resolve_fn(args.fn)  # a typo is an error here, before any process starts
 
     specs = [
         WorkerSpec(
@@ -195,8 +233,15 @@ def cmd_status(args: argparse.Namespace) -> int:
     return 0
 
 
+class _Parser(argparse.ArgumentParser):
+    """Usage errors in one line, exit 2: what was wrong, and where to read more."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="orch", description="Run and watch PyTorch DDP training.")
+    p = _Parser(prog="orch", description="Run and watch PyTorch DDP training.")
     p.add_argument("-v", "--verbose", action="store_true", help="log debug messages")
     sub = p.add_subparsers(dest="command", required=True)
 
@@ -204,8 +249,10 @@ def build_parser() -> argparse.ArgumentParser:
         sp.add_argument(
             "--fn",
             default=None,
-            help="training function as package.module:function (default: the built-in "
-            "digits example, orch.example:train)",
+            type=_target,
+            help="training function as package.module:function (found from the current folder, "
+            "as python -m finds it) or path/to/train.py:function (default: the built-in digits "
+            "example, orch.example:train)",
         )
         sp.add_argument("--steps", type=_positive, default=None, help="training steps (sets config steps)")
         sp.add_argument("--config", default=None, help="JSON object passed to the function as ctx.config")
@@ -217,11 +264,11 @@ def build_parser() -> argparse.ArgumentParser:
         )
         sp.add_argument(
             "--heartbeat-timeout",
-            type=float,
+            type=_seconds,
             default=30.0,
             help="seconds without a heartbeat before a rank counts as lost",
         )
-        sp.add_argument("--refresh", type=float, default=0.5, help="dashboard refresh interval (s)")
+        sp.add_argument("--refresh", type=_seconds, default=0.5, help="dashboard refresh interval (s)")
 
     r = sub.add_parser("run", help="start a master and N local workers, with a live dashboard")
     r.add_argument("--workers", "-n", type=_positive, default=4, help="number of worker processes")
@@ -231,7 +278,7 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--run-root", default="runs", help="where run directories go")
     r.add_argument(
         "--max-restarts",
-        type=int,
+        type=_count,
         default=0,
         help="restart the whole group from its last checkpoint up to N times on failure",
     )
@@ -251,7 +298,9 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("--port", type=_port, default=None, help="gRPC port (default 50051, or a free one)")
     m.add_argument("--no-dashboard", action="store_true", help="print nothing while the run goes")
     m.add_argument("--run-root", default="runs", help="where run directories go")
-    m.add_argument("--linger", type=float, default=3.0, help="seconds to keep serving after the end")
+    m.add_argument(
+        "--linger", type=_seconds_or_zero, default=3.0, help="seconds to keep serving after the end"
+    )
     common(m)
     m.set_defaults(func=cmd_master)
 
@@ -262,7 +311,9 @@ def build_parser() -> argparse.ArgumentParser:
     w.add_argument(
         "--fn",
         default=None,
-        help="training function as package.module:function (default: the one the master names)",
+        type=_target,
+        help="training function as package.module:function or path/to/train.py:function, found "
+        "from the current folder (default: the one the master names)",
     )
     w.add_argument(
         "--advertise-addr",
@@ -276,7 +327,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="worker processes to start on this host (one per GPU where there are GPUs)",
     )
     w.add_argument("--threads", type=_positive, default=None, help="torch threads for each worker")
-    w.add_argument("--timeout", type=float, default=60.0, help="seconds to wait for the master")
+    w.add_argument("--timeout", type=_seconds, default=60.0, help="seconds to wait for the master")
     w.add_argument(
         "--run-root",
         default="runs",
@@ -289,7 +340,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--token", default=None, help="the master's token (default $ORCH_TOKEN)")
     s.add_argument("--tls-ca", default=None, help="verify the master's TLS certificate with this CA")
     s.add_argument("--json", action="store_true", help="machine-readable output")
-    s.add_argument("--timeout", type=float, default=5.0)
+    s.add_argument("--timeout", type=_seconds, default=5.0, help="seconds to wait for the master")
     s.set_defaults(func=cmd_status)
     return p
 

@@ -21,7 +21,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from ._proto import orchestrator_pb2 as pb
 from ._proto import orchestrator_pb2_grpc as pb_grpc
-from .auth import open_channel, token_from_env
+from .auth import open_channel, token_from_env, unavailable_hint
 from .coordinator import RANK_STATE_FROM_PB, Coordinator, RankState, RunState
 from .errors import AuthError, MasterUnavailable, OrchError
 from .master import SERVICE_NAME
@@ -37,10 +37,14 @@ class MasterClient:
         timeout: float = 5.0,
         token: str | None = None,
         tls_ca: str | Path | None = None,
+        tls_server_name: str | None = None,
     ) -> None:
         self.address = address
         self.timeout = timeout
-        self._channel = open_channel(address, token=token_from_env(token), tls_ca=tls_ca)
+        self.tls = tls_ca is not None
+        self._channel = open_channel(
+            address, token=token_from_env(token), tls_ca=tls_ca, tls_server_name=tls_server_name
+        )
         self.stub = pb_grpc.OrchestratorStub(self._channel)
 
     def wait_ready(self, timeout: float = 10.0) -> None:
@@ -65,14 +69,14 @@ class MasterClient:
                 pb.GetStateRequest(cursor=cursor, skip_series=skip_series), timeout=self.timeout
             )
         except grpc.RpcError as e:
-            raise _rpc_error("GetState", self.address, e) from e
+            raise _rpc_error("GetState", self.address, e, self.tls) from e
         return reply
 
     def stop_run(self, reason: str = "") -> RunState:
         try:
             reply = self.stub.StopRun(pb.StopRunRequest(reason=reason), timeout=self.timeout)
         except grpc.RpcError as e:
-            raise _rpc_error("StopRun", self.address, e) from e
+            raise _rpc_error("StopRun", self.address, e, self.tls) from e
         return RunState(pb.RunState.Name(reply.state))
 
     def close(self) -> None:
@@ -85,13 +89,18 @@ class MasterClient:
         self.close()
 
 
-def _rpc_error(call: str, address: str, e: grpc.RpcError) -> OrchError:
+def _rpc_error(call: str, address: str, e: grpc.RpcError, tls: bool = False) -> OrchError:
     code = e.code()
     if code is grpc.StatusCode.UNAUTHENTICATED:
         return AuthError(f"{call} to {address}: {e.details()}")
     if code is grpc.StatusCode.UNIMPLEMENTED:
         return MasterUnavailable(
             f"{address} answered, but it is not an orch master ({call} is unknown there)"
+        )
+    if code is grpc.StatusCode.UNAVAILABLE:
+        details = e.details() or ""
+        return MasterUnavailable(
+            f"{call} to {address} failed: UNAVAILABLE: {details}: {unavailable_hint(details, tls)}"
         )
     return MasterUnavailable(f"{call} to {address} failed: {code.name}: {e.details()}")
 

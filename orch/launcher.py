@@ -14,6 +14,7 @@ import atexit
 import contextlib
 import json
 import logging
+import math
 import multiprocessing as mp
 import os
 import signal
@@ -29,15 +30,16 @@ from typing import Any
 
 from ._net import DEFAULT_RENDEZVOUS_PORT, choose_port
 from ._owner import Owner
+from ._target import TrainFn, resolve_fn
 from ._viewable import Viewable
-from .auth import TOKEN_ENV, new_token, token_from_env
+from .auth import TOKEN_ENV, certificate_name, new_token, token_from_env
 from .client import MasterClient, StateMirror
 from .coordinator import Coordinator, RunState
 from .errors import ConfigError, RunFailed
 from .master import MasterServer
 from .rundir import write_result
 from .store import RunStore
-from .worker import TrainFn, WorkerSpec, spawn_main
+from .worker import WorkerSpec, spawn_main
 
 log = logging.getLogger(__name__)
 
@@ -65,23 +67,43 @@ class LaunchSpec:
     tls_ca: str | None = None  # default: tls_cert itself (a self-signed certificate)
     token: str | None = None  # default: $ORCH_TOKEN, else a new random one
 
+    workdir: str = field(default_factory=os.getcwd)  # where workers run and find ``fn``
+
     def __post_init__(self) -> None:
-        if not isinstance(self.world_size, int) or self.world_size < 1:
-            raise ConfigError(f"world_size must be a positive integer, got {self.world_size!r}")
+        _check_fn(self.fn, self.workdir)
+        _check_int("world_size", self.world_size, 1)
+        _check_fits(self.world_size)
+        if not isinstance(self.config, dict):
+            raise ConfigError(
+                f"config must be a dict (it reaches the function as ctx.config), got "
+                f"{type(self.config).__name__} {self.config!r:.60}"
+            )
+        self.config = dict(self.config)  # the caller's dict stays as it was
         if self.steps is not None:
-            if self.steps < 1:
-                raise ConfigError(f"steps must be at least 1, got {self.steps}")
-            self.config = {**self.config, "steps": self.steps}
+            _check_int("steps", self.steps, 1)
+            self.config["steps"] = self.steps
         try:
-            json.dumps(self.config)
+            json.dumps(self.config, allow_nan=False)
         except (TypeError, ValueError) as e:
             raise ConfigError(
                 f"config must be JSON-serialisable (numbers, strings, lists, dicts): {e}"
             ) from e
+        for option in ("master_port", "rdzv_port"):
+            port = getattr(self, option)
+            if port is not None:
+                _check_int(option, port, 0, 65535, hint="0 for any free port; leave it out for the default")
+        if self.threads is not None:
+            _check_int("threads", self.threads, 1)
+        _check_int("max_restarts", self.max_restarts, 0)
+        _check_seconds("heartbeat_timeout", self.heartbeat_timeout)
+        _check_seconds("heartbeat_interval", self.heartbeat_interval)
         if self.heartbeat_timeout <= self.heartbeat_interval * 2:
-            raise ConfigError("heartbeat_timeout must be well above heartbeat_interval")
-        if not isinstance(self.max_restarts, int) or self.max_restarts < 0:
-            raise ConfigError(f"max_restarts must be a non-negative integer, got {self.max_restarts!r}")
+            raise ConfigError(
+                f"heartbeat_timeout={self.heartbeat_timeout:g}s must be well above the heartbeat "
+                f"interval ({self.heartbeat_interval:g}s): pass a few seconds at least"
+            )
+        if not isinstance(self.run_root, (str, os.PathLike)):
+            raise ConfigError(f"run_root must be a folder path, got {type(self.run_root).__name__}")
 
     @property
     def fn_name(self) -> str:
@@ -90,6 +112,58 @@ class LaunchSpec:
         if isinstance(self.fn, str):
             return self.fn
         return f"{getattr(self.fn, '__module__', '?')}:{getattr(self.fn, '__qualname__', '?')}"
+
+
+MAX_WORKERS_PER_CORE = 8
+
+
+def _check_int(
+    name: str, value: Any, minimum: int, maximum: int | None = None, *, hint: str = ""
+) -> None:
+    if type(value) is not int or value < minimum or (maximum is not None and value > maximum):
+        bounds = f"from {minimum} to {maximum}" if maximum is not None else f">= {minimum}"
+        raise ConfigError(
+            f"{name} must be an integer {bounds}{f' ({hint})' if hint else ''}, "
+            f"got {type(value).__name__} {value!r}"
+        )
+
+
+def _check_seconds(name: str, value: Any) -> None:
+    real = isinstance(value, (int, float)) and not isinstance(value, bool)
+    if not real or not math.isfinite(value) or value <= 0:
+        raise ConfigError(f"{name} must be a positive, finite number of seconds, got {value!r}")
+
+
+def _check_fits(world_size: int) -> None:
+    cores = os.cpu_count() or 1
+    if world_size > MAX_WORKERS_PER_CORE * cores:
+        raise ConfigError(
+            f"world_size={world_size} does not fit this machine ({cores} CPU cores; at most "
+            f"{MAX_WORKERS_PER_CORE * cores} local workers): pass a smaller world_size, or start "
+            "`orch master` and `orch worker` on more machines"
+        )
+
+
+def _check_fn(fn: Any, workdir: str) -> None:
+    """The training function exists and can travel to the workers, before anything starts."""
+    if fn is None:
+        return
+    if isinstance(fn, str):
+        resolve_fn(fn, workdir)
+        return
+    if not callable(fn):
+        raise ConfigError(f"train must be a function, an import path or None, got {type(fn).__name__}")
+    import cloudpickle
+
+    try:
+        cloudpickle.dumps(fn)
+    except Exception as e:
+        name = getattr(fn, "__qualname__", repr(fn))
+        raise ConfigError(
+            f"the training function {name} cannot be sent to the worker processes: {e}. "
+            "It must be picklable by cloudpickle: move what it closes over that cannot be pickled "
+            "(an open file, a lock, a live model on a GPU) inside the function, and create it there."
+        ) from e
 
 
 # Modules a worker needs that take long to import: the forkserver imports them once.
@@ -267,6 +341,8 @@ class Run(Viewable):
                 log_file=str(self.run_dir / "logs" / f"{wid}.log"),
                 run_root=spec.run_root,
                 tls_ca=self.tls_ca,
+                tls_server_name=self.tls_server_name,
+                workdir=spec.workdir,
             )
             p = ctx.Process(target=spawn_main, args=(cloudpickle.dumps(wspec),), name=f"orch-{wid}")
             with _main_not_inherited():
@@ -282,11 +358,18 @@ class Run(Viewable):
     def tls_ca(self) -> str | None:
         return self.spec.tls_ca or self.spec.tls_cert
 
+    @property
+    def tls_server_name(self) -> str | None:
+        """The name this run's own clients verify the master's certificate for (they dial 127.0.0.1)."""
+        return certificate_name(self.spec.tls_cert) if self.spec.tls_cert else None
+
     def connect(self) -> MasterClient | None:
         """A client of this run's master (with its token), or None once it is closed."""
         if self.server is None:
             return None
-        return MasterClient(self.address, token=self.token, tls_ca=self.tls_ca)
+        return MasterClient(
+            self.address, token=self.token, tls_ca=self.tls_ca, tls_server_name=self.tls_server_name
+        )
 
     def _watch(self) -> None:
         """Every ``poll_interval``: collect exits; on failure tear down, then restart or end."""

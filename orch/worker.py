@@ -11,7 +11,6 @@ from __future__ import annotations
 import contextlib
 import datetime
 import faulthandler
-import importlib
 import json
 import logging
 import os
@@ -19,7 +18,6 @@ import socket
 import sys
 import time
 import traceback
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -38,13 +36,13 @@ from ._owner import Owner, exit_when_gone
 from ._proto import orchestrator_pb2 as pb
 from ._proto import orchestrator_pb2_grpc as pb_grpc
 from ._sender import HeartbeatSender
-from .auth import open_channel, token_from_env
+from ._target import EXAMPLE, TrainFn, resolve_fn
+from .auth import open_channel, token_from_env, unavailable_hint
 from .errors import ConfigError, PortInUseError, WorkerError
 from .store import write_json_atomic
 
 log = logging.getLogger(__name__)
 
-TrainFn = Callable[[Any], Any]
 
 EXIT_FAILED = 1
 EXIT_ABORTED = 70  # the master aborted the run, or vanished
@@ -71,8 +69,10 @@ class WorkerSpec:
     owner: Owner | None = None  # end when this process (the launcher) is gone
     token: str | None = None  # None: $ORCH_TOKEN
     tls_ca: str | None = None  # verify the master's TLS certificate against this CA
+    tls_server_name: str | None = None  # ... for this name (default: the master's address)
     log_file: str | None = None
     env: dict[str, str] = field(default_factory=dict)
+    workdir: str | None = None  # the folder to run in and to find ``fn`` from (default: this one)
 
     def __post_init__(self) -> None:
         split_address(self.master)
@@ -82,27 +82,6 @@ class WorkerSpec:
             raise ConfigError(
                 f"local_rank {self.local_rank} does not fit local_world_size {self.local_world_size}"
             )
-
-
-def resolve_fn(fn: TrainFn | str) -> TrainFn:
-    """An import path ``package.module:function`` -> the function, with a clear error."""
-    if callable(fn):
-        return fn
-    module_name, sep, attr = fn.partition(":")
-    if not sep or not module_name or not attr:
-        raise ConfigError(f"expected a training function as package.module:function, got {fn!r}")
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError as e:
-        raise ConfigError(f"cannot import {module_name!r} for --fn {fn}: {e}") from e
-    target: Any = module
-    for part in attr.split("."):
-        target = getattr(target, part, None)
-        if target is None:
-            raise ConfigError(f"{module_name} has no attribute {attr!r} (from --fn {fn})")
-    if not callable(target):
-        raise ConfigError(f"{fn} is not callable")
-    return target  # type: ignore[no-any-return]
 
 
 def _set_threads(spec: WorkerSpec) -> None:
@@ -175,9 +154,8 @@ def _register(stub: pb_grpc.OrchestratorStub, spec: WorkerSpec) -> pb.RegisterRe
                 ) from e
             if time.monotonic() >= deadline:
                 raise WorkerError(
-                    f"no orch master answered at {spec.master} within {spec.register_timeout:g}s: "
-                    "check the address, that the master is running, and that TLS is used on both "
-                    "sides or on neither"
+                    f"no orch master answered at {spec.master} within {spec.register_timeout:g}s "
+                    f"({e.details()}): {unavailable_hint(e.details() or '', spec.tls_ca is not None)}"
                 ) from e
 
 
@@ -300,7 +278,12 @@ def run_worker(spec: WorkerSpec) -> int:
     if spec.owner is not None:
         exit_when_gone(spec.owner, EXIT_ABORTED)
     _set_threads(spec)
-    channel = open_channel(spec.master, token=token_from_env(spec.token), tls_ca=spec.tls_ca)
+    channel = open_channel(
+        spec.master,
+        token=token_from_env(spec.token),
+        tls_ca=spec.tls_ca,
+        tls_server_name=spec.tls_server_name,
+    )
     stub = pb_grpc.OrchestratorStub(channel)
     reg = _register(stub, spec)
     run_id, rank, world = reg.run_id, reg.rank, reg.world_size
@@ -310,7 +293,7 @@ def run_worker(spec: WorkerSpec) -> int:
     sender: HeartbeatSender | None = None
     error_file = Path(spec.run_root) / run_id / "errors" / f"{spec.worker_id}.json"
     try:
-        fn = resolve_fn(spec.fn if spec.fn is not None else reg.fn or "orch.example:train")
+        fn = resolve_fn(spec.fn if spec.fn is not None else reg.fn or EXAMPLE, spec.workdir)
         config = spec.config if spec.config is not None else json.loads(reg.config_json or "{}")
         store = _serve_rendezvous(stub, spec, reg, spec.collective_timeout) if rank == 0 else None
         go = _barrier(stub, spec, run_id)
@@ -468,6 +451,8 @@ def spawn_main(payload: bytes) -> None:
         # The launcher's environment as it was at this launch (a forkserver's is older).
         os.environ.clear()
         os.environ.update(spec.env)
+    if spec.workdir:
+        os.chdir(spec.workdir)  # the launcher's folder at this launch, as torchrun's workers
     logging.basicConfig(level=logging.INFO, format=f"%(asctime)s {spec.worker_id} %(levelname)s %(message)s")
     try:
         code = run_worker(spec)

@@ -669,9 +669,9 @@ class Coordinator:
             rec.error = error
         if outcome in (RankState.FAILED, RankState.LOST):
             self._event("rank_failed", rec.rank, error or outcome.value)
-            where = rec.host if rec.address in ("", rec.host) else f"{rec.host} {rec.address}"
+            where = rec.host if rec.address in ("", rec.host) else f"{rec.host} at {rec.address}"
             message = (
-                f"rank {rec.rank} ({rec.worker_id} on {where}, pid {rec.pid}) "
+                f"rank {rec.rank} (worker {rec.worker_id}, host {where}, pid {rec.pid}) "
                 f"{'was lost' if outcome is RankState.LOST else 'failed'}: {_last_line(error)}"
             )
             if not self.state.done and not self.state.failing:

@@ -30,6 +30,7 @@ from typing import Any
 
 from ._net import DEFAULT_RENDEZVOUS_PORT, choose_port
 from ._owner import Owner
+from ._source import capture
 from ._target import TrainFn, resolve_fn
 from ._viewable import Viewable
 from .auth import TOKEN_ENV, certificate_name, new_token, token_from_env
@@ -255,6 +256,8 @@ class Run(Viewable):
         self._finish_lock = threading.Lock()
         self._monitor: threading.Thread | None = None
         self.exit_codes: dict[str, int] = {}
+        # Where the function's code came from, for tracebacks that show it (notebook cells).
+        self._sources = capture(spec.fn)
 
     # -- lifecycle --------------------------------------------------------------------
     def start(self) -> Run:
@@ -343,6 +346,7 @@ class Run(Viewable):
                 tls_ca=self.tls_ca,
                 tls_server_name=self.tls_server_name,
                 workdir=spec.workdir,
+                sources=self._sources,
             )
             p = ctx.Process(target=spawn_main, args=(cloudpickle.dumps(wspec),), name=f"orch-{wid}")
             with _main_not_inherited():

@@ -36,6 +36,7 @@ from ._owner import Owner, exit_when_gone
 from ._proto import orchestrator_pb2 as pb
 from ._proto import orchestrator_pb2_grpc as pb_grpc
 from ._sender import HeartbeatSender
+from ._source import SourceMap, install, label_cells
 from ._target import EXAMPLE, TrainFn, resolve_fn
 from .auth import open_channel, token_from_env, unavailable_hint
 from .errors import ConfigError, PortInUseError, WorkerError
@@ -73,6 +74,7 @@ class WorkerSpec:
     log_file: str | None = None
     env: dict[str, str] = field(default_factory=dict)
     workdir: str | None = None  # the folder to run in and to find ``fn`` from (default: this one)
+    sources: SourceMap = field(default_factory=SourceMap)  # where ``fn``'s code came from
 
     def __post_init__(self) -> None:
         split_address(self.master)
@@ -219,6 +221,11 @@ def _cuda_available() -> bool:
     return bool(torch.cuda.is_available())
 
 
+def _format_exc(spec: WorkerSpec) -> str:
+    """The exception being handled, with notebook cells' frames as IPython shows them."""
+    return label_cells(traceback.format_exc(), spec.sources)
+
+
 def _write_error(path: Path, spec: WorkerSpec, rank: int, code: int, error: str) -> None:
     """The failure, on stderr (the rank's log) and in an error file the launcher reads."""
     sys.stderr.write(error)
@@ -294,6 +301,7 @@ def run_worker(spec: WorkerSpec) -> int:
     error_file = Path(spec.run_root) / run_id / "errors" / f"{spec.worker_id}.json"
     try:
         fn = resolve_fn(spec.fn if spec.fn is not None else reg.fn or EXAMPLE, spec.workdir)
+        install(fn, spec.sources)
         config = spec.config if spec.config is not None else json.loads(reg.config_json or "{}")
         store = _serve_rendezvous(stub, spec, reg, spec.collective_timeout) if rank == 0 else None
         go = _barrier(stub, spec, run_id)
@@ -361,11 +369,11 @@ def run_worker(spec: WorkerSpec) -> int:
         code = e.code if isinstance(e.code, int) else (0 if e.code is None else EXIT_FAILED)
         if code != 0:
             outcome = pb.RANK_FAILED
-            error = f"the training function called sys.exit({e.code!r})\n" + traceback.format_exc()
+            error = f"the training function called sys.exit({e.code!r})\n" + _format_exc(spec)
             _write_error(error_file, spec, rank, code, error)
     except BaseException:  # the rank's failure, whatever it is, goes to the master
         outcome, code = pb.RANK_FAILED, EXIT_FAILED
-        error = traceback.format_exc()
+        error = _format_exc(spec)
         _write_error(error_file, spec, rank, code, error)
     if outcome == pb.RANK_FAILED:
         # Report at once, before the peers' broken collectives do; then deliver the points

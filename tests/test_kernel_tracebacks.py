@@ -1,0 +1,93 @@
+"""In a real notebook kernel: a cell-defined function that fails on one rank shows its own source."""
+
+from __future__ import annotations
+
+import html
+import json
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.timeout(240)
+
+HELPER_CELL = """\
+import orch
+
+def scale(x):
+    return x * 2  # a helper from another cell
+
+
+def bad_day(ctx):
+    for step in ctx.steps(50):
+        ctx.log(step, loss=scale(1.0) / (step + 1))
+        if ctx.rank == 1 and step == 3:
+            raise ValueError("the data on rank 1 went bad")  # the raising line
+"""
+
+RUN_CELL = """\
+run = orch.launch(bad_day, world_size=2, run_root={run_root!r})
+panel = run.panel()
+try:
+    run.wait(timeout=120)
+except orch.RunFailed as e:
+    failed = e
+panel.wait_done(30)
+print(json.dumps({{"message": str(failed), "traceback": failed.traceback, "panel": panel.failure.value,
+                  "rank": failed.rank}}))
+run.close()
+"""
+
+
+def test_a_cell_function_failing_on_a_rank_shows_the_cell_and_its_line(tmp_path: Path) -> None:
+    from jupyter_client.manager import KernelManager
+
+    km = KernelManager(kernel_name="python3")
+    km.start_kernel(cwd=str(tmp_path))
+    try:
+        kc = km.client()
+        kc.start_channels()
+        kc.wait_for_ready(timeout=60)
+        for code in ("import json", HELPER_CELL, RUN_CELL.format(run_root=str(tmp_path))):
+            out: list[str] = []
+            reply = kc.execute_interactive(
+                code, timeout=180, output_hook=lambda m, out=out: out.append(m["content"].get("text", ""))
+            )
+            assert reply["content"]["status"] == "ok", reply["content"]
+        kc.stop_channels()
+    finally:
+        km.shutdown_kernel(now=True)
+    seen = json.loads("".join(out).strip().splitlines()[-1])
+    assert seen["rank"] == 1
+    assert all(part in seen["message"] for part in ("rank 1 (worker ", ", host ", ", pid ")), seen["message"]
+    for text in (seen["traceback"], html.unescape(seen["panel"])):
+        # IPython's label for the cell (the second cell executed is In[2]), the line, its source.
+        assert "Cell In[2], line 11, in bad_day" in text, text
+        assert 'raise ValueError("the data on rank 1 went bad")  # the raising line' in text, text
+        assert "<dynamic-code>" not in text
+    assert "ValueError: the data on rank 1 went bad" in seen["traceback"]
+
+
+def test_source_travels_with_a_function_pickled_by_value() -> None:
+    import linecache
+    import traceback
+
+    import cloudpickle
+
+    from orch._source import capture, install, label_cells
+
+    cell = "/tmp/ipykernel_0/not-on-disk-42.py"
+    source = "def helper(x):\n    return 1 / x  # divides\n\ndef train(ctx):\n    return helper(ctx)\n"
+    linecache.cache[cell] = (len(source), None, source.splitlines(True), cell)
+    namespace: dict[str, object] = {"__name__": "__main__"}
+    exec(compile(source, cell, "exec"), namespace)
+    sources = capture(namespace["train"])
+    sources.labels[cell] = "Cell In[7]"
+    del linecache.cache[cell]  # as in a worker: the source is not there
+    train = cloudpickle.loads(cloudpickle.dumps(namespace["train"]))
+    install(train, sources)
+    try:
+        train(0)
+    except ZeroDivisionError:
+        text = label_cells(traceback.format_exc(), sources)
+    assert "Cell In[7], line 5, in train" in text and "return helper(ctx)" in text
+    assert "Cell In[7], line 2, in helper" in text and "return 1 / x  # divides" in text

@@ -12,7 +12,7 @@ from .auth import token_from_env
 from .client import MasterClient, StateMirror
 from .coordinator import RunState
 from .errors import ConfigError, RunFailed
-from .launcher import LaunchSpec, Run, live_runs
+from .launcher import LaunchSpec, Run, live_runs, still_running
 
 
 def _check_ports(master_port: int | None, rdzv_port: int | None) -> None:
@@ -99,6 +99,7 @@ class AttachedRun(Viewable):
         self.token = token_from_env(token)
         self.tls_ca = tls_ca
         self.client = self.connect()
+        self._mirror = StateMirror()
         self.client.wait_ready(timeout)
         self.client.get_state()  # a wrong token or a server that is not orch fails here, clearly
 
@@ -106,7 +107,8 @@ class AttachedRun(Viewable):
         return MasterClient(self.address, token=self.token, tls_ca=self.tls_ca)
 
     def state(self) -> StateMirror:
-        return StateMirror().poll(self.client)
+        """The run's state, brought up to date with only what changed since the last call."""
+        return self._mirror.poll(self.client)
 
     def history(self) -> dict[str, dict[int, dict[str, list[float]]]]:
         return self.state().history()
@@ -117,13 +119,15 @@ class AttachedRun(Viewable):
     def wait(self, timeout: float | None = None, interval: float = 0.5) -> StateMirror:
         """Poll until the run ends; raise :class:`orch.RunFailed` if it failed."""
         deadline = None if timeout is None else time.monotonic() + timeout
-        while True:
-            mirror = self.state()
-            if mirror.state.done:
-                break
+        mirror = self.state()
+        while not mirror.state.done:
             if deadline is not None and time.monotonic() > deadline:
                 raise TimeoutError(f"run {mirror.run_id} still {mirror.state.value} after {timeout}s")
-            time.sleep(interval)
+            try:
+                time.sleep(interval)
+            except KeyboardInterrupt:
+                raise KeyboardInterrupt(still_running(mirror.run_id, mirror.state.value)) from None
+            mirror = self.state()
         if mirror.state is RunState.FAILED:
             raise RunFailed(
                 f"run {mirror.run_id} failed: {mirror.failure}",

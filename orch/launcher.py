@@ -481,8 +481,16 @@ class Run(Viewable):
             p.join(5.0)
 
     def wait(self, timeout: float | None = None) -> RunResult:
-        """Block until the run ends; raise :class:`orch.RunFailed` if it failed."""
-        if not self._done.wait(timeout):
+        """Block until the run ends; raise :class:`orch.RunFailed` if it failed.
+
+        In JupyterLab the panel's Stop button works while a cell waits here. Interrupting
+        the kernel returns control and leaves the run going (the message says how to stop it).
+        """
+        try:
+            finished = self._done.wait(timeout)
+        except KeyboardInterrupt:
+            raise KeyboardInterrupt(still_running(self.run_id, self.coordinator.state.value)) from None
+        if not finished:
             raise TimeoutError(f"run {self.run_id} still {self.coordinator.state.value} after {timeout}s")
         return self.result()
 
@@ -579,6 +587,13 @@ class Run(Viewable):
 
     def __repr__(self) -> str:
         return f"<orch.Run {self.run_id} {self.coordinator.state.value} world_size={self.spec.world_size}>"
+
+
+def still_running(run_id: str, state: str) -> str:
+    return (
+        f"wait() was interrupted; run {run_id} is still {state}: run.stop() (or the panel's Stop) "
+        "ends it gracefully, run.close() ends it now"
+    )
 
 
 _LIVE: weakref.WeakSet[Run] = weakref.WeakSet()

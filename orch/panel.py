@@ -182,6 +182,7 @@ class Panel:
             tooltip="finish the current step on every rank and stop",
         )
         self.stop_button.on_click(self._on_stop)
+        _route_clicks_to_their_subshell(self.stop_button)
         self.plot = widgets.Image(format="png", layout=widgets.Layout(width=f"{width_px}px"))
         self.table = widgets.HTML()
         self.failure = widgets.HTML()
@@ -362,6 +363,28 @@ class Panel:
             return  # collapsed: do not read files nobody looks at
         rank = self.log_rank.value if self.log_rank.value in by_rank else min(by_rank)
         self.log_tail.value = f"<pre>{html.escape(tail(by_rank[rank], self.log_lines))}</pre>"
+
+
+def _route_clicks_to_their_subshell(button: widgets.Button) -> None:
+    """Let a click on ``button`` be handled while a cell blocks (``run.wait()``).
+
+    JupyterLab sends widget messages on a kernel subshell (ipykernel 7 runs each in its own
+    thread), but ipykernel routes a comm's messages back to the shell the comm last wrote
+    from, which for the panel is the main one, blocked in ``wait()``. Clicks are plain
+    events, not replies to anything: they go where the frontend sent them. Where the kernel
+    has no such routing (no subshells), nothing changes.
+    """
+    comm = getattr(button, "comm", None)
+    route = getattr(comm, "_reply_subshell_for", None)
+    if comm is None or route is None:
+        return
+
+    def where(data: Any, default: Any) -> Any:
+        if isinstance(data, dict) and data.get("method") == "custom":
+            return default
+        return route(data, default)
+
+    comm._reply_subshell_for = where
 
 
 def tail(path: Path, lines: int, max_bytes: int = 16384) -> str:

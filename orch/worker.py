@@ -14,6 +14,7 @@ import faulthandler
 import json
 import logging
 import os
+import signal
 import socket
 import sys
 import time
@@ -400,7 +401,6 @@ def run_local_group(specs: list[WorkerSpec], poll_interval: float = 0.1) -> int:
     others are ended too (the master aborts them anyway); Ctrl-C or SIGTERM ends them all.
     """
     import multiprocessing as mp
-    import signal
 
     import cloudpickle
 
@@ -448,6 +448,10 @@ def spawn_main(payload: bytes) -> None:
     import cloudpickle
 
     spec: WorkerSpec = cloudpickle.loads(payload)
+    # Ctrl-C in a terminal and a notebook's "Interrupt Kernel" signal the launcher's whole
+    # process group: they are meant for the launcher, which stops the run as asked (or not
+    # at all). A worker ends through its launcher (SIGTERM) or its master, never on SIGINT.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     if spec.log_file:
         fd = os.open(spec.log_file, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
         sys.stdout.flush()

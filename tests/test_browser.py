@@ -4,7 +4,8 @@ JupyterLab is started as a subprocess on a free port with a random token; headle
 (Debian's, driven by Playwright, never downloaded) opens a notebook written into a temporary
 directory, runs all of its cells from the Run menu and then reads the live panel from the
 page: four rank rows, the RUNNING state, a plot that is redrawn while training runs, and the
-Stop button that ends the run (the state turns STOPPED and the button is disabled). A screenshot
+Stop button that ends the run while the next cell blocks the kernel in ``run.wait()`` (the
+state turns STOPPED, the button is disabled and the waiting cell prints its result). A screenshot
 of the page is kept in ``test-artifacts/panel.png``. The kernel is shut down through the
 Jupyter REST API and JupyterLab is terminated before the test ends, so that no process
 carrying the test's tag outlives it.
@@ -85,6 +86,8 @@ def write_notebook(path: Path, run_root: Path) -> None:
             f"                  run_root={str(run_root)!r})",
         ),
         _code_cell(3, "run.panel(interval=0.3)"),
+        # The next cell blocks the kernel in wait(): Stop must work all the same.
+        _code_cell(4, 'result = run.wait()\nprint("WAITED", result.state.value)'),
     ]
     nb = {
         "cells": cells,
@@ -249,9 +252,18 @@ def test_panel_in_jupyterlab(tmp_path: Path) -> None:
                 expect(plot).to_have_attribute("src", re.compile(r"^blob:|^data:"))
                 wait_until(lambda: _step(rows) > 5, 60, "rank 0 to make progress")
 
-                # two looks a couple of seconds apart: the plot was redrawn in between
+                # two looks while training runs: the plot was redrawn in between (waited for, not
+                # slept on: a loaded 2-core machine keeps no pace)
                 src1, png1, step1 = plot.get_attribute("src"), plot.screenshot(), _step(rows)
-                time.sleep(2.5)
+                wait_until(
+                    lambda: (
+                        _step(rows) > step1
+                        and plot.get_attribute("src") != src1
+                        and plot.screenshot() != png1
+                    ),
+                    60,
+                    "the plot to be redrawn",
+                )
                 src2, png2, step2 = plot.get_attribute("src"), plot.screenshot(), _step(rows)
                 assert state.get_attribute("data-state") == "RUNNING"
                 assert step2 > step1, (step1, step2)
@@ -260,8 +272,18 @@ def test_panel_in_jupyterlab(tmp_path: Path) -> None:
                 expect(stop).to_be_enabled()
                 page.screenshot(path=str(shot), full_page=True)
 
+                # The kernel is busy in the fourth cell's run.wait(): a click must still stop the run.
+                waiting = page.locator(".jp-Notebook .jp-Cell").nth(3)
+                expect(waiting.locator(".jp-InputPrompt")).to_have_text("[*]:")  # still running
+                assert "WAITED" not in waiting.locator(".jp-Cell-outputWrapper").inner_text()
+                clicked = time.monotonic()
                 stop.click()
                 expect(state).to_have_attribute("data-state", "STOPPED", timeout=30_000)
+                expect(waiting.locator(".jp-OutputArea-output")).to_contain_text(
+                    "WAITED STOPPED", timeout=30_000
+                )
+                took = time.monotonic() - clicked
+                print(f"\nStop clicked while a cell waited: its output came {took:.1f}s later")
                 expect(stop).to_be_disabled(timeout=10_000)
                 # the poller's last redraw relabels the button with the final state
                 expect(stop).to_have_text(re.compile(r"Stopped"), timeout=10_000)

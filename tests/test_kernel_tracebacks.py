@@ -91,3 +91,45 @@ def test_source_travels_with_a_function_pickled_by_value() -> None:
         text = label_cells(traceback.format_exc(), sources)
     assert "Cell In[7], line 5, in train" in text and "return helper(ctx)" in text
     assert "Cell In[7], line 2, in helper" in text and "return 1 / x  # divides" in text
+
+
+def test_interrupting_wait_returns_and_says_the_run_goes_on(tmp_path: Path) -> None:
+    import os
+    import signal
+    import threading
+    import time
+
+    from jupyter_client.manager import KernelManager
+
+    km = KernelManager(kernel_name="python3")
+    km.start_kernel(cwd=str(tmp_path))
+    try:
+        kc = km.client()
+        kc.start_channels()
+        kc.wait_for_ready(timeout=60)
+        setup = (
+            f"import sys; sys.path.insert(0, {str(Path(__file__).parent)!r})\n"
+            "import orch\nfrom orch.panel import wait_for\n"
+            f"run = orch.launch('jobs:long_barriers', world_size=2, run_root={str(tmp_path)!r})\n"
+            "assert wait_for(lambda: run.state().state.value == 'RUNNING', 90)\n"
+        )
+        assert kc.execute_interactive(setup, timeout=120)["content"]["status"] == "ok"
+        # As "Interrupt Kernel" does it (jupyter_client's provisioner): SIGINT to the kernel's
+        # whole process group, which holds the workers too.
+        pgid = os.getpgid(km.provisioner.pid)  # type: ignore[union-attr]
+        threading.Timer(2.0, os.killpg, (pgid, signal.SIGINT)).start()
+        started = time.monotonic()
+        reply = kc.execute_interactive("run.wait()", timeout=60)["content"]
+        assert time.monotonic() - started < 30
+        assert reply["status"] == "error" and reply["ename"] == "KeyboardInterrupt"
+        assert "still RUNNING" in reply["evalue"] and "run.stop()" in reply["evalue"]
+        out: list[str] = []
+        reply = kc.execute_interactive(
+            "print(run.state().state.value); run.close(); print(run.state().state.value)",
+            timeout=60,
+            output_hook=lambda m: out.append(m["content"].get("text", "")),
+        )["content"]
+        assert reply["status"] == "ok" and "".join(out).split() == ["RUNNING", "FAILED"]
+        kc.stop_channels()
+    finally:
+        km.shutdown_kernel(now=True)

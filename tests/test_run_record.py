@@ -70,3 +70,20 @@ def test_a_finished_run_and_its_record_agree(tmp_path: Path) -> None:
     loaded = orch.load_run(run.run_dir).state()
     assert loaded.state is RunState.SUCCEEDED
     assert [r.step for r in loaded.ranks] == result.steps == [5, 5]
+
+
+def test_attach_polls_only_what_changed(tmp_path: Path) -> None:
+    with orch.launch(
+        "jobs:allreduce_steps", world_size=2, run_root=str(tmp_path), steps=40, config={"sleep": 0.02}
+    ) as run:
+        attached = orch.attach(run.address, token=run.token)
+        try:
+            first = attached.state()
+            assert wait_for(lambda: sum(len(b) for b in attached.state().series.values()) > 20, 120)
+            total = sum(len(b) for b in attached.state().series.values())
+            assert attached._mirror.last_points < total  # the last poll carried only new points
+            result = attached.wait(timeout=120)
+        finally:
+            attached.close()
+        assert first is result  # one mirror, brought up to date in place
+        assert result.history() == run.history()

@@ -56,7 +56,7 @@ class HeartbeatSender:
         self._queue: deque[Point] = deque()
         self._retry: pb.HeartbeatRequest | None = None  # built once, sent again until acknowledged
         self.step = 0  # set by ctx.steps()
-        self.logged_step = 0  # the highest step ctx.log() was given
+        self.logged = 0  # steps done by what ctx.log() was given: its highest step + 1
         self.total_steps = 0
         self.dropped = 0
         self._closing = threading.Event()
@@ -72,8 +72,8 @@ class HeartbeatSender:
 
     def log(self, step: int, values: dict[str, float]) -> None:
         """Queue one point; called from the training thread, never blocks."""
-        if step > self.logged_step:
-            self.logged_step = step
+        if step >= self.logged:
+            self.logged = step + 1
         if len(self._queue) >= self.max_queue:
             self.dropped += 1
             return
@@ -81,8 +81,12 @@ class HeartbeatSender:
 
     @property
     def progress(self) -> int:
-        """The rank's step: the larger of ``ctx.steps``' and the last one logged."""
-        return max(self.step, self.logged_step)
+        """The steps this rank has done: ``ctx.steps``' count, or one past the last step logged.
+
+        Both count the same way: ``ctx.steps(n)`` ends at ``n`` having yielded ``0 .. n-1``,
+        and a loop that logged steps ``0 .. n-1`` has done ``n`` too.
+        """
+        return max(self.step, self.logged)
 
     @property
     def pending(self) -> int:

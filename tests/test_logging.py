@@ -93,7 +93,9 @@ def test_integer_like_steps_and_none_values() -> None:
 def test_progress_is_the_larger_of_the_loop_step_and_the_logged_step() -> None:
     ctx, sender = _context()
     ctx.log(41, loss=0.5)
-    assert sender.progress == 41
+    assert sender.progress == 42  # steps 0..41 done
+    ctx.log(7, loss=0.5)
+    assert sender.progress == 42
     sender.step = 50
     assert sender.progress == 50
     ctx.total_steps = 100
@@ -110,7 +112,7 @@ def test_a_bad_point_given_to_the_sender_directly_costs_only_itself() -> None:
     request = sender._request(sender._drain())
     (series,) = request.series
     assert list(series.steps) == [0, 2] and list(series.values) == [1.0, 0.5]
-    assert request.dropped_points == 1 and request.step == 2
+    assert request.dropped_points == 1 and request.step == 3
     assert isinstance(request, pb.HeartbeatRequest)
 
 
@@ -144,7 +146,7 @@ def test_a_dataloader_loop_without_ctx_steps_shows_progress(tmp_path: Path) -> N
     finally:
         run.close()
     assert result.state is RunState.SUCCEEDED
-    assert result.steps == [95, 95]  # the last logged step: no ctx.steps() in the loop
+    assert result.steps == [96, 96]  # steps 0..95 logged: no ctx.steps() in the loop
     assert len(run.history()["loss"][0]["step"]) == 96
 
 

@@ -4,7 +4,9 @@ Every script writes its own section of ``benchmarks/RESULTS.md`` between
 ``<!-- bench:NAME -->`` and ``<!-- /bench:NAME -->``; the intro and the summary table at the
 top are rebuilt from the summary rows every section carries (a JSON comment), so the
 scripts run independently and in any order. ``--quick`` runs a tiny size, prints its
-result lines and writes nothing (CI runs it).
+result lines and writes nothing (CI runs it); there a torchrun run that fails is retried
+once (:func:`retry_torchrun`), and each script that runs torchrun prints how many times as
+``RESULT <name> torchrun_retries=N``.
 """
 
 from __future__ import annotations
@@ -20,12 +22,13 @@ import re
 import shlex
 import signal
 import statistics
+import subprocess
 import sys
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import psutil
 
@@ -345,3 +348,61 @@ def setup_path() -> None:
     for p in (str(HERE), str(ROOT)):
         if p not in sys.path:
             sys.path.insert(0, p)
+
+
+# -- torchrun, the reference ----------------------------------------------------------------------
+T = TypeVar("T")
+
+
+class TorchrunFailed(RuntimeError):
+    """torchrun itself exited non-zero or was killed: the reference tool failed, not orch."""
+
+    def __init__(self, returncode: int | None, stderr: str) -> None:
+        super().__init__(f"torchrun failed ({returncode}): {stderr[-2000:]}")
+        self.returncode = returncode
+        self.stderr = stderr
+
+    def summary(self) -> str:
+        """One line: the exit code and torchrun's root-cause line (the last ``exitcode`` it names)."""
+        lines = [ln.strip() for ln in self.stderr.splitlines() if ln.strip()]
+        cause = [ln for ln in lines if ln.startswith("exitcode")] or lines[-1:]
+        return f"exit {self.returncode}" + (f", {' '.join(cause[-1].split())}" if cause else "")
+
+
+def torchrun_argv(nproc: int, *args: str) -> list[str]:
+    """``python -m torch.distributed.run --standalone --nproc-per-node NPROC ARGS...``"""
+    return [PYTHON, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(nproc), *args]
+
+
+def torchrun(nproc: int, *args: str, timeout: float) -> None:
+    """Run torchrun to its end (output dropped, stderr kept); TorchrunFailed if it fails."""
+    proc = subprocess.Popen(
+        torchrun_argv(nproc, *args), env=bench_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
+    )
+    try:
+        _, err = proc.communicate(timeout=timeout)
+    finally:
+        kill_tree(proc.pid)
+        proc.wait()
+    if proc.returncode != 0:
+        raise TorchrunFailed(proc.returncode, err.decode(errors="replace"))
+
+
+def retry_torchrun(name: str, attempt: Callable[[int], T], *, retry: bool) -> tuple[T, int]:
+    """``attempt(0)``; if torchrun itself failed and ``retry`` is set, ``attempt(1)`` once more.
+
+    Returns the result and the number of retries (0 or 1). torchrun's workers sometimes abort
+    as their interpreter exits, after their work is done ("terminate called without an active
+    exception", SIGABRT, in torch's C++ teardown; orch's workers leave through ``os._exit``).
+    That is the reference tool's flake, so ``--quick`` (CI) retries such a run once and says so
+    on stdout; a second failure is raised. Only TorchrunFailed is retried: anything orch's side
+    raises fails the benchmark at once. ``attempt(n)`` must use fresh paths for each ``n``.
+    """
+    try:
+        return attempt(0), 0
+    except TorchrunFailed as e:
+        if not retry:
+            raise
+        print(f"{name}: torchrun failed ({e.summary()}); retrying it once", flush=True)
+        print(f"{name}: the failed torchrun's stderr:\n{e.stderr[-2000:]}", file=sys.stderr, flush=True)
+    return attempt(1), 1

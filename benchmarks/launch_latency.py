@@ -20,6 +20,7 @@ the time before the launch. Medians over repeats; ratios against torchrun's medi
 
 from __future__ import annotations
 
+import functools
 import json
 import subprocess
 import sys
@@ -45,32 +46,12 @@ _jobs.launch_and_time({out!r}, {world}, {root!r}, {launches}, imported)
 """
 
 
-def torchrun_once(tmp: Path, world: int, tag: str) -> dict[str, float]:
-    out = tmp / tag
+def torchrun_once(tmp: Path, world: int, tag: str, attempt: int) -> dict[str, float]:
+    out = tmp / f"{tag}-try{attempt}"
     out.mkdir()
-    cmd = [
-        c.PYTHON,
-        "-m",
-        "torch.distributed.run",
-        "--standalone",
-        "--nproc-per-node",
-        str(world),
-        str(c.HERE / "_jobs.py"),
-        "first-step",
-        "--out",
-        str(out),
-    ]
-    env = c.bench_env()
     t0 = time.time()
-    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    try:
-        _, err = proc.communicate(timeout=180)
-    finally:
-        c.kill_tree(proc.pid)
-        proc.wait()
+    c.torchrun(world, str(c.HERE / "_jobs.py"), "first-step", "--out", str(out), timeout=180)
     ended = time.time() - t0
-    if proc.returncode != 0:
-        raise RuntimeError(f"torchrun failed ({proc.returncode}): {err.decode()[-2000:]}")
     firsts = [json.loads((out / f"rank{r}.json").read_text()) for r in range(world)]
     return {"latency_s": max(firsts) - t0, "exited_s": ended}
 
@@ -112,12 +93,16 @@ def main() -> None:
     second: list[float] = []
     returned: list[float] = []
     imports: list[float] = []
+    torchrun_retries = 0
     phases: dict[str, dict[str, list[float]]] = {"cold": {}, "second": {}}
     try:
         with tempfile.TemporaryDirectory(prefix="orch-bench-launch-") as d:
             tmp = Path(d)
             for rep in range(args.repeats):
-                tr = torchrun_once(tmp, world, f"torchrun-{rep}")
+                tr, retried = c.retry_torchrun(
+                    NAME, functools.partial(torchrun_once, tmp, world, f"torchrun-{rep}"), retry=args.quick
+                )
+                torchrun_retries += retried
                 torchrun.append(tr["latency_s"])
                 torchrun_exit.append(tr["exited_s"])
                 res = orch_process(tmp, world, f"orch-{rep}", launches)
@@ -154,6 +139,7 @@ def main() -> None:
         target=f"<={TARGET_SECOND}",
         met=r_second <= TARGET_SECOND,
     )
+    c.emit(NAME, "torchrun_retries", torchrun_retries)
     c.check_no_leftovers(NAME)
     if args.quick:
         return

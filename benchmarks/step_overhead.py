@@ -17,8 +17,8 @@ it separates the cost of ctx.steps' per-step stop all-reduce from the rest of or
 
 from __future__ import annotations
 
+import functools
 import json
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -36,31 +36,12 @@ def _collect(out: Path, world: int) -> tuple[float, float]:
     return c.median(c.median(r["wall"]) for r in ranks), c.median(c.median(r["cpu"]) for r in ranks)
 
 
-def run_torchrun(tmp: Path, cfg: dict[str, Any], world: int, tag: str) -> tuple[float, float]:
-    out = tmp / tag
+def run_torchrun(tmp: Path, cfg: dict[str, Any], world: int, tag: str, attempt: int) -> tuple[float, float]:
+    out = tmp / f"{tag}-try{attempt}"
     out.mkdir()
-    cmd = [
-        c.PYTHON,
-        "-m",
-        "torch.distributed.run",
-        "--standalone",
-        "--nproc-per-node",
-        str(world),
-        str(c.HERE / "_jobs.py"),
-        "ddp",
-        "--out",
-        str(out),
-        "--config",
-        json.dumps(cfg),
-    ]
-    proc = subprocess.Popen(cmd, env=c.bench_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    try:
-        _, err = proc.communicate(timeout=300)
-    finally:
-        c.kill_tree(proc.pid)
-        proc.wait()
-    if proc.returncode != 0:
-        raise RuntimeError(f"torchrun failed ({proc.returncode}): {err.decode()[-2000:]}")
+    c.torchrun(
+        world, str(c.HERE / "_jobs.py"), "ddp", "--out", str(out), "--config", json.dumps(cfg), timeout=300
+    )
     return _collect(out, world)
 
 
@@ -107,6 +88,7 @@ def main() -> None:
     variants = ["torchrun", "orch"] + ([] if args.no_range or args.quick else ["orch-range"])
     wall: dict[str, list[float]] = {v: [] for v in variants}
     cpu: dict[str, list[float]] = {v: [] for v in variants}
+    torchrun_retries = 0
     try:
         with tempfile.TemporaryDirectory(prefix="orch-bench-step-") as d:
             tmp = Path(d)
@@ -114,7 +96,10 @@ def main() -> None:
                 for v in variants:
                     tag = f"{v}-{rep}"
                     if v == "torchrun":
-                        w, u = run_torchrun(tmp, cfg, world, tag)
+                        (w, u), retried = c.retry_torchrun(
+                            NAME, functools.partial(run_torchrun, tmp, cfg, world, tag), retry=args.quick
+                        )
+                        torchrun_retries += retried
                     else:
                         w, u = run_orch(tmp, cfg, world, tag, "steps" if v == "orch" else "range")
                     wall[v].append(w)
@@ -155,6 +140,7 @@ def main() -> None:
         target=f"<={TARGET}",
         met=met,
     )
+    c.emit(NAME, "torchrun_retries", torchrun_retries)
     c.check_no_leftovers(NAME)
     if args.quick:
         return

@@ -24,6 +24,7 @@ errors; the script checks that nothing is left.
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import os
 import signal
@@ -117,36 +118,31 @@ def orch_case(tmp: Path, sig: int, heartbeat_timeout: float, bound: float, tag: 
 
 
 def _torchrun(tmp: Path, tag: str) -> tuple[subprocess.Popen[bytes], list[int]]:
+    """torchrun with 2 workers in the barrier loop; TorchrunFailed if it ends before they are up."""
     d = tmp / tag
     d.mkdir()
-    cmd = [
-        c.PYTHON,
-        "-m",
-        "torch.distributed.run",
-        "--standalone",
-        "--nproc-per-node",
-        "2",
-        str(c.HERE / "_jobs.py"),
-        "barriers",
-        "--out",
-        str(d),
-    ]
-    proc = subprocess.Popen(cmd, env=c.bench_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    cmd = c.torchrun_argv(2, str(c.HERE / "_jobs.py"), "barriers", "--out", str(d))
+    with open(d / "torchrun.err", "wb") as err:  # the child keeps its own descriptor
+        proc = subprocess.Popen(cmd, env=c.bench_env(), stdout=subprocess.DEVNULL, stderr=err)
     files = [d / "pid0.json", d / "pid1.json"]
-    if not _until(lambda: all(f.exists() for f in files) or proc.poll() is not None, 120):
-        raise RuntimeError("torchrun's workers did not start")
-    if proc.poll() is not None:
-        raise RuntimeError(f"torchrun exited early ({proc.returncode})")
+    started = _until(lambda: all(f.exists() for f in files) or proc.poll() is not None, 120)
+    if not started or proc.poll() is not None:
+        c.kill_tree(proc.pid)
+        proc.wait()
+        stderr = (d / "torchrun.err").read_text(errors="replace")
+        if not started:
+            raise RuntimeError(f"torchrun's workers did not start within 120 s: {stderr[-2000:]}")
+        raise c.TorchrunFailed(proc.returncode, stderr)
     pids = [int(json.loads(f.read_text())) for f in files]
     children = {p.pid for p in psutil.Process(proc.pid).children(recursive=True)}
     assert set(pids) <= children, (pids, children)
     return proc, pids
 
 
-def torchrun_case(tmp: Path, sig: int, bound: float, tag: str) -> Outcome:
+def torchrun_case(tmp: Path, sig: int, bound: float, tag: str, attempt: int = 0) -> Outcome:
     name = "SIGKILL" if sig == signal.SIGKILL else "SIGSTOP"
     out = Outcome(f"torchrun {name} one worker")
-    proc, pids = _torchrun(tmp, tag)
+    proc, pids = _torchrun(tmp, f"{tag}-try{attempt}")
     try:
         time.sleep(1.0)  # well into the barrier loop
         victim = pids[1]
@@ -189,6 +185,7 @@ def main() -> None:
     started = c.start()
     c.setup_path()
     results: dict[str, list[Outcome]] = {}
+    torchrun_retries = 0
     try:
         with tempfile.TemporaryDirectory(prefix="orch-bench-teardown-") as d:
             tmp = Path(d)
@@ -200,7 +197,12 @@ def main() -> None:
                     elif case == "orch-stop":
                         o = orch_case(tmp, signal.SIGSTOP, hb, args.bound, tag)
                     else:
-                        o = torchrun_case(tmp, signal.SIGKILL, args.bound, tag)
+                        o, retried = c.retry_torchrun(
+                            NAME,
+                            functools.partial(torchrun_case, tmp, signal.SIGKILL, args.bound, tag),
+                            retry=args.quick,
+                        )
+                        torchrun_retries += retried
                     results.setdefault(case, []).append(o)
                     print(
                         f"  {o.case}: failed/exited {_fmt(o.failed_s, args.bound)}, workers gone "
@@ -246,6 +248,7 @@ def main() -> None:
             gone_s=_fmt(g, args.bound).replace(" ", ""),
             **extra,
         )
+    c.emit(NAME, "torchrun_retries", torchrun_retries)
     c.check_no_leftovers(NAME)
     if args.quick:
         return

@@ -109,7 +109,8 @@ def test_master_and_four_separate_workers(tmp_path: Path, subprocess_env: dict[s
     workers: list[subprocess.Popen[str]] = []
     try:
         address = _read_until(master, r"serving on (\S+);").group(1)
-        status = orch_cli("status", "--master", address, "--json", env=subprocess_env, timeout=30)
+        # (the bound is for a loaded 2-core machine: `orch status` alone takes seconds to start there)
+        status = orch_cli("status", "--master", address, "--json", env=subprocess_env, timeout=60)
         assert status.returncode == 0, status.stderr
         before = json.loads(status.stdout)
         assert (before["state"], before["registered"], before["world_size"]) == ("PENDING", 0, 4)
@@ -172,8 +173,10 @@ def test_status_of_a_missing_master_says_so(subprocess_env: dict[str, str]) -> N
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
+    # The connection is refused at once; a deadline a loaded machine could reach first would
+    # turn UNAVAILABLE into DEADLINE_EXCEEDED.
     proc = orch_cli(
-        "status", "--master", f"127.0.0.1:{port}", "--timeout", "1", env=subprocess_env, timeout=60
+        "status", "--master", f"127.0.0.1:{port}", "--timeout", "30", env=subprocess_env, timeout=90
     )
     assert proc.returncode == 1
     assert f"127.0.0.1:{port}" in proc.stderr and "UNAVAILABLE" in proc.stderr

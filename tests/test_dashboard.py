@@ -56,5 +56,5 @@ def test_summary_names_the_root_cause_with_its_traceback() -> None:
     )
     m.apply(c.snapshot())
     text = summary(m)
-    assert "FAILED" in text and "root cause: rank 0 (w on h, pid 7) failed: ValueError: bad" in text
+    assert "FAILED" in text and "root cause: rank 0 (worker w, host h, pid 7) failed: ValueError: bad" in text
     assert "Traceback (most recent call last)" in text

@@ -17,6 +17,9 @@ from orch.client import MasterClient, StateMirror
 from orch.coordinator import Coordinator, RunState
 from orch.master import SERVICE_NAME, MasterServer
 
+# The deadline of an RPC that is answered at once: generous, for a loaded 2-core machine.
+RPC_DEADLINE = 30.0
+
 
 @pytest.fixture
 def stub(master: MasterServer) -> Iterator[pb_grpc.OrchestratorStub]:
@@ -26,7 +29,7 @@ def stub(master: MasterServer) -> Iterator[pb_grpc.OrchestratorStub]:
 
 def code_of(call: object, request: object) -> grpc.StatusCode:
     with pytest.raises(grpc.RpcError) as e:
-        call(request, timeout=5)  # type: ignore[operator]
+        call(request, timeout=RPC_DEADLINE)  # type: ignore[operator]
     return e.value.code()  # type: ignore[no-any-return]
 
 
@@ -35,27 +38,30 @@ def test_register_barrier_heartbeat_completion_over_the_wire(
 ) -> None:
     r0 = stub.Register(
         pb.RegisterRequest(worker_id="a", host="h", pid=10, address="127.0.0.1", rendezvous_port=29501),
-        timeout=5,
+        timeout=RPC_DEADLINE,
     )
     assert (r0.rank, r0.world_size, r0.run_id) == (0, 2, "run-a")
     assert not stub.CanStartTraining(
-        pb.CanStartTrainingRequest(run_id="run-a", worker_id="a"), timeout=5
+        pb.CanStartTrainingRequest(run_id="run-a", worker_id="a"), timeout=RPC_DEADLINE
     ).ready
-    r1 = stub.Register(pb.RegisterRequest(worker_id="b", host="h", pid=11), timeout=5)
+    r1 = stub.Register(pb.RegisterRequest(worker_id="b", host="h", pid=11), timeout=RPC_DEADLINE)
     assert r1.rank == 1
-    go = stub.CanStartTraining(pb.CanStartTrainingRequest(run_id="run-a", worker_id="b"), timeout=5)
+    go = stub.CanStartTraining(
+        pb.CanStartTrainingRequest(run_id="run-a", worker_id="b"), timeout=RPC_DEADLINE
+    )
     assert go.ready and go.master_port == 29501
-    stub.CanStartTraining(pb.CanStartTrainingRequest(run_id="run-a", worker_id="a"), timeout=5)
+    stub.CanStartTraining(pb.CanStartTrainingRequest(run_id="run-a", worker_id="a"), timeout=RPC_DEADLINE)
     hb = pb.HeartbeatRequest(
         run_id="run-a",
         worker_id="a",
         step=2,
         series=[pb.Series(name="loss", steps=[0, 1], values=[2.0, float("nan")])],
     )
-    assert stub.SendHeartbeat(hb, timeout=5).command == pb.CONTINUE
+    assert stub.SendHeartbeat(hb, timeout=RPC_DEADLINE).command == pb.CONTINUE
     for wid in ("a", "b"):
         stub.ReportCompletion(
-            pb.CompletionRequest(run_id="run-a", worker_id=wid, outcome=pb.RANK_SUCCEEDED), timeout=5
+            pb.CompletionRequest(run_id="run-a", worker_id=wid, outcome=pb.RANK_SUCCEEDED),
+            timeout=RPC_DEADLINE,
         )
     assert coordinator.state is RunState.SUCCEEDED
 
@@ -65,7 +71,7 @@ def test_each_kind_of_bad_call_gets_its_status_code(stub: pb_grpc.OrchestratorSt
     assert code_of(stub.Register, pb.RegisterRequest(worker_id="")) == S.INVALID_ARGUMENT
     assert code_of(stub.SendHeartbeat, pb.HeartbeatRequest(worker_id="a")) == S.FAILED_PRECONDITION
     assert code_of(stub.Register, pb.RegisterRequest(worker_id="a", run_id="nope")) == S.FAILED_PRECONDITION
-    stub.Register(pb.RegisterRequest(worker_id="a"), timeout=5)
+    stub.Register(pb.RegisterRequest(worker_id="a"), timeout=RPC_DEADLINE)
     assert code_of(stub.SendHeartbeat, pb.HeartbeatRequest(run_id="run-a", worker_id="ghost")) == S.NOT_FOUND
     assert (
         code_of(
@@ -74,17 +80,17 @@ def test_each_kind_of_bad_call_gets_its_status_code(stub: pb_grpc.OrchestratorSt
         )
         == S.NOT_FOUND
     )
-    stub.Register(pb.RegisterRequest(worker_id="b"), timeout=5)
+    stub.Register(pb.RegisterRequest(worker_id="b"), timeout=RPC_DEADLINE)
     assert code_of(stub.Register, pb.RegisterRequest(worker_id="c")) == S.RESOURCE_EXHAUSTED
     assert code_of(stub.GetState, pb.GetStateRequest(cursor=b"\x0a\xff")) == S.INVALID_ARGUMENT
     assert code_of(stub.StopRun, pb.StopRunRequest(reason="x" * 5000)) == S.INVALID_ARGUMENT
     # the refusals changed nothing
-    assert stub.GetState(pb.GetStateRequest(), timeout=5).registered == 2
+    assert stub.GetState(pb.GetStateRequest(), timeout=RPC_DEADLINE).registered == 2
 
 
 def test_client_mirror_and_stop(master: MasterServer, stub: pb_grpc.OrchestratorStub) -> None:
     with MasterClient(master.address) as client:
-        client.wait_ready(timeout=5)
+        client.wait_ready(timeout=RPC_DEADLINE)
         mirror = StateMirror().poll(client)
         assert (mirror.run_id, mirror.state, mirror.world_size) == ("run-a", RunState.PENDING, 2)
         assert client.stop_run("test") is RunState.STOPPED
@@ -96,12 +102,12 @@ def test_health_service_and_reflection(master: MasterServer) -> None:
     with grpc.insecure_channel(master.address) as channel:
         health = health_pb2_grpc.HealthStub(channel)
         for service in ("", SERVICE_NAME):
-            reply = health.Check(health_pb2.HealthCheckRequest(service=service), timeout=5)
+            reply = health.Check(health_pb2.HealthCheckRequest(service=service), timeout=RPC_DEADLINE)
             assert reply.status == health_pb2.HealthCheckResponse.SERVING
         refl = reflection_pb2_grpc.ServerReflectionStub(channel)
         replies = list(
             refl.ServerReflectionInfo(
-                iter([reflection_pb2.ServerReflectionRequest(list_services="")]), timeout=5
+                iter([reflection_pb2.ServerReflectionRequest(list_services="")]), timeout=RPC_DEADLINE
             )
         )
         names = {s.name for s in replies[0].list_services_response.service}

@@ -8,7 +8,11 @@ so the master sees three machines. ``orch master`` runs on the master, ``orch wo
 --nproc-per-node 2`` on A and on B (two ranks each), and gloo's traffic crosses the bridge.
 
 The tests need root and iproute2; they are skipped, saying why, only when a network namespace
-cannot be created. The measured times are printed (``pytest -s``).
+cannot be created, and under CI (``CI`` set, as CI does: .ci/run installs iproute2) they fail
+instead, so that CI never passes without having run them. The measured times are printed
+(``pytest -s``); the time bounds asserted are what a loaded 2-core machine keeps, far below the
+minutes that gloo's collective timeout would take (the tight figures: benchmarks/RESULTS.md,
+teardown).
 """
 
 from __future__ import annotations
@@ -27,17 +31,25 @@ from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, NoReturn
 
 import pytest
 
 import orch
 from conftest import ORCH
 
-HEARTBEAT_GRACE = 2.0  # a silent host's ranks are declared lost within the heartbeat timeout + this
-# ... and every process in every namespace is gone within the timeout + this: the master lingers
-# 0.5 s, each `orch` process takes a while to exit on a busy 2-core machine (measured: 2-4 s).
-GONE_GRACE = 8.0
+# Bounds a loaded 2-core machine keeps. What they guard: nothing waits for gloo's collective
+# timeout (30 minutes); which mechanism acted is checked by the messages, not by the times.
+# A silent host's ranks are declared lost within the heartbeat timeout + this (measured ~0.1 s;
+# benchmarks/RESULTS.md, teardown: SIGSTOP of a rank -> run FAILED).
+HEARTBEAT_GRACE = 10.0
+# A rank ends within this of being told to (the ABORT at its next heartbeat), or of the master
+# having been silent for the heartbeat timeout (measured well under 1 s).
+EXIT_GRACE = 10.0
+# Every process in every namespace is gone within the heartbeat timeout + this: the master
+# lingers 0.5 s, and each `orch` process takes a while to exit on a busy 2-core machine
+# (measured: 2-4 s).
+GONE_GRACE = 20.0
 
 # Run in a new UTS namespace: take the host's name, then become the command (same pid).
 SET_HOSTNAME = "import os, socket, sys; socket.sethostname(sys.argv[1]); os.execv(sys.argv[2], sys.argv[2:])"
@@ -144,13 +156,21 @@ def netns_of(pid: int, net: Net) -> str | None:
     return None
 
 
+def unavailable(reason: str) -> NoReturn:
+    """Skip, saying why; under CI, which must run these tests, fail with the same reason."""
+    # The browser test's pattern (tests/test_browser.py): CI installs what these tests need.
+    if os.environ.get("CI"):
+        pytest.fail(f"{reason} (CI is set: these tests must run there, not skip)", pytrace=False)
+    pytest.skip(reason)
+
+
 @pytest.fixture
 def net() -> Iterator[Net]:
     """A switch (a bridge in its own namespace) and three hosts wired to it; all gone afterwards."""
     if shutil.which("ip") is None:
-        pytest.skip("needs iproute2's `ip` to create network namespaces, and it is not installed")
+        unavailable("needs iproute2's `ip` to create network namespaces, and it is not installed")
     if os.geteuid() != 0:
-        pytest.skip(f"needs root to create network namespaces (ip netns add); running as uid {os.geteuid()}")
+        unavailable(f"needs root to create network namespaces (ip netns add); running as uid {os.geteuid()}")
     suffix = secrets.token_hex(2)
     subnet = f"10.213.{secrets.randbelow(254) + 1}"
     hosts = [
@@ -163,7 +183,7 @@ def net() -> Iterator[Net]:
     try:
         probe = subprocess.run(["ip", "netns", "add", switch], capture_output=True, text=True, timeout=30)
         if probe.returncode != 0:
-            pytest.skip(f"cannot create a network namespace: `ip netns add` said: {probe.stderr.strip()}")
+            unavailable(f"cannot create a network namespace: `ip netns add` said: {probe.stderr.strip()}")
         created.append(switch)
         _ip("-n", switch, "link", "set", "lo", "up")
         _ip("-n", switch, "link", "add", bridge, "type", "bridge")
@@ -322,8 +342,9 @@ def hosts_of_ranks(c: Cluster, record: dict[str, Any]) -> dict[int, Host]:
     return found
 
 
-# The brief sleep per step keeps the ranks alive long enough to be looked at from outside.
-CONFIG_SUCCESS = json.dumps({"steps": 40, "sleep": 0.05})
+# The sleep per step keeps the ranks alive long enough (4 s) to be looked at from outside, also
+# when this test's own polling gets little of a loaded machine's time.
+CONFIG_SUCCESS = json.dumps({"steps": 40, "sleep": 0.1})
 
 
 @pytest.mark.timeout(240)
@@ -423,11 +444,11 @@ def test_a_host_that_drops_off_fails_the_run_and_every_process_ends(cluster: Clu
         latest = c.latest()
         return latest if latest.get("state") == "FAILED" else None
 
-    final = until(failed, timeout + 20)
+    final = until(failed, timeout + HEARTBEAT_GRACE + 20)  # longer: the assertion below says more
     detected = final["t"] - t0
     # Every process in every namespace ends: the master after its linger, A's ranks on ABORT,
     # B's ranks once the master has been silent for the heartbeat timeout.
-    until(c.all_gone, timeout + 20, 0.02)
+    until(c.all_gone, timeout + GONE_GRACE + 20, 0.02)
     gone = time.time() - t0
     ended = {name: p.returncode for name, p in c.procs.items()}
     exits = ", ".join(
@@ -438,16 +459,16 @@ def test_a_host_that_drops_off_fails_the_run_and_every_process_ends(cluster: Clu
         f"\nhost B's link down: run FAILED {detected:.2f}s later (heartbeat timeout {timeout:g}s); "
         f"every process in every namespace gone {gone:.2f}s later; exits after the link went down: {exits}"
     )
-    assert detected < timeout + HEARTBEAT_GRACE
+    assert detected < timeout + HEARTBEAT_GRACE, exits
     assert ended["master"] == 1, c.log("master")
     assert ended["a"] != 0 and ended["b"] != 0, ended
     # A's ranks got ABORT from the master at their next heartbeat; B's gave up on the master
     # they could no longer reach, once it had been silent for the heartbeat timeout.
     assert "the master aborted the run" in c.log("a"), c.log("a")
-    assert all(c.exited[f"rank {r}"] - final["t"] < 2.0 for r in placed if r not in lost), exits
+    assert all(c.exited[f"rank {r}"] - final["t"] < EXIT_GRACE for r in placed if r not in lost), exits
     assert "the master has not answered" in c.log("b"), c.log("b")
-    assert all(c.exited[f"rank {r}"] - t0 < timeout + 2.5 for r in lost), exits
-    assert gone < timeout + GONE_GRACE
+    assert all(c.exited[f"rank {r}"] - t0 < timeout + EXIT_GRACE for r in lost), exits
+    assert gone < timeout + GONE_GRACE, exits
     # The root cause is one of host B's ranks, and the other one, lost with it, is named too.
     # (The final message, from result.json: the expiry that finds the second may come a tick later.)
     result = c.result()
@@ -458,6 +479,6 @@ def test_a_host_that_drops_off_fails_the_run_and_every_process_ends(cluster: Clu
     failure = result["failure"]
     print(f"failure: {failure}")
     assert failure.startswith(f"rank {first} (") and "was lost: no heartbeat" in failure, failure
-    assert f"on {net.b.hostname} {net.b.ip}, pid" in failure, failure
+    assert f"host {net.b.hostname} at {net.b.ip}, pid" in failure, failure
     assert failure.endswith(f"; lost at the same time: rank {other} ({net.b.ip})"), failure
     assert net.a.ip not in failure and net.a.hostname not in failure, failure

@@ -36,7 +36,7 @@ class HeartbeatSender:
         master_timeout: float = 10.0,
         max_queue: int = 1_000_000,
         max_batch: int = 100_000,
-        on_stop: Callable[[], None],
+        on_stop: Callable[[int], None],
         on_abort: Callable[[str], None],
         local_master: bool = False,
     ) -> None:
@@ -213,7 +213,7 @@ class HeartbeatSender:
         if not self._obey:
             pass
         elif reply.command == pb.STOP:
-            self._on_stop()
+            self._on_stop(reply.stop_at_step)
         elif reply.command == pb.ABORT:
             self._on_abort("the master aborted the run (another rank failed)")
         return True

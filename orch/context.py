@@ -17,6 +17,7 @@ import torch.distributed as dist
 from torch import nn
 
 from ._sender import HeartbeatSender
+from .errors import StopTraining
 
 
 class Context:
@@ -57,6 +58,8 @@ class Context:
         self.checkpoint_dir = checkpoint_dir
         self.resume_step = 0  # the first step ctx.steps() yields (after a loaded checkpoint)
         self._step = -1
+        self._stop_at = 0  # with a stop: the step count a loop without ctx.steps ends at
+        self._uses_steps = False  # ctx.steps() drives the loop: it handles stops itself
 
     @property
     def is_main(self) -> bool:
@@ -67,7 +70,11 @@ class Context:
     def stop_requested(self) -> bool:
         return self._stop.is_set()
 
-    def request_stop(self) -> None:
+    def request_stop(self, at_step: int = 0) -> None:
+        """Stop: ``ctx.steps`` ends at the next step on every rank; a loop without it ends when
+        ``ctx.log`` is given step ``at_step - 1`` (the same on every rank; 0: unknown)."""
+        if at_step > 0 and not self._stop_at:
+            self._stop_at = at_step
         self._stop.set()
 
     def ddp(self, model: nn.Module, **kwargs: Any) -> nn.Module:
@@ -97,6 +104,7 @@ class Context:
             raise ValueError(f"ctx.steps(n) needs n >= 0, got {n}")
         if every < 0 or (every and checkpoint is None):
             raise ValueError("ctx.steps(every=k) needs k >= 0 and a checkpoint function")
+        self._uses_steps = True
         if self._sender is not None:
             self._sender.total_steps = n
         pending: Any = None
@@ -121,6 +129,8 @@ class Context:
                     stop = self._stop.is_set()
                 if stop:
                     self.stopped = True
+                    if self._sender is not None:
+                        self._sender.step = self._step + 1  # steps done: the last one finished
                     if checkpoint is not None and self._step >= 0:
                         self.save_checkpoint(checkpoint())
                     return
@@ -189,6 +199,10 @@ class Context:
         numpy scalars and one-element tensors (``.item()`` is taken: on a GPU that waits
         for the value). ``None`` logs nothing for that key. Anything else raises
         ``TypeError`` here, naming the key, so one bad value never costs the other points.
+
+        In a loop without ``ctx.steps``, once the run is asked to stop, the call that logs
+        the step every rank agreed to stop at raises :class:`orch.errors.StopTraining` after
+        recording it: the function ends there, on every rank, and the rank is STOPPED.
         """
         if type(step) is not int:
             step = _as_step(step)
@@ -203,6 +217,9 @@ class Context:
                 break
         if self._sender is not None:
             self._sender.log(step, scalars)
+        if self._stop_at and step + 1 >= self._stop_at and not self._uses_steps:
+            self.stopped = True
+            raise StopTraining(f"the run was asked to stop; every rank stops after step {step}")
 
     @property
     def total_steps(self) -> int:

@@ -43,6 +43,7 @@ PEER_ERROR = re.compile(
     re.IGNORECASE,
 )
 MAX_ERROR_LEN = 64 * 1024
+STOP_LEAD_SECONDS = 2.0  # how far ahead of the ranks a stop step is set (see _stop_step)
 LOST_TOGETHER = "; lost at the same time: "
 BACKENDS = ("", "gloo", "nccl")
 
@@ -249,6 +250,7 @@ class Coordinator:
         self.failure = ""
         self.root_cause: RankRecord | None = None
         self.stop_requested = False
+        self.stop_at_step = 0  # with a stop: the step count loops without ctx.steps end at
         self.started_at: float | None = None
         self.ended_at: float | None = None
         self.attempt = 1
@@ -457,7 +459,15 @@ class Coordinator:
                 self._finish(RunState.STOPPED)
             else:
                 self.stop_requested = True
+                self.stop_at_step = self.stop_at_step or self._stop_step()
             return self.state
+
+    def _stop_step(self) -> int:
+        """Where loops without ``ctx.steps`` end: one step count for every rank, far enough
+        ahead (``STOP_LEAD_SECONDS`` of the fastest rank's steps) that each rank hears of it
+        before it gets there, so all leave their DDP collectives at the same step."""
+        ahead = max((r.steps_per_sec() for r in self.ranks), default=0.0) * STOP_LEAD_SECONDS
+        return max((r.step for r in self.ranks), default=0) + max(2, math.ceil(ahead))
 
     def restart(self) -> int:
         """Open a new attempt after a failure: the ranks re-register, the series go on.
@@ -475,6 +485,7 @@ class Coordinator:
             self.root_cause = None
             self.failure = ""
             self.stop_requested = False
+            self.stop_at_step = 0
             self.state = RunState.PENDING
             self.ended_at = None
             self._event("restart", -1, f"attempt {self.attempt} of {self.max_attempts}")

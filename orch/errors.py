@@ -9,6 +9,8 @@
     │   └── AuthError              it answered, but refused our token
     ├── RunFailed                  a run ended FAILED; carries the root cause
     └── WorkerError                a worker could not join or finish its run
+
+    StopTraining (a BaseException) ends a training function that was asked to stop.
 """
 
 from __future__ import annotations
@@ -63,3 +65,11 @@ class RunFailed(OrchError):
         self.traceback = traceback
         self.state = state
         super().__init__(message)
+
+
+class StopTraining(BaseException):
+    """Raised by ``ctx.log`` in a loop without ``ctx.steps`` once the run was asked to stop.
+
+    Every rank raises it at the same step, so DDP's collectives end together; the rank ends
+    STOPPED. A BaseException, so that ``except Exception`` in a training loop lets it through.
+    """

@@ -83,7 +83,9 @@ class OrchestratorServicer(pb_grpc.OrchestratorServicer):  # type: ignore[misc]
 
     async def SendHeartbeat(self, request: pb.HeartbeatRequest, context: Ctx) -> pb.HeartbeatResponse:
         try:
-            return pb.HeartbeatResponse(command=self.coordinator.heartbeat(request))  # type: ignore[arg-type]
+            command = self.coordinator.heartbeat(request)
+            stop_at = self.coordinator.stop_at_step if command == pb.STOP else 0
+            return pb.HeartbeatResponse(command=command, stop_at_step=stop_at)  # type: ignore[arg-type]
         except Reject as e:
             await _abort(context, e)
 

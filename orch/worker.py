@@ -40,7 +40,7 @@ from ._sender import HeartbeatSender
 from ._source import SourceMap, install, label_cells
 from ._target import EXAMPLE, TrainFn, resolve_fn
 from .auth import open_channel, token_from_env, unavailable_hint
-from .errors import ConfigError, PortInUseError, WorkerError
+from .errors import ConfigError, PortInUseError, StopTraining, WorkerError
 from .store import write_json_atomic
 
 log = logging.getLogger(__name__)
@@ -344,7 +344,7 @@ def run_worker(spec: WorkerSpec) -> int:
             worker_id=spec.worker_id,
             interval=spec.heartbeat_interval,
             master_timeout=spec.master_timeout or reg.heartbeat_timeout or 30.0,
-            on_stop=lambda: ctx.request_stop(),
+            on_stop=lambda at_step: ctx.request_stop(at_step),
             on_abort=_Abort(),
             local_master=is_local_address(split_address(spec.master)[0]),
         )
@@ -366,6 +366,9 @@ def run_worker(spec: WorkerSpec) -> int:
         checksum = ctx.param_checksum()
         if ctx.stopped:
             outcome = pb.RANK_STOPPED
+    except StopTraining:  # a loop without ctx.steps, stopped at the step every rank stops at
+        checksum = ctx.param_checksum()
+        outcome = pb.RANK_STOPPED
     except SystemExit as e:  # sys.exit(n) in the function: n is this process's exit code
         code = e.code if isinstance(e.code, int) else (0 if e.code is None else EXIT_FAILED)
         if code != 0:

@@ -410,3 +410,18 @@ def test_a_long_history_comes_in_bounded_replies() -> None:
     assert StateMirror.of(c).series[(0, "loss")].steps.tolist() == list(range(5000))
     with pytest.raises(Reject):
         c.snapshot(max_points=-1)
+
+
+def test_a_stop_sets_one_step_for_every_rank_ahead_of_the_fastest() -> None:
+    clock = Clock()
+    c = started(2, clock)
+    for t in range(11):  # 20 steps/s on both ranks, rank 1 one step behind
+        clock.t = 1000.0 + t / 2
+        beat(c, "w0", step=10 * t)
+        beat(c, "w1", step=max(0, 10 * t - 1))
+    assert c.stop_at_step == 0
+    c.request_stop("user")
+    assert c.stop_at_step == 100 + 40  # the furthest rank's step + 2 s at 20 steps/s
+    c.request_stop("again")
+    assert c.stop_at_step == 140  # a second request does not move it
+    assert beat(c, "w1", step=99) == pb.STOP

@@ -17,6 +17,7 @@ from orch._proto import orchestrator_pb2 as pb
 from orch._sender import HeartbeatSender
 from orch.context import Context
 from orch.coordinator import RunState
+from orch.errors import StopTraining
 from orch.panel import wait_for
 
 pytestmark = pytest.mark.timeout(240)
@@ -162,3 +163,38 @@ def test_the_quickstart_fit_line_runs_unchanged_at_world_size_1(tmp_path: Path) 
         result = run.wait(timeout=120)
     assert result.state is RunState.SUCCEEDED and result.steps == [30]
     assert len(run.history()["weight"][0]["value"]) == 30  # model.module.weight was read every step
+
+
+def test_a_stop_ends_a_loop_without_ctx_steps_at_the_agreed_step() -> None:
+    ctx, sender = _context()
+    ctx.log(0, loss=1.0)
+    ctx.request_stop(at_step=3)
+    ctx.log(1, loss=1.0)
+    with pytest.raises(StopTraining):
+        ctx.log(2, loss=1.0)  # steps 0..2 done: 3
+    assert [s for s, _, _ in sender._queue] == [0, 1, 2]  # the last step is recorded first
+    assert ctx.stopped
+
+
+def test_a_loop_driven_by_ctx_steps_is_never_stopped_by_ctx_log() -> None:
+    ctx, _ = _context()
+    for step in ctx.steps(5):
+        ctx.log(step, loss=1.0)
+    ctx.request_stop(at_step=1)
+    ctx.log(10, final=1.0)  # after the loop: ctx.steps handled the stop, nothing is raised
+
+
+def test_a_dataloader_loop_stops_on_every_rank_at_the_same_step(tmp_path: Path) -> None:
+    run = orch.launch(
+        "jobs:dataloader_loop", world_size=2, run_root=str(tmp_path), config={"epochs": 1000, "sleep": 0.02}
+    )
+    try:
+        assert wait_for(lambda: min((r.step for r in run.state().ranks), default=0) > 10, 120)
+        run.stop()
+        result = run.wait(timeout=60)
+    finally:
+        run.close()
+    assert result.state is RunState.STOPPED
+    assert result.steps[0] == result.steps[1] > 10
+    assert len(set(result.param_checksums)) == 1 and result.param_checksums[0]
+    assert [r.state.value for r in run.state().ranks] == ["STOPPED", "STOPPED"]

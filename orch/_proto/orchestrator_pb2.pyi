@@ -149,10 +149,12 @@ class HeartbeatRequest(_message.Message):
     def __init__(self, run_id: _Optional[str] = ..., worker_id: _Optional[str] = ..., step: _Optional[int] = ..., total_steps: _Optional[int] = ..., series: _Optional[_Iterable[_Union[Series, _Mapping]]] = ..., dropped_points: _Optional[int] = ...) -> None: ...
 
 class HeartbeatResponse(_message.Message):
-    __slots__ = ("command",)
+    __slots__ = ("command", "stop_at_step")
     COMMAND_FIELD_NUMBER: _ClassVar[int]
+    STOP_AT_STEP_FIELD_NUMBER: _ClassVar[int]
     command: Command
-    def __init__(self, command: _Optional[_Union[Command, str]] = ...) -> None: ...
+    stop_at_step: int
+    def __init__(self, command: _Optional[_Union[Command, str]] = ..., stop_at_step: _Optional[int] = ...) -> None: ...
 
 class CompletionRequest(_message.Message):
     __slots__ = ("run_id", "worker_id", "outcome", "error", "param_checksum", "step")

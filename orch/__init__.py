@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .api import AttachedRun, attach, launch
 from .client import MasterClient, StateMirror
-from .context import Context
 from .coordinator import RankState, RunState
 from .errors import (
     AuthError,
@@ -19,6 +18,10 @@ from .errors import (
 )
 from .launcher import Run, RunResult
 from .rundir import LoadedRun, load_run
+
+if TYPE_CHECKING:
+    from .context import Context
+    from .panel import Panel
 
 __version__ = "0.1.0"
 
@@ -47,9 +50,14 @@ __all__ = [
 
 
 def __getattr__(name: str) -> Any:
-    # The panel pulls in ipywidgets and matplotlib: only notebooks pay for that, not workers.
+    # The panel pulls in ipywidgets and matplotlib: only notebooks pay for that, not workers;
+    # the context pulls in torch: `orch status` and `orch.attach` never need it.
     if name == "Panel":
         from .panel import Panel
 
         return Panel
+    if name == "Context":
+        from .context import Context
+
+        return Context
     raise AttributeError(f"module 'orch' has no attribute {name!r}")

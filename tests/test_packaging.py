@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import re
+import subprocess
+import sys
 
 import tomllib
 import yaml
@@ -54,3 +56,15 @@ def test_readme_top_shows_exactly_the_two_commands() -> None:
     assert [c for c in commands if c] == ["scripts/run.sh", "scripts/test.sh"]
     ci = (ROOT / ".ci" / "run").read_text()
     assert "exec scripts/test.sh" in ci
+
+
+def test_the_cli_and_attach_never_import_torch() -> None:
+    # `orch status` and orch.attach read a master over gRPC: torch would cost them ~1.5 s.
+    code = (
+        "import sys, orch, orch.cli, orch.api\n"
+        "orch.cli.build_parser().parse_args(['status', '--master', '127.0.0.1:1'])\n"
+        "assert 'torch' not in sys.modules, 'torch was imported'\n"
+        "orch.Context\n"
+        "assert 'torch' in sys.modules\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=120)

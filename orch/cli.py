@@ -21,7 +21,7 @@ from ._target import EXAMPLE, resolve_fn, split_target
 from .auth import certificate_name, new_token, token_from_env
 from .client import MasterClient, StateMirror
 from .coordinator import Coordinator, RunState
-from .dashboard import Dashboard, render, summary
+from .dashboard import Dashboard, printable, render, summary
 from .errors import ConfigError, MasterUnavailable, OrchError, RunFailed
 from .launcher import LaunchSpec, Run
 from .master import MasterServer
@@ -87,6 +87,23 @@ def _target(text: str) -> str:
     return text
 
 
+def _token(args: argparse.Namespace) -> str | None:
+    """``--token``, else the first line of ``--token-file`` (kept out of ``ps``), else None."""
+    if args.token_file is None:
+        token: str | None = args.token
+        return token
+    try:
+        text = Path(args.token_file).read_text()
+    except (OSError, UnicodeDecodeError) as e:
+        raise ConfigError(f"--token-file: cannot read {args.token_file}: {e}") from e
+    token = text.rstrip("\r\n")
+    if not token:
+        raise ConfigError(f"--token-file: {args.token_file} is empty: write the run's token into it")
+    if "\n" in token:
+        raise ConfigError(f"--token-file: {args.token_file} holds more than one line: write only the token")
+    return token
+
+
 def _interrupt_to_stop(stop: Any) -> None:
     """First Ctrl-C asks for a graceful stop; a second one exits at once."""
     pressed = {"n": 0}
@@ -148,7 +165,7 @@ def cmd_master(args: argparse.Namespace) -> int:
         heartbeat_timeout=args.heartbeat_timeout,
     )
     run_dir = Path(args.run_root) / coord.run_id
-    token = token_from_env(args.token)
+    token = token_from_env(_token(args))
     shown = ""
     if token is None:
         token, shown = new_token(), "ORCH_TOKEN=<token> "
@@ -212,8 +229,9 @@ def cmd_worker(args: argparse.Namespace) -> int:
             threads=args.threads,
             local_rank=i,
             local_world_size=args.nproc_per_node,
-            token=args.token,
+            token=_token(args),
             tls_ca=args.tls_ca,
+            trust_master=args.trust_master,
         )
         for i in range(args.nproc_per_node)
     ]
@@ -224,7 +242,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
 
 def cmd_status(args: argparse.Namespace) -> int:
     split_address(args.master)
-    with MasterClient(args.master, timeout=args.timeout, token=args.token, tls_ca=args.tls_ca) as client:
+    with MasterClient(args.master, timeout=args.timeout, token=_token(args), tls_ca=args.tls_ca) as client:
         mirror = StateMirror().poll(client)
     if args.json:
         print(json.dumps(mirror.as_dict(), indent=2))
@@ -238,6 +256,17 @@ class _Parser(argparse.ArgumentParser):
 
     def error(self, message: str) -> NoReturn:
         self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+def _token_options(sp: argparse.ArgumentParser, default: str) -> None:
+    group = sp.add_mutually_exclusive_group()
+    group.add_argument("--token", default=None, help=f"the run's secret ({default})")
+    group.add_argument(
+        "--token-file",
+        default=None,
+        metavar="PATH",
+        help="read the token from this file (one line), so that it does not show in ps",
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -292,7 +321,7 @@ def build_parser() -> argparse.ArgumentParser:
         default="127.0.0.1",
         help="address to bind (default 127.0.0.1; any other address needs a token)",
     )
-    m.add_argument("--token", default=None, help="the run's secret (default $ORCH_TOKEN, else a new one)")
+    _token_options(m, "default $ORCH_TOKEN, else a new one")
     m.add_argument("--tls-cert", default=None, help="serve TLS with this certificate (PEM)")
     m.add_argument("--tls-key", default=None, help="the certificate's private key (PEM)")
     m.add_argument("--port", type=_port, default=None, help="gRPC port (default 50051, or a free one)")
@@ -306,14 +335,21 @@ def build_parser() -> argparse.ArgumentParser:
 
     w = sub.add_parser("worker", help="join the run of a master")
     w.add_argument("--master", required=True, help="HOST:PORT of the master")
-    w.add_argument("--token", default=None, help="the master's token (default $ORCH_TOKEN)")
+    _token_options(w, "default $ORCH_TOKEN")
     w.add_argument("--tls-ca", default=None, help="verify the master's TLS certificate with this CA")
     w.add_argument(
         "--fn",
         default=None,
         type=_target,
         help="training function as package.module:function or path/to/train.py:function, found "
-        "from the current folder (default: the one the master names)",
+        "from the current folder (default: the one the master names, which runs only with "
+        "--tls-ca or --trust-master, unless it is the built-in example)",
+    )
+    w.add_argument(
+        "--trust-master",
+        action="store_true",
+        help="without --fn, run the function the master names over a plaintext channel "
+        "(it imports and runs whatever module the master, or whoever answers at its address, names)",
     )
     w.add_argument(
         "--advertise-addr",
@@ -337,7 +373,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     s = sub.add_parser("status", help="print a master's run state once")
     s.add_argument("--master", required=True, help="HOST:PORT of the master")
-    s.add_argument("--token", default=None, help="the master's token (default $ORCH_TOKEN)")
+    _token_options(s, "default $ORCH_TOKEN")
     s.add_argument("--tls-ca", default=None, help="verify the master's TLS certificate with this CA")
     s.add_argument("--json", action="store_true", help="machine-readable output")
     s.add_argument("--timeout", type=_seconds, default=5.0, help="seconds to wait for the master")
@@ -355,7 +391,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         code: int = args.func(args)
     except (ConfigError, MasterUnavailable, OrchError) as e:
-        print(f"orch {args.command}: error: {e}", file=sys.stderr)
+        # The message may quote what a master or a worker sent: shown, not obeyed.
+        print(f"orch {args.command}: error: {printable(str(e))}", file=sys.stderr)
         return 2 if isinstance(e, ConfigError) else 1
     except KeyboardInterrupt:
         print(f"orch {args.command}: aborted", file=sys.stderr)

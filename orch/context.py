@@ -6,6 +6,8 @@ import hashlib
 import numbers
 import operator
 import os
+import pickle
+import re
 import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -17,7 +19,8 @@ import torch.distributed as dist
 from torch import nn
 
 from ._sender import HeartbeatSender
-from .errors import StopTraining
+from .errors import OrchError, StopTraining
+from .store import private_dir, private_opener
 
 
 class Context:
@@ -161,32 +164,54 @@ class Context:
             self._sender.flush()
         if self.rank != 0:
             return None
-        self.checkpoint_dir.mkdir(parents=True, exist_ok=True)
+        private_dir(self.checkpoint_dir.parent)  # the run dir, 0700 like everything in it
+        private_dir(self.checkpoint_dir)
         path = self.checkpoint_dir / f"step-{step:09d}.pt"
         tmp = path.with_name(path.name + ".tmp")
-        with open(tmp, "wb") as f:
+        with open(tmp, "wb", opener=private_opener) as f:
             torch.save({"step": step, "attempt": self.attempt, "state": state}, f)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
         latest = self.checkpoint_dir / "latest"
         latest_tmp = self.checkpoint_dir / "latest.tmp"
-        latest_tmp.write_text(path.name)
+        with open(latest_tmp, "w", opener=private_opener) as f:
+            f.write(path.name)
         os.replace(latest_tmp, latest)
         for old in sorted(self.checkpoint_dir.glob("step-*.pt"))[:-2]:
             old.unlink(missing_ok=True)  # keep the newest two
         return path
 
-    def load_checkpoint(self) -> Any:
-        """The state of the newest checkpoint, or None; ``ctx.steps()`` then resumes after it."""
+    def load_checkpoint(self, *, weights_only: bool = True) -> Any:
+        """The state of the newest checkpoint, or None; ``ctx.steps()`` then resumes after it.
+
+        The file is loaded with ``torch.load(weights_only=True)``: tensors, numbers, strings
+        and the lists, tuples and dicts of them (model and optimizer state dicts) load, and
+        nothing in the file can run code. A state that holds other objects needs
+        ``ctx.load_checkpoint(weights_only=False)``: only for checkpoint dirs nobody else can
+        write, since unpickling such a file runs whatever it names. ``checkpoints/latest``
+        must name a file :meth:`save_checkpoint` writes (``step-<9+ digits>.pt``), in that dir.
+        """
         if self.checkpoint_dir is None:
             return None
         try:
             name = (self.checkpoint_dir / "latest").read_text().strip()
         except FileNotFoundError:
             return None
-        # The file is this run's own, written by save_checkpoint above.
-        saved = torch.load(self.checkpoint_dir / name, map_location=self.device, weights_only=False)
+        if not _CHECKPOINT_NAME.fullmatch(name):
+            raise OrchError(
+                f"{self.checkpoint_dir / 'latest'} names {name[:200]!r}, not a checkpoint this run "
+                "wrote (step-<digits>.pt in the same folder): move the folder aside to start afresh"
+            )
+        path = self.checkpoint_dir / name
+        try:
+            saved = torch.load(path, map_location=self.device, weights_only=weights_only)
+        except pickle.UnpicklingError as e:
+            raise OrchError(
+                f"{path} holds objects that a weights-only load refuses ({e}); if the file is your "
+                "own and nobody else can write its folder, load it with "
+                "ctx.load_checkpoint(weights_only=False)"
+            ) from e
         self.resume_step = int(saved["step"]) + 1
         self._step = int(saved["step"])
         return saved["state"]
@@ -244,6 +269,7 @@ class Context:
 
 
 MAX_STEP = 2**63 - 1
+_CHECKPOINT_NAME = re.compile(r"step-[0-9]{9,19}\.pt")  # the names save_checkpoint writes (int64 steps)
 
 
 def _as_step(step: Any) -> int:

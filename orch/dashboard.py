@@ -7,6 +7,7 @@ or prints a line now and then when the output is a file or a pipe.
 
 from __future__ import annotations
 
+import re
 import sys
 import threading
 import time
@@ -17,6 +18,26 @@ from .coordinator import RankState
 from .errors import MasterUnavailable
 
 STRAGGLER_FRACTION = 0.8  # a rank below this share of the median steps/s is marked slow
+
+# Terminal control sequences, whole: CSI (ESC [ or 0x9b ... final byte), OSC, DCS, SOS, PM and
+# APC strings (up to BEL or ST), other two-byte escapes; then any other C0/C1 control but
+# newline and tab, and DEL.
+_CONTROL = re.compile(
+    r"(?:\x1b\[|\x9b)[0-?]*[ -/]*[@-~]?"
+    r"|(?:\x1b[\]PX^_]|[\x90\x98\x9d\x9e\x9f])[^\x07\x1b\x9c]*(?:\x07|\x1b\\|\x9c)?"
+    r"|\x1b[ -~]?"
+    r"|[\x00-\x08\x0b-\x1f\x7f-\x9f]"
+)
+
+
+def printable(text: str, *, one_line: bool = False) -> str:
+    """``text`` without terminal control sequences: what a remote host or traceback says is shown,
+    never obeyed (a host name can carry an escape that retitles or clears the terminal).
+
+    ``one_line`` also turns newlines and tabs into spaces, for a field of one table row.
+    """
+    text = _CONTROL.sub("", text)
+    return text.replace("\n", " ").replace("\t", " ") if one_line else text
 
 
 def _fmt_age(age: float) -> str:
@@ -44,11 +65,11 @@ def stragglers(mirror: StateMirror) -> set[int]:
 def render(mirror: StateMirror, *, address: str = "") -> str:
     done, total = mirror.progress()
     lines = [
-        f"orch run {mirror.run_id or '?'}  {mirror.state.value:<9}  "
+        f"orch run {printable(mirror.run_id, one_line=True) or '?'}  {mirror.state.value:<9}  "
         f"{mirror.registered}/{mirror.world_size} ranks  elapsed {mirror.elapsed:6.1f}s"
         + (f"  attempt {mirror.attempt}/{mirror.max_attempts}" if mirror.max_attempts > 1 else "")
-        + (f"  master {address}" if address else "")
-        + (f"  rendezvous {mirror.rendezvous}" if mirror.rendezvous else ""),
+        + (f"  master {printable(address, one_line=True)}" if address else "")
+        + (f"  rendezvous {printable(str(mirror.rendezvous), one_line=True)}" if mirror.rendezvous else ""),
         _bar(done, total),
         "",
         f"{'rank':>4}  {'state':<10} {'step':>7} {'loss':>10} {'steps/s':>8} {'heartbeat':>9}  host/pid",
@@ -60,27 +81,28 @@ def render(mirror: StateMirror, *, address: str = "") -> str:
             marks.append("SLOW")
         if r.diverged:
             marks.append("NaN/inf loss")
+        host = printable(r.host, one_line=True)  # what the worker says its host is called
         lines.append(
             f"{r.rank:>4}  {r.state.value:<10} {r.step:>7} {r.loss_text():>10} "
-            f"{r.steps_per_sec:>8.1f} {_fmt_age(r.heartbeat_age):>9}  {r.host}/{r.pid}"
+            f"{r.steps_per_sec:>8.1f} {_fmt_age(r.heartbeat_age):>9}  {host}/{r.pid}"
             + (f"  <- {', '.join(marks)}" if marks else "")
         )
     if mirror.failure:
-        lines += ["", f"FAILED: {mirror.failure}"]
+        lines += ["", f"FAILED: {printable(mirror.failure)}"]
     return "\n".join(lines)
 
 
 def summary(mirror: StateMirror) -> str:
-    lines = [f"run {mirror.run_id} {mirror.state.value} in {mirror.elapsed:.1f}s"]
+    lines = [f"run {printable(mirror.run_id, one_line=True)} {mirror.state.value} in {mirror.elapsed:.1f}s"]
     for r in mirror.ranks:
         lines.append(
             f"  rank {r.rank}: {r.state.value}, step {r.step}, loss {r.loss_text()}"
-            + (f", params {r.param_checksum[:12]}" if r.param_checksum else "")
+            + (f", params {printable(r.param_checksum, one_line=True)[:12]}" if r.param_checksum else "")
         )
     if mirror.failure:
-        lines.append(f"root cause: {mirror.failure}")
+        lines.append(f"root cause: {printable(mirror.failure)}")
         if mirror.root_cause_error:
-            lines.append(mirror.root_cause_error.rstrip())
+            lines.append(printable(mirror.root_cause_error).rstrip())
     return "\n".join(lines)
 
 

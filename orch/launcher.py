@@ -39,7 +39,7 @@ from .coordinator import Coordinator, RunState
 from .errors import ConfigError, RunFailed
 from .master import MasterServer
 from .rundir import write_result
-from .store import RunStore
+from .store import RunStore, private_dir
 from .worker import WorkerSpec, spawn_main
 
 log = logging.getLogger(__name__)
@@ -317,7 +317,8 @@ class Run(Viewable):
         self.worker_ids = [f"{prefix}{i}" for i in range(spec.world_size)]
         self.procs = []
         self._exited = {}
-        (self.run_dir / "logs").mkdir(parents=True, exist_ok=True)
+        private_dir(self.run_dir)
+        private_dir(self.run_dir / "logs")
         ctx = worker_context()
         threads = spec.threads or max(1, (os.cpu_count() or 1) // spec.world_size)
         env = {

@@ -163,6 +163,9 @@ class Panel:
         self._closed = threading.Event()
         self._callbacks: list[Callable[[Panel], None]] = []
         self._build(width_px)
+        # The first state is drawn before the panel is shown: a run that already ended (or
+        # ends before the thread gets going) is never shown blank.
+        self._tick()
         self._thread = threading.Thread(target=self._loop, name="orch-panel", daemon=True)
         self._thread.start()
 
@@ -217,28 +220,29 @@ class Panel:
 
     # -- polling --------------------------------------------------------------------------
     def _loop(self) -> None:
-        while not self._closed.is_set():
-            try:
-                if self.client is None:
-                    raise MasterUnavailable("no master to poll")
-                self.mirror.poll(self.client)
-                self.polls += 1
-                self.last_error = ""
-            except MasterUnavailable as e:
-                final = self.source.final_state()
-                if final is not None:  # the run ended and its master is gone: draw its last state
-                    self.mirror = final
-                else:
-                    self.last_error = str(e)
-            try:
-                self._redraw()
-            except Exception:  # a drawing bug must not kill the poller; show it instead
-                self.last_error = traceback.format_exc()
-                log.exception("orch panel: redraw failed")
-            if self.mirror.state.done:
-                break
-            self._closed.wait(self.interval)
+        while not self.mirror.state.done and not self._closed.wait(self.interval):
+            self._tick()
         self.stop_button.disabled = True
+
+    def _tick(self) -> None:
+        """One poll of the master (or the run's final state once it is gone), one redraw."""
+        try:
+            if self.client is None:
+                raise MasterUnavailable("no master to poll")
+            self.mirror.poll(self.client)
+            self.polls += 1
+            self.last_error = ""
+        except MasterUnavailable as e:
+            final = self.source.final_state()
+            if final is not None:  # the run ended and its master is gone: draw its last state
+                self.mirror = final
+            else:
+                self.last_error = str(e)
+        try:
+            self._redraw()
+        except Exception:  # a drawing bug must not kill the poller; show it instead
+            self.last_error = traceback.format_exc()
+            log.exception("orch panel: redraw failed")
 
     def close(self) -> None:
         """Stop polling (the widgets keep their last state)."""

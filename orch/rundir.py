@@ -25,7 +25,7 @@ from ._viewable import Viewable
 from .client import RankView, SeriesBuffer, StateMirror
 from .coordinator import Coordinator, RankState, RunState
 from .errors import ConfigError, OrchError
-from .store import MetricsDamage, read_events, read_metrics, write_json_atomic
+from .store import MetricsDamage, private_dir, read_events, read_metrics, write_json_atomic
 
 log = logging.getLogger(__name__)
 
@@ -41,7 +41,7 @@ def write_result(coordinator: Coordinator, run_dir: Path) -> Path:
     record["events"] = [
         {"time": t, "kind": kind, "rank": rank, "message": msg} for t, kind, rank, msg in mirror.events
     ]
-    run_dir.mkdir(parents=True, exist_ok=True)
+    private_dir(run_dir)
     path = run_dir / "result.json"
     write_json_atomic(path, record)
     return path

@@ -36,9 +36,27 @@ HEADER = struct.Struct("<II")
 MAX_RECORD = 64 * 1024 * 1024
 
 
+def private_opener(path: str, flags: int) -> int:
+    """``open(..., opener=private_opener)``: a file this user alone can read (0600) when created."""
+    return os.open(path, flags, 0o600)
+
+
+def private_dir(path: Path) -> Path:
+    """Make the folder ``path`` for this user alone (0700); folders above it get the usual mode.
+
+    A run dir holds tracebacks, logs and checkpoints: other users of the host have no business
+    reading them. An existing folder is left as it is.
+    """
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with contextlib.suppress(FileExistsError):
+        os.mkdir(path, 0o700)  # the umask can only narrow the mode, and 0700 is narrow already
+    return path
+
+
 def write_json_atomic(path: Path, value: Any) -> None:
     tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "w") as f:
+    with open(tmp, "w", opener=private_opener) as f:
+        os.fchmod(f.fileno(), 0o600)  # a .tmp left behind by a crash keeps its old mode
         json.dump(value, f)
         f.flush()
         os.fsync(f.fileno())
@@ -50,10 +68,10 @@ class RunStore:
 
     def __init__(self, run_dir: Path, *, fsync_interval: float = 1.0) -> None:
         self.run_dir = run_dir
-        run_dir.mkdir(parents=True, exist_ok=True)
+        private_dir(run_dir)
         self._lock = threading.Lock()
-        self._metrics = open(run_dir / "metrics.pb", "ab", buffering=0)  # noqa: SIM115
-        self._events = open(run_dir / "events.jsonl", "a", buffering=1)  # noqa: SIM115
+        self._metrics = open(run_dir / "metrics.pb", "ab", buffering=0, opener=private_opener)  # noqa: SIM115
+        self._events = open(run_dir / "events.jsonl", "a", buffering=1, opener=private_opener)  # noqa: SIM115
         self._dirty = False
         self._closed = threading.Event()
         self._syncer = threading.Thread(

@@ -10,10 +10,12 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import errno
 import faulthandler
 import json
 import logging
 import os
+import re
 import signal
 import socket
 import sys
@@ -30,7 +32,6 @@ from ._net import (
     address_towards,
     interface_for,
     is_local_address,
-    port_is_free,
     split_address,
 )
 from ._owner import Owner, exit_when_gone
@@ -41,7 +42,7 @@ from ._source import SourceMap, install, label_cells
 from ._target import EXAMPLE, TrainFn, resolve_fn
 from .auth import open_channel, token_from_env, unavailable_hint
 from .errors import ConfigError, PortInUseError, StopTraining, WorkerError
-from .store import write_json_atomic
+from .store import private_dir, write_json_atomic
 
 log = logging.getLogger(__name__)
 
@@ -56,7 +57,7 @@ class WorkerSpec:
 
     master: str
     worker_id: str = ""
-    fn: TrainFn | str | None = None  # None: the function the master names
+    fn: TrainFn | str | None = None  # None: the function the master names (see trust_master)
     config: dict[str, Any] | None = None  # None: the master's config
     local_rank: int = 0
     local_world_size: int = 1
@@ -72,6 +73,9 @@ class WorkerSpec:
     token: str | None = None  # None: $ORCH_TOKEN
     tls_ca: str | None = None  # verify the master's TLS certificate against this CA
     tls_server_name: str | None = None  # ... for this name (default: the master's address)
+    # Without ``fn``, run the function the master names even over a channel not verified
+    # with ``tls_ca`` (the built-in example runs either way).
+    trust_master: bool = False
     log_file: str | None = None
     env: dict[str, str] = field(default_factory=dict)
     workdir: str | None = None  # the folder to run in and to find ``fn`` from (default: this one)
@@ -126,6 +130,33 @@ def _pin_interface(address: str, backend: str) -> None:
         log.info("%s=%s (the interface of %s)", variable, name, address)
 
 
+# What a run id may be: it names a folder of run_root, so a plain name, never a path.
+_SAFE_RUN_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
+
+
+def _check_run_id(run_id: str, master: str) -> str:
+    """``run_id`` if it is a safe folder name, else a WorkerError: it comes from the master."""
+    if not _SAFE_RUN_ID.fullmatch(run_id) or ".." in run_id:
+        raise WorkerError(
+            f"the master at {master} sent an unsafe run id {run_id[:200]!r}: a run id must be "
+            "1-128 letters, digits, '.', '_' or '-' (no '..', no '/'); is it an orch master you started?"
+        )
+    return run_id
+
+
+def _master_named_fn(spec: WorkerSpec, named: str) -> str:
+    """The function the master names, if this worker may run it: importing a module runs code."""
+    name = named or EXAMPLE
+    if name == EXAMPLE or spec.tls_ca is not None or spec.trust_master:
+        return name
+    raise WorkerError(
+        f"the master at {spec.master} names the training function {name[:200]!r}, but this worker "
+        "runs a function named by its master only over TLS it verifies or when told to trust it: "
+        "pass --fn package.module:function (the function to run), --tls-ca CA.pem (for a master "
+        "serving TLS), or --trust-master (WorkerSpec fn=, tls_ca= or trust_master=True)"
+    )
+
+
 def _register(stub: pb_grpc.OrchestratorStub, spec: WorkerSpec) -> pb.RegisterResponse:
     address = _advertised_address(spec)
     req = pb.RegisterRequest(
@@ -162,6 +193,21 @@ def _register(stub: pb_grpc.OrchestratorStub, spec: WorkerSpec) -> pb.RegisterRe
                 ) from e
 
 
+def _listen(address: str, port: int) -> socket.socket:
+    """A socket listening on ``address:port`` only (not the wildcard address)."""
+    host = address.strip("[]")
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        # As torch's own store does: a port held only by TIME_WAIT connections is free.
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+        sock.listen(socket.SOMAXCONN)
+    except OSError:
+        sock.close()
+        raise
+    return sock
+
+
 def _serve_rendezvous(
     stub: pb_grpc.OrchestratorStub, spec: WorkerSpec, reg: pb.RegisterResponse, timeout: float
 ) -> Any:
@@ -169,31 +215,39 @@ def _serve_rendezvous(
 
     Binding first and reporting after leaves no window in which another process could take
     the port: 29500 when it is free, else any free one, unless the master fixed the port.
+    torch's store is unauthenticated, so it listens only on the address this rank advertises
+    (the one the other ranks dial: 127.0.0.1 in a local run): the socket is bound here and
+    handed to torch as ``master_listen_fd``, since torch itself would bind every address.
     """
     from torch._C._distributed_c10d import TCPStore
 
+    address = _advertised_address(spec).strip("[]")
     fixed = reg.rendezvous_port
-    port = fixed or (DEFAULT_RENDEZVOUS_PORT if port_is_free(DEFAULT_RENDEZVOUS_PORT, "0.0.0.0") else 0)
     try:
-        store = TCPStore(
-            "0.0.0.0",
-            port,
-            reg.world_size,
-            True,
-            timeout=datetime.timedelta(seconds=timeout),
-            wait_for_workers=False,
-        )
-    except (RuntimeError, OSError) as e:
-        if fixed:
-            raise PortInUseError(fixed, "torch.distributed rendezvous", "rdzv_port") from e
-        store = TCPStore(
-            "0.0.0.0",
-            0,
-            reg.world_size,
-            True,
-            timeout=datetime.timedelta(seconds=timeout),
-            wait_for_workers=False,
-        )
+        try:
+            sock = _listen(address, fixed or DEFAULT_RENDEZVOUS_PORT)
+        except OSError as e:
+            if fixed and e.errno == errno.EADDRINUSE:
+                raise PortInUseError(fixed, "torch.distributed rendezvous", "rdzv_port") from e
+            if fixed or e.errno != errno.EADDRINUSE:
+                raise
+            sock = _listen(address, 0)
+    except OSError as e:
+        raise WorkerError(
+            f"cannot listen for the torch.distributed rendezvous on {address} ({e.strerror}): "
+            "the advertised address must be an address of this host (pass --advertise-addr)"
+        ) from e
+    port = sock.getsockname()[1]
+    # torch takes the socket over (it closes it with the store, or when it fails to start).
+    store = TCPStore(
+        address,
+        port,
+        reg.world_size,
+        True,
+        timeout=datetime.timedelta(seconds=timeout),
+        wait_for_workers=False,
+        master_listen_fd=sock.detach(),
+    )
     again = pb.RegisterRequest(worker_id=spec.worker_id, run_id=reg.run_id, rendezvous_port=store.port)
     stub.Register(again, timeout=10.0)
     return store
@@ -241,7 +295,8 @@ def _write_error(path: Path, spec: WorkerSpec, rank: int, code: int, error: str)
         "traceback": error,
     }
     with contextlib.suppress(OSError):
-        path.parent.mkdir(parents=True, exist_ok=True)
+        private_dir(path.parent.parent)  # the run dir: 0700, as the launcher makes it
+        private_dir(path.parent)
         write_json_atomic(path, record)
 
 
@@ -295,13 +350,29 @@ def run_worker(spec: WorkerSpec) -> int:
     stub = pb_grpc.OrchestratorStub(channel)
     reg = _register(stub, spec)
     run_id, rank, world = reg.run_id, reg.rank, reg.world_size
+    try:
+        # The run id becomes a folder and the master's function name becomes code: both are
+        # checked before any use, so a spoofed master can neither write outside run_root
+        # nor make this worker import what it likes.
+        _check_run_id(run_id, spec.master)
+        fn_name = spec.fn if spec.fn is not None else _master_named_fn(spec, reg.fn)
+    except WorkerError as e:
+        with contextlib.suppress(grpc.RpcError):  # tell the master why (it may be a real one)
+            stub.ReportCompletion(
+                pb.CompletionRequest(
+                    run_id=run_id, worker_id=spec.worker_id, outcome=pb.RANK_FAILED, error=str(e)
+                ),
+                timeout=5.0,
+            )
+        channel.close()
+        raise
     log.info("worker %s registered as rank %d of %d in run %s", spec.worker_id, rank, world, run_id)
     outcome, error, checksum, step, code = pb.RANK_SUCCEEDED, "", "", 0, 0
     reported = False
     sender: HeartbeatSender | None = None
     error_file = Path(spec.run_root) / run_id / "errors" / f"{spec.worker_id}.json"
     try:
-        fn = resolve_fn(spec.fn if spec.fn is not None else reg.fn or EXAMPLE, spec.workdir)
+        fn = resolve_fn(fn_name, spec.workdir)
         install(fn, spec.sources)
         config = spec.config if spec.config is not None else json.loads(reg.config_json or "{}")
         store = _serve_rendezvous(stub, spec, reg, spec.collective_timeout) if rank == 0 else None
@@ -456,7 +527,7 @@ def spawn_main(payload: bytes) -> None:
     # at all). A worker ends through its launcher (SIGTERM) or its master, never on SIGINT.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     if spec.log_file:
-        fd = os.open(spec.log_file, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        fd = os.open(spec.log_file, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
         sys.stdout.flush()
         sys.stderr.flush()
         os.dup2(fd, 1)

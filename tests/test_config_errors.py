@@ -155,7 +155,14 @@ def test_orch_master_names_a_module_that_workers_find_in_their_folder(
         assert master.stdout is not None
         address = master.stdout.readline().split("serving on ")[1].split(";")[0]
         worker = orch_cli(
-            "worker", "--master", address, "--nproc-per-node", "2", env=subprocess_env, cwd=tmp_path
+            "worker",
+            "--master",
+            address,
+            "--trust-master",
+            "--nproc-per-node",
+            "2",
+            env=subprocess_env,
+            cwd=tmp_path,
         )
         assert worker.returncode == 0, worker.stderr[-2000:]
         out, _ = master.communicate(timeout=60)

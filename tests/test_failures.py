@@ -176,7 +176,10 @@ def test_workers_exit_when_the_master_is_killed(tmp_path: Path, subprocess_env: 
     )
     workers = [
         subprocess.Popen(
-            [ORCH, "worker", "--master", address, "--threads", "1", "--run-root", str(tmp_path)],
+            [
+                *(ORCH, "worker", "--master", address, "--trust-master"),
+                *("--threads", "1", "--run-root", str(tmp_path)),
+            ],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
             env=subprocess_env,

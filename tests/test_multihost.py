@@ -277,7 +277,7 @@ class Cluster:
             self.start(
                 h.role,
                 h.argv(
-                    ORCH, "worker", "--master", self.address, "--nproc-per-node", "2",
+                    ORCH, "worker", "--master", self.address, "--trust-master", "--nproc-per-node", "2",
                     "--run-root", str(self.tmp), "--advertise-addr", h.ip,
                 ),
             )  # fmt: skip

@@ -142,7 +142,10 @@ def test_orch_worker_group_killed_alone_leaves_nothing(
         assert master.stdout is not None
         address = master.stdout.readline().split("serving on ")[1].split(";")[0]
         worker = subprocess.Popen(
-            [ORCH, "worker", "--master", address, "--nproc-per-node", "2", "--run-root", str(tmp_path)],
+            [
+                *(ORCH, "worker", "--master", address, "--trust-master"),
+                *("--nproc-per-node", "2", "--run-root", str(tmp_path)),
+            ],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
             env=subprocess_env,

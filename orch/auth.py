@@ -10,11 +10,17 @@ makes one and prints it). :func:`open_channel` is the one place clients build ch
 
 from __future__ import annotations
 
+import asyncio
+import hashlib
 import hmac
+import inspect
+import logging
 import os
 import secrets
 import ssl
-from collections.abc import Awaitable, Callable
+import sys
+from collections import Counter
+from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -22,9 +28,14 @@ import grpc
 
 from .errors import ConfigError
 
+log = logging.getLogger(__name__)
+
 TOKEN_ENV = "ORCH_TOKEN"
 HEALTH_PREFIX = "/grpc.health.v1.Health/"
-MAX_TOKEN_LEN = 512
+# An authorization header longer than this is refused without hashing it. gRPC's own limit on a
+# call's headers is raised above it (MAX_METADATA_BYTES), so tokens of any length up to it work.
+MAX_AUTH_HEADER_BYTES = 64 * 1024
+MAX_METADATA_BYTES = 80 * 1024
 MAX_MESSAGE_BYTES = 64 * 1024 * 1024
 CHANNEL_OPTIONS = [
     ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
@@ -42,10 +53,14 @@ def token_from_env(token: str | None) -> str | None:
 
 
 class TokenInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[type-arg]
-    """Rejects every call but the health check unless it carries the run's token."""
+    """Rejects every call but the health check unless it carries the run's token.
+
+    The check reads only the call's headers: a refused call's body is never read, and the
+    call ends at once, so a stranger holds no memory and no call slot of the master.
+    """
 
     def __init__(self, token: str) -> None:
-        self._expected = f"Bearer {token}".encode()
+        self._expected = _digest(f"Bearer {token}".encode())
 
     async def intercept_service(
         self, continuation: Callable[[Any], Awaitable[Any]], handler_call_details: grpc.HandlerCallDetails
@@ -53,27 +68,177 @@ class TokenInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[type-arg]
         method: str = handler_call_details.method
         if method.startswith(HEALTH_PREFIX):
             return await continuation(handler_call_details)
-        metadata = dict(handler_call_details.invocation_metadata or ())
-        given = metadata.get("authorization")
+        given = next(
+            (v for k, v in handler_call_details.invocation_metadata or () if k == "authorization"), None
+        )
         if given is None:
-            return _deny(
-                "this orch master requires a token: pass --token or set ORCH_TOKEN "
-                "(orch.attach(..., token=...) in a notebook)"
-            )
-        if not hmac.compare_digest(str(given).encode()[:MAX_TOKEN_LEN], self._expected):
-            return _deny(
-                "wrong token for this orch master: use the token it was started with "
-                "(printed by `orch master`, or $ORCH_TOKEN)"
-            )
+            return _MISSING
+        raw = given.encode() if isinstance(given, str) else bytes(given)
+        # Digests of both sides: equal lengths, so the comparison takes the same time for any token.
+        if len(raw) > MAX_AUTH_HEADER_BYTES or not hmac.compare_digest(_digest(raw), self._expected):
+            return _WRONG
         return await continuation(handler_call_details)
 
 
+def _digest(value: bytes) -> bytes:
+    return hashlib.sha256(value).digest()
+
+
 def _deny(message: str) -> grpc.RpcMethodHandler:  # type: ignore[type-arg]
-    async def abort(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> None:
+    async def refuse(requests: Any, context: grpc.aio.ServicerContext[Any, Any]) -> None:
+        # A streaming handler that never reads its requests: grpc reads no body for it (a unary
+        # handler would wait for the whole body first), and the client still gets this status.
         await context.abort(grpc.StatusCode.UNAUTHENTICATED, message)
 
-    # Every orch RPC is unary-unary; streaming calls (reflection) are refused the same way.
-    return grpc.unary_unary_rpc_method_handler(abort)
+    return grpc.stream_stream_rpc_method_handler(refuse)
+
+
+_MISSING = _deny(
+    "this orch master requires a token: pass --token or set ORCH_TOKEN "
+    "(orch.attach(..., token=...) in a notebook)"
+)
+_WRONG = _deny(
+    "wrong token for this orch master: use the token it was started with "
+    "(printed by `orch master`, or $ORCH_TOKEN)"
+)
+
+
+class CallBudget(grpc.aio.ServerInterceptor):  # type: ignore[type-arg]
+    """At most ``limits[method]`` calls of each method at once (``default`` for the others).
+
+    A call holds its slot from its headers to its reply: unary requests are read here, not by
+    grpc before the handler starts, so a caller that never sends its body is counted too, and
+    is cut off after ``read_timeout`` seconds. Each method has its own budget, so a flood of
+    one kind of call (slow GetState polls, health checks from strangers) never takes the
+    slots another needs (the workers' heartbeats). A request that does not parse gets
+    INVALID_ARGUMENT and one log line, not a traceback.
+    """
+
+    def __init__(self, limits: Mapping[str, int], default: int, *, read_timeout: float = 30.0) -> None:
+        self.limits = dict(limits)
+        self.default = default
+        self.read_timeout = read_timeout
+        self.in_flight: Counter[str] = Counter()
+        self.refused: Counter[str] = Counter()
+        self._wrapped: dict[str, tuple[Any, Any]] = {}
+
+    async def intercept_service(
+        self, continuation: Callable[[Any], Awaitable[Any]], handler_call_details: grpc.HandlerCallDetails
+    ) -> Any:
+        handler = await continuation(handler_call_details)
+        if handler is None:
+            return None
+        method: str = handler_call_details.method
+        cached = self._wrapped.get(method)
+        if cached is not None and cached[0] is handler:
+            return cached[1]
+        wrapped = self._wrap(method, handler)
+        if len(self._wrapped) < 1024:  # the methods served: a stranger's made-up names are not kept
+            self._wrapped[method] = (handler, wrapped)
+        return wrapped
+
+    def _wrap(self, method: str, handler: Any) -> Any:
+        serialize = handler.response_serializer
+        if not handler.request_streaming:
+            behavior = handler.unary_stream if handler.response_streaming else handler.unary_unary
+            if not inspect.iscoroutinefunction(behavior) and not inspect.isasyncgenfunction(behavior):
+                return handler  # a synchronous handler: served as grpc serves it, outside the budget
+            deserialize = handler.request_deserializer
+
+            async def unary(requests: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
+                await self._enter(method, context)
+                try:
+                    request = await self._read_one(method, deserialize, context)
+                    if not handler.response_streaming:
+                        return await behavior(request, context)
+                    await _stream_out(behavior(request, context), context)
+                    return None
+                finally:
+                    self.in_flight[method] -= 1
+
+            if handler.response_streaming:
+                return grpc.stream_stream_rpc_method_handler(unary, response_serializer=serialize)
+            return grpc.stream_unary_rpc_method_handler(unary, response_serializer=serialize)
+        behavior = handler.stream_stream if handler.response_streaming else handler.stream_unary
+        if not inspect.iscoroutinefunction(behavior) and not inspect.isasyncgenfunction(behavior):
+            return handler
+
+        async def streaming(requests: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
+            await self._enter(method, context)
+            try:
+                if not handler.response_streaming:
+                    return await behavior(requests, context)
+                await _stream_out(behavior(requests, context), context)
+                return None
+            finally:
+                self.in_flight[method] -= 1
+
+        make = (
+            grpc.stream_stream_rpc_method_handler
+            if handler.response_streaming
+            else grpc.stream_unary_rpc_method_handler
+        )
+        return make(
+            streaming, request_deserializer=handler.request_deserializer, response_serializer=serialize
+        )
+
+    async def _enter(self, method: str, context: grpc.aio.ServicerContext[Any, Any]) -> None:
+        limit = self.limits.get(method, self.default)
+        if self.in_flight[method] >= limit:
+            self.refused[method] += 1
+            await context.abort(
+                grpc.StatusCode.RESOURCE_EXHAUSTED,
+                f"this orch master is serving {limit} {method.rsplit('/', 1)[-1]} calls already, "
+                "its limit: retry later",
+            )
+        self.in_flight[method] += 1
+
+    async def _read_one(
+        self,
+        method: str,
+        deserialize: Callable[[bytes], Any] | None,
+        context: grpc.aio.ServicerContext[Any, Any],
+    ) -> Any:
+        try:
+            raw = await _read(context, self.read_timeout)
+        except asyncio.TimeoutError:
+            await context.abort(
+                grpc.StatusCode.DEADLINE_EXCEEDED,
+                f"the request did not arrive within {self.read_timeout:g}s of the call's headers",
+            )
+        if not isinstance(raw, bytes):  # grpc.aio.EOF: the client sent none
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "the call carried no request message")
+        if deserialize is None:
+            return raw
+        try:
+            return deserialize(raw)
+        except Exception:  # protobuf's DecodeError, or any other failure to parse: bad input
+            log.warning(
+                "%s: refused a request that does not parse (%d bytes) from %s",
+                method,
+                len(raw),
+                context.peer(),
+            )
+            await context.abort(
+                grpc.StatusCode.INVALID_ARGUMENT,
+                f"the request is not a valid message for {method}: {len(raw)} bytes that do not parse",
+            )
+
+
+async def _read(context: grpc.aio.ServicerContext[Any, Any], timeout: float) -> Any:
+    if sys.version_info >= (3, 11):
+        async with asyncio.timeout(timeout):  # a timer, where wait_for makes a task per call
+            return await context.read()
+    return await asyncio.wait_for(context.read(), timeout)
+
+
+async def _stream_out(result: Any, context: grpc.aio.ServicerContext[Any, Any]) -> None:
+    """Run a response-streaming behavior: an async generator's replies are written in turn."""
+    if inspect.isasyncgen(result):
+        async for reply in result:
+            await context.write(reply)
+    else:
+        await result
 
 
 class _TokenMetadata(grpc.UnaryUnaryClientInterceptor, grpc.UnaryStreamClientInterceptor):  # type: ignore[type-arg]

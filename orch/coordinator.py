@@ -35,8 +35,16 @@ MAX_ID_LEN = 256
 SETTLE_SECONDS = 2.0
 EXIT_ABORTED = 70  # a worker that ended itself because the run had already failed
 MAX_METRICS_PER_RANK = 64
-MAX_POINTS_IN_MEMORY = 250_000  # per rank and metric; the run dir keeps every point
+# Points held in memory by one master, across all its series (24 bytes each: 23 MiB). Past it
+# the oldest points of the biggest series leave memory first, down to three quarters of it;
+# the run dir's metrics log keeps every point.
+MAX_POINTS_IN_MEMORY = 1_000_000
 MAX_POINTS_PER_REPLY = 250_000  # a GetState reply stays a few MiB; the caller asks again for more
+# Events held in memory (past either bound the oldest quarter leaves; the run dir keeps them
+# all), and sent in one GetState reply (the caller asks again for the rest).
+MAX_EVENTS_IN_MEMORY = 10_000
+MAX_EVENT_BYTES_IN_MEMORY = 8 * 1024 * 1024
+MAX_EVENT_BYTES_PER_REPLY = 4 * 1024 * 1024
 PEER_ERROR = re.compile(
     r"Connection (reset|closed) by peer|Broken pipe|gloo/transport|DistBackendError|DistNetworkError"
     r"|NCCL (error|communicator)|ProcessGroup\w* .*(timed out|abort)",
@@ -108,22 +116,21 @@ class Reject(Exception):
 
 
 class _Series:
-    """One rank's points of one metric, in compact arrays, at most ``limit`` kept in memory.
+    """One rank's points of one metric, in compact arrays.
 
-    ``base`` is the absolute index of the first point held: past the limit the oldest
-    points leave memory (the run dir's metrics log keeps them all), and cursors, which
-    count absolute points, stay valid.
+    ``base`` is the absolute index of the first point held: the coordinator trims the oldest
+    points out of memory under its budget (the run dir's metrics log keeps them all), and
+    cursors, which count absolute points, stay valid.
     """
 
-    __slots__ = ("attempt", "base", "limit", "steps", "times", "values")
+    __slots__ = ("attempt", "base", "steps", "times", "values")
 
-    def __init__(self, limit: int = 0) -> None:
+    def __init__(self) -> None:
         self.steps = array("q")
         self.values = array("d")
         self.times = array("d")
         self.attempt = 0
         self.base = 0
-        self.limit = limit
 
     def __len__(self) -> int:
         return len(self.steps)
@@ -150,11 +157,25 @@ class _Series:
         self.steps.extend(steps)
         self.values.extend(values)
         self.times.extend(times)
-        if self.limit and len(self.steps) > self.limit:
-            drop = len(self.steps) - self.limit * 3 // 4  # trim in chunks, not on every append
-            del self.steps[:drop], self.values[:drop], self.times[:drop]
-            self.base += drop
         return rewound
+
+    def trim(self, drop: int) -> None:
+        """Let the oldest ``drop`` points leave memory."""
+        del self.steps[:drop], self.values[:drop], self.times[:drop]
+        self.base += drop
+
+
+def _water_level(lengths: list[int], excess: int) -> int:
+    """The largest length L such that cutting every longer series down to L frees ``excess`` points."""
+    ordered = sorted(lengths, reverse=True)
+    top = 0
+    for k, n in enumerate(ordered, 1):
+        top += n
+        level = (top - excess) // k
+        following = ordered[k] if k < len(ordered) else 0
+        if level >= following:
+            return max(level, 0)
+    return 0
 
 
 @dataclass
@@ -208,7 +229,12 @@ def _check_id(name: str, value: str, *, required: bool = True) -> None:
 
 
 class Coordinator:
-    """Registry, barrier, metric series and state of one run."""
+    """Registry, barrier, metric series and state of one run.
+
+    What callers can make it hold is bounded: ``max_points_in_memory`` points across all
+    series, :data:`MAX_EVENTS_IN_MEMORY` events (and :data:`MAX_EVENT_BYTES_IN_MEMORY` of their
+    messages), and one ``stop_requested`` event per stop however often it is asked for.
+    """
 
     def __init__(
         self,
@@ -247,6 +273,10 @@ class Coordinator:
         self._series: dict[tuple[int, str], _Series] = {}
         self._names: dict[int, set[str]] = {}
         self.events: list[pb.Event] = []
+        self.dropped_events = 0  # the oldest events that left memory (the run dir keeps them)
+        self._event_bytes = 0
+        self.stop_requests = 0  # every StopRun; only the one that set the stop is an event
+        self.points_in_memory = 0
         self.failure = ""
         self.root_cause: RankRecord | None = None
         self.stop_requested = False
@@ -388,13 +418,17 @@ class Coordinator:
             for s in req.series:
                 series = self._series.get((rec.rank, s.name))
                 if series is None:
-                    series = self._series[(rec.rank, s.name)] = _Series(self.max_points_in_memory)
+                    series = self._series[(rec.rank, s.name)] = _Series()
                 times = s.times if s.times else [wall] * len(s.steps)
+                held = len(series)
                 if series.add(s.steps, s.values, times, self.attempt):
                     self._epoch += 1
+                self.points_in_memory += len(series) - held
                 if s.name == "loss" and s.values:
                     rec.loss = s.values[-1]
                     rec.has_loss = True
+            if self.max_points_in_memory and self.points_in_memory > self.max_points_in_memory:
+                self._trim_points()
             if self.store is not None and req.series:
                 # Written before the reply: an acknowledged point is in the run dir.
                 self.store.append_points(rec.rank, self.attempt, req.series)
@@ -451,8 +485,11 @@ class Coordinator:
             return rec is not None and rec.state.done and rec.state is not RankState.LOST
 
     def request_stop(self, reason: str = "") -> RunState:
+        """Ask the ranks to stop. Only the request that sets the stop is an event; the ones
+        after it (a user clicking Stop again, a script in a loop) are only counted."""
         with self._lock:
-            if self.state.done:
+            self.stop_requests += 1
+            if self.state.done or self.stop_requested:
                 return self.state
             self._event("stop_requested", -1, reason or "stop requested")
             if self.state is RunState.PENDING:
@@ -635,11 +672,35 @@ class Coordinator:
                 reply.more = reply.more or stop < len(s)
                 nxt.keys.append(key)
                 nxt.offsets.append(s.base + stop)
-            first_event = 0 if full else max(0, prev.events)
-            reply.events.extend(self.events[first_event:])
-            nxt.events = len(self.events)
+            nxt.events = self._events_since(0 if full else max(0, prev.events), reply)
             reply.cursor = nxt.SerializeToString()
             return reply
+
+    def _events_since(self, cursor: int, reply: pb.GetStateResponse) -> int:
+        """Put the events from absolute index ``cursor`` on in ``reply`` (as many as one reply
+        takes; ``more`` says to ask again); return the cursor after them. Events that left
+        memory before the caller saw them are named by one ``events_dropped`` event."""
+        if cursor < self.dropped_events:
+            missed = self.dropped_events - cursor
+            reply.events.append(
+                pb.Event(
+                    time=self.events[0].time if self.events else self._wall(),
+                    kind="events_dropped",
+                    rank=-1,
+                    message=f"{missed} earlier events are no longer in the master's memory "
+                    "(the run dir's events.jsonl keeps them all)",
+                )
+            )
+            cursor = self.dropped_events
+        size = 0
+        for event in self.events[cursor - self.dropped_events :]:
+            size += len(event.message) + 64
+            if size > MAX_EVENT_BYTES_PER_REPLY and reply.events:
+                reply.more = True
+                break
+            reply.events.append(event)
+            cursor += 1
+        return cursor
 
     # -- internals (lock held) -------------------------------------------------------------
     def _known(self, run_id: str, worker_id: str) -> RankRecord:
@@ -735,9 +796,36 @@ class Coordinator:
     def _event(self, kind: str, rank: int, message: str) -> None:
         event = pb.Event(time=self._wall(), kind=kind, rank=rank, message=message)
         self.events.append(event)
+        self._event_bytes += len(message) + 64
+        if len(self.events) > MAX_EVENTS_IN_MEMORY or self._event_bytes > MAX_EVENT_BYTES_IN_MEMORY:
+            self._trim_events()
         if self.store is not None:
             self.store.append_event(event)
         log.debug("run %s: %s rank=%d %s", self.run_id, kind, rank, message)
+
+    def _trim_events(self) -> None:
+        """Let the oldest events leave memory, down to three quarters of both bounds."""
+        drop = 0
+        count, size = len(self.events), self._event_bytes
+        while drop < len(self.events) - 1 and (
+            count - drop > MAX_EVENTS_IN_MEMORY * 3 // 4 or size > MAX_EVENT_BYTES_IN_MEMORY * 3 // 4
+        ):
+            size -= len(self.events[drop].message) + 64
+            drop += 1
+        del self.events[:drop]
+        self._event_bytes = size
+        self.dropped_events += drop
+
+    def _trim_points(self) -> None:
+        """Bring the points in memory down to three quarters of the budget, from the oldest
+        points of the biggest series: every series longer than one level is cut to it, so a
+        flood of one series leaves the others whole."""
+        excess = self.points_in_memory - self.max_points_in_memory * 3 // 4
+        level = _water_level([len(s) for s in self._series.values()], excess)
+        for s in self._series.values():
+            if len(s) > level:
+                self.points_in_memory -= len(s) - level
+                s.trim(len(s) - level)
 
     def _elapsed(self, now: float) -> float:
         if self.started_at is None:

@@ -12,7 +12,9 @@ import contextlib
 import functools
 import logging
 import queue
+import resource
 import threading
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -23,7 +25,7 @@ from grpc_reflection.v1alpha import reflection
 from ._net import DEFAULT_MASTER_PORT, choose_port, is_loopback
 from ._proto import orchestrator_pb2 as pb
 from ._proto import orchestrator_pb2_grpc as pb_grpc
-from .auth import TokenInterceptor, server_credentials
+from .auth import MAX_METADATA_BYTES, CallBudget, TokenInterceptor, server_credentials
 from .coordinator import Coordinator, Reject
 from .errors import ConfigError, PortInUseError
 
@@ -32,6 +34,22 @@ Ctx = grpc.aio.ServicerContext[Any, Any]
 
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["Orchestrator"].full_name
 MAX_MESSAGE_BYTES = 16 * 1024 * 1024
+# Calls of each method in flight at once (from their headers to their reply), each method on a
+# budget of its own: no flood of one kind of call can take the slots the workers' heartbeats need.
+# A call beyond its method's limit gets RESOURCE_EXHAUSTED at once.
+CALL_LIMITS = {
+    f"/{SERVICE_NAME}/SendHeartbeat": 4096,
+    f"/{SERVICE_NAME}/Register": 1024,
+    f"/{SERVICE_NAME}/CanStartTraining": 1024,
+    f"/{SERVICE_NAME}/ReportCompletion": 1024,
+    f"/{SERVICE_NAME}/GetState": 32,  # each builds a reply of up to a few MiB
+    f"/{SERVICE_NAME}/StopRun": 64,
+    "/grpc.health.v1.Health/Check": 256,
+    "/grpc.health.v1.Health/Watch": 64,
+}
+OTHER_CALLS_LIMIT = 16  # reflection, and any other method
+REQUEST_READ_TIMEOUT = 30.0  # seconds from a call's headers to its whole request
+HANDSHAKE_TIMEOUT_MS = 5000  # a connection that has not finished its TLS / HTTP/2 handshake by then is closed
 
 _STATUS = {
     "invalid_argument": grpc.StatusCode.INVALID_ARGUMENT,
@@ -127,7 +145,7 @@ class MasterServer:
         *,
         host: str = "127.0.0.1",
         port: int | None = None,
-        max_concurrent_rpcs: int = 4096,
+        call_limits: Mapping[str, int] | None = None,
         expire_interval: float = 0.25,
         token: str | None = None,
         tls_cert: str | Path | None = None,
@@ -152,7 +170,11 @@ class MasterServer:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stop_requested: asyncio.Event | None = None
         self._grace = 1.0
-        self.max_concurrent_rpcs = max_concurrent_rpcs
+        self.budget = CallBudget(
+            CALL_LIMITS if call_limits is None else call_limits,
+            OTHER_CALLS_LIMIT,
+            read_timeout=REQUEST_READ_TIMEOUT,
+        )
         self._stopped = threading.Event()
         self._ticker: threading.Thread | None = None
         self.token = token
@@ -166,6 +188,7 @@ class MasterServer:
         return f"{host}:{self.port}"
 
     def start(self) -> MasterServer:
+        _raise_fd_limit()
         port = choose_port(
             self.requested_port,
             DEFAULT_MASTER_PORT,
@@ -199,15 +222,23 @@ class MasterServer:
 
     async def _serve(self, port: int, started: queue.Queue[BaseException | None]) -> None:
         server = grpc.aio.server(
-            interceptors=[TokenInterceptor(self.token)] if self.token else [],
-            # Beyond this many calls in flight new ones get RESOURCE_EXHAUSTED at once,
-            # so a flood cannot queue up without bound.
-            maximum_concurrent_rpcs=self.max_concurrent_rpcs,
+            # The token first: a stranger's call ends on its headers, before it counts against a
+            # budget. No global limit on calls in flight: strangers could fill it (each method
+            # has its own, in the budget).
+            interceptors=[*([TokenInterceptor(self.token)] if self.token else []), self.budget],
             options=[
                 # gRPC sets SO_REUSEPORT by default: a second master would share the port silently.
                 ("grpc.so_reuseport", 0),
                 ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
                 ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+                ("grpc.server_handshake_timeout_ms", HANDSHAKE_TIMEOUT_MS),
+                # No window growth by bandwidth probing: with it, gRPC buffered a refused call's
+                # body anyway (+150 MiB under 40 strangers sending 8 MiB calls in a loop; +5 MiB
+                # without). A request being read still gets the window it needs to arrive.
+                ("grpc.http2.bdp_probe", 0),
+                # Room for a long token: the token check itself refuses headers past 64 KiB.
+                ("grpc.max_metadata_size", MAX_METADATA_BYTES),
+                ("grpc.absolute_max_metadata_size", MAX_METADATA_BYTES),
             ],
         )
         pb_grpc.add_OrchestratorServicer_to_server(OrchestratorServicer(self.coordinator), server)
@@ -274,3 +305,16 @@ class MasterServer:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+def _raise_fd_limit() -> None:
+    """Raise the soft limit on open files to the hard one: each connection to the master is one."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    # Linux refuses an unlimited soft limit on open files: its own ceiling (fs.nr_open) is 2**20.
+    target = hard if hard != resource.RLIM_INFINITY else 2**20
+    if soft == resource.RLIM_INFINITY or soft >= target:
+        return
+    try:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+    except (ValueError, OSError) as e:
+        log.debug("could not raise the open-file limit from %s to %s: %s", soft, target, e)

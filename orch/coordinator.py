@@ -521,7 +521,7 @@ class Coordinator:
             self._by_worker = {}
             self.root_cause = None
             self.failure = ""
-            self.stop_requested = False
+            # A stop asked for while the group was torn down carries over: the next attempt stops.
             self.stop_at_step = 0
             self.state = RunState.PENDING
             self.ended_at = None

@@ -390,6 +390,11 @@ class Run(Viewable):
                 self._terminate_workers()
                 self._collect_exits(expected=True)
                 self.all_exited_at = time.monotonic()
+                if coord.state is RunState.RESTARTING and coord.stop_requested:
+                    # Stop pressed while the group was being torn down for a restart: no
+                    # next attempt; the run ends as the user asked.
+                    coord.close_run("stopped while restarting: the next attempt was not started")
+                    break
                 reason = self._restart_refused()
                 if reason is None and coord.state is RunState.RESTARTING:
                     coord.restart()

@@ -87,3 +87,24 @@ def test_attach_polls_only_what_changed(tmp_path: Path) -> None:
             attached.close()
         assert first is result  # one mirror, brought up to date in place
         assert result.history() == run.history()
+
+
+def test_a_stop_while_the_group_restarts_ends_the_run_stopped(tmp_path: Path) -> None:
+    run = orch.launch(
+        "jobs:checkpointed_slow_teardown",
+        world_size=2,
+        run_root=str(tmp_path),
+        max_restarts=2,
+        config={"steps": 1_000, "die_at": 15},
+    )
+    try:
+        # The survivor ignores SIGTERM, so the tear-down lasts the launcher's grace (1.5 s).
+        assert wait_for(lambda: run.coordinator.state is RunState.RESTARTING, 120, interval=0.005)
+        run.stop()
+        result = run.wait(timeout=60)
+    finally:
+        run.close()
+    assert result.state is RunState.STOPPED
+    assert run.coordinator.attempt == 1  # no next attempt was started
+    assert any("stopped while restarting" in e[3] for e in run.state().events)
+    assert _result(run.run_dir)["state"] == "STOPPED"

@@ -354,7 +354,7 @@ def test_fuzzed_stop_requests(stoppable: tuple[MasterServer, Coordinator], reque
 
 # How much the master may grow under the flood: a bound a loaded 2-core machine keeps (measured:
 # +27 MiB idle, +31 MiB with both cores busy; the master's RSS under load: benchmarks/RESULTS.md,
-# master_ingest). The master holds at most MAX_POINTS_IN_MEMORY points per series; keeping every
+# master_ingest). The master holds at most MAX_POINTS_IN_MEMORY points in all; keeping every
 # point would take at least POINT_BYTES each (an int64 step and a float64 value), past the bound
 # for any flood of more than UNBOUNDED_POINTS, and the test checks that its flood was that big
 # (measured: 42M points idle, 26M with both cores busy).

@@ -6,7 +6,6 @@ from typing import TYPE_CHECKING, Any
 
 from .api import AttachedRun, attach, launch
 from .client import MasterClient, StateMirror
-from .coordinator import RankState, RunState
 from .errors import (
     AuthError,
     ConfigError,
@@ -18,6 +17,7 @@ from .errors import (
 )
 from .launcher import Run, RunResult
 from .rundir import LoadedRun, load_run
+from .states import RankState, RunState
 
 if TYPE_CHECKING:
     from .context import Context

@@ -10,9 +10,9 @@ from ._target import TrainFn
 from ._viewable import Viewable
 from .auth import token_from_env
 from .client import MasterClient, StateMirror
-from .coordinator import RunState
 from .errors import ConfigError, RunFailed
 from .launcher import LaunchSpec, Run, live_runs, still_running
+from .states import RunState
 
 
 def _check_ports(master_port: int | None, rdzv_port: int | None) -> None:

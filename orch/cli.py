@@ -20,12 +20,13 @@ from ._net import split_address
 from ._target import EXAMPLE, resolve_fn, split_target
 from .auth import certificate_name, new_token, token_from_env
 from .client import MasterClient, StateMirror
-from .coordinator import Coordinator, RunState
+from .coordinator import Coordinator
 from .dashboard import Dashboard, printable, render, summary
 from .errors import ConfigError, MasterUnavailable, OrchError, RunFailed
 from .launcher import LaunchSpec, Run
 from .master import MasterServer
 from .rundir import write_result
+from .states import RunState
 from .store import RunStore
 
 EXIT = {RunState.SUCCEEDED: 0, RunState.FAILED: 1, RunState.STOPPED: 3}

@@ -12,7 +12,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import grpc
 import numpy as np
@@ -22,9 +22,11 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from ._proto import orchestrator_pb2 as pb
 from ._proto import orchestrator_pb2_grpc as pb_grpc
 from .auth import open_channel, token_from_env, unavailable_hint
-from .coordinator import RANK_STATE_FROM_PB, Coordinator, RankState, RunState
 from .errors import AuthError, MasterUnavailable, OrchError
-from .master import SERVICE_NAME
+from .states import RANK_STATE_FROM_PB, SERVICE_NAME, RankState, RunState
+
+if TYPE_CHECKING:
+    from .coordinator import Coordinator
 
 
 class MasterClient:
@@ -122,6 +124,7 @@ class RankView:
     exit_code: int
     address: str = ""
     has_loss: bool = False
+    dropped_points: int = 0  # points ctx.log dropped: its queue was full (the master unreachable)
 
     @property
     def diverged(self) -> bool:
@@ -151,6 +154,7 @@ class RankView:
             exit_code=r.exit_code,
             address=r.address,
             has_loss=r.has_loss,
+            dropped_points=r.dropped_points,
         )
 
     def as_dict(self) -> dict[str, Any]:

@@ -18,10 +18,10 @@ from array import array
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from enum import Enum
 from typing import TYPE_CHECKING, Literal
 
 from ._proto import orchestrator_pb2 as pb
+from .states import RANK_STATE_FROM_PB, RANK_STATE_PB, RUN_STATE_PB, RankState, RunState
 
 if TYPE_CHECKING:
     from .store import RunStore
@@ -55,54 +55,6 @@ STOP_LEAD_SECONDS = 2.0  # how far ahead of the ranks a stop step is set (see _s
 LOST_TOGETHER = "; lost at the same time: "
 BACKENDS = ("", "gloo", "nccl")
 
-
-class RunState(str, Enum):
-    """State of a run.
-
-    PENDING -> RUNNING (every rank registered: the barrier opens)
-    RUNNING -> SUCCEEDED (every rank finished) | FAILED (a rank failed or was lost)
-            | STOPPED (stop requested, every rank ended)
-    PENDING -> FAILED | STOPPED (a launch that failed or was stopped before it started)
-    RUNNING -> RESTARTING (a rank failed after the group made progress, restarts are left)
-    RESTARTING -> PENDING (the next attempt) | FAILED (the launcher gave up: ``give_up``)
-    SUCCEEDED, FAILED and STOPPED are final.
-    """
-
-    PENDING = "PENDING"
-    RUNNING = "RUNNING"
-    SUCCEEDED = "SUCCEEDED"
-    FAILED = "FAILED"
-    STOPPED = "STOPPED"
-    RESTARTING = "RESTARTING"
-
-    @property
-    def done(self) -> bool:
-        return self in (RunState.SUCCEEDED, RunState.FAILED, RunState.STOPPED)
-
-    @property
-    def failing(self) -> bool:
-        """A rank failed: every other one must stop now (for good, or for a restart)."""
-        return self in (RunState.FAILED, RunState.RESTARTING)
-
-
-class RankState(str, Enum):
-    """State of one rank: REGISTERED -> RUNNING -> SUCCEEDED | FAILED | STOPPED | LOST."""
-
-    REGISTERED = "REGISTERED"
-    RUNNING = "RUNNING"
-    SUCCEEDED = "SUCCEEDED"
-    FAILED = "FAILED"
-    STOPPED = "STOPPED"
-    LOST = "LOST"
-
-    @property
-    def done(self) -> bool:
-        return self in (RankState.SUCCEEDED, RankState.FAILED, RankState.STOPPED, RankState.LOST)
-
-
-RUN_STATE_PB = {s: getattr(pb, s) for s in RunState.__members__}
-RANK_STATE_PB = {s: getattr(pb, "RANK_" + s) for s in RankState.__members__}
-RANK_STATE_FROM_PB = {v: RankState(k) for k, v in RANK_STATE_PB.items()}
 
 RejectKind = Literal["invalid_argument", "failed_precondition", "not_found", "resource_exhausted"]
 

@@ -14,8 +14,8 @@ import time
 from typing import TextIO
 
 from .client import MasterClient, StateMirror
-from .coordinator import RankState
 from .errors import MasterUnavailable
+from .states import RankState
 
 STRAGGLER_FRACTION = 0.8  # a rank below this share of the median steps/s is marked slow
 
@@ -81,6 +81,8 @@ def render(mirror: StateMirror, *, address: str = "") -> str:
             marks.append("SLOW")
         if r.diverged:
             marks.append("NaN/inf loss")
+        if r.dropped_points:
+            marks.append(f"{r.dropped_points} points dropped")
         host = printable(r.host, one_line=True)  # what the worker says its host is called
         lines.append(
             f"{r.rank:>4}  {r.state.value:<10} {r.step:>7} {r.loss_text():>10} "

@@ -1,8 +1,8 @@
-"""Start a run on this machine: the master in this process, N workers spawned beside it.
+"""Start a run on this machine: the master in this process, N workers beside it.
 
-:class:`Run` is what ``orch.launch`` returns and what ``orch run`` drives. Workers are
-started with the *spawn* method, so no child inherits this process's gRPC threads (or
-CUDA state); the training function travels to them cloudpickled. A monitor thread
+:class:`Run` is what ``orch.launch`` returns and what ``orch run`` drives. Workers fork
+from a forkserver (see :func:`worker_context`), a fresh process that never held this
+process's gRPC threads or CUDA state; the training function travels to them cloudpickled. A monitor thread
 watches the children's exit codes every ``poll_interval`` seconds, beside the master's
 heartbeat expiry, so a dead rank fails the run at once instead of leaving the others
 blocked in a collective.
@@ -35,10 +35,11 @@ from ._target import TrainFn, resolve_fn
 from ._viewable import Viewable
 from .auth import TOKEN_ENV, certificate_name, new_token, token_from_env
 from .client import MasterClient, StateMirror
-from .coordinator import Coordinator, RunState
+from .coordinator import Coordinator
 from .errors import ConfigError, RunFailed
 from .master import MasterServer
 from .rundir import write_result
+from .states import RunState
 from .store import RunStore, private_dir
 from .worker import WorkerSpec, spawn_main
 

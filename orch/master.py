@@ -28,11 +28,11 @@ from ._proto import orchestrator_pb2_grpc as pb_grpc
 from .auth import MAX_METADATA_BYTES, CallBudget, TokenInterceptor, server_credentials
 from .coordinator import Coordinator, Reject
 from .errors import ConfigError, PortInUseError
+from .states import SERVICE_NAME
 
 log = logging.getLogger(__name__)
 Ctx = grpc.aio.ServicerContext[Any, Any]
 
-SERVICE_NAME = pb.DESCRIPTOR.services_by_name["Orchestrator"].full_name
 MAX_MESSAGE_BYTES = 16 * 1024 * 1024
 # Calls of each method in flight at once (from their headers to their reply), each method on a
 # budget of its own: no flood of one kind of call can take the slots the workers' heartbeats need.
@@ -295,10 +295,6 @@ class MasterServer:
         if self._ticker is not None:
             self._ticker.join(timeout=2.0)
             self._ticker = None
-
-    def wait(self, timeout: float | None = None) -> bool:
-        """Block until the server stops; True if it did within ``timeout``."""
-        return self._stopped.wait(timeout)
 
     def __enter__(self) -> MasterServer:
         return self.start()

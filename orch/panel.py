@@ -28,9 +28,9 @@ import numpy as np
 import numpy.typing as npt
 
 from .client import MasterClient, StateMirror
-from .coordinator import RankState, RunState
 from .dashboard import stragglers
 from .errors import MasterUnavailable
+from .states import RankState, RunState
 
 log = logging.getLogger(__name__)
 
@@ -161,7 +161,6 @@ class Panel:
         self._plot = _Plot(width_px, height_px)
         self._drawn_points = -1
         self._closed = threading.Event()
-        self._callbacks: list[Callable[[Panel], None]] = []
         self._build(width_px)
         # The first state is drawn before the panel is shown: a run that already ended (or
         # ends before the thread gets going) is never shown blank.
@@ -210,13 +209,6 @@ class Panel:
 
     def _repr_mimebundle_(self, **kwargs: Any) -> Any:
         return self.widget._repr_mimebundle_(**kwargs)
-
-    def on_update(self, callback: Callable[[Panel], None], remove: bool = False) -> None:
-        """Call ``callback(panel)`` after each update (``remove=True`` to unregister)."""
-        if remove:
-            self._callbacks.remove(callback)
-        else:
-            self._callbacks.append(callback)
 
     # -- polling --------------------------------------------------------------------------
     def _loop(self) -> None:
@@ -290,11 +282,6 @@ class Panel:
             if m.state.done:
                 self.stop_button.disabled = True
                 self.stop_button.description = m.state.value.capitalize()
-        for cb in list(self._callbacks):
-            try:
-                cb(self)
-            except Exception:
-                log.exception("orch panel: on_update callback failed")
 
     def _draw_header(self, m: StateMirror) -> None:
         color = STATE_COLORS[m.state]
@@ -327,6 +314,11 @@ class Panel:
                 marks.append('<span class="orch-slow" title="slower than the others">straggler</span>')
             if r.diverged:
                 marks.append('<span class="orch-nan" title="the loss is not finite">NaN/inf loss</span>')
+            if r.dropped_points:
+                marks.append(
+                    f'<span class="orch-dropped" title="ctx.log\'s queue was full while the master '
+                    f'could not be reached">{r.dropped_points} points dropped</span>'
+                )
             color = "#cf222e" if r.state in (RankState.FAILED, RankState.LOST) else "inherit"
             age = "-" if r.heartbeat_age < 0 else f"{r.heartbeat_age:.1f}s"
             rows.append(

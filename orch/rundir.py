@@ -23,8 +23,9 @@ from typing import Any, TypeVar
 from ._proto import orchestrator_pb2 as pb
 from ._viewable import Viewable
 from .client import RankView, SeriesBuffer, StateMirror
-from .coordinator import Coordinator, RankState, RunState
+from .coordinator import Coordinator
 from .errors import ConfigError, OrchError
+from .states import RankState, RunState
 from .store import MetricsDamage, private_dir, read_events, read_metrics, write_json_atomic
 
 log = logging.getLogger(__name__)

@@ -101,17 +101,11 @@ def _set_threads(spec: WorkerSpec) -> None:
         torch.set_num_interop_threads(max(1, min(n, 2)))
 
 
-class _Abort:
-    """What the heartbeat thread does when the run must end now."""
-
-    def __init__(self) -> None:
-        self.reason = ""
-
-    def __call__(self, reason: str) -> None:
-        self.reason = reason
-        sys.stderr.write(f"orch worker: {reason}; exiting\n")
-        sys.stderr.flush()
-        os._exit(EXIT_ABORTED)
+def _abort(reason: str) -> None:
+    """What the heartbeat thread does when the run must end now: say why, and exit."""
+    sys.stderr.write(f"orch worker: {reason}; exiting\n")
+    sys.stderr.flush()
+    os._exit(EXIT_ABORTED)
 
 
 def _advertised_address(spec: WorkerSpec) -> str:
@@ -416,7 +410,7 @@ def run_worker(spec: WorkerSpec) -> int:
             interval=spec.heartbeat_interval,
             master_timeout=spec.master_timeout or reg.heartbeat_timeout or 30.0,
             on_stop=lambda at_step: ctx.request_stop(at_step),
-            on_abort=_Abort(),
+            on_abort=_abort,
             local_master=is_local_address(split_address(spec.master)[0]),
         )
         ctx = Context(

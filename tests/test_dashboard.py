@@ -58,3 +58,19 @@ def test_summary_names_the_root_cause_with_its_traceback() -> None:
     text = summary(m)
     assert "FAILED" in text and "root cause: rank 0 (worker w, host h, pid 7) failed: ValueError: bad" in text
     assert "Traceback (most recent call last)" in text
+
+
+def test_dropped_points_are_shown_in_the_dashboard_and_the_panel() -> None:
+    from orch.panel import Panel
+
+    m = mirror_of({0: [1.0, 1.0, 1.0]}, {0: 1, 1: 1, 2: 1})
+    assert not any("dropped" in line for line in render(m).splitlines())
+    c = Coordinator(1, run_id="d", clock=lambda: 0.0)
+    c.register(pb.RegisterRequest(worker_id="w", host="h", pid=1, rendezvous_port=1))
+    c.can_start(pb.CanStartTrainingRequest(run_id="d", worker_id="w"))
+    c.heartbeat(pb.HeartbeatRequest(run_id="d", worker_id="w", step=1, dropped_points=1234))
+    m = StateMirror()
+    m.apply(c.snapshot())
+    assert m.ranks[0].dropped_points == 1234
+    assert "1234 points dropped" in render(m).splitlines()[4]
+    assert "1234 points dropped" in Panel._table_html(m)

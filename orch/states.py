@@ -1,0 +1,62 @@
+"""What client and server share of the protocol: the service's name and the state enums.
+
+Clients (the panel, the dashboard, ``orch status``, ``orch.attach``) import this, never
+the master's modules.
+"""
+
+from __future__ import annotations
+
+from enum import Enum
+
+from ._proto import orchestrator_pb2 as pb
+
+SERVICE_NAME = pb.DESCRIPTOR.services_by_name["Orchestrator"].full_name
+
+
+class RunState(str, Enum):
+    """State of a run.
+
+    PENDING -> RUNNING (every rank registered: the barrier opens)
+    RUNNING -> SUCCEEDED (every rank finished) | FAILED (a rank failed or was lost)
+            | STOPPED (stop requested, every rank ended)
+    PENDING -> FAILED | STOPPED (a launch that failed or was stopped before it started)
+    RUNNING -> RESTARTING (a rank failed after the group made progress, restarts are left)
+    RESTARTING -> PENDING (the next attempt) | FAILED (the launcher gave up: ``give_up``)
+    SUCCEEDED, FAILED and STOPPED are final.
+    """
+
+    PENDING = "PENDING"
+    RUNNING = "RUNNING"
+    SUCCEEDED = "SUCCEEDED"
+    FAILED = "FAILED"
+    STOPPED = "STOPPED"
+    RESTARTING = "RESTARTING"
+
+    @property
+    def done(self) -> bool:
+        return self in (RunState.SUCCEEDED, RunState.FAILED, RunState.STOPPED)
+
+    @property
+    def failing(self) -> bool:
+        """A rank failed: every other one must stop now (for good, or for a restart)."""
+        return self in (RunState.FAILED, RunState.RESTARTING)
+
+
+class RankState(str, Enum):
+    """State of one rank: REGISTERED -> RUNNING -> SUCCEEDED | FAILED | STOPPED | LOST."""
+
+    REGISTERED = "REGISTERED"
+    RUNNING = "RUNNING"
+    SUCCEEDED = "SUCCEEDED"
+    FAILED = "FAILED"
+    STOPPED = "STOPPED"
+    LOST = "LOST"
+
+    @property
+    def done(self) -> bool:
+        return self in (RankState.SUCCEEDED, RankState.FAILED, RankState.STOPPED, RankState.LOST)
+
+
+RUN_STATE_PB = {s: getattr(pb, s) for s in RunState.__members__}
+RANK_STATE_PB = {s: getattr(pb, "RANK_" + s) for s in RankState.__members__}
+RANK_STATE_FROM_PB = {v: RankState(k) for k, v in RANK_STATE_PB.items()}

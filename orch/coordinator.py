@@ -8,6 +8,7 @@ and reads time from injected clocks, so it is unit-tested without sockets or sle
 from __future__ import annotations
 
 import bisect
+import functools
 import logging
 import math
 import re
@@ -115,6 +116,12 @@ class _Series:
         """Let the oldest ``drop`` points leave memory."""
         del self.steps[:drop], self.values[:drop], self.times[:drop]
         self.base += drop
+
+
+def _points(rank: int, name: str, s: _Series, base: int, first: int, last: int) -> pb.Series:
+    """Points ``first`` to ``last`` (absolute indexes) of ``s``, whose first point held is ``base``."""
+    a, b = first - base, max(first, last) - base
+    return pb.Series(rank=rank, name=name, steps=s.steps[a:b], values=s.values[a:b], times=s.times[a:b])
 
 
 def _water_level(lengths: list[int], excess: int) -> int:
@@ -326,6 +333,18 @@ class Coordinator:
 
     def heartbeat(self, req: pb.HeartbeatRequest) -> int:
         """Record progress and points; return the command for the worker (a pb.Command)."""
+        command, write = self.accept_heartbeat(req)
+        if write is not None:
+            write()
+        return command
+
+    def accept_heartbeat(self, req: pb.HeartbeatRequest) -> tuple[int, Callable[[], None] | None]:
+        """Record progress and points in memory; return the command and the run dir's write.
+
+        The write (None when there is nothing to write) must finish before the heartbeat is
+        acknowledged, so that an acknowledged point is on disk; the gRPC master runs it on
+        its writer thread, off its event loop and outside this coordinator's lock.
+        """
         if req.step < 0 or req.total_steps < 0 or req.dropped_points < 0:
             raise Reject("invalid_argument", "step, total_steps and dropped_points must be >= 0")
         if len(req.series) > MAX_METRICS_PER_RANK:
@@ -381,11 +400,11 @@ class Coordinator:
                     rec.has_loss = True
             if self.max_points_in_memory and self.points_in_memory > self.max_points_in_memory:
                 self._trim_points()
+            write = None
             if self.store is not None and req.series:
-                # Written before the reply: an acknowledged point is in the run dir.
-                self.store.append_points(rec.rank, self.attempt, req.series)
+                write = functools.partial(self.store.append_points, rec.rank, self.attempt, req.series)
             self._changed.notify_all()
-            return self._command_for(rec)
+            return self._command_for(rec), write
 
     def complete(self, req: pb.CompletionRequest) -> None:
         outcome = RANK_STATE_FROM_PB.get(req.outcome)
@@ -606,27 +625,30 @@ class Coordinator:
             for rec in self.ranks:
                 reply.ranks.append(self._rank_info(rec, now))
             nxt = pb.StateCursor(run_id=self.run_id, epoch=self._epoch)
+            # Under the lock only the plan: which points of which series. The copies (the bulk
+            # of a catch-up) are made after it, so heartbeats never wait for them.
+            plan: list[tuple[int, str, _Series, int, int, int]] = []
             for (rank, name), s in sorted(self._series.items()) if not skip_series else ():
                 key = f"{rank}/{name}"
-                start = max(sent.get(key, 0), s.base) - s.base  # points before base left memory
-                stop = min(len(s), start + budget)
-                if stop > start:
-                    reply.series.append(
-                        pb.Series(
-                            rank=rank,
-                            name=name,
-                            steps=s.steps[start:stop],
-                            values=s.values[start:stop],
-                            times=s.times[start:stop],
-                        )
-                    )
-                    budget -= stop - start
-                reply.more = reply.more or stop < len(s)
+                first = max(sent.get(key, 0), s.base)  # absolute; points before base left memory
+                last = min(s.end, first + budget)
+                if last > first:
+                    plan.append((rank, name, s, s.base, first, last))
+                    budget -= last - first
+                reply.more = reply.more or last < s.end
                 nxt.keys.append(key)
-                nxt.offsets.append(s.base + stop)
+                nxt.offsets.append(last)
             nxt.events = self._events_since(0 if full else max(0, prev.events), reply)
-            reply.cursor = nxt.SerializeToString()
-            return reply
+        # Appends (and the array slices here) are atomic under the GIL and never move held
+        # points; a trim does, so a series trimmed meanwhile is copied again under the lock.
+        built = [_points(rank, name, s, base, first, last) for rank, name, s, base, first, last in plan]
+        with self._lock:
+            for i, (rank, name, s, base, first, last) in enumerate(plan):
+                if s.base != base:
+                    built[i] = _points(rank, name, s, s.base, max(first, s.base), last)
+        reply.series.extend(p for p in built if p.steps)
+        reply.cursor = nxt.SerializeToString()
+        return reply
 
     def _events_since(self, cursor: int, reply: pb.GetStateResponse) -> int:
         """Put the events from absolute index ``cursor`` on in ``reply`` (as many as one reply

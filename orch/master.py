@@ -8,6 +8,7 @@ service and server reflection beside it, so stock gRPC tools can talk to it.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import functools
 import logging
@@ -73,6 +74,10 @@ class OrchestratorServicer(pb_grpc.OrchestratorServicer):  # type: ignore[misc]
 
     def __init__(self, coordinator: Coordinator) -> None:
         self.coordinator = coordinator
+        self._writer = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="orch-writer")
+
+    def close(self) -> None:
+        self._writer.shutdown(wait=True)
 
     async def Register(self, request: pb.RegisterRequest, context: Ctx) -> pb.RegisterResponse:
         try:
@@ -101,11 +106,15 @@ class OrchestratorServicer(pb_grpc.OrchestratorServicer):  # type: ignore[misc]
 
     async def SendHeartbeat(self, request: pb.HeartbeatRequest, context: Ctx) -> pb.HeartbeatResponse:
         try:
-            command = self.coordinator.heartbeat(request)
-            stop_at = self.coordinator.stop_at_step if command == pb.STOP else 0
-            return pb.HeartbeatResponse(command=command, stop_at_step=stop_at)  # type: ignore[arg-type]
+            command, write = self.coordinator.accept_heartbeat(request)
         except Reject as e:
             await _abort(context, e)
+        if write is not None:
+            # The points reach the run dir before the reply, on the writer thread: the event
+            # loop never waits on the disk, and writes keep their order.
+            await asyncio.get_running_loop().run_in_executor(self._writer, write)
+        stop_at = self.coordinator.stop_at_step if command == pb.STOP else 0
+        return pb.HeartbeatResponse(command=command, stop_at_step=stop_at)  # type: ignore[arg-type]
 
     async def ReportCompletion(self, request: pb.CompletionRequest, context: Ctx) -> pb.CompletionResponse:
         try:
@@ -175,8 +184,6 @@ class MasterServer:
             OTHER_CALLS_LIMIT,
             read_timeout=REQUEST_READ_TIMEOUT,
         )
-        self._stopped = threading.Event()
-        self._ticker: threading.Thread | None = None
         self.token = token
         self.tls = (tls_cert, tls_key) if tls_cert is not None and tls_key is not None else None
 
@@ -207,8 +214,6 @@ class MasterServer:
         if error is not None:
             self._thread.join(5.0)
             raise error
-        self._ticker = threading.Thread(target=self._tick, name="orch-master-expiry", daemon=True)
-        self._ticker.start()
         log.info("orch master serving run %s on %s", self.coordinator.run_id, self.address)
         return self
 
@@ -241,7 +246,8 @@ class MasterServer:
                 ("grpc.absolute_max_metadata_size", MAX_METADATA_BYTES),
             ],
         )
-        pb_grpc.add_OrchestratorServicer_to_server(OrchestratorServicer(self.coordinator), server)
+        servicer = OrchestratorServicer(self.coordinator)
+        pb_grpc.add_OrchestratorServicer_to_server(servicer, server)
         health_pb2_grpc.add_HealthServicer_to_server(self._health, server)
         reflection.enable_server_reflection(
             (
@@ -265,25 +271,31 @@ class MasterServer:
         except RuntimeError:
             started.put(PortInUseError(port, "orch master", "--port"))
             await server.stop(None)
+            servicer.close()
             return
         except BaseException as e:  # a bad certificate, ...: the caller of start() gets it
             started.put(e)
             await server.stop(None)
+            servicer.close()
             return
         self.port = bound
         self._server = server
         self._stop_requested = asyncio.Event()
         started.put(None)
+        expiry = asyncio.create_task(self._expire())
         await self._stop_requested.wait()
+        expiry.cancel()
         await self._health.enter_graceful_shutdown()
         await server.stop(self._grace)
+        servicer.close()  # after the last heartbeat's write
 
-    def _tick(self) -> None:
-        while not self._stopped.wait(self.expire_interval):
+    async def _expire(self) -> None:
+        """Declare silent ranks lost, every ``expire_interval``, on the event loop."""
+        while True:
+            await asyncio.sleep(self.expire_interval)
             self.coordinator.expire()
 
     def stop(self, grace: float = 1.0) -> None:
-        self._stopped.set()
         loop, stop_requested = self._loop, self._stop_requested
         if self._thread is not None and loop is not None and stop_requested is not None:
             self._grace = grace
@@ -292,9 +304,6 @@ class MasterServer:
             self._thread.join(grace + 5.0)
         self._thread = None
         self._server = None
-        if self._ticker is not None:
-            self._ticker.join(timeout=2.0)
-            self._ticker = None
 
     def __enter__(self) -> MasterServer:
         return self.start()

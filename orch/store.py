@@ -105,11 +105,16 @@ class RunStore:
 
     def sync(self) -> None:
         with self._lock:
-            if self._dirty and not self._closed.is_set():
-                with contextlib.suppress(OSError):
-                    os.fsync(self._metrics.fileno())
-                    os.fsync(self._events.fileno())
-                self._dirty = False
+            if not self._dirty or self._closed.is_set():
+                return
+            self._dirty = False
+            # Copies of the descriptors: close() may close the files while they are synced.
+            fds = [os.dup(self._metrics.fileno()), os.dup(self._events.fileno())]
+        # An fsync can take a long while on a busy disk: never while appends wait on the lock.
+        for fd in fds:
+            with contextlib.suppress(OSError):
+                os.fsync(fd)
+            os.close(fd)
 
     def close(self) -> None:
         self.sync()

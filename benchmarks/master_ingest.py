@@ -11,7 +11,10 @@ client spends its CPU on the RPCs, not on building messages). Two kinds of case:
   flight per worker, as the real sender does) for ``--seconds``: points/s and RPCs/s;
 - latency: 64, 256 and 1024 workers, each sending 10 heartbeats/s of 5 points on a fixed
   schedule (one in flight; a late reply delays the next send): p50/p99 latency and the
-  rate actually achieved, after a 1 s warm-up.
+  rate actually achieved, after a 1 s warm-up;
+- catch-up: 8 workers with 4 metrics of 40k points each, sending 10 heartbeats/s, while a
+  panel client in another process fetches the whole history again and again (GetState
+  from an empty cursor, paged): heartbeat p50/p99 while the master builds those replies.
 
 The master's and the client's CPU use over each case tell which side saturated. The
 master process is killed at the end of each case.
@@ -43,6 +46,7 @@ from orch._proto import orchestrator_pb2_grpc as pb_grpc
 NAME = "master_ingest"
 TARGET_POINTS = 100_000
 TARGET_P99_MS = 20.0
+TARGET_CATCHUP_P99_MS = 5.0
 HEARTBEAT = "/orch.v1.Orchestrator/SendHeartbeat"
 TOKEN = secrets.token_urlsafe(16)
 # orch masters may require a bearer token (ORCH_TOKEN); one that does not ignores it.
@@ -254,6 +258,75 @@ def run_case(
     return res
 
 
+CATCHUP_CLIENT = """
+import sys, time, grpc
+from orch._proto import orchestrator_pb2 as pb, orchestrator_pb2_grpc as pb_grpc
+address, token, seconds = sys.argv[1], sys.argv[2], float(sys.argv[3])
+stub = pb_grpc.OrchestratorStub(grpc.insecure_channel(address, options=[
+    ("grpc.max_receive_message_length", 64 << 20)]))
+end, n, points, took = time.monotonic() + seconds, 0, 0, []
+while time.monotonic() < end:
+    t, cursor, more = time.monotonic(), b"", True
+    while more:
+        reply = stub.GetState(pb.GetStateRequest(cursor=cursor), timeout=60,
+                              metadata=(("authorization", "Bearer " + token),))
+        cursor, more = reply.cursor, reply.more
+        points += sum(len(s.steps) for s in reply.series)
+    n, took = n + 1, took + [time.monotonic() - t]
+print(n, points, max(took) if took else 0.0, flush=True)
+"""
+
+
+async def _preload(address: str, run_id: str, workers: int, metrics: int, points: int) -> None:
+    """Give every worker ``metrics`` series of ``points`` points: a history to catch up on."""
+    async with grpc.aio.insecure_channel(address) as ch:
+        stub = pb_grpc.OrchestratorStub(ch)
+        batch = 10_000
+        for start in range(0, points, batch):
+            steps = list(range(start, min(points, start + batch)))
+            for w in range(workers):
+                series = [
+                    pb.Series(name=f"m{k}", steps=steps, values=[0.5] * len(steps)) for k in range(metrics)
+                ]
+                await stub.SendHeartbeat(
+                    pb.HeartbeatRequest(run_id=run_id, worker_id=f"w{w}", step=steps[-1], series=series),
+                    metadata=AUTH,
+                )
+
+
+def run_catchup_case(
+    tmp: Path, *, workers: int, metrics: int, points: int, seconds: float, warmup: float
+) -> Result:
+    """Heartbeats of ``workers`` ranks at 10/s while another process does full catch-ups."""
+    global _master_pid
+    res = Result(workers, "catch-up")
+    with Master(workers, tmp / "runs-catchup") as master:
+        _master_pid = master.proc.pid
+
+        async def go() -> None:
+            run_id = await _join(master.address, workers)
+            await _preload(master.address, run_id, workers, metrics, points)
+            catchup = subprocess.Popen(
+                [c.PYTHON, "-c", CATCHUP_CLIENT, master.address, TOKEN, str(seconds + warmup + 0.5)],
+                env=c.bench_env(),
+                stdout=subprocess.PIPE,
+                text=True,
+            )
+            try:
+                await _load(master.address, run_id, res, points=5, rate=10.0, seconds=seconds, warmup=warmup)
+                out, _ = await asyncio.to_thread(catchup.communicate, timeout=120)
+            finally:
+                c.kill_tree(catchup.pid)
+                catchup.wait()
+            n, got, slowest = out.split()
+            res.codes["catch-ups"] = int(n)
+            res.codes["points per catch-up"] = int(got) // max(1, int(n))
+            res.codes["slowest catch-up ms"] = round(float(slowest) * 1e3)
+
+        asyncio.run(go())
+    return res
+
+
 def main() -> None:
     p = c.parser(NAME, __doc__)
     p.add_argument("--seconds", type=float, default=6.0, help="measured seconds per case (after warm-up)")
@@ -284,8 +357,26 @@ def main() -> None:
                     f"master CPU {r.master_cpu:.0%}, client CPU {r.client_cpu:.0%}",
                     flush=True,
                 )
+            catchup_points = 2_000 if args.quick else 40_000
+            cu = run_catchup_case(
+                tmp, workers=8, metrics=4, points=catchup_points, seconds=args.seconds, warmup=warmup
+            )
+            print(
+                f"  8 workers x 10/s during full catch-ups ({cu.codes}): p50 {cu.p(50):.2f} ms, "
+                f"p99 {cu.p(99):.2f} ms, errors {cu.errors}, master CPU {cu.master_cpu:.0%}",
+                flush=True,
+            )
     finally:
         c.kill_all_children()
+    c.emit(
+        NAME,
+        "catchup_heartbeat_p99_ms",
+        f"{cu.p(99):.2f}",
+        p50_ms=f"{cu.p(50):.2f}",
+        catchups=cu.codes.get("catch-ups", 0),
+        target=f"<={TARGET_CATCHUP_P99_MS}",
+        met=cu.p(99) <= TARGET_CATCHUP_P99_MS,
+    )
     c.emit(
         NAME,
         "points_per_s",
@@ -336,6 +427,16 @@ def main() -> None:
             rows.append(
                 c.Row(f"heartbeat p99, {r.workers} workers x 10/s", "-", f"{r.p(99):.1f} ms{note}", None)
             )
+    rows.append(
+        c.Row(
+            "heartbeat p99, 8 workers x 10/s during full catch-ups of 8 x 4 x "
+            f"{catchup_points // 1000}k points (the master keeps its newest 1M)",
+            f"<= {TARGET_CATCHUP_P99_MS:g} ms",
+            f"{cu.p(99):.1f} ms ({cu.codes.get('catch-ups', 0)} catch-ups, the slowest "
+            f"{cu.codes.get('slowest catch-up ms', 0)} ms)",
+            cu.p(99) <= TARGET_CATCHUP_P99_MS,
+        )
+    )
     detail = [
         (
             r.kind,
@@ -351,7 +452,7 @@ def main() -> None:
             f"{r.client_cpu:.0%}",
             f"{r.master_rss_mb:.0f}",
         )
-        for r in results
+        for r in [*results, cu]
     ]
     body = "\n".join(
         [

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import bisect
 import csv
-import json
 import logging
 from array import array
 from collections.abc import Iterable, Sequence
@@ -26,7 +25,7 @@ from .client import RankView, SeriesBuffer, StateMirror
 from .coordinator import Coordinator
 from .errors import ConfigError, OrchError
 from .states import RankState, RunState
-from .store import MetricsDamage, private_dir, read_events, read_metrics, write_json_atomic
+from .store import MetricsDamage, json_object, private_dir, read_events, read_metrics, write_json_atomic
 
 log = logging.getLogger(__name__)
 
@@ -390,16 +389,7 @@ def _read_json(path: Path) -> dict[str, Any]:
         return {}
     except OSError as e:
         raise OrchError(f"cannot read {path}: {e}") from e
-    try:
-        value = json.loads(data.decode("utf-8"))
-    except (ValueError, RecursionError) as e:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
-        raise OrchError(
-            f"{path} is not valid JSON ({type(e).__name__}: {e}): the file is damaged; "
-            "move it aside to load the run without it"
-        ) from e
-    if not isinstance(value, dict):
-        raise OrchError(f"{path} should hold a JSON object, not {type(value).__name__}")
-    return value
+    return json_object(data, str(path), "the file is damaged: move it aside to load the run without it")
 
 
 def _rank_view(r: _Fields) -> RankView:

@@ -330,19 +330,24 @@ def _parses(line: bytes) -> bool:
     return True
 
 
+def json_object(data: bytes, where: str, remedy: str) -> dict[str, Any]:
+    """``data`` parsed as a JSON object, else an OrchError naming ``where`` and what to do."""
+    try:
+        value = json.loads(data.decode("utf-8"))
+    except (ValueError, RecursionError) as e:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
+        raise OrchError(f"{where}: not valid JSON ({type(e).__name__}: {e}); {remedy}") from e
+    if not isinstance(value, dict):
+        raise OrchError(f"{where}: should hold a JSON object, not {type(value).__name__}")
+    return value
+
+
 def _event(path: Path, number: int, line: bytes) -> dict[str, Any]:
     """One line of the event log, checked to be an event."""
-    try:
-        value = json.loads(line.decode("utf-8"))
-    except (ValueError, RecursionError) as e:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
-        raise OrchError(
-            f"{path}, line {number}: not valid JSON ({type(e).__name__}: {e}); "
-            "the event log is damaged: move it aside to load the run without its events"
-        ) from e
-    if not isinstance(value, dict):
-        raise OrchError(
-            f"{path}, line {number}: an event should be a JSON object, not {type(value).__name__}"
-        )
+    value = json_object(
+        line,
+        f"{path}, line {number}",
+        "the event log is damaged: move it aside to load the run without its events",
+    )
     for key, types in _EVENT_FIELDS.items():
         if key not in value:
             raise OrchError(f"{path}, line {number}: the event has no {key!r}")

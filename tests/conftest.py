@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
+import datetime
+import ipaddress
 import os
 import subprocess
 import sys
@@ -9,9 +12,14 @@ import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import psutil
 import pytest
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import NameOID
 
 from orch.coordinator import Coordinator
 from orch.master import MasterServer
@@ -96,3 +104,56 @@ def orch_cli(
 ) -> subprocess.CompletedProcess[str]:
     """Run the ``orch`` command to completion; its output is captured as text."""
     return subprocess.run([ORCH, *args], capture_output=True, text=True, timeout=timeout, env=env, cwd=cwd)
+
+
+@contextlib.contextmanager
+def notebook_kernel(cwd: Path) -> Iterator[tuple[Any, Any]]:
+    """A real IPython kernel started by jupyter_client, and a client connected to it.
+
+    Yields ``(manager, client)``; the kernel is shut down afterwards (killed if it still runs).
+    """
+    from jupyter_client.manager import KernelManager
+
+    km = KernelManager(kernel_name="python3")
+    km.start_kernel(cwd=str(cwd))
+    kc = km.client()
+    try:
+        kc.start_channels()
+        kc.wait_for_ready(timeout=60)
+        yield km, kc
+    finally:
+        kc.stop_channels()
+        km.shutdown_kernel(now=True)
+
+
+def make_certificate(
+    tmp_path: Path, name: str, alt: list[x509.GeneralName] | None = None
+) -> tuple[Path, Path]:
+    """A self-signed CA certificate and its key, for ``name`` and the names in ``alt``
+    (default: localhost and 127.0.0.1)."""
+    if alt is None:
+        alt = [x509.DNSName("localhost"), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]
+    key = ec.generate_private_key(ec.SECP256R1())
+    subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, name)])
+    now = datetime.datetime.now(datetime.timezone.utc)
+    builder = (
+        x509.CertificateBuilder()
+        .subject_name(subject)
+        .issuer_name(subject)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=5))
+        .not_valid_after(now + datetime.timedelta(days=1))
+        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+    )
+    if alt:
+        builder = builder.add_extension(x509.SubjectAlternativeName(alt), critical=False)
+    cert = builder.sign(key, hashes.SHA256())
+    cert_path, key_path = tmp_path / f"{name}.pem", tmp_path / f"{name}.key"
+    cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    key_path.write_bytes(
+        key.private_bytes(
+            serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+        )
+    )
+    return cert_path, key_path

@@ -8,6 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from conftest import notebook_kernel
+
 pytestmark = pytest.mark.timeout(240)
 
 HELPER_CELL = """\
@@ -39,23 +41,13 @@ run.close()
 
 
 def test_a_cell_function_failing_on_a_rank_shows_the_cell_and_its_line(tmp_path: Path) -> None:
-    from jupyter_client.manager import KernelManager
-
-    km = KernelManager(kernel_name="python3")
-    km.start_kernel(cwd=str(tmp_path))
-    try:
-        kc = km.client()
-        kc.start_channels()
-        kc.wait_for_ready(timeout=60)
+    with notebook_kernel(tmp_path) as (_, kc):
         for code in ("import json", HELPER_CELL, RUN_CELL.format(run_root=str(tmp_path))):
             out: list[str] = []
             reply = kc.execute_interactive(
                 code, timeout=180, output_hook=lambda m, out=out: out.append(m["content"].get("text", ""))
             )
             assert reply["content"]["status"] == "ok", reply["content"]
-        kc.stop_channels()
-    finally:
-        km.shutdown_kernel(now=True)
     seen = json.loads("".join(out).strip().splitlines()[-1])
     assert seen["rank"] == 1
     assert all(part in seen["message"] for part in ("rank 1 (worker ", ", host ", ", pid ")), seen["message"]
@@ -99,14 +91,7 @@ def test_interrupting_wait_returns_and_says_the_run_goes_on(tmp_path: Path) -> N
     import threading
     import time
 
-    from jupyter_client.manager import KernelManager
-
-    km = KernelManager(kernel_name="python3")
-    km.start_kernel(cwd=str(tmp_path))
-    try:
-        kc = km.client()
-        kc.start_channels()
-        kc.wait_for_ready(timeout=60)
+    with notebook_kernel(tmp_path) as (km, kc):
         setup = (
             f"import sys; sys.path.insert(0, {str(Path(__file__).parent)!r})\n"
             "import orch\nfrom orch.panel import wait_for\n"
@@ -130,6 +115,3 @@ def test_interrupting_wait_returns_and_says_the_run_goes_on(tmp_path: Path) -> N
             output_hook=lambda m: out.append(m["content"].get("text", "")),
         )["content"]
         assert reply["status"] == "ok" and "".join(out).split() == ["RUNNING", "FAILED"]
-        kc.stop_channels()
-    finally:
-        km.shutdown_kernel(now=True)

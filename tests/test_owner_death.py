@@ -18,7 +18,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from conftest import ORCH, TESTS
+from conftest import ORCH, TESTS, notebook_kernel
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -73,14 +73,7 @@ def _running(p: psutil.Process) -> bool:
 
 
 def test_a_kernel_killed_alone_leaves_nothing(tmp_path: Path) -> None:
-    from jupyter_client.manager import KernelManager
-
-    km = KernelManager(kernel_name="python3")
-    km.start_kernel(cwd=str(tmp_path))
-    try:
-        kc = km.client()
-        kc.start_channels()
-        kc.wait_for_ready(timeout=60)
+    with notebook_kernel(tmp_path) as (km, kc):
         code = (
             f"import sys; sys.path.insert(0, {str(TESTS)!r})\n"
             "import orch\n"
@@ -91,14 +84,11 @@ def test_a_kernel_killed_alone_leaves_nothing(tmp_path: Path) -> None:
         )
         reply = kc.execute_interactive(code, timeout=120)
         assert reply["content"]["status"] == "ok", reply["content"]
-        kc.stop_channels()
         pid = km.provisioner.pid  # type: ignore[union-attr]
         procs = _wait_for_workers(pid, 3)  # the forkserver and two workers, at least
         gone = _kill_alone_and_time(pid, procs)
         print(f"\nkernel killed alone: its {len(procs)} descendants gone {gone:.2f}s later")
         assert gone < BOUND
-    finally:
-        km.shutdown_kernel(now=True)  # kills it if the test failed early; closes its sockets
 
 
 def test_orch_run_killed_alone_leaves_nothing(tmp_path: Path, subprocess_env: dict[str, str]) -> None:

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import datetime
-import ipaddress
 import json
 import re
 import subprocess
@@ -18,16 +16,12 @@ from typing import Any
 import grpc
 import psutil
 import pytest
-from cryptography import x509
-from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec
-from cryptography.x509.oid import NameOID
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import orch
-from conftest import ORCH, TESTS, orch_cli
+from conftest import ORCH, TESTS, make_certificate, orch_cli
 from orch._proto import orchestrator_pb2 as pb
 from orch._proto import orchestrator_pb2_grpc as pb_grpc
 from orch.auth import open_channel
@@ -129,40 +123,9 @@ def test_orch_master_prints_the_token_it_made(tmp_path: Path, subprocess_env: di
         master.stdout.close()
 
 
-def _certificate(tmp_path: Path, name: str) -> tuple[Path, Path]:
-    key = ec.generate_private_key(ec.SECP256R1())
-    subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, name)])
-    now = datetime.datetime.now(datetime.timezone.utc)
-    cert = (
-        x509.CertificateBuilder()
-        .subject_name(subject)
-        .issuer_name(subject)
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - datetime.timedelta(minutes=5))
-        .not_valid_after(now + datetime.timedelta(days=1))
-        .add_extension(
-            x509.SubjectAlternativeName(
-                [x509.DNSName("localhost"), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]
-            ),
-            critical=False,
-        )
-        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
-        .sign(key, hashes.SHA256())
-    )
-    cert_path, key_path = tmp_path / f"{name}.pem", tmp_path / f"{name}.key"
-    cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
-    key_path.write_bytes(
-        key.private_bytes(
-            serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
-        )
-    )
-    return cert_path, key_path
-
-
 def test_a_tls_run_succeeds_and_clients_without_the_ca_fail_clearly(tmp_path: Path) -> None:
-    cert, key = _certificate(tmp_path, "master")
-    other_ca, _ = _certificate(tmp_path, "other")
+    cert, key = make_certificate(tmp_path, "master")
+    other_ca, _ = make_certificate(tmp_path, "other")
     with orch.launch(
         "jobs:allreduce_steps",
         world_size=2,

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import datetime
 import json
 import signal
 import subprocess
@@ -11,12 +10,9 @@ from pathlib import Path
 
 import pytest
 from cryptography import x509
-from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec
-from cryptography.x509.oid import NameOID
 
 import orch
-from conftest import ORCH
+from conftest import ORCH, make_certificate
 from orch.auth import certificate_name
 from orch.coordinator import RunState
 
@@ -25,42 +21,15 @@ pytestmark = pytest.mark.timeout(240)
 HOST_NAME = "orch-master.example"
 
 
-def _certificate(tmp_path: Path, name: str, alt: list[x509.GeneralName]) -> tuple[Path, Path]:
-    key = ec.generate_private_key(ec.SECP256R1())
-    subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, name)])
-    now = datetime.datetime.now(datetime.timezone.utc)
-    builder = (
-        x509.CertificateBuilder()
-        .subject_name(subject)
-        .issuer_name(subject)
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - datetime.timedelta(minutes=5))
-        .not_valid_after(now + datetime.timedelta(days=1))
-        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
-    )
-    if alt:
-        builder = builder.add_extension(x509.SubjectAlternativeName(alt), critical=False)
-    cert = builder.sign(key, hashes.SHA256())
-    cert_path, key_path = tmp_path / f"{name}.pem", tmp_path / f"{name}.key"
-    cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
-    key_path.write_bytes(
-        key.private_bytes(
-            serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
-        )
-    )
-    return cert_path, key_path
-
-
 @pytest.fixture
 def host_certificate(tmp_path: Path) -> tuple[Path, Path]:
     """A certificate for the host's DNS name only: 127.0.0.1 is not in it."""
-    return _certificate(tmp_path, HOST_NAME, [x509.DNSName(HOST_NAME)])
+    return make_certificate(tmp_path, HOST_NAME, [x509.DNSName(HOST_NAME)])
 
 
 def test_the_name_a_certificate_carries(tmp_path: Path, host_certificate: tuple[Path, Path]) -> None:
     assert certificate_name(host_certificate[0]) == HOST_NAME
-    cn_only, _ = _certificate(tmp_path, "cn-only.example", [])
+    cn_only, _ = make_certificate(tmp_path, "cn-only.example", [])
     assert certificate_name(cn_only) == "cn-only.example"
     assert certificate_name(tmp_path / "missing.pem") is None
 
@@ -88,7 +57,7 @@ def test_a_launch_with_a_certificate_for_the_host_name(
     print(f"\nTLS run with a host-name certificate: {time.monotonic() - started:.1f}s")
 
 
-def test_orch_master_with_its_dashboard_and_a_host_name_certificate(
+def test_orch_master_with_its_dashboard_and_a_host_namemake_certificate(
     tmp_path: Path, host_certificate: tuple[Path, Path], subprocess_env: dict[str, str]
 ) -> None:
     cert, key = host_certificate

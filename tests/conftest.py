@@ -89,6 +89,20 @@ def master(coordinator: Coordinator) -> Iterator[MasterServer]:
         server.stop(grace=0.2)
 
 
+TOKEN = "s3cret-token"  # the token of the `guarded` master
+
+
+@pytest.fixture
+def guarded() -> Iterator[tuple[MasterServer, Coordinator]]:
+    """A real gRPC master on a free loopback port that takes only calls carrying TOKEN."""
+    coord = Coordinator(2, run_id="r")
+    server = MasterServer(coord, port=0, token=TOKEN).start()
+    try:
+        yield server, coord
+    finally:
+        server.stop(grace=0.1)
+
+
 @pytest.fixture
 def subprocess_env(tmp_path: Path) -> dict[str, str]:
     """Environment for `orch` subprocesses: test jobs importable, runs under tmp_path."""

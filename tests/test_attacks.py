@@ -15,7 +15,6 @@ import subprocess
 import sys
 import time
 from collections import Counter
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +23,7 @@ import psutil
 import pytest
 
 import orch
-from conftest import TESTS
+from conftest import TESTS, TOKEN
 from orch import coordinator as coordinator_module
 from orch._proto import orchestrator_pb2 as pb
 from orch._proto import orchestrator_pb2_grpc as pb_grpc
@@ -37,7 +36,6 @@ sys.path.insert(0, str(TESTS))
 pytestmark = pytest.mark.timeout(400)
 
 RPC_DEADLINE = 30.0  # for a call answered at once, on a loaded 2-core machine
-TOKEN = "s3cret-token"
 HEARTBEAT = f"/{SERVICE_NAME}/SendHeartbeat"
 METHODS = ("Register", "CanStartTraining", "SendHeartbeat", "ReportCompletion", "GetState", "StopRun")
 
@@ -199,16 +197,6 @@ def test_strangers_cost_the_master_nothing(tmp_path: Path) -> None:
 
 
 # -- a token holder's floods stay within the master's budgets --------------------------------------
-
-
-@pytest.fixture
-def guarded() -> Iterator[tuple[MasterServer, Coordinator]]:
-    coord = Coordinator(2, run_id="r")
-    server = MasterServer(coord, port=0, token=TOKEN).start()
-    try:
-        yield server, coord
-    finally:
-        server.stop(grace=0.1)
 
 
 def _start_two_ranks(stub: pb_grpc.OrchestratorStub) -> None:

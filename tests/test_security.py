@@ -21,7 +21,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import orch
-from conftest import ORCH, TESTS, make_certificate, orch_cli
+from conftest import ORCH, TESTS, TOKEN, make_certificate, orch_cli
 from orch._proto import orchestrator_pb2 as pb
 from orch._proto import orchestrator_pb2_grpc as pb_grpc
 from orch.auth import open_channel
@@ -35,7 +35,6 @@ pytestmark = pytest.mark.timeout(300)
 # The deadline of an RPC that is answered at once: generous, for a loaded 2-core machine.
 RPC_DEADLINE = 30.0
 
-TOKEN = "s3cret-token"
 REQUESTS: dict[str, Any] = {
     "Register": pb.RegisterRequest(worker_id="w"),
     "CanStartTraining": pb.CanStartTrainingRequest(run_id="r", worker_id="w"),
@@ -44,16 +43,6 @@ REQUESTS: dict[str, Any] = {
     "GetState": pb.GetStateRequest(),
     "StopRun": pb.StopRunRequest(),
 }
-
-
-@pytest.fixture
-def guarded() -> Iterator[tuple[MasterServer, Coordinator]]:
-    coord = Coordinator(2, run_id="r")
-    server = MasterServer(coord, port=0, token=TOKEN).start()
-    try:
-        yield server, coord
-    finally:
-        server.stop(grace=0.1)
 
 
 @pytest.mark.parametrize("token", [None, "wrong", TOKEN + "x", ""])

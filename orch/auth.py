@@ -316,22 +316,3 @@ def certificate_name(cert: str | Path) -> str | None:
             if key == "commonName":
                 return str(value)
     return None
-
-
-def unavailable_hint(details: str, tls: bool) -> str:
-    """What to check when a master cannot be reached, with TLS named when it may be the cause."""
-    lowered = details.lower()
-    if tls and any(w in lowered for w in ("ssl", "handshake", "certificate", "peer name", "tls")):
-        return (
-            "the TLS handshake failed: check that the master serves TLS, that --tls-ca / tls_ca is "
-            "the CA that signed its certificate, and that the certificate names the address you dial"
-        )
-    if not tls and "socket closed" in lowered:
-        return (
-            "the master closed the connection: if it serves TLS, pass its CA (--tls-ca / tls_ca); "
-            "otherwise check the address and port"
-        )
-    return (
-        "check the address, that the master is running, and that TLS is used on both sides or on "
-        "neither (--tls-ca / tls_ca for a master that serves TLS)"
-    )

@@ -21,8 +21,9 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from ._proto import orchestrator_pb2 as pb
 from ._proto import orchestrator_pb2_grpc as pb_grpc
-from .auth import open_channel, token_from_env, unavailable_hint
-from .errors import AuthError, MasterUnavailable, OrchError
+from ._rpc import rpc_error
+from .auth import open_channel, token_from_env
+from .errors import MasterUnavailable
 from .states import RANK_STATE_FROM_PB, SERVICE_NAME, RankState, RunState
 
 if TYPE_CHECKING:
@@ -71,14 +72,14 @@ class MasterClient:
                 pb.GetStateRequest(cursor=cursor, skip_series=skip_series), timeout=self.timeout
             )
         except grpc.RpcError as e:
-            raise _rpc_error("GetState", self.address, e, self.tls) from e
+            raise rpc_error("GetState", self.address, e, tls=self.tls) from e
         return reply
 
     def stop_run(self, reason: str = "") -> RunState:
         try:
             reply = self.stub.StopRun(pb.StopRunRequest(reason=reason), timeout=self.timeout)
         except grpc.RpcError as e:
-            raise _rpc_error("StopRun", self.address, e, self.tls) from e
+            raise rpc_error("StopRun", self.address, e, tls=self.tls) from e
         return RunState(pb.RunState.Name(reply.state))
 
     def close(self) -> None:
@@ -89,22 +90,6 @@ class MasterClient:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-
-def _rpc_error(call: str, address: str, e: grpc.RpcError, tls: bool = False) -> OrchError:
-    code = e.code()
-    if code is grpc.StatusCode.UNAUTHENTICATED:
-        return AuthError(f"{call} to {address}: {e.details()}")
-    if code is grpc.StatusCode.UNIMPLEMENTED:
-        return MasterUnavailable(
-            f"{address} answered, but it is not an orch master ({call} is unknown there)"
-        )
-    if code is grpc.StatusCode.UNAVAILABLE:
-        details = e.details() or ""
-        return MasterUnavailable(
-            f"{call} to {address} failed: UNAVAILABLE: {details}: {unavailable_hint(details, tls)}"
-        )
-    return MasterUnavailable(f"{call} to {address} failed: {code.name}: {e.details()}")
 
 
 @dataclass

@@ -37,10 +37,11 @@ from ._net import (
 from ._owner import Owner, exit_when_gone
 from ._proto import orchestrator_pb2 as pb
 from ._proto import orchestrator_pb2_grpc as pb_grpc
+from ._rpc import UNREACHABLE, rpc_error
 from ._sender import HeartbeatSender
 from ._source import SourceMap, install, label_cells
 from ._target import EXAMPLE, TrainFn, resolve_fn
-from .auth import open_channel, token_from_env, unavailable_hint
+from .auth import open_channel, token_from_env
 from .errors import ConfigError, PortInUseError, StopTraining, WorkerError
 from .store import private_dir, write_json_atomic
 
@@ -170,21 +171,13 @@ def _register(stub: pb_grpc.OrchestratorStub, spec: WorkerSpec) -> pb.RegisterRe
             )
             return reply
         except grpc.RpcError as e:
-            if e.code() is grpc.StatusCode.UNAUTHENTICATED:
-                raise WorkerError(f"the master at {spec.master} refused this worker: {e.details()}") from e
-            if e.code() is grpc.StatusCode.UNIMPLEMENTED:
-                raise WorkerError(
-                    f"{spec.master} answered, but it is not an orch master: check the address and port"
-                ) from e
-            if e.code() not in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
-                raise WorkerError(
-                    f"the master at {spec.master} refused registration: {e.code().name}: {e.details()}"
-                ) from e
-            if time.monotonic() >= deadline:
-                raise WorkerError(
-                    f"no orch master answered at {spec.master} within {spec.register_timeout:g}s "
-                    f"({e.details()}): {unavailable_hint(e.details() or '', spec.tls_ca is not None)}"
-                ) from e
+            # A master not up yet is waited for, until the timeout; any other answer is final.
+            if e.code() in UNREACHABLE and time.monotonic() < deadline:
+                continue
+            error = rpc_error("Register", spec.master, e, tls=spec.tls_ca is not None, error=WorkerError)
+            if e.code() in UNREACHABLE:
+                error = WorkerError(f"waited {spec.register_timeout:g}s for the master: {error}")
+            raise error from e
 
 
 def _listen(address: str, port: int) -> socket.socket:

@@ -150,7 +150,7 @@ def test_a_worker_with_the_wrong_token_or_from_another_run(
     guarded: tuple[MasterServer, Coordinator], tmp_path: Path
 ) -> None:
     server, _ = guarded
-    with pytest.raises(orch.WorkerError, match="refused this worker: wrong token"):
+    with pytest.raises(orch.WorkerError, match="refused Register: wrong token"):
         run_worker(
             WorkerSpec(
                 master=server.address, token="bad", run_root=str(tmp_path), register_timeout=RPC_DEADLINE

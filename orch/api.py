@@ -128,6 +128,8 @@ class AttachedRun(Viewable):
             except KeyboardInterrupt:
                 raise KeyboardInterrupt(still_running(mirror.run_id, mirror.state.value)) from None
             mirror = self.state()
+        if self._panel is not None:
+            self._panel.refresh()  # the final state is drawn before the waiting cell goes on
         if mirror.state is RunState.FAILED:
             raise RunFailed(
                 f"run {mirror.run_id} failed: {mirror.failure}",

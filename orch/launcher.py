@@ -499,6 +499,8 @@ class Run(Viewable):
             raise KeyboardInterrupt(still_running(self.run_id, self.coordinator.state.value)) from None
         if not finished:
             raise TimeoutError(f"run {self.run_id} still {self.coordinator.state.value} after {timeout}s")
+        if self._panel is not None:
+            self._panel.refresh()  # the final state is drawn before the waiting cell goes on
         return self.result()
 
     def result(self) -> RunResult:

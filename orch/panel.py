@@ -161,6 +161,7 @@ class Panel:
         self._plot = _Plot(width_px, height_px)
         self._drawn_points = -1
         self._closed = threading.Event()
+        self._tick_lock = threading.Lock()
         self._build(width_px)
         # The first state is drawn before the panel is shown: a run that already ended (or
         # ends before the thread gets going) is never shown blank.
@@ -216,8 +217,17 @@ class Panel:
             self._tick()
         self.stop_button.disabled = True
 
+    def refresh(self) -> None:
+        """Poll and redraw now, from the calling thread (``run.wait()`` does it as the run ends,
+        so the cell that waited shows the final state before it returns)."""
+        self._tick()
+
     def _tick(self) -> None:
         """One poll of the master (or the run's final state once it is gone), one redraw."""
+        with self._tick_lock:  # the poller thread and refresh() share one mirror and cursor
+            self._tick_locked()
+
+    def _tick_locked(self) -> None:
         try:
             if self.client is None:
                 raise MasterUnavailable("no master to poll")

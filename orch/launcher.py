@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import functools
 import json
 import logging
 import math
@@ -364,7 +365,7 @@ class Run(Viewable):
     def tls_ca(self) -> str | None:
         return self.spec.tls_ca or self.spec.tls_cert
 
-    @property
+    @functools.cached_property
     def tls_server_name(self) -> str | None:
         """The name this run's own clients verify the master's certificate for (they dial 127.0.0.1)."""
         return certificate_name(self.spec.tls_cert) if self.spec.tls_cert else None

@@ -47,6 +47,20 @@ ATTACK_SECONDS = 15.0
 GROWTH_BOUND_MIB = 100  # how much the master may grow under it (before the fix: ~4 GB)
 
 
+class Silent:
+    """A request stream that sends nothing until ``release`` is set: the call's body never comes."""
+
+    def __init__(self, release: asyncio.Event) -> None:
+        self.release = release
+
+    def __aiter__(self) -> Silent:
+        return self
+
+    async def __anext__(self) -> bytes:
+        await self.release.wait()
+        raise StopAsyncIteration
+
+
 def attack(address: str, seconds: float, idle_calls: int, big_callers: int) -> None:
     """Run the strangers' attack for ``seconds`` and print what it saw, as JSON (the child's job)."""
     print(json.dumps(asyncio.run(_attack(address, seconds, idle_calls, big_callers))), flush=True)
@@ -59,16 +73,6 @@ async def _attack(address: str, seconds: float, idle_calls: int, big_callers: in
     release = asyncio.Event()
     seen: Counter[str] = Counter()
 
-    class Silent:
-        """A request stream that sends nothing until released: the call's body never comes."""
-
-        def __aiter__(self) -> Silent:
-            return self
-
-        async def __anext__(self) -> bytes:
-            await release.wait()
-            raise StopAsyncIteration
-
     async def idle(call: Any) -> None:
         try:
             async for _ in call:
@@ -80,7 +84,7 @@ async def _attack(address: str, seconds: float, idle_calls: int, big_callers: in
             seen["idle_cancelled"] += 1
 
     calls = [
-        channels[i % len(channels)].stream_stream(HEARTBEAT)(Silent())  # type: ignore[arg-type]
+        channels[i % len(channels)].stream_stream(HEARTBEAT)(Silent(release))  # type: ignore[arg-type]
         for i in range(idle_calls)
     ]
     idle_tasks = [asyncio.create_task(idle(c)) for c in calls]
@@ -287,18 +291,10 @@ async def _hold_get_state_calls(address: str, n: int) -> Counter[str]:
     metadata = (("authorization", f"Bearer {TOKEN}"),)
     release = asyncio.Event()
 
-    class Silent:
-        def __aiter__(self) -> Silent:
-            return self
-
-        async def __anext__(self) -> bytes:
-            await release.wait()
-            raise StopAsyncIteration
-
     async with grpc.aio.insecure_channel(address) as channel:
 
         async def held() -> None:
-            call = channel.stream_stream(f"/{SERVICE_NAME}/GetState")(Silent(), metadata=metadata)  # type: ignore[arg-type]
+            call = channel.stream_stream(f"/{SERVICE_NAME}/GetState")(Silent(release), metadata=metadata)  # type: ignore[arg-type]
             try:
                 async for _ in call:
                     pass

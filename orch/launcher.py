@@ -428,17 +428,26 @@ class Run(Viewable):
             self.exit_codes[wid] = p.exitcode
             # After a tear-down, a SIGTERM or SIGKILL is ours; any other death is the worker's own.
             ours = expected and p.exitcode in (-signal.SIGTERM, -signal.SIGKILL)
-            self.coordinator.rank_exited(
-                wid, p.exitcode, detail=self._exit_detail(wid, p.exitcode), expected=ours
-            )
+            code, record = p.exitcode, self._error_record(wid) if p.exitcode else {}
+            if ours and isinstance(record.get("exit_code"), int) and self.coordinator.rank_reported(wid):
+                # A failed rank killed at the end of the grace while it delivered its last
+                # points: the code of its own failure stands, not our SIGKILL.
+                code = record["exit_code"]
+            detail = str(record.get("traceback", "")) if record else self._log_tail(wid, code)
+            self.coordinator.rank_exited(wid, code, detail=detail, expected=ours)
 
-    def _exit_detail(self, worker_id: str, code: int) -> str:
-        """What the dead worker left behind: its error file, or the end of its log."""
+    def _error_record(self, worker_id: str) -> dict[str, Any]:
+        """The error file a failed worker left (empty when it left none or it is unreadable)."""
+        with contextlib.suppress(OSError, ValueError):
+            record = json.loads((self.run_dir / "errors" / f"{worker_id}.json").read_bytes())
+            if isinstance(record, dict):
+                return record
+        return {}
+
+    def _log_tail(self, worker_id: str, code: int) -> str:
+        """The end of a dead worker's log, when it left no error file."""
         if code == 0:
             return ""
-        error_file = self.run_dir / "errors" / f"{worker_id}.json"
-        with contextlib.suppress(OSError, ValueError):
-            return str(json.loads(error_file.read_text())["traceback"])
         from .panel import tail
 
         return tail(self.run_dir / "logs" / f"{worker_id}.log", 30)

@@ -140,3 +140,15 @@ def checkpointed_slow_teardown(ctx: Any) -> None:
     """``checkpointed``, whose ranks ignore SIGTERM: a tear-down takes the launcher's whole grace."""
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     checkpointed(ctx)
+
+
+def raise_on_rank1_then_linger(ctx: Any) -> None:
+    """Rank 1 raises at step 3, then is slow to leave: delivering its last points takes 60 s."""
+    if ctx.rank == 1:
+        ctx._sender.close = lambda *_, **__: time.sleep(60)
+    for step in ctx.steps(10_000):
+        dist.barrier()
+        ctx.log(step, loss=1.0)
+        if ctx.rank == 1 and step == 3:
+            raise ValueError("bad batch on rank 1")
+        time.sleep(0.02)

@@ -127,6 +127,21 @@ def test_a_rank_killed_from_outside(tmp_path: Path) -> None:
         run.close()
 
 
+def test_a_failed_rank_slow_to_leave_keeps_its_own_exit_code(tmp_path: Path) -> None:
+    """The tear-down kills a failed rank still delivering its last points at the end of the
+    grace; the root cause keeps the rank's own exit code and traceback, not that SIGKILL."""
+    run = orch.launch("jobs:raise_on_rank1_then_linger", world_size=3, run_root=str(tmp_path))
+    try:
+        with pytest.raises(orch.RunFailed) as e:
+            run.wait(timeout=120)
+        assert (e.value.rank, e.value.exit_code) == (1, 1)
+        assert e.value.traceback.strip().splitlines()[-1] == "ValueError: bad batch on rank 1"
+        killed = run.exit_codes[run.coordinator.ranks[1].worker_id]
+        assert killed == -signal.SIGKILL, "the rank was not slow to leave: this tests nothing"
+    finally:
+        run.close()
+
+
 def test_a_hung_rank_is_declared_lost_within_the_heartbeat_timeout(tmp_path: Path) -> None:
     timeout = 3.0
     run = orch.launch("jobs:long_barriers", world_size=3, run_root=str(tmp_path), heartbeat_timeout=timeout)

@@ -8,7 +8,6 @@ the notebook panel and ``orch status`` all read a run through these two.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,7 +23,8 @@ from ._proto import orchestrator_pb2_grpc as pb_grpc
 from ._rpc import rpc_error
 from .auth import open_channel, token_from_env
 from .errors import MasterUnavailable
-from .states import RANK_STATE_FROM_PB, SERVICE_NAME, RankState, RunState
+from .ranks import RankView
+from .states import SERVICE_NAME, RunState
 
 if TYPE_CHECKING:
     from .coordinator import Coordinator
@@ -90,64 +90,6 @@ class MasterClient:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-
-@dataclass
-class RankView:
-    rank: int
-    worker_id: str
-    host: str
-    pid: int
-    state: RankState
-    step: int
-    total_steps: int
-    steps_per_sec: float
-    heartbeat_age: float
-    loss: float
-    param_checksum: str
-    error: str
-    exit_code: int
-    address: str = ""
-    has_loss: bool = False
-    dropped_points: int = 0  # points ctx.log dropped: its queue was full (the master unreachable)
-
-    @property
-    def diverged(self) -> bool:
-        """The last logged loss is NaN or infinite."""
-        return self.has_loss and not math.isfinite(self.loss)
-
-    def loss_text(self) -> str:
-        if not self.has_loss:
-            return "-"
-        return f"{self.loss:.4f}" if math.isfinite(self.loss) else str(self.loss)
-
-    @classmethod
-    def from_pb(cls, r: pb.RankInfo) -> RankView:
-        return cls(
-            rank=r.rank,
-            worker_id=r.worker_id,
-            host=r.host,
-            pid=r.pid,
-            state=RANK_STATE_FROM_PB.get(r.state, RankState.REGISTERED),
-            step=r.step,
-            total_steps=r.total_steps,
-            steps_per_sec=r.steps_per_sec,
-            heartbeat_age=r.heartbeat_age,
-            loss=r.loss,
-            param_checksum=r.param_checksum,
-            error=r.error,
-            exit_code=r.exit_code,
-            address=r.address,
-            has_loss=r.has_loss,
-            dropped_points=r.dropped_points,
-        )
-
-    def as_dict(self) -> dict[str, Any]:
-        d = dict(self.__dict__)
-        d["state"] = self.state.value
-        if isinstance(d["loss"], float) and not math.isfinite(d["loss"]):
-            d["loss"] = str(d["loss"])
-        return d
 
 
 class SeriesBuffer:

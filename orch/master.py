@@ -80,20 +80,9 @@ class OrchestratorServicer(pb_grpc.OrchestratorServicer):  # type: ignore[misc]
 
     async def Register(self, request: pb.RegisterRequest, context: Ctx) -> pb.RegisterResponse:
         try:
-            reg = self.coordinator.register(request)
+            return self.coordinator.register(request)
         except Reject as e:
             await _abort(context, e)
-        return pb.RegisterResponse(
-            rank=reg.rank,
-            world_size=reg.world_size,
-            run_id=reg.run_id,
-            fn=reg.fn,
-            config_json=reg.config_json,
-            total_steps=reg.total_steps,
-            heartbeat_timeout=reg.heartbeat_timeout,
-            attempt=reg.attempt,
-            rendezvous_port=reg.rendezvous_port,
-        )
 
     async def CanStartTraining(
         self, request: pb.CanStartTrainingRequest, context: Ctx

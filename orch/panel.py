@@ -41,6 +41,7 @@ STATE_COLORS = {
     RunState.FAILED: "#cf222e",
     RunState.STOPPED: "#9a6700",
     RunState.RESTARTING: "#9a6700",
+    RunState.STOPPING: "#9a6700",
 }
 
 

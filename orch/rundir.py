@@ -21,9 +21,10 @@ from typing import Any, TypeVar
 
 from ._proto import orchestrator_pb2 as pb
 from ._viewable import Viewable
-from .client import RankView, SeriesBuffer, StateMirror
+from .client import SeriesBuffer, StateMirror
 from .coordinator import Coordinator
 from .errors import ConfigError, OrchError
+from .ranks import RankView
 from .states import RankState, RunState
 from .store import MetricsDamage, json_object, private_dir, read_events, read_metrics, write_json_atomic
 
@@ -112,7 +113,10 @@ class LoadedRun(Viewable):
             m.attempt = result.integer("attempt", 1)
             m.max_attempts = result.integer("max_attempts", 1)
             m.total_steps = result.integer("total_steps")
-            m.ranks = [_rank_view(r) for r in result.objects("ranks")]
+            m.ranks = [
+                RankView.from_fields(r, r.choice("state", RankState, RankState.REGISTERED))
+                for r in result.objects("ranks")
+            ]
             m.registered = len(m.ranks)
         else:
             m.state = RunState.FAILED
@@ -192,7 +196,7 @@ class LoadedRun(Viewable):
 
 
 class _Attempts:
-    """The restart rule of ``coordinator._Series.add``, apart from the points it applies to.
+    """The restart rule of ``control.series.Series.add``, apart from the points it applies to.
 
     A restarted group replays the steps after its last checkpoint: a newer attempt's points
     replace those of the older one from its first step on, so no step is counted twice.
@@ -390,26 +394,6 @@ def _read_json(path: Path) -> dict[str, Any]:
     except OSError as e:
         raise OrchError(f"cannot read {path}: {e}") from e
     return json_object(data, str(path), "the file is damaged: move it aside to load the run without it")
-
-
-def _rank_view(r: _Fields) -> RankView:
-    return RankView(
-        rank=r.integer("rank", None),
-        worker_id=r.text("worker_id"),
-        host=r.text("host"),
-        pid=r.integer("pid"),
-        state=r.choice("state", RankState, RankState.REGISTERED),
-        step=r.integer("step"),
-        total_steps=r.integer("total_steps"),
-        steps_per_sec=0.0,
-        heartbeat_age=-1.0,
-        loss=r.number("loss", float("nan")),
-        param_checksum=r.text("param_checksum"),
-        error=r.text("error"),
-        exit_code=r.integer("exit_code"),
-        address=r.text("address"),
-        has_loss=r.flag("has_loss"),
-    )
 
 
 def load_run(path: str | Path, *, max_points: int | None = DEFAULT_MAX_POINTS) -> LoadedRun:

@@ -10,6 +10,10 @@ from enum import Enum
 
 from ._proto import orchestrator_pb2 as pb
 
+# The exit code of a worker that ended itself because the run had failed or its master
+# vanished: it explains no failure.
+EXIT_ABORTED = 70
+
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["Orchestrator"].full_name
 
 
@@ -17,12 +21,16 @@ class RunState(str, Enum):
     """State of a run.
 
     PENDING -> RUNNING (every rank registered: the barrier opens)
+            | FAILED | STOPPED (a launch that failed or was stopped before it started)
     RUNNING -> SUCCEEDED (every rank finished) | FAILED (a rank failed or was lost)
-            | STOPPED (stop requested, every rank ended)
-    PENDING -> FAILED | STOPPED (a launch that failed or was stopped before it started)
-    RUNNING -> RESTARTING (a rank failed after the group made progress, restarts are left)
-    RESTARTING -> PENDING (the next attempt) | FAILED (the launcher gave up: ``give_up``)
-    SUCCEEDED, FAILED and STOPPED are final.
+            | STOPPED (every rank ended, some stopped by themselves)
+            | STOPPING (a stop was asked for) | RESTARTING (a rank failed after the group
+            made progress, and restarts are left)
+    STOPPING -> STOPPED (every rank ended) | FAILED (a rank failed on the way)
+    RESTARTING -> PENDING (the next attempt) | FAILED (no restart: ``give_up``)
+            | STOPPED (a stop asked for while the group was torn down)
+    SUCCEEDED, FAILED and STOPPED are final. The table is
+    :data:`orch.control.lifecycle.TRANSITIONS`.
     """
 
     PENDING = "PENDING"
@@ -31,6 +39,7 @@ class RunState(str, Enum):
     FAILED = "FAILED"
     STOPPED = "STOPPED"
     RESTARTING = "RESTARTING"
+    STOPPING = "STOPPING"
 
     @property
     def done(self) -> bool:

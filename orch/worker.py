@@ -43,13 +43,13 @@ from ._source import SourceMap, install, label_cells
 from ._target import EXAMPLE, TrainFn, resolve_fn
 from .auth import open_channel, token_from_env
 from .errors import ConfigError, PortInUseError, StopTraining, WorkerError
+from .states import EXIT_ABORTED
 from .store import private_dir, write_json_atomic
 
 log = logging.getLogger(__name__)
 
 
 EXIT_FAILED = 1
-EXIT_ABORTED = 70  # the master aborted the run, or vanished
 
 
 @dataclass

@@ -246,7 +246,7 @@ def test_repeated_stops_and_a_flood_of_points_stay_within_the_budgets(
         stops = 3000
         for i in range(stops):
             assert (
-                stub.StopRun(pb.StopRunRequest(reason=f"stop {i}"), timeout=RPC_DEADLINE).state == pb.RUNNING
+                stub.StopRun(pb.StopRunRequest(reason=f"stop {i}"), timeout=RPC_DEADLINE).state == pb.STOPPING
             )
         full = stub.GetState(pb.GetStateRequest(), timeout=RPC_DEADLINE)
         with orch.MasterClient(server.address, token=TOKEN, timeout=RPC_DEADLINE) as client:
@@ -263,7 +263,7 @@ def test_repeated_stops_and_a_flood_of_points_stay_within_the_budgets(
     assert mirror.series[(1, "loss")].steps.tolist() == [0, 10, 20]  # the small series kept whole
     flood = mirror.series[(0, "flood")].steps
     assert flood[-1] == 30 * n - 1 and len(flood) <= MAX_POINTS_IN_MEMORY
-    assert mirror.state is RunState.RUNNING
+    assert mirror.state is RunState.STOPPING
 
 
 def test_each_method_has_its_own_budget_and_a_silent_call_is_cut_off(monkeypatch: pytest.MonkeyPatch) -> None:

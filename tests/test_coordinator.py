@@ -257,7 +257,7 @@ def test_launcher_exit_codes_fail_the_run_and_name_the_signal() -> None:
 def test_stop_sends_stop_and_ends_stopped() -> None:
     c = started()
     assert beat(c, "w0") == pb.CONTINUE
-    assert c.request_stop("enough") is RunState.RUNNING
+    assert c.request_stop("enough") is RunState.STOPPING
     assert beat(c, "w0") == pb.STOP and beat(c, "w1") == pb.STOP
     complete(c, "w0", pb.RANK_STOPPED)
     complete(c, "w1", pb.RANK_STOPPED)

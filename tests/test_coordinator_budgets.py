@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from orch import coordinator as coordinator_module
 from orch._proto import orchestrator_pb2 as pb
 from orch.client import StateMirror
-from orch.coordinator import Coordinator, RunState, _water_level
+from orch.control import events as events_module
+from orch.control.series import water_level
+from orch.coordinator import Coordinator, RunState
 
 
 class Clock:
@@ -41,7 +42,7 @@ def points(c: Coordinator, wid: str, name: str, first: int, n: int) -> None:
 
 
 def held(c: Coordinator) -> int:
-    return sum(len(c.series(rank, name)[0]) for rank, name in list(c._series))
+    return sum(len(c.series(rank, name)[0]) for rank, name in list(c.points))
 
 
 def test_repeated_stop_requests_are_one_event_and_a_count() -> None:
@@ -49,7 +50,7 @@ def test_repeated_stop_requests_are_one_event_and_a_count() -> None:
     c = started(clock=clock)
     for i in range(5000):
         clock.t += 0.001
-        assert c.request_stop(f"stop {i}") is RunState.RUNNING
+        assert c.request_stop(f"stop {i}") is RunState.STOPPING
     stops = [e for e in c.events if e.kind == "stop_requested"]
     assert [e.message for e in stops] == ["stop 0"] and c.stop_requests == 5000
     assert len(c.snapshot().SerializeToString()) < 10_000  # the reply did not grow with them
@@ -90,7 +91,7 @@ def _restart_cycles(c: Coordinator, clock: Clock, cycles: int, mirrors: list[Sta
 def test_events_in_memory_are_bounded_and_the_dropped_ones_are_counted(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr(coordinator_module, "MAX_EVENTS_IN_MEMORY", 40)
+    monkeypatch.setattr(events_module, "MAX_EVENTS_IN_MEMORY", 40)
     clock = Clock()
     c = Coordinator(1, run_id="r1", max_attempts=1000, clock=clock, wall=clock)
     follower = StateMirror()  # polls after every cycle: it sees every event once
@@ -116,7 +117,7 @@ def test_events_in_memory_are_bounded_and_the_dropped_ones_are_counted(
 
 
 def test_a_reply_carries_a_bounded_size_of_events(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(coordinator_module, "MAX_EVENT_BYTES_PER_REPLY", 2000)
+    monkeypatch.setattr(events_module, "MAX_EVENT_BYTES_PER_REPLY", 2000)
     clock = Clock()
     c = Coordinator(1, run_id="r1", max_attempts=1000, clock=clock, wall=clock)
     _restart_cycles(c, clock, 30, [])  # 150 events, about 100 bytes each as counted
@@ -127,7 +128,7 @@ def test_a_reply_carries_a_bounded_size_of_events(monkeypatch: pytest.MonkeyPatc
 
 
 def test_event_messages_are_bounded_in_bytes_too(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(coordinator_module, "MAX_EVENT_BYTES_IN_MEMORY", 100_000)
+    monkeypatch.setattr(events_module, "MAX_EVENT_BYTES_IN_MEMORY", 100_000)
     clock = Clock()
     c = Coordinator(1, run_id="r1", max_attempts=1000, clock=clock, wall=clock)
     for _ in range(40):  # each failure's event carries its 10 kB traceback
@@ -144,12 +145,12 @@ def test_event_messages_are_bounded_in_bytes_too(monkeypatch: pytest.MonkeyPatch
 
 
 def test_the_water_level_cuts_the_biggest_series_first() -> None:
-    assert _water_level([10, 5, 1], 7) == 4  # 10 -> 4, 5 -> 4: 7 points freed
-    assert _water_level([100, 1, 1], 50) == 50
-    assert _water_level([3, 3, 3], 9) == 0
-    assert _water_level([], 0) == 0
+    assert water_level([10, 5, 1], 7) == 4  # 10 -> 4, 5 -> 4: 7 points freed
+    assert water_level([100, 1, 1], 50) == 50
+    assert water_level([3, 3, 3], 9) == 0
+    assert water_level([], 0) == 0
     for lengths, excess in (([7, 7, 2], 5), ([1000, 999, 3, 0], 1500), ([5], 1)):
-        level = _water_level(lengths, excess)
+        level = water_level(lengths, excess)
         assert sum(max(0, n - level) for n in lengths) >= excess
         assert sum(max(0, n - (level + 1)) for n in lengths) < excess  # no lower cut than needed
 
@@ -189,5 +190,5 @@ def test_many_series_share_the_budget() -> None:
                 req.series.append(pb.Series(name=f"m{m}", steps=steps, values=[0.0] * 20))
             c.heartbeat(req)
     assert c.points_in_memory == held(c) <= 6400  # 25,600 logged across 128 series
-    lengths = {len(c.series(r, n)[0]) for r, n in list(c._series)}
+    lengths = {len(c.series(r, n)[0]) for r, n in list(c.points)}
     assert max(lengths) - min(lengths) <= 20  # trimmed evenly: no series emptied for another

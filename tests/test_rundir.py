@@ -20,7 +20,8 @@ import pytest
 
 import orch
 from orch._proto import orchestrator_pb2 as pb
-from orch.coordinator import RunState, _Series
+from orch.control.series import Series
+from orch.coordinator import RunState
 from orch.errors import OrchError
 from orch.store import RunStore, read_metrics, write_json_atomic
 
@@ -490,10 +491,10 @@ RESTARTS = {
 }
 
 
-def _write_restarts(run_dir: Path, batches: list[tuple[int, int, int]]) -> _Series:
+def _write_restarts(run_dir: Path, batches: list[tuple[int, int, int]]) -> Series:
     """Write the batches for two series of two ranks; returns the master's view of one."""
     store = RunStore(run_dir)
-    oracle = _Series()
+    oracle = Series()
     for attempt, first, last in batches:
         steps = list(range(first, last + 1))
         values = [attempt * 1000.0 + s for s in steps]

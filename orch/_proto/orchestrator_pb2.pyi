@@ -16,6 +16,7 @@ class RunState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     FAILED: _ClassVar[RunState]
     STOPPED: _ClassVar[RunState]
     RESTARTING: _ClassVar[RunState]
+    STOPPING: _ClassVar[RunState]
 
 class RankState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -40,6 +41,7 @@ SUCCEEDED: RunState
 FAILED: RunState
 STOPPED: RunState
 RESTARTING: RunState
+STOPPING: RunState
 RANK_STATE_UNSPECIFIED: RankState
 RANK_REGISTERED: RankState
 RANK_RUNNING: RankState

@@ -120,6 +120,7 @@ class CallBudget(grpc.aio.ServerInterceptor):  # type: ignore[type-arg]
         self.read_timeout = read_timeout
         self.in_flight: Counter[str] = Counter()
         self.refused: Counter[str] = Counter()
+        self.served: Counter[str] = Counter()  # calls let in, by method (only for the methods served)
         self._wrapped: dict[str, tuple[Any, Any]] = {}
 
     async def intercept_service(
@@ -192,6 +193,7 @@ class CallBudget(grpc.aio.ServerInterceptor):  # type: ignore[type-arg]
                 "its limit: retry later",
             )
         self.in_flight[method] += 1
+        self.served[method] += 1
 
     async def _read_one(
         self,

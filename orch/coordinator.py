@@ -15,7 +15,7 @@ import math
 import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 from ._proto import orchestrator_pb2 as pb
@@ -25,7 +25,9 @@ from .control.lifecycle import Lifecycle
 from .control.registry import RankRecord, Registry
 from .control.series import MAX_POINTS_IN_MEMORY, MAX_POINTS_PER_REPLY, SeriesLog
 from .control.validate import (
+    MAX_BEATS_PER_BATCH,
     MAX_ERROR_LEN,
+    STATUS_CODE,
     Reject,
     check_completion,
     check_heartbeat,
@@ -212,23 +214,62 @@ class Coordinator:
         """
         check_heartbeat(req)
         with self._lock:
-            rec = self._known(req.run_id, req.worker_id)
-            if rec.state is RankState.REGISTERED:
-                raise Reject(
-                    "failed_precondition",
-                    f"worker {req.worker_id} sent a heartbeat before the start barrier opened: "
-                    "poll CanStartTraining until ready first",
-                )
-            self.points.check_names(rec.rank, req.series)
-            rec.beat(self._clock(), req.step, req.total_steps, req.dropped_points)
-            loss = self.points.add(rec.rank, req.series, self.attempt, self._wall())
-            if loss is not None:
-                rec.loss, rec.has_loss = loss, True
-            write = None
-            if self.store is not None and req.series:
-                write = functools.partial(self.store.append_points, rec.rank, self.attempt, req.series)
-            self._changed.notify_all()
-            return self._command_for(rec), write
+            return self._accept(req)
+
+    def accept_heartbeats(
+        self, beats: Sequence[pb.HeartbeatRequest]
+    ) -> tuple[list[pb.BeatReply], Callable[[], None] | None]:
+        """A host agent's batch: each beat as :meth:`accept_heartbeat` takes it, under one
+        lock. A refused beat gets its refusal in its reply; the others go on. Returns the
+        replies, in order, and one run dir write for all the batch's points."""
+        if len(beats) > MAX_BEATS_PER_BATCH:
+            raise Reject(
+                "invalid_argument",
+                f"a batch carries {len(beats)} heartbeats; the limit is {MAX_BEATS_PER_BATCH}",
+            )
+        checked: list[Reject | None] = []
+        for req in beats:
+            try:
+                check_heartbeat(req)
+                checked.append(None)
+            except Reject as e:
+                checked.append(e)
+        replies, writes = [], []
+        with self._lock:
+            for req, refused in zip(beats, checked, strict=True):
+                if refused is None:
+                    try:
+                        command, write = self._accept(req)
+                    except Reject as e:
+                        refused = e
+                if refused is not None:
+                    replies.append(pb.BeatReply(code=STATUS_CODE[refused.kind], error=str(refused)))
+                    continue
+                if write is not None:
+                    writes.append(write)
+                stop_at = self.stop_at_step if command == pb.STOP else 0
+                reply = pb.HeartbeatResponse(command=command, stop_at_step=stop_at)  # type: ignore[arg-type]
+                replies.append(pb.BeatReply(reply=reply))
+        return replies, (functools.partial(_run_all, writes) if writes else None)
+
+    def _accept(self, req: pb.HeartbeatRequest) -> tuple[int, Callable[[], None] | None]:
+        rec = self._known(req.run_id, req.worker_id)
+        if rec.state is RankState.REGISTERED:
+            raise Reject(
+                "failed_precondition",
+                f"worker {req.worker_id} sent a heartbeat before the start barrier opened: "
+                "poll CanStartTraining until ready first",
+            )
+        self.points.check_names(rec.rank, req.series)
+        rec.beat(self._clock(), req.step, req.total_steps, req.dropped_points)
+        loss = self.points.add(rec.rank, req.series, self.attempt, self._wall())
+        if loss is not None:
+            rec.loss, rec.has_loss = loss, True
+        write = None
+        if self.store is not None and req.series:
+            write = functools.partial(self.store.append_points, rec.rank, self.attempt, req.series)
+        self._changed.notify_all()
+        return self._command_for(rec), write
 
     def complete(self, req: pb.CompletionRequest) -> None:
         outcome = check_completion(req)
@@ -501,6 +542,11 @@ class Coordinator:
         if self.store is not None:
             self.store.append_event(event)
         log.debug("run %s: %s rank=%d %s", self.run_id, kind, rank, message)
+
+
+def _run_all(calls: list[Callable[[], None]]) -> None:
+    for call in calls:
+        call()
 
 
 def _describe_exit(code: int) -> str:

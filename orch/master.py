@@ -26,6 +26,7 @@ from ._net import DEFAULT_MASTER_PORT, choose_port, is_loopback
 from ._proto import orchestrator_pb2 as pb
 from ._proto import orchestrator_pb2_grpc as pb_grpc
 from .auth import MAX_METADATA_BYTES, CallBudget, TokenInterceptor, server_credentials
+from .control.validate import STATUS_CODE
 from .coordinator import Coordinator, Reject
 from .errors import ConfigError, PortInUseError
 from .states import SERVICE_NAME
@@ -39,6 +40,7 @@ MAX_MESSAGE_BYTES = 16 * 1024 * 1024
 # A call beyond its method's limit gets RESOURCE_EXHAUSTED at once.
 CALL_LIMITS = {
     f"/{SERVICE_NAME}/SendHeartbeat": 4096,
+    f"/{SERVICE_NAME}/SendHostHeartbeats": 1024,  # each up to 256 heartbeats
     f"/{SERVICE_NAME}/Register": 1024,
     f"/{SERVICE_NAME}/CanStartTraining": 1024,
     f"/{SERVICE_NAME}/ReportCompletion": 1024,
@@ -51,12 +53,7 @@ OTHER_CALLS_LIMIT = 16  # reflection, and any other method
 REQUEST_READ_TIMEOUT = 30.0  # seconds from a call's headers to its whole request
 HANDSHAKE_TIMEOUT_MS = 5000  # a connection that has not finished its TLS / HTTP/2 handshake by then is closed
 
-_STATUS = {
-    "invalid_argument": grpc.StatusCode.INVALID_ARGUMENT,
-    "failed_precondition": grpc.StatusCode.FAILED_PRECONDITION,
-    "not_found": grpc.StatusCode.NOT_FOUND,
-    "resource_exhausted": grpc.StatusCode.RESOURCE_EXHAUSTED,
-}
+_STATUS = {kind: next(c for c in grpc.StatusCode if c.value[0] == n) for kind, n in STATUS_CODE.items()}
 
 
 async def _abort(context: grpc.aio.ServicerContext[Any, Any], e: Reject) -> NoReturn:
@@ -103,6 +100,18 @@ class OrchestratorServicer(pb_grpc.OrchestratorServicer):  # type: ignore[misc]
             await asyncio.get_running_loop().run_in_executor(self._writer, write)
         stop_at = self.coordinator.stop_at_step if command == pb.STOP else 0
         return pb.HeartbeatResponse(command=command, stop_at_step=stop_at)  # type: ignore[arg-type]
+
+    async def SendHostHeartbeats(
+        self, request: pb.HostHeartbeatsRequest, context: Ctx
+    ) -> pb.HostHeartbeatsResponse:
+        """One host's heartbeats together: acknowledged once all their points are written."""
+        try:
+            replies, write = self.coordinator.accept_heartbeats(request.beats)
+        except Reject as e:
+            await _abort(context, e)
+        if write is not None:
+            await asyncio.get_running_loop().run_in_executor(self._writer, write)
+        return pb.HostHeartbeatsResponse(replies=replies)
 
     async def ReportCompletion(self, request: pb.CompletionRequest, context: Ctx) -> pb.CompletionResponse:
         try:

@@ -21,6 +21,7 @@ import socket
 import sys
 import time
 import traceback
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -458,19 +459,45 @@ def run_worker(spec: WorkerSpec) -> int:
 def run_local_group(specs: list[WorkerSpec], poll_interval: float = 0.1) -> int:
     """Run several workers of one host as spawned processes (``orch worker --nproc-per-node K``).
 
-    Returns the first non-zero exit code (0 when all succeeded). When one process fails the
-    others are ended too (the master aborts them anyway); Ctrl-C or SIGTERM ends them all.
+    The ranks reach the master through a host agent in this process (:mod:`orch.agent`),
+    which sends their heartbeats in one call per interval. Returns the first non-zero exit
+    code (0 when all succeeded). When one process fails the others are ended too (the master
+    aborts them anyway); Ctrl-C or SIGTERM ends them all.
     """
     import multiprocessing as mp
 
     import cloudpickle
 
-    ctx = mp.get_context("spawn")
+    from .agent import HostAgent
+
+    first = specs[0]
+    agent = HostAgent(
+        first.master,
+        ranks=len(specs),
+        window=first.heartbeat_interval,
+        token=token_from_env(first.token),
+        tls_ca=first.tls_ca,
+        tls_server_name=first.tls_server_name,
+    )
+    address = agent.start()
+    try:
+        return _run_group(specs, address, poll_interval, cloudpickle.dumps, mp.get_context("spawn"))
+    finally:
+        agent.stop()
+        log.info("host agent: %d heartbeats in %d calls to the master", agent.beats, agent.batches)
+
+
+def _run_group(
+    specs: list[WorkerSpec], agent: str, poll_interval: float, dumps: Callable[[Any], bytes], ctx: Any
+) -> int:
     owner = Owner()
     procs = []
     for spec in specs:
         spec.owner = owner
-        p = ctx.Process(target=spawn_main, args=(cloudpickle.dumps(spec),), name=f"orch-{spec.worker_id}")
+        # The ranks dial the host agent, on this host: it verified the master (TLS) for them.
+        spec.trust_master = spec.trust_master or spec.tls_ca is not None
+        spec.master, spec.tls_ca, spec.tls_server_name = agent, None, None
+        p = ctx.Process(target=spawn_main, args=(dumps(spec),), name=f"orch-{spec.worker_id}")
         p.start()
         procs.append(p)
 

@@ -158,6 +158,28 @@ class HeartbeatResponse(_message.Message):
     stop_at_step: int
     def __init__(self, command: _Optional[_Union[Command, str]] = ..., stop_at_step: _Optional[int] = ...) -> None: ...
 
+class HostHeartbeatsRequest(_message.Message):
+    __slots__ = ("beats",)
+    BEATS_FIELD_NUMBER: _ClassVar[int]
+    beats: _containers.RepeatedCompositeFieldContainer[HeartbeatRequest]
+    def __init__(self, beats: _Optional[_Iterable[_Union[HeartbeatRequest, _Mapping]]] = ...) -> None: ...
+
+class BeatReply(_message.Message):
+    __slots__ = ("reply", "code", "error")
+    REPLY_FIELD_NUMBER: _ClassVar[int]
+    CODE_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    reply: HeartbeatResponse
+    code: int
+    error: str
+    def __init__(self, reply: _Optional[_Union[HeartbeatResponse, _Mapping]] = ..., code: _Optional[int] = ..., error: _Optional[str] = ...) -> None: ...
+
+class HostHeartbeatsResponse(_message.Message):
+    __slots__ = ("replies",)
+    REPLIES_FIELD_NUMBER: _ClassVar[int]
+    replies: _containers.RepeatedCompositeFieldContainer[BeatReply]
+    def __init__(self, replies: _Optional[_Iterable[_Union[BeatReply, _Mapping]]] = ...) -> None: ...
+
 class CompletionRequest(_message.Message):
     __slots__ = ("run_id", "worker_id", "outcome", "error", "param_checksum", "step")
     RUN_ID_FIELD_NUMBER: _ClassVar[int]

@@ -64,6 +64,11 @@ class OrchestratorStub:
                 request_serializer=orchestrator__pb2.StopRunRequest.SerializeToString,
                 response_deserializer=orchestrator__pb2.StopRunResponse.FromString,
                 _registered_method=True)
+        self.SendHostHeartbeats = channel.unary_unary(
+                '/orch.v1.Orchestrator/SendHostHeartbeats',
+                request_serializer=orchestrator__pb2.HostHeartbeatsRequest.SerializeToString,
+                response_deserializer=orchestrator__pb2.HostHeartbeatsResponse.FromString,
+                _registered_method=True)
 
 
 class OrchestratorServicer:
@@ -105,6 +110,14 @@ class OrchestratorServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def SendHostHeartbeats(self, request, context):
+        """The heartbeats of one host's ranks, sent together by its host agent (orch worker
+        --nproc-per-node K): one call per interval per host instead of one per rank.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_OrchestratorServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -137,6 +150,11 @@ def add_OrchestratorServicer_to_server(servicer, server):
                     servicer.StopRun,
                     request_deserializer=orchestrator__pb2.StopRunRequest.FromString,
                     response_serializer=orchestrator__pb2.StopRunResponse.SerializeToString,
+            ),
+            'SendHostHeartbeats': grpc.unary_unary_rpc_method_handler(
+                    servicer.SendHostHeartbeats,
+                    request_deserializer=orchestrator__pb2.HostHeartbeatsRequest.FromString,
+                    response_serializer=orchestrator__pb2.HostHeartbeatsResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -301,6 +319,33 @@ class Orchestrator:
             '/orch.v1.Orchestrator/StopRun',
             orchestrator__pb2.StopRunRequest.SerializeToString,
             orchestrator__pb2.StopRunResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SendHostHeartbeats(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/orch.v1.Orchestrator/SendHostHeartbeats',
+            orchestrator__pb2.HostHeartbeatsRequest.SerializeToString,
+            orchestrator__pb2.HostHeartbeatsResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -12,8 +12,17 @@ MAX_ID_LEN = 256
 MAX_METRICS_PER_RANK = 64
 MAX_ERROR_LEN = 64 * 1024  # a rank's reported error is cut to this
 BACKENDS = ("", "gloo", "nccl")
+MAX_BEATS_PER_BATCH = 256  # heartbeats in one host agent's SendHostHeartbeats call
 
 RejectKind = Literal["invalid_argument", "failed_precondition", "not_found", "resource_exhausted"]
+# The grpc status code of each kind, by number (grpc.StatusCode's values; this module
+# does not import grpc).
+STATUS_CODE: dict[str, int] = {
+    "invalid_argument": 3,
+    "failed_precondition": 9,
+    "not_found": 5,
+    "resource_exhausted": 8,
+}
 
 
 class Reject(Exception):

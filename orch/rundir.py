@@ -210,15 +210,11 @@ class _Attempts:
 
     def rewinds(self, steps: Sequence[int], attempt: int) -> bool:
         """Take a batch: True when it replaces the points held from ``steps[0]`` on."""
-        rewound = (
-            attempt > self.attempt
-            and len(steps) > 0
-            and self.last_step is not None
-            and steps[0] <= self.last_step
-        )
+        if not steps:
+            return False  # an empty batch says nothing of where its attempt starts
+        rewound = attempt > self.attempt and self.last_step is not None and steps[0] <= self.last_step
         self.attempt = max(self.attempt, attempt)
-        if steps:
-            self.last_step = steps[-1]
+        self.last_step = steps[-1]
         return rewound
 
 

@@ -49,8 +49,10 @@ class Series:
         A restarted group replays the steps after its last checkpoint: the new attempt's
         points replace those of the old one from its first step on, so no step is counted twice.
         """
+        if not steps:
+            return False  # an empty batch says nothing of where its attempt starts
         rewound = False
-        if attempt > self.attempt and steps and self.steps and steps[0] <= self.steps[-1]:
+        if attempt > self.attempt and self.steps and steps[0] <= self.steps[-1]:
             cut = bisect.bisect_left(self.steps, steps[0])
             del self.steps[cut:], self.values[cut:], self.times[cut:]
             rewound = True

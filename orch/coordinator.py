@@ -337,6 +337,19 @@ class Coordinator:
         ahead = max((r.steps_per_second() for r in self.ranks), default=0.0) * STOP_LEAD_SECONDS
         return max((r.step for r in self.ranks), default=0) + max(2, math.ceil(ahead))
 
+    def restart_refusal(self) -> str | None:
+        """Why a failure of this attempt does not restart the group (None: it does). The
+        one place of the restart rule; ``""`` when there is nothing to say (no restarts asked)."""
+        with self._lock:
+            return self._restart_refusal()
+
+    def _restart_refusal(self) -> str | None:
+        if not self.lifecycle.restarts_left:
+            return "no restarts left" if self.max_attempts > 1 else ""
+        if not any(r.step > 0 for r in self.ranks):
+            return "it failed during start-up, before any step: not restarted"
+        return None
+
     def restart(self) -> int:
         """Open a new attempt after a failure: the ranks re-register, the series go on.
 
@@ -518,12 +531,7 @@ class Coordinator:
 
     def _fail_run(self, cause: RootCause) -> None:
         self.judge.first_failure(cause, self._clock())
-        restart = (
-            self.state is RunState.RUNNING
-            and self.lifecycle.restarts_left
-            and any(r.step > 0 for r in self.ranks)
-        )
-        if restart:
+        if self.state is RunState.RUNNING and self._restart_refusal() is None:
             # Not final: the launcher tears the group down and starts the next attempt.
             self.lifecycle.to(RunState.RESTARTING, self._clock())
             self._event("attempt_failed", -1, f"attempt {self.attempt}: {self.failure}")

@@ -453,15 +453,12 @@ class Run(Viewable):
         return tail(self.run_dir / "logs" / f"{worker_id}.log", 30)
 
     def _restart_refused(self) -> str | None:
-        """Why this failure must not restart the group (None: restart it)."""
-        coord = self.coordinator
-        if coord.attempt >= coord.max_attempts:
-            return "no restarts left" if coord.max_attempts > 1 else ""
-        if self._closing.is_set():
+        """Why this failure must not restart the group (None: restart it): the coordinator's
+        rule, and a run being closed."""
+        refusal = self.coordinator.restart_refusal()
+        if refusal is None and self._closing.is_set():
             return "the run was closed"
-        if not any(r.step > 0 for r in coord.ranks):
-            return "it failed during start-up, before any step: not restarted"
-        return None
+        return refusal
 
     def _finish(self) -> None:
         with self._finish_lock:

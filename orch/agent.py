@@ -12,13 +12,16 @@ call per host per interval: traffic grows with hosts, not ranks.
 A rank's heartbeat is answered only once the master acknowledged the batch that carried it,
 so its points are as durable as over a direct call; a beat the master refuses gets that
 refusal (status code and message), and a master too old to take batches gets the beats one
-by one.
+by one. When a rank's process dies without reporting (the OOM killer, a segfault), the agent
+reports its death for it (:meth:`HostAgent.report_exit`), so the master names the rank that
+died at once rather than the peers its death broke.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import socket
 import threading
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,7 +33,7 @@ from ._proto import orchestrator_pb2 as pb
 from .auth import CHANNEL_OPTIONS, TokenInterceptor
 from .control.validate import MAX_BEATS_PER_BATCH
 from .errors import ConfigError
-from .states import SERVICE_NAME
+from .states import SERVICE_NAME, describe_exit
 
 log = logging.getLogger(__name__)
 
@@ -80,6 +83,7 @@ class HostAgent:
         self._pending: list[tuple[pb.HeartbeatRequest, asyncio.Future[pb.HeartbeatResponse]]] = []
         self._arrived: asyncio.Event | None = None
         self._batching = True
+        self._run_of: dict[str, str] = {}  # worker id -> the run id the master gave it
 
     def start(self) -> str:
         """Start serving; returns the address the ranks dial."""
@@ -133,7 +137,7 @@ class HostAgent:
                     request_deserializer=pb.HeartbeatRequest.FromString,
                     response_serializer=pb.HeartbeatResponse.SerializeToString,
                 )
-            elif method.name != BATCH:  # bytes in, bytes out: the agent reads none of them
+            elif method.name != BATCH:  # bytes in, bytes out: the agent reads only Register's
                 handlers[method.name] = grpc.unary_unary_rpc_method_handler(self._forwarder(method.name))
         server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE_NAME, handlers),))
         port = server.add_insecure_port("127.0.0.1:0")
@@ -181,9 +185,41 @@ class HostAgent:
                 )
             except grpc.aio.AioRpcError as e:
                 await context.abort(e.code(), e.details() or "")
+            if name == "Register":  # which run each rank joined: to report its death (report_exit)
+                self._run_of[pb.RegisterRequest.FromString(request).worker_id] = (
+                    pb.RegisterResponse.FromString(reply).run_id
+                )
             return reply
 
         return forward
+
+    def report_exit(self, worker_id: str, exit_code: int, timeout: float = 10.0) -> bool:
+        """Tell the master that ``worker_id``'s process died with ``exit_code`` without
+        reporting (negative: a signal). Called from the process that watches the ranks; True
+        when the master took it (it keeps a rank's own report if one came first)."""
+        run_id, loop = self._run_of.get(worker_id), self._loop
+        if not run_id or loop is None or loop.is_closed():
+            return False  # it never registered: the master does not know it
+        host = socket.gethostname()
+        error = f"process exited with {describe_exit(exit_code)} (seen by its host agent on {host})"
+        request = pb.CompletionRequest(
+            run_id=run_id, worker_id=worker_id, outcome=pb.RANK_FAILED, error=error, exit_code=exit_code
+        )
+        report = self._upstream.unary_unary(
+            f"/{SERVICE_NAME}/ReportCompletion",
+            request_serializer=pb.CompletionRequest.SerializeToString,
+            response_deserializer=pb.CompletionResponse.FromString,
+        )
+
+        async def send() -> None:
+            await report(request, timeout=timeout, metadata=self._metadata)
+
+        try:
+            asyncio.run_coroutine_threadsafe(send(), loop).result(timeout + 1.0)
+        except (grpc.RpcError, TimeoutError) as e:
+            log.warning("could not report the death of worker %s to the master: %s", worker_id, e)
+            return False
+        return True
 
     async def _heartbeat(
         self, request: pb.HeartbeatRequest, context: grpc.aio.ServicerContext[Any, Any]

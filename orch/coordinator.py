@@ -36,7 +36,7 @@ from .control.validate import (
     check_run_id,
     parse_cursor,
 )
-from .states import EXIT_ABORTED, RUN_STATE_PB, RankState, RunState
+from .states import EXIT_ABORTED, RUN_STATE_PB, RankState, RunState, describe_exit
 
 if TYPE_CHECKING:
     from .store import RunStore
@@ -280,7 +280,11 @@ class Coordinator:
             rec.step = max(rec.step, req.step)
             rec.param_checksum = req.param_checksum
             error = req.error[:MAX_ERROR_LEN]
-            self._end_rank(rec, outcome, error=error, kind=reported_kind(error))
+            kind = reported_kind(error)
+            if req.exit_code:  # its host agent saw the process die
+                rec.exit_code = req.exit_code
+                kind = CauseKind.TORN_DOWN if req.exit_code == EXIT_ABORTED else CauseKind.EXITED
+            self._end_rank(rec, outcome, error=error, kind=kind)
 
     # -- launcher and tools --------------------------------------------------------------
     def rank_exited(self, worker_id: str, exit_code: int, detail: str = "", expected: bool = False) -> None:
@@ -293,13 +297,13 @@ class Coordinator:
             rec = self.registry.get(worker_id)
             if rec is None:
                 if exit_code != 0 and not self.state.done:
-                    what = f"worker {worker_id} exited with {_describe_exit(exit_code)} before it registered"
+                    what = f"worker {worker_id} exited with {describe_exit(exit_code)} before it registered"
                     self._fail_run(RootCause(CauseKind.OUTSIDE, what))
                 return
             rec.exit_code = exit_code
             if rec.state.done:
                 return
-            what = _describe_exit(exit_code)
+            what = describe_exit(exit_code)
             if exit_code == 0:
                 what += " without reporting completion"
             error = f"process exited with {what}"
@@ -555,17 +559,6 @@ class Coordinator:
 def _run_all(calls: list[Callable[[], None]]) -> None:
     for call in calls:
         call()
-
-
-def _describe_exit(code: int) -> str:
-    if code < 0:
-        import signal
-
-        try:
-            return f"signal {signal.Signals(-code).name}"
-        except ValueError:
-            return f"signal {-code}"
-    return f"exit code {code}"
 
 
 def _last_line(text: str) -> str:

@@ -14,6 +14,20 @@ from ._proto import orchestrator_pb2 as pb
 # vanished: it explains no failure.
 EXIT_ABORTED = 70
 
+
+
+def describe_exit(code: int) -> str:
+    """A process's exit status as people read it: ``exit code 1``, ``signal SIGKILL``."""
+    if code < 0:
+        import signal
+
+        try:
+            return f"signal {signal.Signals(-code).name}"
+        except ValueError:
+            return f"signal {-code}"
+    return f"exit code {code}"
+
+
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["Orchestrator"].full_name
 
 

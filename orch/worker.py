@@ -21,10 +21,9 @@ import socket
 import sys
 import time
 import traceback
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import grpc
 
@@ -46,6 +45,9 @@ from .auth import open_channel, token_from_env
 from .errors import ConfigError, PortInUseError, StopTraining, WorkerError
 from .states import EXIT_ABORTED
 from .store import private_dir, write_json_atomic
+
+if TYPE_CHECKING:
+    from .agent import HostAgent
 
 log = logging.getLogger(__name__)
 
@@ -460,14 +462,11 @@ def run_local_group(specs: list[WorkerSpec], poll_interval: float = 0.1) -> int:
     """Run several workers of one host as spawned processes (``orch worker --nproc-per-node K``).
 
     The ranks reach the master through a host agent in this process (:mod:`orch.agent`),
-    which sends their heartbeats in one call per interval. Returns the first non-zero exit
-    code (0 when all succeeded). When one process fails the others are ended too (the master
-    aborts them anyway); Ctrl-C or SIGTERM ends them all.
+    which sends their heartbeats in one call per interval and reports a rank whose process
+    died without reporting. Returns the first non-zero exit code (0 when all succeeded).
+    When one process fails the others are ended too (the master aborts them anyway); Ctrl-C
+    or SIGTERM ends them all.
     """
-    import multiprocessing as mp
-
-    import cloudpickle
-
     from .agent import HostAgent
 
     first = specs[0]
@@ -479,29 +478,35 @@ def run_local_group(specs: list[WorkerSpec], poll_interval: float = 0.1) -> int:
         tls_ca=first.tls_ca,
         tls_server_name=first.tls_server_name,
     )
-    address = agent.start()
+    agent.start()
     try:
-        return _run_group(specs, address, poll_interval, cloudpickle.dumps, mp.get_context("spawn"))
+        return _run_group(specs, agent, poll_interval)
     finally:
         agent.stop()
         log.info("host agent: %d heartbeats in %d calls to the master", agent.beats, agent.batches)
 
 
-def _run_group(
-    specs: list[WorkerSpec], agent: str, poll_interval: float, dumps: Callable[[Any], bytes], ctx: Any
-) -> int:
+def _run_group(specs: list[WorkerSpec], agent: HostAgent, poll_interval: float) -> int:
+    import multiprocessing as mp
+
+    import cloudpickle
+
+    ctx = mp.get_context("spawn")
     owner = Owner()
     procs = []
     for spec in specs:
         spec.owner = owner
         # The ranks dial the host agent, on this host: it verified the master (TLS) for them.
         spec.trust_master = spec.trust_master or spec.tls_ca is not None
-        spec.master, spec.tls_ca, spec.tls_server_name = agent, None, None
-        p = ctx.Process(target=spawn_main, args=(dumps(spec),), name=f"orch-{spec.worker_id}")
+        spec.master, spec.tls_ca, spec.tls_server_name = agent.address, None, None
+        p = ctx.Process(target=spawn_main, args=(cloudpickle.dumps(spec),), name=f"orch-{spec.worker_id}")
         p.start()
         procs.append(p)
+    ended = False  # this process ended the ranks: their deaths after that are its own doing
 
     def end_all(*_: object) -> None:
+        nonlocal ended
+        ended = True
         for p in procs:
             if p.exitcode is None:
                 p.terminate()
@@ -510,9 +515,12 @@ def _run_group(
     code = 0
     try:
         while any(p.exitcode is None for p in procs):
-            failed = [p.exitcode for p in procs if p.exitcode]
+            failed = [(spec, p.exitcode) for spec, p in zip(specs, procs, strict=True) if p.exitcode]
             if failed and code == 0:
-                code = _shell_status(failed[0])
+                code = _shell_status(failed[0][1])
+                if not ended:
+                    for spec, exitcode in failed:  # a rank that reported itself keeps its own report
+                        agent.report_exit(spec.worker_id, exitcode)
                 end_all()
             time.sleep(poll_interval)
     except KeyboardInterrupt:

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import os
+import signal
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -15,7 +17,7 @@ from orch._proto import orchestrator_pb2 as pb
 from orch._proto import orchestrator_pb2_grpc as pb_grpc
 from orch.agent import HostAgent
 from orch.auth import open_channel
-from orch.coordinator import Coordinator, RunState
+from orch.coordinator import Coordinator, RankState, RunState
 from orch.master import SERVICE_NAME, MasterServer
 
 BATCH = f"/{SERVICE_NAME}/SendHostHeartbeats"
@@ -181,4 +183,43 @@ def test_orch_worker_with_several_ranks_beats_through_its_agent(tmp_path: Path) 
         for rank in range(2):
             assert coord.series(rank, "loss")[0] == list(range(40))
     finally:
+        server.stop(grace=0.1)
+
+
+def test_a_rank_killed_alone_is_named_by_its_host_agent_at_once(tmp_path: Path) -> None:
+    """The OOM killer takes one rank's pid: its peers' broken collectives report first, but
+    the root cause is the dead rank, with its signal, reported by its host agent."""
+    import subprocess
+
+    coord = Coordinator(2, run_id="agent-kill", config_json='{"sleep": 0.05}')
+    server = MasterServer(coord, port=0, token=TOKEN).start()
+    env = dict(os.environ, ORCH_TOKEN=TOKEN, PYTHONPATH=str(TESTS), PYTHONUNBUFFERED="1")
+    worker = subprocess.Popen(
+        [ORCH, "worker", "--master", server.address, "--fn", "jobs:long_barriers",
+         "--nproc-per-node", "2", "--run-root", str(tmp_path)],
+        env=env, cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 120
+        while not (len(coord.ranks) == 2 and all(r.step > 3 for r in coord.ranks)):
+            assert time.monotonic() < deadline and worker.poll() is None, "the ranks never got going"
+            time.sleep(0.1)
+        victim = coord.ranks[0]
+        os.kill(victim.pid, signal.SIGKILL)
+        killed = time.monotonic()
+        while coord.state is not RunState.FAILED:
+            assert time.monotonic() - killed < 30, "the run did not fail"
+            time.sleep(0.05)
+        # The peers' reports may come first; the agent's names the dead rank within the
+        # judge's settle time, and nothing explains a failure better than a death.
+        while coord.root_cause is not victim:
+            assert time.monotonic() - killed < 30, coord.failure
+            time.sleep(0.05)
+        assert victim.exit_code == -signal.SIGKILL and victim.state is RankState.FAILED
+        assert "signal SIGKILL (seen by its host agent" in coord.failure
+        assert worker.wait(30) != 0
+    finally:
+        if worker.poll() is None:
+            worker.kill()
+            worker.wait()
         server.stop(grace=0.1)

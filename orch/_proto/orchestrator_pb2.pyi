@@ -181,20 +181,22 @@ class HostHeartbeatsResponse(_message.Message):
     def __init__(self, replies: _Optional[_Iterable[_Union[BeatReply, _Mapping]]] = ...) -> None: ...
 
 class CompletionRequest(_message.Message):
-    __slots__ = ("run_id", "worker_id", "outcome", "error", "param_checksum", "step")
+    __slots__ = ("run_id", "worker_id", "outcome", "error", "param_checksum", "step", "exit_code")
     RUN_ID_FIELD_NUMBER: _ClassVar[int]
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     OUTCOME_FIELD_NUMBER: _ClassVar[int]
     ERROR_FIELD_NUMBER: _ClassVar[int]
     PARAM_CHECKSUM_FIELD_NUMBER: _ClassVar[int]
     STEP_FIELD_NUMBER: _ClassVar[int]
+    EXIT_CODE_FIELD_NUMBER: _ClassVar[int]
     run_id: str
     worker_id: str
     outcome: RankState
     error: str
     param_checksum: str
     step: int
-    def __init__(self, run_id: _Optional[str] = ..., worker_id: _Optional[str] = ..., outcome: _Optional[_Union[RankState, str]] = ..., error: _Optional[str] = ..., param_checksum: _Optional[str] = ..., step: _Optional[int] = ...) -> None: ...
+    exit_code: int
+    def __init__(self, run_id: _Optional[str] = ..., worker_id: _Optional[str] = ..., outcome: _Optional[_Union[RankState, str]] = ..., error: _Optional[str] = ..., param_checksum: _Optional[str] = ..., step: _Optional[int] = ..., exit_code: _Optional[int] = ...) -> None: ...
 
 class CompletionResponse(_message.Message):
     __slots__ = ()

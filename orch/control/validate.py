@@ -77,6 +77,8 @@ def check_completion(req: pb.CompletionRequest) -> RankState:
         raise Reject("invalid_argument", "outcome must be RANK_SUCCEEDED, RANK_FAILED or RANK_STOPPED")
     if len(req.param_checksum) > MAX_ID_LEN:
         raise Reject("invalid_argument", "param_checksum is too long")
+    if req.exit_code and outcome is not RankState.FAILED:
+        raise Reject("invalid_argument", "exit_code goes only with RANK_FAILED: a process that died")
     return outcome
 
 

@@ -10,6 +10,14 @@ import grpc
 
 from .errors import AuthError, MasterUnavailable, OrchError
 
+
+def status_code(number: int) -> grpc.StatusCode:
+    """The grpc status code of a number carried in a message (UNKNOWN for one it has not)."""
+    return _BY_NUMBER.get(number, grpc.StatusCode.UNKNOWN)
+
+
+_BY_NUMBER = {c.value[0]: c for c in grpc.StatusCode}
+
 # Codes that say the master is not there (yet): a worker keeps trying them until its timeout.
 UNREACHABLE = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
 

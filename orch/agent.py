@@ -30,9 +30,9 @@ from typing import Any
 import grpc
 
 from ._proto import orchestrator_pb2 as pb
-from .auth import CHANNEL_OPTIONS, TokenInterceptor
+from ._rpc import status_code
+from .auth import CHANNEL_OPTIONS, TokenInterceptor, bearer, channel_security
 from .control.validate import MAX_BEATS_PER_BATCH
-from .errors import ConfigError
 from .states import SERVICE_NAME, describe_exit
 
 log = logging.getLogger(__name__)
@@ -40,7 +40,6 @@ log = logging.getLogger(__name__)
 HEARTBEAT = "SendHeartbeat"
 BATCH = "SendHostHeartbeats"
 FORWARD_TIMEOUT = 30.0  # a forwarded call without a deadline of its own gets this one
-_CODES = {c.value[0]: c for c in grpc.StatusCode}
 
 
 @dataclass
@@ -153,22 +152,14 @@ class HostAgent:
             await self._upstream.close(None)
 
     def _channel(self) -> grpc.aio.Channel:
-        if self.tls_ca is None:
-            return grpc.aio.insecure_channel(self.master, options=CHANNEL_OPTIONS)
-        try:
-            ca = Path(self.tls_ca).read_bytes()
-        except OSError as e:
-            raise ConfigError(f"cannot read the TLS CA certificate {self.tls_ca}: {e}") from e
-        options: list[tuple[str, Any]] = list(CHANNEL_OPTIONS)
-        if self.tls_server_name:
-            options.append(("grpc.ssl_target_name_override", self.tls_server_name))
-        return grpc.aio.secure_channel(
-            self.master, grpc.ssl_channel_credentials(root_certificates=ca), options=options
-        )
+        credentials, options = channel_security(self.tls_ca, self.tls_server_name)
+        if credentials is None:
+            return grpc.aio.insecure_channel(self.master, options=options)
+        return grpc.aio.secure_channel(self.master, credentials, options=options)
 
     @property
     def _metadata(self) -> tuple[tuple[str, str], ...]:
-        return (("authorization", f"Bearer {self.token}"),) if self.token else ()
+        return (bearer(self.token),) if self.token else ()
 
     def _forwarder(self, name: str) -> Any:
         call = self._upstream.unary_unary(
@@ -282,7 +273,7 @@ class HostAgent:
                     if beat.code:
                         _settle(
                             future,
-                            exception=_Refused(_CODES.get(beat.code, grpc.StatusCode.UNKNOWN), beat.error),
+                            exception=_Refused(status_code(beat.code), beat.error),
                         )
                     else:
                         _settle(future, result=beat.reply)

@@ -60,7 +60,7 @@ class TokenInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[type-arg]
     """
 
     def __init__(self, token: str) -> None:
-        self._expected = _digest(f"Bearer {token}".encode())
+        self._expected = _digest(bearer(token)[1].encode())
 
     async def intercept_service(
         self, continuation: Callable[[Any], Awaitable[Any]], handler_call_details: grpc.HandlerCallDetails
@@ -245,7 +245,7 @@ async def _stream_out(result: Any, context: grpc.aio.ServicerContext[Any, Any]) 
 
 class _TokenMetadata(grpc.UnaryUnaryClientInterceptor, grpc.UnaryStreamClientInterceptor):  # type: ignore[type-arg]
     def __init__(self, token: str) -> None:
-        self._metadata = ("authorization", f"Bearer {token}")
+        self._metadata = bearer(token)
 
     def _with_token(self, details: Any) -> Any:
         # grpc passes its call details as a namedtuple: _replace keeps the other fields.
@@ -257,6 +257,29 @@ class _TokenMetadata(grpc.UnaryUnaryClientInterceptor, grpc.UnaryStreamClientInt
 
     def intercept_unary_stream(self, continuation: Any, details: Any, request: Any) -> Any:
         return continuation(self._with_token(details), request)
+
+
+def bearer(token: str) -> tuple[str, str]:
+    """The metadata entry that carries ``token`` on a call."""
+    return ("authorization", f"Bearer {token}")
+
+
+def channel_security(
+    tls_ca: str | Path | None, tls_server_name: str | None
+) -> tuple[grpc.ChannelCredentials | None, list[tuple[str, int | str]]]:
+    """Credentials (None: plaintext) and options of a channel to a master, sync or asyncio:
+    TLS verified against ``tls_ca`` when given, for ``tls_server_name`` when that differs
+    from the address dialled."""
+    options: list[tuple[str, int | str]] = list(CHANNEL_OPTIONS)
+    if tls_ca is None:
+        return None, options
+    try:
+        ca = Path(tls_ca).read_bytes()
+    except OSError as e:
+        raise ConfigError(f"cannot read the TLS CA certificate {tls_ca}: {e}") from e
+    if tls_server_name:
+        options.append(("grpc.ssl_target_name_override", tls_server_name))
+    return grpc.ssl_channel_credentials(root_certificates=ca), options
 
 
 def open_channel(
@@ -271,19 +294,11 @@ def open_channel(
     ``tls_server_name`` is the name to verify the master's certificate for, when it differs
     from the address dialled (a master's own clients dial 127.0.0.1).
     """
-    if tls_ca is not None:
-        try:
-            ca = Path(tls_ca).read_bytes()
-        except OSError as e:
-            raise ConfigError(f"cannot read the TLS CA certificate {tls_ca}: {e}") from e
-        options: list[tuple[str, int | str]] = list(CHANNEL_OPTIONS)
-        if tls_server_name:
-            options.append(("grpc.ssl_target_name_override", tls_server_name))
-        channel = grpc.secure_channel(
-            address, grpc.ssl_channel_credentials(root_certificates=ca), options=options
-        )
+    credentials, options = channel_security(tls_ca, tls_server_name)
+    if credentials is not None:
+        channel = grpc.secure_channel(address, credentials, options=options)
     else:
-        channel = grpc.insecure_channel(address, options=CHANNEL_OPTIONS)
+        channel = grpc.insecure_channel(address, options=options)
     if token:
         channel = grpc.intercept_channel(channel, _TokenMetadata(token))
     return channel

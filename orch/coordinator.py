@@ -98,7 +98,7 @@ class Coordinator:
         self._changed = threading.Condition(self._lock)
         self.registry = Registry(world_size)
         self.points = SeriesLog(max_points_in_memory)
-        self.log = EventLog()
+        self.event_log = EventLog()
         self.lifecycle = Lifecycle(max_attempts)
         self.judge = FailureJudge()
         self.stop_requested = False  # a stop was asked for (it carries over a restart)
@@ -132,11 +132,11 @@ class Coordinator:
 
     @property
     def events(self) -> list[pb.Event]:
-        return self.log.events
+        return self.event_log.events
 
     @property
     def dropped_events(self) -> int:
-        return self.log.dropped
+        return self.event_log.dropped
 
     @property
     def points_in_memory(self) -> int:
@@ -165,7 +165,7 @@ class Coordinator:
     def register(self, req: pb.RegisterRequest) -> pb.RegisterResponse:
         check_register(req)
         with self._lock:
-            if req.run_id and req.run_id != self.run_id:
+            if req.run_id:  # rank 0 registering again to say where its store listens names its run
                 check_run_id(req.run_id, self.run_id)
             if self.registry.get(req.worker_id) is None and self.state.done:
                 raise Reject("failed_precondition", f"run {self.run_id} is already {self.state.value}")
@@ -482,7 +482,7 @@ class Coordinator:
             # Under the lock only the plan: which points of which series. The copies (the bulk
             # of a catch-up) are made after it, so heartbeats never wait for them.
             plan, more = ([], False) if skip_series else self.points.plan(sent, budget, nxt)
-            nxt.events = self.log.since(0 if full else max(0, prev.events), reply, self._wall())
+            nxt.events = self.event_log.since(0 if full else max(0, prev.events), reply, self._wall())
             reply.more = reply.more or more
         built = SeriesLog.copy(plan)
         if any(sl.series.base != sl.base for sl in plan):
@@ -550,7 +550,7 @@ class Coordinator:
 
     def _event(self, kind: str, rank: int, message: str) -> None:
         event = pb.Event(time=self._wall(), kind=kind, rank=rank, message=message)
-        self.log.append(event)
+        self.event_log.append(event)
         if self.store is not None:
             self.store.append_event(event)
         log.debug("run %s: %s rank=%d %s", self.run_id, kind, rank, message)

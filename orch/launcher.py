@@ -37,11 +37,11 @@ from ._viewable import Viewable
 from .auth import TOKEN_ENV, certificate_name, new_token, token_from_env
 from .client import MasterClient, StateMirror
 from .coordinator import Coordinator
-from .errors import ConfigError, RunFailed
+from .errors import ConfigError, OrchError, RunFailed
 from .master import MasterServer
 from .rundir import write_result
 from .states import RunState
-from .store import RunStore, private_dir
+from .store import RunStore, json_object, private_dir
 from .worker import WorkerSpec, spawn_main
 
 log = logging.getLogger(__name__)
@@ -438,10 +438,9 @@ class Run(Viewable):
 
     def _error_record(self, worker_id: str) -> dict[str, Any]:
         """The error file a failed worker left (empty when it left none or it is unreadable)."""
-        with contextlib.suppress(OSError, ValueError):
-            record = json.loads((self.run_dir / "errors" / f"{worker_id}.json").read_bytes())
-            if isinstance(record, dict):
-                return record
+        path = self.run_dir / "errors" / f"{worker_id}.json"
+        with contextlib.suppress(OSError, OrchError):
+            return json_object(path.read_bytes(), str(path), "")
         return {}
 
     def _log_tail(self, worker_id: str, code: int) -> str:

@@ -25,6 +25,7 @@ from grpc_reflection.v1alpha import reflection
 from ._net import DEFAULT_MASTER_PORT, choose_port, is_loopback
 from ._proto import orchestrator_pb2 as pb
 from ._proto import orchestrator_pb2_grpc as pb_grpc
+from ._rpc import status_code
 from .auth import MAX_METADATA_BYTES, CallBudget, TokenInterceptor, server_credentials
 from .control.validate import STATUS_CODE
 from .coordinator import Coordinator, Reject
@@ -53,7 +54,7 @@ OTHER_CALLS_LIMIT = 16  # reflection, and any other method
 REQUEST_READ_TIMEOUT = 30.0  # seconds from a call's headers to its whole request
 HANDSHAKE_TIMEOUT_MS = 5000  # a connection that has not finished its TLS / HTTP/2 handshake by then is closed
 
-_STATUS = {kind: next(c for c in grpc.StatusCode if c.value[0] == n) for kind, n in STATUS_CODE.items()}
+_STATUS = {kind: status_code(n) for kind, n in STATUS_CODE.items()}
 
 
 async def _abort(context: grpc.aio.ServicerContext[Any, Any], e: Reject) -> NoReturn:

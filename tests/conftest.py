@@ -10,7 +10,7 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -96,9 +96,26 @@ TOKEN = "s3cret-token"  # the token of the `guarded` master
 def guarded() -> Iterator[tuple[MasterServer, Coordinator]]:
     """A real gRPC master on a free loopback port that takes only calls carrying TOKEN."""
     coord = Coordinator(2, run_id="r")
+    with guarded_master(coord) as server:
+        yield server, coord
+
+
+def until(predicate: Callable[[], bool], timeout: float, interval: float = 0.02) -> float:
+    """Seconds until ``predicate()`` held; fails the test after ``timeout``."""
+    start = time.monotonic()
+    while not predicate():
+        if time.monotonic() - start > timeout:
+            raise AssertionError(f"condition not met within {timeout}s")
+        time.sleep(interval)
+    return time.monotonic() - start
+
+
+@contextlib.contextmanager
+def guarded_master(coord: Coordinator) -> Iterator[MasterServer]:
+    """``coord`` served by a real gRPC master on a free loopback port, with TOKEN."""
     server = MasterServer(coord, port=0, token=TOKEN).start()
     try:
-        yield server, coord
+        yield server
     finally:
         server.stop(grace=0.1)
 

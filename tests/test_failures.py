@@ -23,7 +23,7 @@ import pytest
 import torch
 
 import orch
-from conftest import ORCH, TESTS, orch_cli
+from conftest import ORCH, TESTS, orch_cli, until
 from orch._proto import orchestrator_pb2 as pb
 from orch._proto import orchestrator_pb2_grpc as pb_grpc
 from orch.auth import open_channel
@@ -37,16 +37,6 @@ sys.path.insert(0, str(TESTS))
 # guarantees, far below any heartbeat timeout here. The figures themselves (typically well
 # under a second) are printed with -s and measured in benchmarks/teardown.py.
 BOUND = 10.0
-
-
-def until(predicate: Callable[[], bool], timeout: float, interval: float = 0.02) -> float:
-    """Seconds until ``predicate()`` held; fails the test after ``timeout``."""
-    start = time.monotonic()
-    while not predicate():
-        if time.monotonic() - start > timeout:
-            raise AssertionError(f"condition not met within {timeout}s")
-        time.sleep(interval)
-    return time.monotonic() - start
 
 
 def all_gone(pids: list[int]) -> Callable[[], bool]:

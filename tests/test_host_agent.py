@@ -4,15 +4,15 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
 import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import grpc
 import pytest
 
-from conftest import ORCH, TESTS, TOKEN
+from conftest import ORCH, TESTS, TOKEN, guarded_master, until
 from orch._proto import orchestrator_pb2 as pb
 from orch._proto import orchestrator_pb2_grpc as pb_grpc
 from orch.agent import HostAgent
@@ -28,11 +28,8 @@ DEADLINE = 30.0
 @pytest.fixture
 def master() -> Iterator[tuple[MasterServer, Coordinator]]:
     coord = Coordinator(4, run_id="r")
-    server = MasterServer(coord, port=0, token=TOKEN).start()
-    try:
+    with guarded_master(coord) as server:
         yield server, coord
-    finally:
-        server.stop(grace=0.1)
 
 
 def stub(address: str, token: str | None = TOKEN) -> pb_grpc.OrchestratorStub:
@@ -151,75 +148,80 @@ def test_a_master_that_takes_no_batches_gets_the_beats_one_by_one(monkeypatch: p
         await context.abort(grpc.StatusCode.UNIMPLEMENTED, "Method not implemented!")
 
     monkeypatch.setattr("orch.master.OrchestratorServicer.SendHostHeartbeats", unimplemented)
-    old = MasterServer(Coordinator(4, run_id="r"), port=0, token=TOKEN).start()
-    try:
-        with HostAgent(old.address, ranks=2, window=5.0, token=TOKEN) as agent:
-            stubs = join(agent.address, 4)
-            for step in range(2):
-                replies = together([lambda i=i, step=step: beat(stubs[i], f"w{i}", step) for i in range(2)])
-                assert all(isinstance(r, pb.HeartbeatResponse) for r in replies), replies
-            assert old.budget.served[SINGLE] == 4 and agent.batches == 0
-    finally:
-        old.stop(grace=0.1)
+    with (
+        guarded_master(Coordinator(4, run_id="r")) as old,
+        HostAgent(old.address, ranks=2, window=5.0, token=TOKEN) as agent,
+    ):
+        stubs = join(agent.address, 4)
+        for step in range(2):
+            replies = together([lambda i=i, step=step: beat(stubs[i], f"w{i}", step) for i in range(2)])
+            assert all(isinstance(r, pb.HeartbeatResponse) for r in replies), replies
+        assert old.budget.served[SINGLE] == 4 and agent.batches == 0
+
+
+def orch_worker(address: str, fn: str, run_root: Path) -> list[str]:
+    """`orch worker` running two ranks of ``fn`` (from tests/jobs.py) against ``address``."""
+    return [
+        ORCH,
+        "worker",
+        "--master",
+        address,
+        "--fn",
+        fn,
+        "--nproc-per-node",
+        "2",
+        "--run-root",
+        str(run_root),
+    ]
+
+
+WORKER_ENV = dict(os.environ, ORCH_TOKEN=TOKEN, PYTHONPATH=str(TESTS), PYTHONUNBUFFERED="1")
 
 
 def test_orch_worker_with_several_ranks_beats_through_its_agent(tmp_path: Path) -> None:
     """Real ranks (torch, gloo) under `orch worker --nproc-per-node 2`: the master sees only
     batched heartbeats, and every rank's points."""
-    import subprocess
-
     coord = Coordinator(2, run_id="agent-run", config_json='{"steps": 40, "sleep": 0.02}')
-    server = MasterServer(coord, port=0, token=TOKEN).start()
-    env = dict(os.environ, ORCH_TOKEN=TOKEN, PYTHONPATH=str(TESTS), PYTHONUNBUFFERED="1")
-    try:
+    with guarded_master(coord) as server:
         done = subprocess.run(
-            [ORCH, "worker", "--master", server.address, "--fn", "jobs:allreduce_steps",
-             "--nproc-per-node", "2", "--run-root", str(tmp_path)],
-            env=env, capture_output=True, text=True, timeout=200, cwd=tmp_path,
-        )  # fmt: skip
+            orch_worker(server.address, "jobs:allreduce_steps", tmp_path),
+            env=WORKER_ENV,
+            capture_output=True,
+            text=True,
+            timeout=200,
+            cwd=tmp_path,
+        )
         assert done.returncode == 0, done.stderr[-3000:]
         assert coord.state is RunState.SUCCEEDED
         assert server.budget.served[BATCH] > 0 and server.budget.served[SINGLE] == 0
         for rank in range(2):
             assert coord.series(rank, "loss")[0] == list(range(40))
-    finally:
-        server.stop(grace=0.1)
 
 
 def test_a_rank_killed_alone_is_named_by_its_host_agent_at_once(tmp_path: Path) -> None:
     """The OOM killer takes one rank's pid: its peers' broken collectives report first, but
     the root cause is the dead rank, with its signal, reported by its host agent."""
-    import subprocess
-
     coord = Coordinator(2, run_id="agent-kill", config_json='{"sleep": 0.05}')
-    server = MasterServer(coord, port=0, token=TOKEN).start()
-    env = dict(os.environ, ORCH_TOKEN=TOKEN, PYTHONPATH=str(TESTS), PYTHONUNBUFFERED="1")
-    worker = subprocess.Popen(
-        [ORCH, "worker", "--master", server.address, "--fn", "jobs:long_barriers",
-         "--nproc-per-node", "2", "--run-root", str(tmp_path)],
-        env=env, cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )  # fmt: skip
-    try:
-        deadline = time.monotonic() + 120
-        while not (len(coord.ranks) == 2 and all(r.step > 3 for r in coord.ranks)):
-            assert time.monotonic() < deadline and worker.poll() is None, "the ranks never got going"
-            time.sleep(0.1)
-        victim = coord.ranks[0]
-        os.kill(victim.pid, signal.SIGKILL)
-        killed = time.monotonic()
-        while coord.state is not RunState.FAILED:
-            assert time.monotonic() - killed < 30, "the run did not fail"
-            time.sleep(0.05)
-        # The peers' reports may come first; the agent's names the dead rank within the
-        # judge's settle time, and nothing explains a failure better than a death.
-        while coord.root_cause is not victim:
-            assert time.monotonic() - killed < 30, coord.failure
-            time.sleep(0.05)
-        assert victim.exit_code == -signal.SIGKILL and victim.state is RankState.FAILED
-        assert "signal SIGKILL (seen by its host agent" in coord.failure
-        assert worker.wait(30) != 0
-    finally:
-        if worker.poll() is None:
-            worker.kill()
-            worker.wait()
-        server.stop(grace=0.1)
+    with guarded_master(coord) as server:
+        worker = subprocess.Popen(
+            orch_worker(server.address, "jobs:long_barriers", tmp_path),
+            env=WORKER_ENV,
+            cwd=tmp_path,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        try:
+            until(lambda: len(coord.ranks) == 2 and all(r.step > 3 for r in coord.ranks), 120)
+            victim = coord.ranks[0]
+            os.kill(victim.pid, signal.SIGKILL)
+            until(lambda: coord.state is RunState.FAILED, 30)
+            # The peers' reports may come first; the agent's names the dead rank within the
+            # judge's settle time, and nothing explains a failure better than a death.
+            until(lambda: coord.root_cause is victim, 30)
+            assert victim.exit_code == -signal.SIGKILL and victim.state is RankState.FAILED
+            assert "signal SIGKILL (seen by its host agent" in coord.failure
+            assert worker.wait(30) != 0
+        finally:
+            if worker.poll() is None:
+                worker.kill()
+                worker.wait()

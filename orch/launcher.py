@@ -1,11 +1,14 @@
 """Start a run on this machine: the master in this process, N workers beside it.
 
-:class:`Run` is what ``orch.launch`` returns and what ``orch run`` drives. Workers fork
-from a forkserver (see :func:`worker_context`), a fresh process that never held this
-process's gRPC threads or CUDA state; the training function travels to them cloudpickled. A monitor thread
-watches the children's exit codes every ``poll_interval`` seconds, beside the master's
-heartbeat expiry, so a dead rank fails the run at once instead of leaving the others
-blocked in a collective.
+:class:`Run` is what ``orch.launch`` returns and what ``orch run`` drives: it owns the master
+and the run dir, and answers for the run (``wait``, ``state``, ``history``, ``stop``,
+``close``). Its workers are a :class:`~orch.group.WorkerGroup`, forked from a forkserver
+(see :func:`orch.group.worker_context`) that never held this process's gRPC threads or CUDA
+state; the training function travels to them cloudpickled. A
+:class:`~orch.group.LocalAgent` on a monitor thread collects their exit codes every
+``poll_interval`` seconds, beside the master's heartbeat expiry, so a dead rank fails the
+run at once instead of leaving the others blocked in a collective; it tears the group down
+and restarts it as the coordinator's restart rule says.
 """
 
 from __future__ import annotations
@@ -18,13 +21,9 @@ import logging
 import math
 import multiprocessing as mp
 import os
-import signal
-import sys
 import threading
 import time
-import types
 import weakref
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -37,12 +36,13 @@ from ._viewable import Viewable
 from .auth import TOKEN_ENV, certificate_name, new_token, token_from_env
 from .client import MasterClient, StateMirror
 from .coordinator import Coordinator
-from .errors import ConfigError, OrchError, RunFailed
+from .errors import ConfigError, RunFailed
+from .group import LocalAgent, WorkerGroup
 from .master import MasterServer
 from .rundir import write_result
 from .states import RunState
-from .store import RunStore, json_object, private_dir
-from .worker import WorkerSpec, spawn_main
+from .store import RunStore, private_dir
+from .worker import WorkerSpec
 
 log = logging.getLogger(__name__)
 
@@ -120,9 +120,7 @@ class LaunchSpec:
 MAX_WORKERS_PER_CORE = 8
 
 
-def _check_int(
-    name: str, value: Any, minimum: int, maximum: int | None = None, *, hint: str = ""
-) -> None:
+def _check_int(name: str, value: Any, minimum: int, maximum: int | None = None, *, hint: str = "") -> None:
     if type(value) is not int or value < minimum or (maximum is not None and value > maximum):
         bounds = f"from {minimum} to {maximum}" if maximum is not None else f">= {minimum}"
         raise ConfigError(
@@ -169,53 +167,6 @@ def _check_fn(fn: Any, workdir: str) -> None:
         ) from e
 
 
-# Modules a worker needs that take long to import: the forkserver imports them once.
-# (DistributedDataParallel's first construction imports torch._dynamo: 800 modules, ~1-2 s.)
-PRELOAD = [
-    "torch",
-    "torch.distributed",
-    "torch.nn.parallel",
-    "torch._dynamo",
-    "sklearn.datasets",
-    "orch._forkserver",  # last: its atexit hook runs first
-]
-
-
-def worker_context() -> mp.context.ForkServerContext:
-    """The multiprocessing context workers start from: a forkserver with torch imported.
-
-    The forkserver is a fresh process (never a fork of this one, so it holds none of this
-    process's gRPC or CUDA state) that imports torch once and then forks a worker in
-    milliseconds for each launch; it exits with this process. Environment variables do not
-    reach it after it started, so each worker gets its launcher's in its WorkerSpec.
-    """
-    global _preload_set
-    ctx: mp.context.ForkServerContext = mp.get_context("forkserver")
-    if not _preload_set:
-        ctx.set_forkserver_preload(PRELOAD)
-        _preload_set = True
-    return ctx
-
-
-_preload_set = False
-
-
-@contextlib.contextmanager
-def _main_not_inherited() -> Iterator[None]:
-    """Start children without re-running this process's ``__main__`` in them.
-
-    multiprocessing re-imports the parent's main module in each child; a notebook's,
-    ``python -`` or a script with side effects cannot be, and workers never need it: the
-    training function travels cloudpickled, by value. A bare stand-in hides it during start().
-    """
-    main = sys.modules["__main__"]
-    sys.modules["__main__"] = types.ModuleType("__main__")
-    try:
-        yield
-    finally:
-        sys.modules["__main__"] = main
-
-
 @dataclass
 class RunResult:
     """How a finished run ended."""
@@ -246,18 +197,14 @@ class Run(Viewable):
         self.run_id = self.coordinator.run_id
         self.run_dir = Path(spec.run_root) / self.run_id
         self.server: MasterServer | None = None
-        self.procs: list[mp.process.BaseProcess] = []
-        self.worker_ids: list[str] = []
-        self._exited: dict[int, int] = {}
+        self.group = WorkerGroup(self.coordinator, self.run_dir, spec.grace)
         self.store: RunStore | None = None
         # The run's secret; its workers get it through their environment.
         self.token = token_from_env(spec.token) or new_token()
-        self.all_exited_at: float | None = None  # monotonic: every worker of the run is gone
         self._done = threading.Event()
         self._closing = threading.Event()
         self._finish_lock = threading.Lock()
         self._monitor: threading.Thread | None = None
-        self.exit_codes: dict[str, int] = {}
         # Where the function's code came from, for tracebacks that show it (notebook cells).
         self._sources = capture(spec.fn)
 
@@ -305,23 +252,17 @@ class Run(Viewable):
             )
         # Workers start from the monitor thread: launch() returns at once, even while the
         # forkserver of the first launch is still importing torch.
-        self._monitor = threading.Thread(target=self._watch, name="orch-monitor", daemon=True)
+        self._monitor = threading.Thread(target=self._supervise, name="orch-monitor", daemon=True)
         self._monitor.start()
         log.info("run %s: master on %s, %d workers", self.run_id, self.address, spec.world_size)
 
-    def _spawn_workers(self) -> None:
-        import cloudpickle
-
+    def _worker_specs(self, attempt: int) -> list[WorkerSpec]:
+        """The workers of one attempt: each dials this run's master, with its token."""
         spec = self.spec
         assert self.server is not None
-        attempt = self.coordinator.attempt
         prefix = f"{self.run_id}-w" if attempt == 1 else f"{self.run_id}-a{attempt}-w"
-        self.worker_ids = [f"{prefix}{i}" for i in range(spec.world_size)]
-        self.procs = []
-        self._exited = {}
         private_dir(self.run_dir)
         private_dir(self.run_dir / "logs")
-        ctx = worker_context()
         threads = spec.threads or max(1, (os.cpu_count() or 1) // spec.world_size)
         env = {
             **os.environ,
@@ -330,10 +271,10 @@ class Run(Viewable):
             TOKEN_ENV: self.token,
         }
         owner = Owner()
-        for i, wid in enumerate(self.worker_ids):
-            wspec = WorkerSpec(
+        return [
+            WorkerSpec(
                 master=self.server.address,
-                worker_id=wid,
+                worker_id=f"{prefix}{i}",
                 fn=spec.fn,
                 config=spec.config,
                 local_rank=i,
@@ -344,17 +285,33 @@ class Run(Viewable):
                 master_timeout=spec.heartbeat_timeout,
                 owner=owner,
                 env=env,
-                log_file=str(self.run_dir / "logs" / f"{wid}.log"),
+                log_file=str(self.run_dir / "logs" / f"{prefix}{i}.log"),
                 run_root=spec.run_root,
                 tls_ca=self.tls_ca,
                 tls_server_name=self.tls_server_name,
                 workdir=spec.workdir,
                 sources=self._sources,
             )
-            p = ctx.Process(target=spawn_main, args=(cloudpickle.dumps(wspec),), name=f"orch-{wid}")
-            with _main_not_inherited():
-                p.start()
-            self.procs.append(p)
+            for i in range(spec.world_size)
+        ]
+
+    # -- what the worker group knows, by the names callers use -------------------------------
+    @property
+    def procs(self) -> list[mp.process.BaseProcess]:
+        return self.group.procs
+
+    @property
+    def worker_ids(self) -> list[str]:
+        return self.group.worker_ids
+
+    @property
+    def exit_codes(self) -> dict[str, int]:
+        return self.group.exit_codes
+
+    @property
+    def all_exited_at(self) -> float | None:
+        """Monotonic: when every worker of the run was gone."""
+        return self.group.all_exited_at
 
     @property
     def address(self) -> str:
@@ -378,86 +335,17 @@ class Run(Viewable):
             self.address, token=self.token, tls_ca=self.tls_ca, tls_server_name=self.tls_server_name
         )
 
-    def _watch(self) -> None:
-        """Every ``poll_interval``: collect exits; on failure tear down, then restart or end."""
-        coord = self.coordinator
-        try:
-            self._spawn_workers()
-        except Exception as e:
-            log.exception("run %s: could not start its workers", self.run_id)
-            coord.fail(f"could not start the worker processes: {e}")
-        while not self._closing.is_set():
-            self._collect_exits()
-            if coord.state.failing:
-                self._terminate_workers()
-                self._collect_exits(expected=True)
-                self.all_exited_at = time.monotonic()
-                if coord.state is RunState.RESTARTING and coord.stop_requested:
-                    # Stop pressed while the group was being torn down for a restart: no
-                    # next attempt; the run ends as the user asked.
-                    coord.close_run("stopped while restarting: the next attempt was not started")
-                    break
-                reason = self._restart_refused()
-                if reason is None and coord.state is RunState.RESTARTING:
-                    coord.restart()
-                    log.warning(
-                        "run %s: restarting (attempt %d of %d)",
-                        self.run_id,
-                        coord.attempt,
-                        coord.max_attempts,
-                    )
-                    self._spawn_workers()
-                    continue
-                coord.give_up(reason or "")
-                break
-            if len(self._exited) == len(self.procs):
-                self.all_exited_at = time.monotonic()
-                if not coord.state.done:
-                    coord.fail("every worker exited before the run finished")
-                break
-            time.sleep(self.spec.poll_interval)
+    def _supervise(self) -> None:
+        agent = LocalAgent(
+            self.coordinator,
+            self.group,
+            self._worker_specs,
+            poll_interval=self.spec.poll_interval,
+            closing=self._closing,
+        )
+        agent.run()
         if not self._closing.is_set():  # close() ends the run itself, then writes the record
             self._finish()
-
-    def _collect_exits(self, expected: bool = False) -> None:
-        for i, p in enumerate(self.procs):
-            if i in self._exited or p.exitcode is None:
-                continue
-            wid = self.worker_ids[i]
-            self._exited[i] = p.exitcode
-            self.exit_codes[wid] = p.exitcode
-            # After a tear-down, a SIGTERM or SIGKILL is ours; any other death is the worker's own.
-            ours = expected and p.exitcode in (-signal.SIGTERM, -signal.SIGKILL)
-            code, record = p.exitcode, self._error_record(wid) if p.exitcode else {}
-            if ours and isinstance(record.get("exit_code"), int) and self.coordinator.rank_reported(wid):
-                # A failed rank killed at the end of the grace while it delivered its last
-                # points: the code of its own failure stands, not our SIGKILL.
-                code = record["exit_code"]
-            detail = str(record.get("traceback", "")) if record else self._log_tail(wid, code)
-            self.coordinator.rank_exited(wid, code, detail=detail, expected=ours)
-
-    def _error_record(self, worker_id: str) -> dict[str, Any]:
-        """The error file a failed worker left (empty when it left none or it is unreadable)."""
-        path = self.run_dir / "errors" / f"{worker_id}.json"
-        with contextlib.suppress(OSError, OrchError):
-            return json_object(path.read_bytes(), str(path), "")
-        return {}
-
-    def _log_tail(self, worker_id: str, code: int) -> str:
-        """The end of a dead worker's log, when it left no error file."""
-        if code == 0:
-            return ""
-        from .panel import tail
-
-        return tail(self.run_dir / "logs" / f"{worker_id}.log", 30)
-
-    def _restart_refused(self) -> str | None:
-        """Why this failure must not restart the group (None: restart it): the coordinator's
-        rule, and a run being closed."""
-        refusal = self.coordinator.restart_refusal()
-        if refusal is None and self._closing.is_set():
-            return "the run was closed"
-        return refusal
 
     def _finish(self) -> None:
         with self._finish_lock:
@@ -468,30 +356,6 @@ class Run(Viewable):
             except OSError as e:
                 log.warning("run %s: could not write %s/result.json: %s", self.run_id, self.run_dir, e)
             self._done.set()
-
-    def _terminate_workers(self) -> None:
-        """SIGTERM, a bounded grace, SIGKILL, join — all against one deadline.
-
-        A rank that already reported its end is leaving by itself (delivering its last
-        points): it gets the grace without a SIGTERM, so its own exit code stays on record.
-        """
-        alive = [p for p in self.procs if p.exitcode is None]
-        for i, p in enumerate(self.procs):
-            if p.exitcode is not None or self.coordinator.rank_reported(self.worker_ids[i]):
-                continue
-            with contextlib.suppress(ProcessLookupError, AttributeError, TypeError):
-                p.terminate()
-                # A stopped (SIGSTOP, hung) worker only acts on SIGTERM once continued.
-                os.kill(p.pid, signal.SIGCONT)  # type: ignore[arg-type]
-        deadline = time.monotonic() + self.spec.grace
-        for p in alive:
-            p.join(max(0.0, deadline - time.monotonic()))
-        for p in alive:
-            if p.exitcode is None and p.pid is not None:
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(p.pid, signal.SIGKILL)
-        for p in alive:
-            p.join(5.0)
 
     def wait(self, timeout: float | None = None) -> RunResult:
         """Block until the run ends; raise :class:`orch.RunFailed` if it failed.
@@ -564,7 +428,7 @@ class Run(Viewable):
         if self._monitor is not None and self._monitor is not threading.current_thread():
             self._monitor.join(60.0)  # it may be starting the workers' forkserver
         # Exits the monitor had no time to see name the root cause before the tear-down does.
-        self._collect_exits()
+        self.group.collect_exits()
         if self.coordinator.state is RunState.RESTARTING:
             self.coordinator.give_up("the run was closed")
         elif not self.coordinator.state.done:
@@ -572,8 +436,7 @@ class Run(Viewable):
                 "the run was closed while it was running (run.close(), the end of a `with` "
                 "block, or the process exiting): its ranks were terminated"
             )
-        self._terminate_workers()
-        self._collect_exits(expected=True)
+        self.group.terminate()
         self._stop_server()
         self._finish()
         self._close_store()

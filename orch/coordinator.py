@@ -477,7 +477,9 @@ class Coordinator:
                 root_cause_exit_code=root.exit_code if root is not None else 0,
                 rendezvous=f"{self.ranks[0].address}:{port}" if self.ranks and port else "",
             )
-            reply.ranks.extend(rec.published(now) for rec in self.ranks)
+            # An ended run's ages stand still at its end (a finished rank beats no more).
+            at = self.ended_at if self.ended_at is not None else now
+            reply.ranks.extend(rec.published(at) for rec in self.ranks)
             nxt = pb.StateCursor(run_id=self.run_id, epoch=self.points.epoch)
             # Under the lock only the plan: which points of which series. The copies (the bulk
             # of a catch-up) are made after it, so heartbeats never wait for them.
@@ -522,8 +524,9 @@ class Coordinator:
             )
             if not self.state.done and not self.state.failing:
                 self._fail_run(cause)
-            elif self.state.failing:
-                self.judge.later_failure(cause, now)
+            elif self.state.failing and self.judge.later_failure(cause, now):
+                # The record of the failure, already written, named another rank: say so.
+                self._event("root_cause", rec.rank, f"the root cause is {self.failure}")
             return
         self._event("rank_" + outcome.value.lower(), rec.rank, f"at step {rec.step}")
         if self.state.done or not all(r.state.done for r in self.ranks) or not self.registry.full:

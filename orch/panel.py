@@ -41,7 +41,7 @@ STATE_COLORS = {
     RunState.FAILED: "#cf222e",
     RunState.STOPPED: "#9a6700",
     RunState.RESTARTING: "#9a6700",
-    RunState.STOPPING: "#9a6700",
+    RunState.STOPPING: "#bc4c00",
 }
 
 
@@ -194,8 +194,9 @@ class Panel:
         self.log_tail = widgets.HTML()
         logs = widgets.VBox([self.log_rank, self.log_tail])
         self.logs = widgets.Accordion(children=[logs], titles=("worker logs",), selected_index=None)
+        self._choosing = False  # the panel itself sets a dropdown's choices: no redraw for that
         for w in (self.metric, self.log_scale, self.log_rank):
-            w.observe(lambda _change: self._redraw(force=True), names="value")
+            w.observe(lambda _change: None if self._choosing else self._redraw(force=True), names="value")
         self.widget = widgets.VBox(
             [
                 self.header,
@@ -280,8 +281,13 @@ class Panel:
                     if self.metric.value in names
                     else ("loss" if "loss" in names else names[0])
                 )
-                self.metric.options = names
-                self.metric.value = current
+                # New options pick their first as the value for a moment: no redraw of it.
+                self._choosing = True
+                try:
+                    self.metric.options = names
+                    self.metric.value = current
+                finally:
+                    self._choosing = False
             self._draw_header(m)
             self.table.value = self._table_html(m)
             self.failure.value = self._failure_html(m)
@@ -293,6 +299,7 @@ class Panel:
             if m.state.done:
                 self.stop_button.disabled = True
                 self.stop_button.description = m.state.value.capitalize()
+                self.stop_button.button_style = ""  # nothing left to warn of
 
     def _draw_header(self, m: StateMirror) -> None:
         color = STATE_COLORS[m.state]
@@ -362,7 +369,13 @@ class Panel:
         by_rank = {r.rank: files[r.worker_id] for r in m.ranks if r.worker_id in files}
         options = [(f"rank {rank}", rank) for rank in sorted(by_rank)]
         if options and list(self.log_rank.options) != options:
-            self.log_rank.options = options
+            shown = self.log_rank.value if self.log_rank.value in by_rank else min(by_rank)
+            self._choosing = True
+            try:
+                self.log_rank.options = options
+                self.log_rank.value = shown  # the rank whose log is shown below
+            finally:
+                self._choosing = False
         if not by_rank:
             self.log_tail.value = "<i>worker logs stay on the workers' hosts</i>" if m.ranks else ""
             return

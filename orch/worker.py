@@ -440,6 +440,8 @@ def run_worker(spec: WorkerSpec) -> int:
         outcome, code = pb.RANK_FAILED, EXIT_FAILED
         error = _format_exc(spec)
         _write_error(error_file, spec, rank, code, error)
+    if sender is not None:
+        step = max(step, sender.progress)
     if outcome == pb.RANK_FAILED:
         # Report at once, before the peers' broken collectives do; then deliver the points
         # logged before the failure without obeying the ABORT the report brings.

@@ -152,3 +152,13 @@ def raise_on_rank1_then_linger(ctx: Any) -> None:
         if ctx.rank == 1 and step == 3:
             raise ValueError("bad batch on rank 1")
         time.sleep(0.02)
+
+
+def logs_a_string_at_step_30(ctx: Any) -> None:
+    """Rank 1 logs a string by mistake at step 30, after 30 good steps."""
+    for step in ctx.steps(1000):
+        dist.barrier()
+        ctx.log(step, loss=1.0 / (step + 1))
+        if ctx.rank == 1 and step == 30:
+            ctx.log(step, loss="oops")
+        time.sleep(0.01)

@@ -293,11 +293,15 @@ def test_a_death_seen_just_after_its_peers_errors_is_still_the_root_cause() -> N
     assert c.root_cause.rank == 0
     c.rank_exited("w1", -11)  # the segfault that broke the collective, seen 0.3 s later
     assert c.root_cause.rank == 1 and "SIGSEGV" in c.failure
+    # The event log, which had recorded the run finished with rank 0's error, says so too.
+    corrections = [e for e in c.events if e.kind == "root_cause"]
+    assert len(corrections) == 1 and corrections[0].rank == 1 and "SIGSEGV" in corrections[0].message
     late = started(world=2, clock=clock)
     complete(late, "w0", pb.RANK_FAILED, error=peer)
     clock.t += 5.0  # too late to be the explanation
     late.rank_exited("w1", -11)
     assert late.root_cause is not None and late.root_cause.rank == 0
+    assert not [e for e in late.events if e.kind == "root_cause"]
 
 
 def test_ranks_lost_together_are_named_together() -> None:
@@ -425,3 +429,17 @@ def test_a_stop_sets_one_step_for_every_rank_ahead_of_the_fastest() -> None:
     c.request_stop("again")
     assert c.stop_at_step == 140  # a second request does not move it
     assert beat(c, "w1", step=99) == pb.STOP
+
+
+def test_an_ended_runs_heartbeat_ages_stand_still_at_its_end() -> None:
+    clock = Clock()
+    c = started(clock=clock)
+    beat(c, "w0", step=1)
+    clock.t += 1.5
+    beat(c, "w1", step=1)
+    complete(c, "w0", pb.RANK_SUCCEEDED)
+    complete(c, "w1", pb.RANK_SUCCEEDED)
+    assert c.state is RunState.SUCCEEDED
+    clock.t += 100.0
+    ages = {r.rank: r.heartbeat_age for r in c.snapshot().ranks}
+    assert ages == {0: pytest.approx(1.5), 1: pytest.approx(0.0)}

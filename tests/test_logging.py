@@ -127,6 +127,18 @@ def test_a_run_that_logs_a_string_fails_at_once_naming_the_key(tmp_path: Path) -
     assert "opt='sgd'" in e.value.traceback
 
 
+def test_a_rank_that_fails_reports_the_steps_it_did(tmp_path: Path) -> None:
+    """Its report carries the steps it did (steps 0..29, and step 30 logged before the bad
+    value), not the step of its last heartbeat."""
+    with (
+        orch.launch("jobs:logs_a_string_at_step_30", world_size=2, run_root=str(tmp_path)) as run,
+        pytest.raises(orch.RunFailed) as e,
+    ):
+        run.wait(timeout=120)
+    assert e.value.rank == 1 and "loss='oops'" in e.value.traceback
+    assert run.coordinator.ranks[1].step == 31
+
+
 def test_a_dataloader_loop_without_ctx_steps_shows_progress(tmp_path: Path) -> None:
     run = orch.launch(
         "jobs:dataloader_loop", world_size=2, run_root=str(tmp_path), config={"epochs": 3, "sleep": 0.03}

@@ -239,6 +239,35 @@ def test_a_poll_without_new_points_does_not_redraw_the_plot(sent: list[Any]) -> 
             panel.close()
 
 
+def test_a_new_metric_does_not_flash_in_place_of_the_one_shown(sent: list[Any]) -> None:
+    """ "accuracy" sorts before "loss": new choices must not draw it for a moment."""
+    coord = Coordinator(1, run_id="r", clock=lambda: 100.0)
+    coord.register(pb.RegisterRequest(worker_id="w", host="h", pid=1, rendezvous_port=29400))
+    coord.can_start(pb.CanStartTrainingRequest(run_id="r", worker_id="w"))
+
+    def heartbeat(stub: pb_grpc.OrchestratorStub, step: int, **metrics: float) -> None:
+        series = [pb.Series(name=k, steps=[step], values=[v]) for k, v in metrics.items()]
+        stub.SendHeartbeat(
+            pb.HeartbeatRequest(run_id="r", worker_id="w", step=step, series=series), timeout=60
+        )
+
+    with MasterServer(coord, port=0) as server, grpc.insecure_channel(server.address) as channel:
+        stub = pb_grpc.OrchestratorStub(channel)
+        heartbeat(stub, 0, loss=1.0)
+        panel = Panel(_Source(server.address), interval=0.05)
+        drawn: list[str] = []
+        draw = panel._plot.draw
+        panel._plot.draw = lambda m, metric, log: drawn.append(metric) or draw(m, metric, log)  # type: ignore[method-assign]
+        try:
+            assert wait_for(lambda: panel.redraws >= 1, 60)
+            heartbeat(stub, 1, loss=0.5, accuracy=0.9)
+            assert wait_for(lambda: list(panel.metric.options) == ["accuracy", "loss"], 60)
+            assert wait_for(lambda: panel.redraws >= 2, 60)
+            assert panel.metric.value == "loss" and set(drawn) == {"loss"}, drawn
+        finally:
+            panel.close()
+
+
 def test_launch_refuses_bad_input_before_starting_anything(tmp_path: Path) -> None:
     lock = threading.Lock()
 

@@ -35,16 +35,16 @@ class RankRecord(RankView):
     def published(self, now: float) -> pb.RankInfo:
         """The record as clients see it at ``now``."""
         self.steps_per_sec = self.steps_per_second() if not self.state.done else 0.0
-        self.heartbeat_age = -1.0 if self.last_heartbeat is None else now - self.last_heartbeat
+        self.heartbeat_age = -1.0 if self.last_heartbeat is None else max(0.0, now - self.last_heartbeat)
         return self.to_pb()
 
     def beat(self, now: float, step: int, total_steps: int, dropped_points: int) -> None:
-        """A heartbeat arrived. An ended rank may still deliver the points it logged: its
-        progress stays where it ended."""
+        """A heartbeat arrived. An ended rank may still deliver the points it logged before
+        it ended: they count as steps it did, but not towards its rate."""
         self.last_heartbeat = now
         self.beats += 1
+        self.step = max(self.step, step)
         if not self.state.done:
-            self.step = max(self.step, step)
             if total_steps:
                 self.total_steps = total_steps
             self.progress.append((now, self.step))

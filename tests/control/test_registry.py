@@ -52,12 +52,16 @@ def test_beat_records_progress_and_the_time() -> None:
     assert (rec.last_heartbeat, rec.beats, rec.dropped_points) == (11.0, 2, 4)
 
 
-def test_an_ended_rank_keeps_the_step_it_ended_at() -> None:
-    rec = RankRecord(rank=0, state=RankState.SUCCEEDED, step=7, total_steps=7)
+def test_an_ended_ranks_late_points_count_as_steps_done_but_not_towards_its_rate() -> None:
+    """A failed rank delivers the points it logged before it failed after its report: the
+    steps they carry were done (the panel's table agrees with its curves)."""
+    rec = RankRecord(rank=0, state=RankState.FAILED, step=7, total_steps=7)
     rec.beat(20.0, step=9, total_steps=50, dropped_points=1)
-    assert (rec.step, rec.total_steps) == (7, 7)
+    assert (rec.step, rec.total_steps) == (9, 7)
+    rec.beat(21.0, step=8, total_steps=50, dropped_points=1)
+    assert rec.step == 9  # never back
     assert len(rec.progress) == 0
-    assert (rec.last_heartbeat, rec.beats, rec.dropped_points) == (20.0, 1, 1)
+    assert (rec.last_heartbeat, rec.beats, rec.dropped_points) == (21.0, 2, 1)
 
 
 def test_steps_per_second_over_the_recent_beats() -> None:

@@ -45,6 +45,7 @@ def launch(
     tls_key: str | None = None,
     tls_ca: str | None = None,
     token: str | None = None,
+    name: str | None = None,
 ) -> Run:
     """Start ``train(ctx)`` on ``world_size`` local worker processes; return the :class:`Run` at once.
 
@@ -59,7 +60,7 @@ def launch(
     The master binds 127.0.0.1 and takes only calls that carry the run's token (``token``,
     else ``$ORCH_TOKEN``, else a random one: ``run.token``);
     ``tls_cert``/``tls_key`` make it serve TLS, verified against ``tls_ca`` (default: the
-    certificate itself).
+    certificate itself). ``name`` labels the run in ``orch.runs()``.
     Ports default to 50051 (master) and 29500 (rendezvous) when free, else free ones; a
     port you name must be free. Everything is checked before any process starts: a bad
     argument is an :class:`orch.ConfigError` that says what to pass instead.
@@ -79,6 +80,7 @@ def launch(
         tls_key=tls_key,
         tls_ca=tls_ca,
         token=token,
+        name=name,
     )
     _check_ports(master_port, rdzv_port)
     return Run(spec).start()

@@ -21,6 +21,7 @@ import logging
 import math
 import multiprocessing as mp
 import os
+import socket
 import threading
 import time
 import weakref
@@ -69,6 +70,9 @@ class LaunchSpec:
     tls_key: str | None = None
     tls_ca: str | None = None  # default: tls_cert itself (a self-signed certificate)
     token: str | None = None  # default: $ORCH_TOKEN, else a new random one
+    name: str | None = None  # what the run is called in ``orch.runs()``
+    sweep: str | None = None  # the sweep it belongs to, and its config's key there
+    config_key: str | None = None
 
     workdir: str = field(default_factory=os.getcwd)  # where workers run and find ``fn``
 
@@ -231,7 +235,14 @@ class Run(Viewable):
             "config": spec.config,
             "max_restarts": spec.max_restarts,
             "started": time.time(),
+            # Which process answers for the run while it goes: ``orch.runs()`` tells a run
+            # still going from one whose launching process died before writing its result.
+            "pid": os.getpid(),
+            "host": socket.gethostname(),
         }
+        for key in ("name", "sweep", "config_key"):
+            if getattr(spec, key) is not None:
+                meta[key] = getattr(spec, key)
         self.store.write_meta(meta)
         self.coordinator.store = self.store
         self.server = MasterServer(

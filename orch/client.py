@@ -93,24 +93,31 @@ class MasterClient:
 
 
 class SeriesBuffer:
-    """One metric series of one rank, in numpy arrays that grow by doubling."""
+    """One metric series of one rank, in numpy arrays that grow by doubling.
 
-    __slots__ = ("_n", "_steps", "_values")
+    ``times`` are the unix seconds each point was logged at (NaN where a source had none):
+    ``orch.compare(..., x="time")`` aligns runs by them.
+    """
+
+    __slots__ = ("_n", "_steps", "_times", "_values")
 
     def __init__(self) -> None:
         self._steps = np.empty(64, dtype=np.int64)
         self._values = np.empty(64, dtype=np.float64)
+        self._times = np.empty(64, dtype=np.float64)
         self._n = 0
 
-    def extend(self, steps: Sequence[int], values: Sequence[float]) -> None:
+    def extend(self, steps: Sequence[int], values: Sequence[float], times: Sequence[float] = ()) -> None:
         k = len(steps)
         need = self._n + k
         if need > len(self._steps):
             cap = max(need, 2 * len(self._steps))
             self._steps = np.resize(self._steps, cap)
             self._values = np.resize(self._values, cap)
+            self._times = np.resize(self._times, cap)
         self._steps[self._n : need] = steps
         self._values[self._n : need] = values
+        self._times[self._n : need] = times if len(times) == k else np.nan
         self._n = need
 
     @property
@@ -120,6 +127,10 @@ class SeriesBuffer:
     @property
     def values(self) -> npt.NDArray[np.float64]:
         return self._values[: self._n]
+
+    @property
+    def times(self) -> npt.NDArray[np.float64]:
+        return self._times[: self._n]
 
     def __len__(self) -> int:
         return self._n
@@ -171,7 +182,7 @@ class StateMirror:
             buf = self.series.get((s.rank, s.name))
             if buf is None:
                 buf = self.series[(s.rank, s.name)] = SeriesBuffer()
-            buf.extend(s.steps, s.values)
+            buf.extend(s.steps, s.values, s.times)
             self.last_points += len(s.steps)
         self.events.extend((e.time, e.kind, e.rank, e.message) for e in reply.events)
         self.cursor = reply.cursor

@@ -12,6 +12,7 @@ from __future__ import annotations
 import bisect
 import csv
 import logging
+import math
 from array import array
 from collections.abc import Iterable, Sequence
 from enum import Enum
@@ -124,7 +125,7 @@ class LoadedRun(Viewable):
         for key in sorted(sampler.series):
             kept = sampler.series.pop(key)  # one series at a time: the arrays go as their copy comes
             buf = m.series[key] = SeriesBuffer()
-            buf.extend(kept.steps, kept.values)
+            buf.extend(kept.steps, kept.values, kept.times)
         m.events = [(e["time"], e["kind"], e["rank"], e["message"]) for e in self.events]
         return m
 
@@ -221,29 +222,36 @@ class _Attempts:
 class _Thinned(_Attempts):
     """One series, one point in ``stride`` kept: the points of absolute index 0, stride, 2*stride..."""
 
-    __slots__ = ("seen", "steps", "values")
+    __slots__ = ("seen", "steps", "times", "values")
 
     def __init__(self) -> None:
         super().__init__()
         self.steps = array("q")
         self.values = array("d")
+        self.times = array("d")  # NaN for points logged without one
         self.seen = 0  # points of the series so far, kept or not
 
-    def add(self, steps: Sequence[int], values: Sequence[float], attempt: int, stride: int) -> int:
+    def add(
+        self, steps: Sequence[int], values: Sequence[float], times: Sequence[float], attempt: int, stride: int
+    ) -> int:
         """Take a batch; returns how many more points are kept than before."""
         before = len(self.steps)
         if self.rewinds(steps, attempt):
             cut = bisect.bisect_left(self.steps, steps[0])
-            del self.steps[cut:], self.values[cut:]
+            del self.steps[cut:], self.values[cut:], self.times[cut:]
             self.seen = cut * stride  # the first replayed point takes the place of the first one cut
         first = -self.seen % stride
         self.steps.extend(steps[first::stride])
         self.values.extend(values[first::stride])
+        if len(times) == len(steps):
+            self.times.extend(times[first::stride])
+        else:
+            self.times.extend(repeat(math.nan, len(self.steps) - len(self.times)))
         self.seen += len(steps)
         return len(self.steps) - before
 
     def halve(self) -> None:
-        del self.steps[1::2], self.values[1::2]
+        del self.steps[1::2], self.values[1::2], self.times[1::2]
 
 
 class _Sampler:
@@ -266,7 +274,7 @@ class _Sampler:
             target = self.series.get((record.rank, s.name))
             if target is None:
                 target = self.series[(record.rank, s.name)] = _Thinned()
-            self.kept += target.add(s.steps, s.values, record.attempt, self.stride)
+            self.kept += target.add(s.steps, s.values, s.times, record.attempt, self.stride)
             self.read += len(s.steps)
             if self.budget is not None and self.kept > self.budget:
                 self._thin(self.budget)

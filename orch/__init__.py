@@ -18,8 +18,10 @@ from .errors import (
 from .launcher import Run, RunResult
 from .rundir import LoadedRun, load_run
 from .states import RankState, RunState
+from .sweep import Sweep, SweepResults, Trial, grid, sweep
 
 if TYPE_CHECKING:
+    from .compare import compare
     from .context import Context
     from .panel import Panel
 
@@ -42,10 +44,16 @@ __all__ = [
     "RunResult",
     "RunState",
     "StateMirror",
+    "Sweep",
+    "SweepResults",
+    "Trial",
     "WorkerError",
     "attach",
+    "compare",
+    "grid",
     "launch",
     "load_run",
+    "sweep",
 ]
 
 
@@ -56,6 +64,10 @@ def __getattr__(name: str) -> Any:
         from .panel import Panel
 
         return Panel
+    if name == "compare":  # the comparison panel: ipywidgets and matplotlib, as Panel
+        from .compare import compare
+
+        return compare
     if name == "Context":
         from .context import Context
 

@@ -68,8 +68,8 @@ class LoadedRun(Viewable):
         ):
             raise ConfigError(f"max_points must be a positive number of points, or None; got {max_points!r}")
         self.max_points = max_points
-        self.meta: dict[str, Any] = _read_json(self.run_dir / "run.json")
-        self.result: dict[str, Any] = _read_json(self.run_dir / "result.json")
+        self.meta: dict[str, Any] = read_json(self.run_dir / "run.json")
+        self.result: dict[str, Any] = read_json(self.run_dir / "result.json")
         self.events = read_events(self.run_dir / "events.jsonl")
         self._mirror = self._build(self._read_points())
 
@@ -389,7 +389,7 @@ def _kind(value: Any) -> str:
     return f"{type(value).__name__} {text if len(text) <= 40 else text[:37] + '...'}"
 
 
-def _read_json(path: Path) -> dict[str, Any]:
+def read_json(path: Path) -> dict[str, Any]:
     """A JSON object file of the run dir; ``{}`` when it is missing."""
     try:
         data = path.read_bytes()

@@ -162,3 +162,21 @@ def logs_a_string_at_step_30(ctx: Any) -> None:
         if ctx.rank == 1 and step == 30:
             ctx.log(step, loss="oops")
         time.sleep(0.01)
+
+
+def lr_job(ctx: Any) -> None:
+    """A sweep's job: a real DDP fit whose loss depends on ``lr``; ``fail: true`` raises at step 3."""
+    torch.manual_seed(0)
+    model = ctx.ddp(torch.nn.Linear(4, 1))
+    opt = torch.optim.SGD(model.parameters(), lr=float(ctx.config["lr"]))
+    x = torch.randn(64, 4)
+    y = x.sum(1, keepdim=True)
+    for step in ctx.steps(int(ctx.config.get("steps", 20))):
+        loss = ((model(x) - y) ** 2).mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        ctx.log(step, loss=loss.item(), acc=1.0 / (1.0 + loss.item()))
+        if ctx.config.get("fail") and step == 3:
+            raise ValueError(f"config lr={ctx.config['lr']} was told to fail")
+        time.sleep(float(ctx.config.get("sleep", 0.0)))

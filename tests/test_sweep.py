@@ -1,0 +1,222 @@
+"""Sweeps with real runs: many configs of one function on the warm forkserver.
+
+Every test ends with the conftest check that no process it started is still alive.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import psutil
+import pytest
+
+import orch
+from conftest import TESTS, until
+from orch.client import StateMirror
+from orch.compare import curve
+
+pytestmark = pytest.mark.timeout(240)
+sweep_module = importlib.import_module("orch.sweep")  # the module; orch.sweep is the function
+sys.path.insert(0, str(TESTS))
+
+FOUR = [{"lr": 0.01}, {"lr": 0.05}, {"lr": 0.1, "fail": True}, {"lr": 0.2}]
+
+
+def run_dirs(root: Path) -> list[Path]:
+    return sorted(p for p in root.iterdir() if (p / "run.json").exists())
+
+
+def test_grid_is_every_combination_and_refuses_what_is_not_a_list() -> None:
+    assert orch.grid(lr=[0.1, 0.01], batch=[32, 64]) == [
+        {"lr": 0.1, "batch": 32},
+        {"lr": 0.1, "batch": 64},
+        {"lr": 0.01, "batch": 32},
+        {"lr": 0.01, "batch": 64},
+    ]
+    with pytest.raises(orch.ConfigError, match=r"grid axis 'lr' must be a non-empty list.*lr=\[\.\.\.\]"):
+        orch.grid(lr=0.1)  # type: ignore[arg-type]
+    with pytest.raises(orch.ConfigError, match="grid axis 'opt'"):
+        orch.grid(opt="adam")
+    with pytest.raises(orch.ConfigError, match="at least one axis"):
+        orch.grid()
+
+
+@pytest.mark.parametrize(
+    ("configs", "options", "message"),
+    [
+        ([], {}, "non-empty list of dicts"),
+        ({"lr": 0.1}, {}, "non-empty list of dicts"),
+        ([{"lr": 0.1}, 3], {}, r"configs\[1\] must be a dict"),
+        ([{"lr": 0.1}, {"lr": 0.1}], {}, r"configs\[1\] repeats"),
+        ([{"lr": object()}], {}, "JSON-serialisable"),
+        ([{"lr": 0.1}], {"parallel": 0}, "parallel must be an integer >= 1"),
+        ([{"lr": 0.1}], {"max_failures": -1}, "max_failures must be None"),
+        ([{"lr": 0.1}], {"world_size": 0}, "world_size must be an integer"),
+    ],
+)
+def test_a_bad_sweep_is_refused_before_any_process_starts(
+    tmp_path: Path, configs: Any, options: dict[str, Any], message: str
+) -> None:
+    with pytest.raises(orch.ConfigError, match=message):
+        orch.sweep("jobs:lr_job", configs, run_root=str(tmp_path), **options)
+    assert not list(tmp_path.iterdir())
+
+
+def test_a_sweep_records_each_config_and_a_failure_with_its_root_cause(tmp_path: Path) -> None:
+    sweep = orch.sweep("jobs:lr_job", FOUR, world_size=2, parallel=2, run_root=str(tmp_path), name="lr")
+    results = sweep.wait(180)
+    states = [row["state"] for row in results]
+    assert states == ["SUCCEEDED", "SUCCEEDED", "FAILED", "SUCCEEDED"]
+    failed = results[2]
+    assert "ValueError: config lr=0.1 was told to fail" in failed["failure"]
+    assert "was told to fail" in sweep.trials[2].error  # the traceback of the root cause
+    assert failed["steps"] < 20
+    for row in (results[0], results[1], results[3]):
+        assert row["steps"] == 20
+        assert set(row["final"]) == {"loss", "acc"}
+    # The final loss is the mean over the ranks of the run's own last points.
+    for trial, row in zip(sweep.trials, results, strict=True):
+        history = orch.load_run(trial.run_dir).history()["loss"]
+        last = np.mean([series["value"][-1] for series in history.values()])
+        assert row["final"]["loss"] == pytest.approx(last)
+        assert row["best"]["loss"] == pytest.approx(
+            min(np.mean(v) for v in zip(*(s["value"] for s in history.values()), strict=False))
+        )
+        # Accuracy-like metrics are best at their greatest.
+        assert row["best"]["acc"] >= row["final"]["acc"] - 1e-12
+    finals = {i: results[i]["final"]["loss"] for i in (0, 1, 3)}
+    best = sweep.best("loss")
+    assert best.index == min(finals, key=finals.__getitem__)
+    assert sweep.best("acc", mode="max").index == best.index
+    assert sweep.best("loss", mode="max").index == max(finals, key=finals.__getitem__)
+    with pytest.raises(
+        orch.OrchError, match=r"no succeeded run of sweep lr logged 'val_loss' \(metrics logged: acc, loss\)"
+    ):
+        sweep.best("val_loss")
+    # Each run's record names its sweep and its config's key; the table renders.
+    for trial in sweep.trials:
+        meta = json.loads((trial.run_dir / "run.json").read_text())
+        assert (meta["sweep"], meta["config_key"], meta["config"]) == ("lr", trial.key, trial.config)
+    assert results._repr_html_().count('class="orch-trial"') == 4
+    assert "FAILED" in repr(results)
+    every = {r["index"]: r["final"]["loss"] for r in results}
+    assert [r["index"] for r in results.sorted("loss")] == sorted(every, key=every.__getitem__)
+    assert [r["index"] for r in results.sorted("loss", "max")] == sorted(every, key=every.__getitem__)[::-1]
+
+    # The same sweep cell again: only the failed config runs.
+    before = run_dirs(tmp_path)
+    again = orch.sweep("jobs:lr_job", FOUR, world_size=2, parallel=2, run_root=str(tmp_path), name="lr")
+    rerun = again.wait(180)
+    assert [r["reused"] for r in rerun] == [True, True, False, True]
+    new = sorted(set(run_dirs(tmp_path)) - set(before))
+    assert len(new) == 1
+    assert json.loads((new[0] / "run.json").read_text())["config"] == FOUR[2]
+    assert rerun[0]["final"]["loss"] == pytest.approx(results[0]["final"]["loss"])
+    # Another name is another sweep: nothing is reused.
+    other = orch.sweep("jobs:lr_job", FOUR[:1], run_root=str(tmp_path), name="other")
+    assert [r["reused"] for r in other.wait(120)] == [False]
+
+
+def test_max_failures_stops_starting_new_runs(tmp_path: Path) -> None:
+    configs = [{"lr": 0.1, "fail": True}, {"lr": 0.2, "fail": True}, {"lr": 0.3}, {"lr": 0.4}]
+    sweep = orch.sweep("jobs:lr_job", configs, parallel=1, max_failures=1, run_root=str(tmp_path))
+    states = [r["state"] for r in sweep.wait(180)]
+    assert states == ["FAILED", "FAILED", "CANCELLED", "CANCELLED"]
+    assert "after 2 failures" in sweep.trials[2].failure
+    assert len(run_dirs(tmp_path)) == 2
+
+
+def test_parallel_runs_overlap_but_never_exceed_what_the_machine_fits(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A machine that fits 2 ranks per core: 2 runs of 2 ranks at once on 2 cores, not 4.
+    monkeypatch.setattr(sweep_module, "MAX_WORKERS_PER_CORE", 2)
+    monkeypatch.setattr(sweep_module.os, "cpu_count", lambda: 2)
+    configs = [{"lr": lr, "steps": 15, "sleep": 0.05} for lr in (0.01, 0.02, 0.03, 0.04, 0.05)]
+    sweep = orch.sweep("jobs:lr_job", configs, world_size=2, parallel=4, run_root=str(tmp_path))
+    assert sweep.parallel == 2
+    workers_seen: list[int] = []
+    stop = threading.Event()
+
+    def sample() -> None:
+        # The sweep's rank processes alive at once (an exited one not yet reaped is not alive).
+        while not stop.is_set():
+            count = 0
+            for trial in list(sweep.trials):
+                for proc in list(trial.run.procs) if trial.run is not None else []:
+                    try:
+                        count += psutil.Process(proc.pid).status() != psutil.STATUS_ZOMBIE
+                    except (psutil.Error, ValueError, TypeError):
+                        continue
+            workers_seen.append(count)
+            time.sleep(0.02)
+
+    sampler = threading.Thread(target=sample)
+    sampler.start()
+    try:
+        results = sweep.wait(180)
+    finally:
+        stop.set()
+        sampler.join()
+    assert [r["state"] for r in results] == ["SUCCEEDED"] * 5
+    assert max(workers_seen) <= 4, workers_seen
+    assert max(workers_seen) > 2, "no two runs ever overlapped"
+    spans = []
+    for trial in sweep.trials:
+        meta = json.loads((trial.run_dir / "run.json").read_text())
+        spans.append((meta["started"], (trial.run_dir / "result.json").stat().st_mtime))
+    overlapping = max(sum(s <= t < e for s, e in spans) for t, _ in spans)
+    assert overlapping == 2
+
+
+def test_stop_ends_every_run_and_cancels_the_rest(tmp_path: Path) -> None:
+    configs = [{"lr": lr, "steps": 100000, "sleep": 0.02} for lr in (0.01, 0.02, 0.03, 0.04)]
+    sweep = orch.sweep("jobs:lr_job", configs, world_size=2, parallel=2, run_root=str(tmp_path))
+    until(lambda: sum(t.state == "RUNNING" for t in sweep.trials) == 2, 60)
+    sweep.stop(1)  # one run only: the next config takes its place
+    until(lambda: sweep.trials[1].done and sweep.trials[2].state == "RUNNING", 60)
+    assert sweep.trials[1].state == "STOPPED"
+    sweep.stop()
+    results = sweep.wait(60)
+    assert [r["state"] for r in results] == ["STOPPED", "STOPPED", "STOPPED", "CANCELLED"]
+    for trial in sweep.trials[:3]:
+        assert json.loads((trial.run_dir / "result.json").read_text())["state"] == "STOPPED"
+    with pytest.raises(orch.ConfigError, match="no run 7 in sweep lr_job: pass the index"):
+        sweep.stop(7)
+
+
+def test_close_ends_every_run_now(tmp_path: Path) -> None:
+    configs = [{"lr": lr, "steps": 100000, "sleep": 0.02} for lr in (0.01, 0.02, 0.03)]
+    with orch.sweep("jobs:lr_job", configs, world_size=2, parallel=2, run_root=str(tmp_path)) as sweep:
+        until(lambda: sum(t.state == "RUNNING" for t in sweep.trials) == 2, 60)
+    assert sweep.done
+    assert [t.state for t in sweep.trials] == ["FAILED", "FAILED", "CANCELLED"]
+    assert "closed while it was running" in sweep.trials[0].failure
+
+
+def test_curve_is_the_mean_over_ranks_with_its_band() -> None:
+    from orch.client import SeriesBuffer
+
+    m = StateMirror()
+    for rank, (steps, values, times) in enumerate(
+        [
+            ([1, 2, 3], [4.0, 2.0, 1.0], [100.0, 101.0, 102.0]),
+            ([1, 2, 3], [2.0, float("nan"), 3.0], [100.5, 101.5, 103.0]),
+        ]
+    ):
+        buf = m.series[(rank, "loss")] = SeriesBuffer()
+        buf.extend(steps, values, times)
+    c = curve(m, "loss")
+    assert c.x.tolist() == [1, 2, 3]
+    assert c.mean.tolist() == [3.0, 2.0, 2.0]  # a NaN point is left out, not averaged in
+    assert c.lo.tolist() == [2.0, 2.0, 1.0] and c.hi.tolist() == [4.0, 2.0, 3.0]
+    by_time = curve(m, "loss", "time")
+    assert by_time.x.tolist() == [0.5, 1.0, 3.0]  # when the step's last rank logged it
+    assert curve(m, "acc").x.size == 0

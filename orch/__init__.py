@@ -21,7 +21,7 @@ from .states import RankState, RunState
 from .sweep import Sweep, SweepResults, Trial, grid, sweep
 
 if TYPE_CHECKING:
-    from .compare import compare
+    from .comparison import compare
     from .context import Context
     from .panel import Panel
 
@@ -65,7 +65,7 @@ def __getattr__(name: str) -> Any:
 
         return Panel
     if name == "compare":  # the comparison panel: ipywidgets and matplotlib, as Panel
-        from .compare import compare
+        from .comparison import compare
 
         return compare
     if name == "Context":

@@ -1,6 +1,6 @@
 """The live panel of a sweep: a curve per run, a row per run, Stop, and each run's own panel.
 
-The plot is :class:`~orch.compare.RunsView`'s: each run's metric as its mean over ranks
+The plot is :class:`~orch.comparison.RunsView`'s: each run's metric as its mean over ranks
 with a min-max band, in the run's colour, the best succeeded run drawn bold. Below it a
 row per config (its values, state, progress, last and least value of the metric), in
 config order or sorted by the metric; the best run is marked, and a click on a row's
@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 import ipywidgets as widgets
 
-from .compare import RunsView, _swatch, _TrialFollower, curve
+from .comparison import RunsView, _swatch, _TrialFollower, curve
 from .panel import STATE_COLORS, _route_clicks_to_their_subshell
 from .states import RunState
 
@@ -74,9 +74,6 @@ class SweepPanel(RunsView):
             self.detail,
         ]
         self.widget.add_class("orch-sweep-panel")
-
-    def _sources_done(self) -> bool:
-        return self.sweep.done
 
     # -- actions ----------------------------------------------------------------------------
     def _on_stop(self, _button: Any) -> None:

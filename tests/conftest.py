@@ -8,14 +8,17 @@ import ipaddress
 import os
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import comm
 import psutil
 import pytest
+from comm.base_comm import BaseComm
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
@@ -188,3 +191,29 @@ def make_certificate(
         )
     )
     return cert_path, key_path
+
+
+class RecordingComm(BaseComm):
+    """A comm that keeps every message a widget would send to the browser."""
+
+    sent: list[tuple[str, dict[str, Any]]] = []
+    lock = threading.Lock()
+
+    def publish_msg(
+        self, msg_type: str, data: Any = None, metadata: Any = None, buffers: Any = None, **keys: Any
+    ) -> None:
+        with self.lock:
+            self.sent.append((self.comm_id, {"type": msg_type, "data": data or {}, "buffers": buffers}))
+
+
+@pytest.fixture
+def widget_messages(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[tuple[str, dict[str, Any]]]]:
+    """Every message the widgets made in the test would send to the browser."""
+    RecordingComm.sent = []
+    monkeypatch.setattr(comm, "create_comm", lambda *a, **kw: RecordingComm(*a, **kw))
+    yield RecordingComm.sent
+
+
+def images_sent(sent: list[tuple[str, dict[str, Any]]], widget: Any) -> int:
+    """How many new images an ``Image`` widget sent to the browser (they travel as buffers)."""
+    return sum(1 for cid, m in list(sent) if cid == widget.comm.comm_id and m["buffers"])

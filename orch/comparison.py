@@ -80,6 +80,10 @@ class _Follower(Protocol):
     @property
     def label(self) -> str: ...
 
+    @property
+    def ended(self) -> bool:
+        """Nothing more will change: the last poll read the run's final state."""
+
     def poll(self) -> StateMirror: ...
 
 
@@ -91,6 +95,10 @@ class _Mirrored:
         self.label = label
         self._mirror = StateMirror()
         self._ended = False
+
+    @property
+    def ended(self) -> bool:
+        return self._ended
 
     def poll(self) -> StateMirror:
         if self._ended:
@@ -115,6 +123,14 @@ class _TrialFollower:
         self.trial = trial
         self._inner: _Mirrored | None = None
         self._queued = StateMirror()
+
+    @property
+    def ended(self) -> bool:
+        if not self.trial.done:
+            return False
+        if self._inner is None:  # never started (cancelled), or not polled since it ended
+            return self.trial.run_dir is None
+        return self._inner.ended
 
     @property
     def label(self) -> str:
@@ -275,10 +291,7 @@ class RunsView:
     # -- polling ----------------------------------------------------------------------------
     @property
     def done(self) -> bool:
-        return all(m.state.done for m in self.mirrors) and self._sources_done()
-
-    def _sources_done(self) -> bool:
-        return True
+        return all(f.ended for f in self.runs)
 
     def _loop(self) -> None:
         while not self.done and not self._closed.wait(self.interval):

@@ -1,0 +1,116 @@
+"""The sweep panel and orch.compare through their synced widget state, on real runs."""
+
+from __future__ import annotations
+
+import re
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import orch
+from conftest import TESTS, images_sent, until
+from orch.comparison import ComparePanel, curve
+
+pytestmark = pytest.mark.timeout(240)
+sys.path.insert(0, str(TESTS))
+
+CONFIGS = [{"lr": 0.01}, {"lr": 0.1, "fail": True}, {"lr": 0.2}]
+
+
+def row_texts(panel: Any) -> list[str]:
+    """The table's rows as shown, in the order shown: the button's label, then the cells' text."""
+    out = []
+    for box in panel.table.children:
+        button, cells = box.children
+        out.append(button.description + " " + re.sub(r"<[^>]+>", " ", cells.value))
+    return out
+
+
+def test_the_sweep_panel_follows_the_runs_and_marks_the_best(
+    tmp_path: Path, widget_messages: list[Any]
+) -> None:
+    sweep = orch.sweep("jobs:lr_job", CONFIGS, world_size=2, parallel=2, run_root=str(tmp_path), name="lr")
+    panel = sweep.panel()
+    sweep.wait(180)  # refreshes the panel before it returns
+    assert panel.wait_done(30)
+    assert 'data-state="done"' in panel.header.value
+    assert "3 configs" in panel.header.value and "1 failed" in panel.header.value
+    assert (panel.progress.value, panel.progress.bar_style) == (3, "danger")
+    assert panel.stop_button.disabled and panel.stop_button.description == "Done"
+    rows = row_texts(panel)
+    assert [r.split()[0] for r in rows] == ["#0", "#1", "#2"]
+    assert "SUCCEEDED" in rows[0] and "FAILED" in rows[1] and "SUCCEEDED" in rows[2]
+    assert "was told to fail" in rows[1]  # the failed config's root cause, on its row
+    best = sweep.best("loss").index
+    assert [("best" in r) for r in rows] == [i == best for i in range(3)]
+    assert panel.marked() == best
+    # The plot was drawn as points came, and once more at the end.
+    assert images_sent(widget_messages, panel.plot) >= 2
+    # Sorted by the metric: least final loss first.
+    finals = {i: float(curve(m, "loss").mean[-1]) for i, m in enumerate(panel.mirrors)}
+    panel.sort.value = "min"
+    assert [r.split()[0] for r in row_texts(panel)] == [
+        f"#{i}" for i in sorted(finals, key=finals.__getitem__)
+    ]
+    panel.sort.value = ""
+    # A click on a row's button opens that run's per-rank panel under the table.
+    panel.rows[2][0].click()
+    title, opened = panel.detail.children
+    assert 'data-index="2"' in title.value
+    run_panel = sweep.trials[2].run.panel()
+    assert opened is run_panel.widget
+    assert sweep.trials[2].run_id in run_panel.header.value
+    assert run_panel.table.value.count('class="orch-rank"') == 2
+    panel.close()
+
+
+def test_stop_all_in_the_sweep_panel_stops_every_run(tmp_path: Path, widget_messages: list[Any]) -> None:
+    configs = [{"lr": lr, "steps": 100000, "sleep": 0.02} for lr in (0.01, 0.02, 0.03)]
+    sweep = orch.sweep("jobs:lr_job", configs, world_size=2, parallel=2, run_root=str(tmp_path))
+    panel = sweep.panel()
+    until(lambda: sum(t.state == "RUNNING" for t in sweep.trials) == 2, 60)
+    panel.stop_button.click()
+    results = sweep.wait(60)
+    assert [r["state"] for r in results] == ["STOPPED", "STOPPED", "CANCELLED"]
+    assert panel.wait_done(30)
+    assert "CANCELLED" in row_texts(panel)[2]
+    panel.close()
+
+
+def test_compare_overlays_runs_on_disk_and_a_live_one(tmp_path: Path, widget_messages: list[Any]) -> None:
+    done = orch.sweep("jobs:lr_job", CONFIGS[::2], world_size=2, run_root=str(tmp_path)).wait(120)
+    ids = [row["run_id"] for row in done]
+    live = orch.launch(
+        "jobs:lr_job", world_size=2, config={"lr": 0.05, "steps": 40, "sleep": 0.02}, run_root=str(tmp_path)
+    )
+    try:
+        panel = orch.compare(
+            [ids[0], str(tmp_path / ids[1]), live], metric="loss", x="time", run_root=str(tmp_path)
+        )
+        assert isinstance(panel, ComparePanel)
+        live.wait(120)
+        assert panel.wait_done(30)
+        legend = panel.legend.value
+        assert legend.count('class="orch-compared"') == 3
+        for run_id in (*ids, live.run_id):
+            assert f'data-run="{run_id}"' in legend
+        assert legend.count("SUCCEEDED") == 3
+        # By wall time each run starts near 0 and its last step comes last.
+        for m in panel.mirrors:
+            c = curve(m, "loss", "time")
+            assert len(c.x) == m.progress()[0] > 0
+            assert 0 <= c.x[0] < 5 and all(c.x[1:] >= c.x[:-1])
+        assert images_sent(widget_messages, panel.plot) >= 1
+        panel.x_axis.value = "step"  # redrawn by step at once
+        assert panel.redraws >= 2
+        panel.close()
+    finally:
+        live.close()
+    with pytest.raises(orch.ConfigError, match=r"no run 'nope': not a run dir, nor a run id under"):
+        orch.compare(["nope"], run_root=str(tmp_path))
+    with pytest.raises(orch.ConfigError, match="compare\\(\\) takes runs"):
+        orch.compare([5])
+    with pytest.raises(orch.ConfigError, match="x must be 'step' or 'time'"):
+        orch.compare(ids, x="wall", run_root=str(tmp_path))  # type: ignore[arg-type]

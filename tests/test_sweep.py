@@ -20,7 +20,7 @@ import pytest
 import orch
 from conftest import TESTS, until
 from orch.client import StateMirror
-from orch.compare import curve
+from orch.comparison import curve
 
 pytestmark = pytest.mark.timeout(240)
 sweep_module = importlib.import_module("orch.sweep")  # the module; orch.sweep is the function

@@ -208,7 +208,7 @@ class SweepResults:
         """Column names and the rows as text: config values, then state, steps, time, metrics."""
         keys = sorted({k for row in self.rows for k in row["config"]})
         metrics = self.metrics()
-        head = ["#", *keys, "state", "steps", "time"]
+        head = ["#", *keys, "state", "step", "time"]
         for m in metrics:
             head += [f"{m} final", f"{m} best"]
         body = []

@@ -6,6 +6,7 @@ from typing import TYPE_CHECKING, Any
 
 from .api import AttachedRun, attach, launch
 from .client import MasterClient, StateMirror
+from .detach import DetachedRun
 from .errors import (
     AuthError,
     ConfigError,
@@ -32,6 +33,7 @@ __all__ = [
     "AuthError",
     "ConfigError",
     "Context",
+    "DetachedRun",
     "LoadedRun",
     "MasterClient",
     "MasterUnavailable",

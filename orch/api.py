@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import os
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, Literal, overload
 
 from ._target import TrainFn
 from ._viewable import Viewable
@@ -13,6 +14,9 @@ from .client import MasterClient, StateMirror
 from .errors import ConfigError, RunFailed
 from .launcher import LaunchSpec, Run, live_runs, still_running
 from .states import RunState
+
+if TYPE_CHECKING:
+    from .detach import DetachedRun
 
 
 def _check_ports(master_port: int | None, rdzv_port: int | None) -> None:
@@ -27,6 +31,72 @@ def _check_ports(master_port: int | None, rdzv_port: int | None) -> None:
                     f"run {run.run_id} is still running on port {port}: call run.stop() or "
                     f"run.close() on it first, or leave {option} out to pick a free port"
                 )
+
+
+@overload
+def launch(
+    train: TrainFn | str | None = None,
+    world_size: int = 4,
+    config: dict[str, Any] | None = None,
+    *,
+    steps: int | None = None,
+    master_port: int | None = None,
+    rdzv_port: int | None = None,
+    run_root: str = "runs",
+    heartbeat_timeout: float = 30.0,
+    threads: int | None = None,
+    max_restarts: int = 0,
+    tls_cert: str | None = None,
+    tls_key: str | None = None,
+    tls_ca: str | None = None,
+    token: str | None = None,
+    name: str | None = None,
+    detach: Literal[False] = False,
+) -> Run: ...
+
+
+@overload
+def launch(
+    train: TrainFn | str | None = None,
+    world_size: int = 4,
+    config: dict[str, Any] | None = None,
+    *,
+    steps: int | None = None,
+    master_port: int | None = None,
+    rdzv_port: int | None = None,
+    run_root: str = "runs",
+    heartbeat_timeout: float = 30.0,
+    threads: int | None = None,
+    max_restarts: int = 0,
+    tls_cert: str | None = None,
+    tls_key: str | None = None,
+    tls_ca: str | None = None,
+    token: str | None = None,
+    name: str | None = None,
+    detach: Literal[True],
+) -> DetachedRun: ...
+
+
+@overload
+def launch(
+    train: TrainFn | str | None = None,
+    world_size: int = 4,
+    config: dict[str, Any] | None = None,
+    *,
+    steps: int | None = None,
+    master_port: int | None = None,
+    rdzv_port: int | None = None,
+    run_root: str = "runs",
+    heartbeat_timeout: float = 30.0,
+    threads: int | None = None,
+    max_restarts: int = 0,
+    tls_cert: str | None = None,
+    tls_key: str | None = None,
+    tls_ca: str | None = None,
+    token: str | None = None,
+    name: str | None = None,
+    detach: bool = ...,
+) -> Run | DetachedRun: ...
 
 
 def launch(
@@ -46,7 +116,8 @@ def launch(
     tls_ca: str | None = None,
     token: str | None = None,
     name: str | None = None,
-) -> Run:
+    detach: bool = False,
+) -> Run | DetachedRun:
     """Start ``train(ctx)`` on ``world_size`` local worker processes; return the :class:`Run` at once.
 
     ``train`` is a function (defined in a notebook cell; closures and lambdas work), an
@@ -64,6 +135,12 @@ def launch(
     Ports default to 50051 (master) and 29500 (rendezvous) when free, else free ones; a
     port you name must be free. Everything is checked before any process starts: a bad
     argument is an :class:`orch.ConfigError` that says what to pass instead.
+
+    By default the run ends with this process (the kernel): its workers watch it. With
+    ``detach=True`` the master and the workers run under a supervisor process of their own
+    session, which outlives the kernel; this returns an :class:`orch.detach.DetachedRun` once
+    its master serves, and ``orch.attach("runs/<id>")`` reconnects from any later process.
+    ``close()`` on it ends the run; ``disconnect()`` only lets go of it.
     """
     spec = LaunchSpec(
         fn=train,
@@ -83,6 +160,10 @@ def launch(
         name=name,
     )
     _check_ports(master_port, rdzv_port)
+    if detach:
+        from .detach import start_detached
+
+        return start_detached(spec)
     return Run(spec).start()
 
 
@@ -155,13 +236,55 @@ class AttachedRun(Viewable):
 
 
 def attach(
-    address: str, *, token: str | None = None, tls_ca: str | Path | None = None, timeout: float = 10.0
-) -> AttachedRun:
-    """Watch the run of a master started elsewhere: ``orch.attach("HOST:PORT", token=...).panel()``.
+    target: str | Path,
+    *,
+    token: str | None = None,
+    tls_ca: str | Path | None = None,
+    timeout: float = 10.0,
+    run_root: str | Path = "runs",
+) -> AttachedRun | DetachedRun:
+    """Watch a run started elsewhere, by its run dir, its run id or its master's address.
 
-    ``token`` defaults to ``$ORCH_TOKEN``; ``tls_ca`` verifies a master serving TLS.
+    ``attach("runs/<id>")`` or ``attach("<id>")`` (under ``run_root``) reconnects to a run
+    launched with ``detach=True``, reading its master's address and token from
+    ``runs/<id>/attach.json`` (refused unless only you can read it); a run that ended shows
+    its final state, read from the run dir. It returns an :class:`orch.detach.DetachedRun`.
+    ``attach("HOST:PORT", token=...)`` watches any master (``orch master``) and returns an
+    :class:`AttachedRun`; ``token`` defaults to ``$ORCH_TOKEN``, ``tls_ca`` verifies a
+    master serving TLS.
     """
     from ._net import split_address
 
-    split_address(address)
+    run_dir = _run_dir_of(target, Path(run_root))
+    if run_dir is not None:
+        if token is not None or tls_ca is not None:
+            raise ConfigError(
+                f"{target} is a run dir: its token and TLS CA are read from its attach.json; "
+                "leave token= and tls_ca= out (they are for attaching by HOST:PORT)"
+            )
+        from .detach import DetachedRun
+
+        return DetachedRun(run_dir, timeout=timeout)
+    address = str(target)
+    try:
+        split_address(address)
+    except ConfigError as e:
+        raise ConfigError(
+            f"{address!r} is neither a run dir, nor the id of a run under {run_root}/, nor a "
+            "master's HOST:PORT: pass orch.attach('runs/<id>'), orch.attach('<id>', run_root=...) "
+            "or orch.attach('HOST:PORT', token=...)"
+        ) from e
     return AttachedRun(address, timeout=timeout, token=token, tls_ca=tls_ca)
+
+
+def _run_dir_of(target: str | Path, run_root: Path) -> Path | None:
+    """The run dir ``target`` names (a folder, or a run id under ``run_root``), else None."""
+    path = Path(target)
+    if path.is_dir():
+        return path
+    text = str(target)
+    if text and "/" not in text and os.sep not in text and text not in (".", ".."):
+        candidate = run_root / text
+        if candidate.is_dir():
+            return candidate
+    return None

@@ -31,7 +31,7 @@ from typing import Any
 
 from ._net import DEFAULT_RENDEZVOUS_PORT, choose_port
 from ._owner import Owner
-from ._source import capture
+from ._source import SourceMap, capture
 from ._target import TrainFn, resolve_fn
 from ._viewable import Viewable
 from .auth import TOKEN_ENV, certificate_name, new_token, token_from_env
@@ -188,7 +188,7 @@ class RunResult:
 class Run(Viewable):
     """A run started on this machine. Use :func:`orch.launch` to make one."""
 
-    def __init__(self, spec: LaunchSpec) -> None:
+    def __init__(self, spec: LaunchSpec, *, sources: SourceMap | None = None) -> None:
         self.spec = spec
         self.coordinator = Coordinator(
             spec.world_size,
@@ -209,8 +209,9 @@ class Run(Viewable):
         self._closing = threading.Event()
         self._finish_lock = threading.Lock()
         self._monitor: threading.Thread | None = None
-        # Where the function's code came from, for tracebacks that show it (notebook cells).
-        self._sources = capture(spec.fn)
+        # Where the function's code came from, for tracebacks that show it (notebook cells);
+        # a detached run's supervisor gets them from the kernel that launched it.
+        self._sources = sources if sources is not None else capture(spec.fn)
 
     # -- lifecycle --------------------------------------------------------------------
     def start(self) -> Run:

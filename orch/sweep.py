@@ -556,6 +556,33 @@ class Sweep:
             )
         return min(candidates, key=lambda c: (c[0], c[1]))[2]
 
+    def rows(self, metric: str = "loss") -> list[dict[str, Any]]:
+        """What the terminal dashboard shows of each config: its state, step, last and best values."""
+        out = []
+        for row in self.results():
+            out.append(
+                {
+                    "index": row["index"],
+                    "run_id": row["run_id"],
+                    "config": row["config"],
+                    "state": row["state"],
+                    "step": row["steps"],
+                    "total": row["total"],
+                    "last": row["final"],
+                    "best": row["best"],
+                    "failure": row["failure"],
+                    "best_run": False,
+                }
+            )
+        finals = [
+            (r["last"][metric] if default_mode(metric) == "min" else -r["last"][metric], r["index"])
+            for r in out
+            if r["state"] == RunState.SUCCEEDED.value and math.isfinite(r["last"].get(metric, math.nan))
+        ]
+        if finals:
+            out[min(finals)[1]]["best_run"] = True
+        return out
+
     def _progress(self) -> str:
         counts: dict[str, int] = {}
         for t in self.trials:

@@ -96,6 +96,9 @@ def test_a_sweep_records_each_config_and_a_failure_with_its_root_cause(tmp_path:
     assert best.index == min(finals, key=finals.__getitem__)
     assert sweep.best("acc", mode="max").index == best.index
     assert sweep.best("loss", mode="max").index == max(finals, key=finals.__getitem__)
+    rows = sweep.rows("loss")  # what the terminal dashboard shows
+    assert [r["best_run"] for r in rows] == [i == best.index for i in range(4)]
+    assert [r["state"] for r in rows] == states and "was told to fail" in rows[2]["failure"]
     with pytest.raises(
         orch.OrchError, match=r"no succeeded run of sweep lr logged 'val_loss' \(metrics logged: acc, loss\)"
     ):

@@ -21,5 +21,9 @@ class Viewable:
             self._panel = Panel(cast("PanelSource", self), **options)
         return self._panel
 
+    def _ipython_display_(self) -> None:
+        # Not the bundle alone: the panel's output carries a display id, for its final record.
+        self.panel()._ipython_display_()
+
     def _repr_mimebundle_(self, **kwargs: Any) -> Any:
         return self.panel()._repr_mimebundle_(**kwargs)

@@ -9,6 +9,12 @@ held by an ``Image`` widget: the same figure and line artists are reused every t
 series downsampled to the plot's pixel width, so a redraw costs the same at 1k or 1M
 points and swaps one image in place (no flicker). Polling stops when the run is over; the
 final state stays drawn.
+
+When the run ends, the panel's output becomes a static record of its final state (the
+curves as a PNG, the run's header, the rank table and, for a failed run, the root cause
+with its traceback) through :class:`orch._static.Record`, whose docstring says why: a saved
+notebook then shows the result without a kernel (JupyterLab, nbconvert, GitHub). While the
+run runs, the output is the live widget; ``display(panel.widget)`` shows it again after.
 """
 
 from __future__ import annotations
@@ -27,8 +33,9 @@ import ipywidgets as widgets
 import numpy as np
 import numpy.typing as npt
 
+from ._static import IMAGE, Record
 from .client import MasterClient, StateMirror
-from .dashboard import stragglers
+from .dashboard import stragglers, summary
 from .errors import MasterUnavailable
 from .states import RankState, RunState
 
@@ -131,9 +138,13 @@ class _Plot:
             self.log_scale = log_scale
         ax.relim()
         ax.autoscale_view()
-        out = io.BytesIO()
         # Speed over size: the PNG only crosses a local socket to the browser.
-        self.fig.savefig(out, format="png", pil_kwargs={"compress_level": 1})
+        return self.png(compress_level=1)
+
+    def png(self, compress_level: int = 6) -> bytes:
+        """The figure as last drawn (the record kept in a notebook is compressed harder)."""
+        out = io.BytesIO()
+        self.fig.savefig(out, format="png", pil_kwargs={"compress_level": compress_level})
         return out.getvalue()
 
 
@@ -164,6 +175,9 @@ class Panel:
         self._closed = threading.Event()
         self._tick_lock = threading.Lock()
         self._build(width_px)
+        self.record = Record(
+            self.widget, text=f"orch run panel (master {source.address}): live until the run ends"
+        )
         # The first state is drawn before the panel is shown: a run that already ended (or
         # ends before the thread gets going) is never shown blank.
         self._tick()
@@ -210,8 +224,11 @@ class Panel:
         )
         self.widget.add_class("orch-panel")
 
+    def _ipython_display_(self) -> None:
+        self.record._ipython_display_()  # an output that the run's final record replaces
+
     def _repr_mimebundle_(self, **kwargs: Any) -> Any:
-        return self.widget._repr_mimebundle_(**kwargs)
+        return self.record._repr_mimebundle_(**kwargs)
 
     # -- polling --------------------------------------------------------------------------
     def _loop(self) -> None:
@@ -300,20 +317,38 @@ class Panel:
                 self.stop_button.disabled = True
                 self.stop_button.description = m.state.value.capitalize()
                 self.stop_button.button_style = ""  # nothing left to warn of
+        if m.state.done:
+            # Every redraw of an ended run sends the record again: run.wait()'s refresh() then
+            # sends it from the waiting cell, the one whose messages nbclient records.
+            self._publish(m)
 
-    def _draw_header(self, m: StateMirror) -> None:
+    def _publish(self, m: StateMirror) -> None:
+        """The final state, as the notebook keeps it: header, curves, rank table, root cause."""
+        page = self._header_html(m, live=False) + IMAGE + self._table_html(m) + self._failure_html(m)
+        metric = self.metric.value or "loss"
+        self.record.publish(self._plot.png(), page, summary(m), alt=f"{metric} per rank, run {m.run_id}")
+
+    def _header_html(self, m: StateMirror, *, live: bool = True) -> str:
+        """The run's id, state, elapsed time, ranks and attempts (live: its master, the last error)."""
         color = STATE_COLORS[m.state]
-        note = f" &middot; attempt {m.attempt}/{m.max_attempts}" if m.max_attempts > 1 else ""
-        if self.last_error:
-            note += f" &middot; <i>{html.escape(self.last_error)}</i>"
-        self.header.value = (
+        note = f" &middot; attempt {m.attempt}/{m.max_attempts}" if m.max_attempts > 1 or not live else ""
+        if live:
+            note = f" &middot; master {html.escape(self.source.address)}{note}"
+            if self.last_error:
+                note += f" &middot; <i>{html.escape(self.last_error)}</i>"
+        else:
+            done, total = m.progress()
+            note += f" &middot; step {done}/{total}" if total else f" &middot; step {done}"
+        return (
             f'<div class="orch-header"><b>orch run {html.escape(m.run_id)}</b> &middot; '
             f'<span class="orch-state" data-state="{m.state.value}" style="color:{color};'
             f'font-weight:bold">{m.state.value}</span> &middot; '
             f'<span class="orch-elapsed">{m.elapsed:.1f}s</span> &middot; '
-            f"{m.registered}/{m.world_size} ranks &middot; master {html.escape(self.source.address)}"
-            f"{note}</div>"
+            f"{m.registered}/{m.world_size} ranks{note}</div>"
         )
+
+    def _draw_header(self, m: StateMirror) -> None:
+        self.header.value = self._header_html(m)
         done, total = m.progress()
         self.progress.max = max(1, total)
         self.progress.value = min(done, self.progress.max)

@@ -5,10 +5,15 @@ JupyterLab is started as a subprocess on a free port with a random token; headle
 directory, runs all of its cells from the Run menu and then reads the live panel from the
 page: four rank rows, the RUNNING state, a plot that is redrawn while training runs, and the
 Stop button that ends the run while the next cell blocks the kernel in ``run.wait()`` (the
-state turns STOPPED, the button is disabled and the waiting cell prints its result). A screenshot
-of the page is kept in ``test-artifacts/panel.png``. The kernel is shut down through the
-Jupyter REST API and JupyterLab is terminated before the test ends, so that no process
-carrying the test's tag outlives it.
+widget gives way to the record of the final state, STOPPED, and the waiting cell prints its
+result). A screenshot of the page is kept in ``test-artifacts/panel.png``. The kernel is shut
+down through the Jupyter REST API and JupyterLab is terminated before the test ends, so that
+no process carrying the test's tag outlives it.
+
+A second test executes a notebook with nbclient (``jupyter execute``), as a notebook is run
+and saved, then opens it in a fresh JupyterLab without running it: each panel's output shows
+the picture and the table of its run's final state, trusted (as JupyterLab saves a notebook
+it ran: signed, no widget state) or not (as nbclient leaves it).
 """
 
 from __future__ import annotations
@@ -30,7 +35,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import nbformat
 import pytest
+from nbformat.sign import NotebookNotary
 
 from conftest import ROOT, TESTS
 
@@ -117,6 +124,7 @@ class Lab:
         env["PYTHONPATH"] = os.pathsep.join([str(TESTS), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
         env["JUPYTER_RUNTIME_DIR"] = str(home / "runtime")
         env["JUPYTER_CONFIG_DIR"] = str(home / "config")
+        env["JUPYTER_DATA_DIR"] = str(home / "data")  # its notebook-signing key: what it trusts
         env["JUPYTERLAB_WORKSPACES_DIR"] = str(home / "workspaces")
         env["JUPYTERLAB_SETTINGS_DIR"] = str(settings)
         env["PYTHONUNBUFFERED"] = "1"
@@ -278,20 +286,143 @@ def test_panel_in_jupyterlab(tmp_path: Path) -> None:
                 assert "WAITED" not in waiting.locator(".jp-Cell-outputWrapper").inner_text()
                 clicked = time.monotonic()
                 stop.click()
-                expect(state).to_have_attribute("data-state", "STOPPED", timeout=30_000)
+                # The run ended: the panel's output is now the record of its final state, as saved
+                shown = page.locator(".jp-Notebook .jp-Cell").nth(2).locator(".jp-OutputArea-output")
+                record = shown.locator(".orch-record")
+                expect(record.locator("span.orch-state")).to_have_attribute(
+                    "data-state", "STOPPED", timeout=30_000
+                )
                 expect(waiting.locator(".jp-OutputArea-output")).to_contain_text(
                     "WAITED STOPPED", timeout=30_000
                 )
                 took = time.monotonic() - clicked
                 print(f"\nStop clicked while a cell waited: its output came {took:.1f}s later")
-                expect(stop).to_be_disabled(timeout=10_000)
-                # the poller's last redraw relabels the button with the final state
-                expect(stop).to_have_text(re.compile(r"Stopped"), timeout=10_000)
+                expect(shown.locator(".orch-panel")).to_have_count(0)
+                expect(record.locator("tr.orch-rank")).to_have_count(4)
+                expect(record.locator("img")).to_have_attribute("src", re.compile(r"^data:image/png;base64,"))
+                assert record.locator("img").evaluate("i => i.complete && i.naturalWidth") > 0
                 page.screenshot(path=str(ARTIFACTS / "panel-stopped.png"), full_page=True)
             except BaseException:
                 with contextlib.suppress(Exception):
                     page.screenshot(path=str(ARTIFACTS / "panel-failure.png"), full_page=True)
                 raise
+            finally:
+                ctx.close()
+    except BaseException:
+        lab.stop()
+        keep_failure_logs(lab, run_root)
+        raise
+    finally:
+        lab.stop()
+
+
+def write_record_notebook(path: Path, run_root: Path) -> None:
+    """A notebook that shows the panels of a run that succeeds and of one that fails."""
+    cells = [
+        _code_cell(1, f"import sys\nsys.path.insert(0, {str(TESTS)!r})\nimport orch"),
+        _code_cell(
+            2,
+            'run = orch.launch("jobs:allreduce_steps", world_size=4, config={"steps": 40, "sleep": 0.02},\n'
+            f"                  run_root={str(run_root)!r})\n"
+            "run.panel(interval=0.2)",
+        ),
+        _code_cell(3, 'print("WAITED", run.wait().state.value)'),
+        _code_cell(
+            4,
+            f'failing = orch.launch("jobs:raise_on_rank1", world_size=2, run_root={str(run_root)!r})\n'
+            "failing.panel(interval=0.2)",
+        ),
+        _code_cell(5, 'try:\n    failing.wait()\nexcept orch.RunFailed as e:\n    print("FAILED", e.rank)'),
+        _code_cell(6, "run.close()\nfailing.close()"),
+    ]
+    nb = {
+        "cells": cells,
+        "metadata": {
+            "kernelspec": {"display_name": "Python 3 (ipykernel)", "language": "python", "name": "python3"},
+            "language_info": {"name": "python"},
+        },
+        "nbformat": 4,
+        "nbformat_minor": 5,
+    }
+    path.write_text(json.dumps(nb, indent=1))
+
+
+@pytest.mark.timeout(480)
+def test_a_saved_notebook_shows_each_panel_s_final_record_without_its_kernel(tmp_path: Path) -> None:
+    from playwright.sync_api import expect, sync_playwright
+
+    root = tmp_path / "lab"
+    root.mkdir()
+    home = tmp_path / "home"
+    home.mkdir()
+    run_root = tmp_path / "runs"
+    source = tmp_path / "record.ipynb"
+    write_record_notebook(source, run_root)
+    executed = root / "record.ipynb"
+    proc = subprocess.run(
+        [sys.executable, "-m", "jupyter", "execute", f"--output={executed}", str(source)],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=400,
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    # As JupyterLab saves a notebook it ran (by default): no widget state, signed, so trusted.
+    # The copy nbclient wrote keeps the widget state and is not signed: untrusted.
+    nb = nbformat.read(executed, as_version=4)
+    nb.metadata.pop("widgets", None)
+    (home / "data").mkdir()
+    NotebookNotary(data_dir=str(home / "data")).sign(nb)
+    nbformat.write(nb, root / "record-trusted.ipynb")
+    ARTIFACTS.mkdir(exist_ok=True)
+
+    lab = Lab(root, home)
+    try:
+        lab.wait_ready()
+        with (
+            sync_playwright() as pw,
+            tempfile.TemporaryDirectory(prefix="orch-chromium-", dir=tmp_path) as profile,
+        ):
+            ctx = pw.chromium.launch_persistent_context(
+                profile,
+                executable_path=str(CHROMIUM),
+                headless=True,
+                args=CHROMIUM_ARGS,
+                viewport={"width": 1280, "height": 1600},
+            )
+            try:
+                for name in ("record", "record-trusted"):
+                    page = ctx.new_page()
+                    page.set_default_timeout(60_000)
+                    # its own workspace: no tab of the other notebook is restored over it
+                    page.goto(f"{lab.base}/lab/workspaces/{name}/tree/{name}.ipynb?token={lab.token}")
+                    cells = page.locator(".jp-Notebook .jp-Cell")
+                    expect(cells).to_have_count(6, timeout=90_000)
+                    shown = {}
+                    for index, state, ranks in ((1, "SUCCEEDED", 4), (3, "FAILED", 2)):
+                        out = cells.nth(index).locator(".jp-OutputArea-output")
+                        expect(out).to_have_count(1)
+                        expect(out).to_have_attribute("data-mime-type", "text/html")
+                        img = out.locator("img")
+                        expect(img).to_be_visible()
+                        expect(img).to_have_attribute("src", re.compile(r"^data:image/png;base64,"))
+                        wait_until(
+                            lambda img=img: img.evaluate("i => i.complete && i.naturalWidth > 0"),
+                            30,
+                            "the picture to be decoded",
+                        )
+                        expect(out.locator("table tbody tr")).to_have_count(ranks)
+                        expect(out.locator("table")).to_be_visible()
+                        expect(out).to_contain_text(state)
+                        shown[state] = out.inner_text()
+                    assert "Root cause" in shown["FAILED"]
+                    assert "RuntimeError: boom on rank 1" in shown["FAILED"]
+                    assert "Root cause" not in shown["SUCCEEDED"]
+                    text = page.locator(".jp-Notebook").inner_text()
+                    assert "Error displaying widget" not in text and "VBox(" not in text
+                    for shot in (ARTIFACTS / f"{name}.png", Path(tempfile.gettempdir()) / f"orch-{name}.png"):
+                        page.screenshot(path=str(shot), full_page=True)
+                    page.close()
             finally:
                 ctx.close()
     except BaseException:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import re
 import shutil
 import subprocess
@@ -73,8 +74,60 @@ def test_notebook_runs_clean(notebook: Path, tmp_path: Path) -> None:
             assert not (out.output_type == "stream" and out.name == "stderr" and "Traceback" in out.text)
     if notebook.stem == "quickstart":
         check_quickstart(nb)
+        states = [("SUCCEEDED", ""), ("SUCCEEDED", "")]
     elif notebook.stem == "fault_tolerance":
         check_fault_tolerance(nb)
+        states = [("SUCCEEDED", "attempt 2/2"), ("FAILED", "ValueError: bad batch on rank 2")]
+    else:
+        return
+    # What a reader without the kernel sees: each panel's output is its final record
+    records = panel_records(nb)
+    assert [(r["state"], r["world_size"]) for r in records] == [(s, 4) for s, _ in states]
+    for record, (_state, detail) in zip(records, states, strict=True):
+        assert detail in record["text/html"], record["text/html"][-2000:]
+    check_nbconvert(tmp_path / notebook.name, records)
+
+
+def panel_records(nb: nbformat.NotebookNode) -> list[dict[str, Any]]:
+    """The saved output of every cell that shows a panel: a PNG, an HTML table, no widget."""
+    records = []
+    for cell in nb.cells:
+        if cell.cell_type != "code" or not re.search(r"\.panel\(\)\s*$", cell.source):
+            continue
+        [out] = [o for o in cell.outputs if o.output_type in ("display_data", "execute_result")]
+        data = out.data
+        assert sorted(data) == ["image/png", "text/html", "text/plain"], sorted(data)
+        assert base64.b64decode(data["image/png"]).startswith(b"\x89PNG\r\n")
+        page = data["text/html"]
+        assert f'<img src="data:image/png;base64,{data["image/png"]}"' in page
+        [state] = re.findall(r'class="orch-state" data-state="(\w+)"', page)
+        rows = re.findall(r'<tr class="orch-rank" data-rank="(\d+)"', page)
+        assert rows == [str(r) for r in range(len(rows))] and 'class="orch-ranks"' in page
+        assert data["text/plain"].startswith("run ") and state in data["text/plain"].splitlines()[0]
+        if state == "FAILED":
+            assert "Root cause:" in page and "root cause:" in data["text/plain"]
+        records.append({**data, "state": state, "world_size": len(rows)})
+    return records
+
+
+def check_nbconvert(notebook: Path, records: list[dict[str, Any]]) -> None:
+    """``jupyter nbconvert --to html`` shows each record: its picture and its table."""
+    subprocess.run(
+        [sys.executable, "-m", "jupyter", "nbconvert", "--to", "html", str(notebook)],
+        cwd=notebook.parent,
+        check=True,
+        capture_output=True,
+        timeout=300,
+    )
+    page = notebook.with_suffix(".html").read_text()
+    for record in records:
+        # nbconvert may rewrite the tag (the order of its attributes): look for the picture in one
+        picture = re.escape(record["image/png"][:200])
+        assert re.search(r'<img [^>]*src="data:image/png;base64,' + picture, page)
+    assert page.count('class="orch-record"') == len(records)
+    assert page.count('class="orch-ranks"') >= len(records)
+    for state in {r["state"] for r in records}:
+        assert page.count(f'data-state="{state}"') >= sum(r["state"] == state for r in records)
 
 
 def check_quickstart(nb: nbformat.NotebookNode) -> None:

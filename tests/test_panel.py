@@ -2,24 +2,23 @@
 
 from __future__ import annotations
 
+import base64
 import math
 import subprocess
 import sys
 import threading
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import comm
 import grpc
 import numpy as np
 import pytest
-from comm.base_comm import BaseComm
 
 import orch
-from conftest import TESTS
+from conftest import TESTS, images_sent, notebook_kernel
 from orch._proto import orchestrator_pb2 as pb
 from orch._proto import orchestrator_pb2_grpc as pb_grpc
+from orch._static import WIDGET_VIEW
 from orch.client import StateMirror
 from orch.coordinator import Coordinator, RunState
 from orch.master import MasterServer
@@ -27,26 +26,6 @@ from orch.panel import Panel, downsample, wait_for
 
 pytestmark = pytest.mark.timeout(180)
 sys.path.insert(0, str(TESTS))
-
-
-class RecordingComm(BaseComm):
-    """A comm that keeps every message a widget would send to the browser."""
-
-    sent: list[tuple[str, dict[str, Any]]] = []
-    lock = threading.Lock()
-
-    def publish_msg(
-        self, msg_type: str, data: Any = None, metadata: Any = None, buffers: Any = None, **keys: Any
-    ) -> None:
-        with self.lock:
-            self.sent.append((self.comm_id, {"type": msg_type, "data": data or {}, "buffers": buffers}))
-
-
-@pytest.fixture
-def sent(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[tuple[str, dict[str, Any]]]]:
-    RecordingComm.sent = []
-    monkeypatch.setattr(comm, "create_comm", lambda *a, **kw: RecordingComm(*a, **kw))
-    yield RecordingComm.sent
 
 
 def updates_to(sent: list[tuple[str, dict[str, Any]]], widget: Any, trait: str) -> list[Any]:
@@ -57,6 +36,15 @@ def updates_to(sent: list[tuple[str, dict[str, Any]]], widget: Any, trait: str) 
         if comm_id == widget.comm.comm_id and msg["data"].get("method") == "update" and trait in state:
             out.append(state[trait])
     return out
+
+
+def record_of(panel: Panel) -> tuple[str, bytes, str]:
+    """The static record the panel's output was replaced with: its HTML, PNG and text."""
+    bundle = panel._repr_mimebundle_()
+    assert panel.record.published and WIDGET_VIEW not in bundle, sorted(bundle)
+    png = base64.b64decode(bundle["image/png"])
+    assert png.startswith(b"\x89PNG\r\n") and bundle["image/png"] in bundle["text/html"]
+    return bundle["text/html"], png, bundle["text/plain"]
 
 
 def test_downsample_keeps_spikes_and_the_newest_point() -> None:
@@ -74,7 +62,7 @@ def test_downsample_keeps_spikes_and_the_newest_point() -> None:
     assert len(small_x) == 100
 
 
-def test_panel_follows_a_real_run_live(tmp_path: Path, sent: list[Any]) -> None:
+def test_panel_follows_a_real_run_live(tmp_path: Path, widget_messages: list[Any]) -> None:
     steps = 60
     # 6 s of training at least: the panel (0.1 s interval) polls it many times over, also when
     # it gets little of a loaded 2-core machine's time.
@@ -82,8 +70,15 @@ def test_panel_follows_a_real_run_live(tmp_path: Path, sent: list[Any]) -> None:
         "jobs:allreduce_steps", world_size=4, config={"steps": steps, "sleep": 0.1}, run_root=str(tmp_path)
     ) as run:
         panel = run.panel(interval=0.1)
+        assert WIDGET_VIEW in panel._repr_mimebundle_()  # the live widget while the run runs
         run.wait(timeout=120)
         assert panel.wait_done(30)
+        # the output became the record of the final state, curves included
+        page, _png, text = record_of(panel)
+        assert 'data-state="SUCCEEDED"' in page and page.count('class="orch-rank"') == 4
+        assert page.index('data-state="SUCCEEDED"') < page.index("<img ") < page.index("orch-ranks")
+        assert f"step {steps}/{steps}" in page and "attempt 1/1" in page
+        assert text.startswith(f"run {run.run_id} SUCCEEDED") and "orch-failure" not in page
         # the final state stays drawn
         assert 'data-state="SUCCEEDED"' in panel.header.value
         assert panel.table.value.count('class="orch-rank"') == 4
@@ -95,14 +90,13 @@ def test_panel_follows_a_real_run_live(tmp_path: Path, sent: list[Any]) -> None:
         assert list(panel.metric.options) == ["loss", "rank_seen"]
         assert "process group up" in panel.log_tail.value
         # the updates reached the front end while the run was still going, not only at the end
-        headers = updates_to(sent, panel.header, "value")
+        headers = updates_to(widget_messages, panel.header, "value")
         assert any('data-state="RUNNING"' in h for h in headers)
-        plots = [m for cid, m in sent if cid == panel.plot.comm.comm_id and m["buffers"]]
-        assert len(plots) >= 3
+        assert images_sent(widget_messages, panel.plot) >= 3
         # redrawn while it ran; that a poll without new points does not redraw is counted in
         # test_a_poll_without_new_points_does_not_redraw_the_plot (the count here depends on timing)
         assert panel.polls > 3 and panel.redraws > 1
-        progress = updates_to(sent, panel.progress, "value")
+        progress = updates_to(widget_messages, panel.progress, "value")
         assert progress == sorted(progress) and 0 < progress[0] < steps
         # changing the metric redraws it
         panel.metric.value = "rank_seen"
@@ -110,7 +104,7 @@ def test_panel_follows_a_real_run_live(tmp_path: Path, sent: list[Any]) -> None:
         assert [line.get_ydata()[-1] for _, line in sorted(panel._plot.lines.items())] == [0, 1, 2, 3]
 
 
-def test_stop_button_stops_a_real_run(tmp_path: Path, sent: list[Any]) -> None:
+def test_stop_button_stops_a_real_run(tmp_path: Path, widget_messages: list[Any]) -> None:
     with orch.launch(
         "jobs:allreduce_steps", world_size=4, config={"steps": 100_000, "sleep": 0.02}, run_root=str(tmp_path)
     ) as run:
@@ -132,7 +126,7 @@ def test_stop_button_stops_a_real_run(tmp_path: Path, sent: list[Any]) -> None:
         assert 'data-state="STOPPED"' in panel.header.value
 
 
-def test_panel_names_the_root_cause_of_a_failure(tmp_path: Path, sent: list[Any]) -> None:
+def test_panel_names_the_root_cause_of_a_failure(tmp_path: Path, widget_messages: list[Any]) -> None:
     run = orch.launch("jobs:raise_on_rank1", world_size=2, run_root=str(tmp_path))
     try:
         panel = run.panel(interval=0.1)
@@ -143,8 +137,47 @@ def test_panel_names_the_root_cause_of_a_failure(tmp_path: Path, sent: list[Any]
         assert 'data-state="FAILED"' in panel.header.value
         assert "RuntimeError: boom on rank 1" in panel.failure.value
         assert "jobs.py" in panel.failure.value  # the traceback, not only its last line
+        page, _png, text = record_of(panel)
+        assert 'data-state="FAILED"' in page and "orch-failure" in page
+        assert "RuntimeError: boom on rank 1" in page and "jobs.py" in page
+        assert "root cause: rank 1" in text and "RuntimeError: boom on rank 1" in text
     finally:
         run.close()
+
+
+def test_a_record_replaces_its_output_from_any_thread(tmp_path: Path) -> None:
+    """In a real kernel: the live widget is shown with a display id; publish() from a thread
+    of the user's while a cell runs updates it, with that cell as its parent (the messages
+    that nbclient records are those of the cell it executes, and JupyterLab goes by the id)."""
+    with notebook_kernel(tmp_path) as (_km, kc):
+
+        def cell(code: str) -> list[dict[str, Any]]:
+            seen: list[dict[str, Any]] = []  # the messages whose parent is this cell
+            reply = kc.execute_interactive(code, timeout=60, output_hook=seen.append)
+            assert reply["content"]["status"] == "ok", reply["content"]
+            return [m for m in seen if m["msg_type"] in ("display_data", "update_display_data")]
+
+        cell(
+            "import threading\nimport ipywidgets\nfrom orch._static import IMAGE, Record\n"
+            "record = Record(ipywidgets.HTML('live'), text='a live view')"
+        )
+        [shown] = cell("record")
+        display_id = shown["content"]["transient"]["display_id"]
+        assert shown["msg_type"] == "display_data" and WIDGET_VIEW in shown["content"]["data"]
+        assert shown["content"]["data"]["text/plain"] == "a live view"
+        [update] = cell(
+            "publish = lambda: record.publish(b'png!', '<b>head</b>' + IMAGE + '<table></table>', 'done')\n"
+            "thread = threading.Thread(target=publish)\nthread.start()\nthread.join()"
+        )
+        assert update["msg_type"] == "update_display_data"
+        assert update["content"]["transient"]["display_id"] == display_id
+        data = update["content"]["data"]
+        assert sorted(data) == ["image/png", "text/html", "text/plain"]
+        assert data["image/png"] == base64.b64encode(b"png!").decode()
+        assert f'<b>head</b><img src="data:image/png;base64,{data["image/png"]}"' in data["text/html"]
+        assert data["text/html"].endswith("<table></table></div>") and data["text/plain"] == "done"
+        [again] = cell("record")  # shown once it ended: the record alone
+        assert again["content"]["data"] == data and again["content"]["transient"]["display_id"] == display_id
 
 
 class _Source:
@@ -168,7 +201,7 @@ class _Source:
         return orch.MasterClient(self.address)
 
 
-def test_table_marks_nan_losses_and_stragglers(sent: list[Any]) -> None:
+def test_table_marks_nan_losses_and_stragglers(widget_messages: list[Any]) -> None:
     clock = [100.0]
     coord = Coordinator(3, run_id="r", clock=lambda: clock[0])
     for i in range(3):
@@ -200,7 +233,7 @@ def test_table_marks_nan_losses_and_stragglers(sent: list[Any]) -> None:
             panel.close()
 
 
-def test_a_poll_without_new_points_does_not_redraw_the_plot(sent: list[Any]) -> None:
+def test_a_poll_without_new_points_does_not_redraw_the_plot(widget_messages: list[Any]) -> None:
     """Counted in polls, not in time: the time a redraw takes is benchmarks/panel_redraw.py's."""
     coord = Coordinator(1, run_id="r", clock=lambda: 100.0)  # a still clock: no heartbeat expires
     coord.register(pb.RegisterRequest(worker_id="w", host="h", pid=1, rendezvous_port=29400))
@@ -212,7 +245,7 @@ def test_a_poll_without_new_points_does_not_redraw_the_plot(sent: list[Any]) -> 
         stub.SendHeartbeat(request, timeout=60)
 
     def pngs() -> int:
-        return sum(1 for cid, m in list(sent) if cid == panel.plot.comm.comm_id and m["buffers"])
+        return images_sent(widget_messages, panel.plot)
 
     def after_polls(n: int) -> None:
         # Poll k + 1 starts after poll k's redraw ended: n + 1 more polls, n more redraws done.
@@ -239,7 +272,7 @@ def test_a_poll_without_new_points_does_not_redraw_the_plot(sent: list[Any]) -> 
             panel.close()
 
 
-def test_a_new_metric_does_not_flash_in_place_of_the_one_shown(sent: list[Any]) -> None:
+def test_a_new_metric_does_not_flash_in_place_of_the_one_shown(widget_messages: list[Any]) -> None:
     """ "accuracy" sorts before "loss": new choices must not draw it for a moment."""
     coord = Coordinator(1, run_id="r", clock=lambda: 100.0)
     coord.register(pb.RegisterRequest(worker_id="w", host="h", pid=1, rendezvous_port=29400))
@@ -311,7 +344,7 @@ def test_closures_and_lambdas_from_the_caller_reach_the_workers(tmp_path: Path) 
         assert loss[0]["value"] == [7.5] * 3 and loss[1]["value"] == [8.5] * 3
 
 
-def test_attach_watches_a_master_started_elsewhere(tmp_path: Path, sent: list[Any]) -> None:
+def test_attach_watches_a_master_started_elsewhere(tmp_path: Path, widget_messages: list[Any]) -> None:
     with orch.launch(
         "jobs:allreduce_steps", world_size=2, config={"steps": 20}, run_root=str(tmp_path)
     ) as run:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import html
 import io
 import logging
+import re
 import threading
 import traceback
 from collections.abc import Iterable
@@ -24,6 +25,7 @@ import ipywidgets as widgets
 import numpy as np
 import numpy.typing as npt
 
+from ._static import IMAGE, Record
 from .client import SeriesBuffer, StateMirror
 from .errors import ConfigError, OrchError
 from .panel import STATE_COLORS, downsample
@@ -233,8 +235,12 @@ class _RunsPlot:
         if drawn:
             ax.legend(loc="upper right", fontsize=7)
             ax.set_yscale("log" if log_scale else "linear")
+        return self.png(compress_level=1)  # speed over size: it only crosses a local socket
+
+    def png(self, compress_level: int = 6) -> bytes:
+        """The figure as last drawn (the record a notebook keeps is compressed harder)."""
         out = io.BytesIO()
-        self.fig.savefig(out, format="png", pil_kwargs={"compress_level": 1})
+        self.fig.savefig(out, format="png", pil_kwargs={"compress_level": compress_level})
         return out.getvalue()
 
 
@@ -274,6 +280,8 @@ class RunsView:
             w.observe(lambda _c: None if self._choosing else self._redraw(force=True), names="value")
         self.widget = widgets.VBox()
         self._layout()
+        # Live while a run goes; once every run ended, a static record that a saved notebook keeps.
+        self.record = Record(self.widget, text=f"{type(self).__name__}: live until its runs end")
         self._tick()
         self._thread = threading.Thread(target=self._loop, name="orch-compare", daemon=True)
         self._thread.start()
@@ -285,8 +293,11 @@ class RunsView:
             self.plot,
         ]
 
+    def _ipython_display_(self) -> None:
+        self.record._ipython_display_()
+
     def _repr_mimebundle_(self, **kwargs: Any) -> Any:
-        return self.widget._repr_mimebundle_(**kwargs)
+        return self.record._repr_mimebundle_(**kwargs)
 
     # -- polling ----------------------------------------------------------------------------
     @property
@@ -312,6 +323,8 @@ class RunsView:
                 self.last_error = str(e)
             try:
                 self._redraw()
+                if self.done:  # each time: wait()'s refresh sends it from the waiting cell
+                    self.record.publish(self._plot.png(), self._record_html(), self._record_text())
             except Exception:  # a drawing bug must not kill the poller; show it instead
                 self.last_error = traceback.format_exc()
                 log.exception("orch: redraw of the runs view failed")
@@ -367,6 +380,18 @@ class RunsView:
         """The header and whatever a subclass shows beside the plot."""
         self.header.value = self._header_html()
 
+    def _record_html(self) -> str:
+        """The ended view as a saved notebook shows it (:data:`~orch._static.IMAGE`: the plot)."""
+        return self._header_html() + IMAGE
+
+    def _record_text(self) -> str:
+        lines = [re.sub(r"<[^>]+>", "", self._header_html()).replace("&middot;", "-")]
+        for f, m in zip(self.runs, self.mirrors, strict=True):
+            c = curve(m, self.metric.value or "loss")
+            last = f"{c.mean[-1]:.4g}" if len(c.mean) else "-"
+            lines.append(f"{f.label}: {m.state.value}, step {m.progress()[0]}, {self.metric.value} {last}")
+        return "\n".join(lines)
+
     def _header_html(self) -> str:
         states = [m.state for m in self.mirrors]
         live = sum(not s.done for s in states)
@@ -376,6 +401,9 @@ class RunsView:
 
 class ComparePanel(RunsView):
     """:func:`compare`: the runs' curves and a legend table of their state and last value."""
+
+    def _record_html(self) -> str:
+        return super()._record_html() + str(self.legend.value)
 
     def _layout(self) -> None:
         self.legend = widgets.HTML()

@@ -211,6 +211,9 @@ class SweepResults:
         head = ["#", *keys, "state", "step", "time"]
         for m in metrics:
             head += [f"{m} final", f"{m} best"]
+        failures = any(row["failure"] for row in self.rows)
+        if failures:
+            head.append("failure")
         body = []
         for row in self.rows:
             steps = f"{row['steps']}/{row['total']}" if row["total"] else str(row["steps"])
@@ -219,6 +222,9 @@ class SweepResults:
             cells.append(f"{row['duration']:.1f}s")
             for m in metrics:
                 cells += [_fmt(row["final"].get(m, "")), _fmt(row["best"].get(m, ""))]
+            if failures:
+                text = " ".join(row["failure"].split())
+                cells.append(text if len(text) <= 160 else text[:157] + "...")
             body.append(cells)
         return head, body
 

@@ -111,18 +111,36 @@ class SweepPanel(RunsView):
                 best = (float(c.mean[-1]), i)
         return best[1] if best else None
 
-    def _draw_parts(self) -> None:
+    def _header_html(self) -> str:
         trials = self.sweep.trials
-        ended = sum(t.done for t in trials)
         failed = sum(t.state == RunState.FAILED.value for t in trials)
         running = sum(not t.done and t.run is not None for t in trials)
         state = "done" if self.sweep.done else "running"
         note = f" &middot; <i>{html.escape(self.last_error)}</i>" if self.last_error else ""
-        self.header.value = (
+        return (
             f'<div class="orch-header"><b>orch sweep {html.escape(self.sweep.name)}</b> &middot; '
             f'<span class="orch-sweep-state" data-state="{state}">{state}</span> &middot; '
             f"{len(trials)} configs &middot; {running} running &middot; {failed} failed{note}</div>"
         )
+
+    def _record_html(self) -> str:
+        """The ended sweep as a saved notebook keeps it: header, curves, the results table."""
+        metric = self.metric.value or "loss"
+        best = self.marked()
+        note = ""
+        if best is not None:
+            trial = self.sweep.trials[best]
+            note = (
+                f'<div class="orch-best">best by final {html.escape(metric)}: #{best} '
+                f"{html.escape(_config_text(trial.config))} (run {html.escape(trial.run_id)})</div>"
+            )
+        return super()._record_html() + note + self.sweep.results()._repr_html_()
+
+    def _draw_parts(self) -> None:
+        trials = self.sweep.trials
+        ended = sum(t.done for t in trials)
+        failed = sum(t.state == RunState.FAILED.value for t in trials)
+        self.header.value = self._header_html()
         self.progress.value = ended
         self.progress.bar_style = "danger" if failed else ("success" if self.sweep.done else "info")
         self.progress_label.value = f"{ended}/{len(trials)} runs ended"

@@ -62,7 +62,7 @@ def widget_values(nb: nbformat.NotebookNode) -> list[Any]:
 
 
 def test_the_notebooks_are_there() -> None:
-    assert {nb.stem for nb in NOTEBOOKS} >= {"quickstart", "fault_tolerance"}
+    assert {nb.stem for nb in NOTEBOOKS} >= {"quickstart", "fault_tolerance", "sweep"}
 
 
 @pytest.mark.parametrize("notebook", NOTEBOOKS, ids=[nb.stem for nb in NOTEBOOKS])
@@ -78,6 +78,9 @@ def test_notebook_runs_clean(notebook: Path, tmp_path: Path) -> None:
     elif notebook.stem == "fault_tolerance":
         check_fault_tolerance(nb)
         states = [("SUCCEEDED", "attempt 2/2"), ("FAILED", "ValueError: bad batch on rank 2")]
+    elif notebook.stem == "sweep":
+        check_sweep(nb, tmp_path / notebook.name)
+        return
     else:
         return
     # What a reader without the kernel sees: each panel's output is its final record
@@ -167,3 +170,45 @@ def check_fault_tolerance(nb: nbformat.NotebookNode) -> None:
     assert any('data-state="FAILED"' in h for h in headers)
     failures = [v for v in widget_values(nb) if isinstance(v, str) and "orch-failure" in v]
     assert any("bad batch on rank 2" in f for f in failures)
+
+
+def check_sweep(nb: nbformat.NotebookNode, path: Path) -> None:
+    """The sweep notebook: four learning rates, the results, the best, the sweep's and the
+    comparison's records as a reader without the kernel sees them."""
+    outputs = {
+        cell.source.splitlines()[-1]: [
+            o for o in cell.outputs if o.output_type in ("display_data", "execute_result")
+        ]
+        for cell in nb.cells
+        if cell.cell_type == "code" and cell.outputs
+    }
+    [table] = outputs["results"]
+    assert table.data["text/html"].count('<tr class="orch-trial" data-state="SUCCEEDED">') == 4
+    text = text_of(nb)
+    best = re.search(r"lowest final loss: \{'lr': ([\d.]+), 'steps': 150\} ([\d.]+) (\w+)", text)
+    assert best, text
+    assert float(best.group(2)) < 0.5, "the best learning rate did not learn"
+    assert "highest final accuracy:" in text
+    [sweep_out] = outputs["sweep.panel()"]
+    [compare_out] = outputs['orch.compare([best.run_id, worst["run_id"]], metric="loss")']
+    for out in (sweep_out, compare_out):
+        assert sorted(out.data) == ["image/png", "text/html", "text/plain"], sorted(out.data)
+        assert base64.b64decode(out.data["image/png"]).startswith(b"\x89PNG\r\n")
+        assert f'<img src="data:image/png;base64,{out.data["image/png"]}"' in out.data["text/html"]
+    page = sweep_out.data["text/html"]
+    assert 'class="orch-sweep-state" data-state="done"' in page
+    assert page.count('<tr class="orch-trial" data-state="SUCCEEDED">') == 4
+    assert "best by final loss: #" in page and f"(run {best.group(3)})" in page
+    legend = compare_out.data["text/html"]
+    assert legend.count('class="orch-compared"') == 2 and f'data-run="{best.group(3)}"' in legend
+    assert legend.count("SUCCEEDED") == 2
+    subprocess.run(
+        [sys.executable, "-m", "jupyter", "nbconvert", "--to", "html", str(path)],
+        cwd=path.parent,
+        check=True,
+        capture_output=True,
+        timeout=300,
+    )
+    converted = path.with_suffix(".html").read_text()
+    assert converted.count('class="orch-record"') == 2
+    assert converted.count('class="orch-trial" data-state="SUCCEEDED"') >= 4

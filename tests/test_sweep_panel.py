@@ -55,6 +55,11 @@ def test_the_sweep_panel_follows_the_runs_and_marks_the_best(
         f"#{i}" for i in sorted(finals, key=finals.__getitem__)
     ]
     panel.sort.value = ""
+    # The sweep ended: its output is the record a saved notebook keeps, with the failure's cause.
+    record = panel._repr_mimebundle_()
+    assert sorted(record) == ["image/png", "text/html", "text/plain"]
+    assert record["text/html"].count('<tr class="orch-trial"') == 3
+    assert "was told to fail" in record["text/html"] and f"best by final loss: #{best}" in record["text/html"]
     # A click on a row's button opens that run's per-rank panel under the table.
     panel.rows[2][0].click()
     title, opened = panel.detail.children
@@ -97,6 +102,7 @@ def test_compare_overlays_runs_on_disk_and_a_live_one(tmp_path: Path, widget_mes
         for run_id in (*ids, live.run_id):
             assert f'data-run="{run_id}"' in legend
         assert legend.count("SUCCEEDED") == 3
+        assert 'class="orch-compare-runs"' in panel._repr_mimebundle_()["text/html"]
         # By wall time each run starts near 0 and its last step comes last.
         for m in panel.mirrors:
             c = curve(m, "loss", "time")

@@ -107,14 +107,18 @@ class _Mirrored:
             return self._mirror
         coordinator = getattr(self.source, "coordinator", None)
         if coordinator is not None:  # orch.Run: its master is in this process, read without RPC
+            # A failed rank's last points may come after the run's state is final; none come
+            # after its record is written (``done``), so that is when following ends.
+            recorded = bool(self.source.done)
             while True:
                 reply = coordinator.snapshot(self._mirror.cursor)
                 self._mirror.apply(reply)
                 if not reply.more:
                     break
+            self._ended = recorded
         else:  # an AttachedRun polls its master; a LoadedRun is what it read
             self._mirror = self.source.state()
-        self._ended = self._mirror.state.done
+            self._ended = self._mirror.state.done
         return self._mirror
 
 
@@ -270,7 +274,11 @@ class RunsView:
         self._closed = threading.Event()
         self._lock = threading.Lock()
         self.metric = widgets.Dropdown(options=[metric], value=metric, description="metric")
-        self.x_axis = widgets.ToggleButtons(options=["step", "time"], value=x, description="x")
+        self.x_axis = widgets.ToggleButtons(
+            options=["step", "time"],
+            value=x,
+            tooltips=["line runs up by step", "by seconds since each began"],
+        )
         self.x_axis.style.button_width = "60px"
         self.log_scale = widgets.Checkbox(value=False, description="log scale", indent=False)
         self.plot = widgets.Image(format="png", layout=widgets.Layout(width=f"{width_px}px"))

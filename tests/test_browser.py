@@ -479,3 +479,100 @@ def run_all_cells(page: Any, lab: Lab) -> None:
 def _step(rows: Any) -> int:
     """The step shown for rank 0 in the panel's table."""
     return int(rows.first.locator("td").nth(2).inner_text())
+
+
+def write_sweep_notebook(path: Path, run_root: Path) -> None:
+    """A sweep of three configs, one failing, with its panel; the next cell waits for it."""
+    cells = [
+        _code_cell(1, f"import sys\nsys.path.insert(0, {str(TESTS)!r})\nimport orch"),
+        _code_cell(
+            2,
+            "configs = [\n"
+            '    {"lr": 0.01, "steps": 300, "sleep": 0.03},\n'
+            '    {"lr": 0.05, "fail": True},\n'
+            '    {"lr": 0.2, "steps": 300, "sleep": 0.03},\n'
+            "]\n"
+            f'sweep = orch.sweep("jobs:lr_job", configs, world_size=2, run_root={str(run_root)!r})\n'
+            "sweep.panel(interval=0.3)",
+        ),
+        _code_cell(3, 'results = sweep.wait()\nprint("SWEPT", [r["state"] for r in results])'),
+    ]
+    nb = nbformat.v4.new_notebook(cells=[nbformat.from_dict(c) for c in cells])
+    nb.metadata = {
+        "kernelspec": {"display_name": "Python 3 (ipykernel)", "language": "python", "name": "python3"},
+        "language_info": {"name": "python"},
+    }
+    nbformat.write(nb, path)
+
+
+@pytest.mark.timeout(300)
+def test_sweep_panel_in_jupyterlab(tmp_path: Path) -> None:
+    """The sweep panel as a page: live rows and curves, a row opening its run's per-rank panel
+    while the next cell waits, then the sweep's record with the failure and the best run."""
+    from playwright.sync_api import expect, sync_playwright
+
+    root, home, run_root = tmp_path / "lab", tmp_path / "home", tmp_path / "runs"
+    root.mkdir()
+    home.mkdir()
+    write_sweep_notebook(root / "sweep_browser.ipynb", run_root)
+    ARTIFACTS.mkdir(exist_ok=True)
+    lab = Lab(root, home)
+    try:
+        lab.wait_ready()
+        with (
+            sync_playwright() as pw,
+            tempfile.TemporaryDirectory(prefix="orch-chromium-", dir=tmp_path) as profile,
+        ):
+            ctx = pw.chromium.launch_persistent_context(
+                profile,
+                executable_path=str(CHROMIUM),
+                headless=True,
+                args=CHROMIUM_ARGS,
+                viewport={"width": 1280, "height": 1400},
+            )
+            try:
+                page = ctx.pages[0] if ctx.pages else ctx.new_page()
+                page.set_default_timeout(60_000)
+                page.goto(f"{lab.base}/lab/tree/sweep_browser.ipynb?token={lab.token}")
+                run_all_cells(page, lab)
+
+                panel = page.locator(".orch-sweep-panel")
+                panel.wait_for(timeout=120_000)
+                rows = panel.locator(".orch-trial-row")
+                expect(rows).to_have_count(3)
+                expect(rows.nth(0)).to_contain_text("RUNNING", timeout=120_000)
+                expect(panel.locator("img").first).to_have_attribute("src", re.compile(r"^blob:|^data:"))
+                # A click on the first run's button, while the next cell waits: its own panel opens.
+                panel.get_by_role("button", name="#0", exact=True).click()
+                opened = panel.locator(".orch-panel")
+                expect(opened.locator("tr.orch-rank")).to_have_count(2, timeout=30_000)
+                expect(panel.locator(".orch-opened")).to_have_attribute("data-index", "0")
+                page.screenshot(path=str(ARTIFACTS / "sweep-panel.png"), full_page=True)
+
+                # The sweep ends: its output becomes the record, with the failure and the best run.
+                output = page.locator(".jp-Notebook .jp-Cell").nth(1).locator(".jp-OutputArea-output")
+                record = output.locator(".orch-record")
+                expect(record.locator(".orch-sweep-state")).to_have_attribute(
+                    "data-state", "done", timeout=120_000
+                )
+                expect(record.locator("tr.orch-trial")).to_have_count(3)
+                expect(record.locator('tr.orch-trial[data-state="FAILED"]')).to_contain_text(
+                    "was told to fail"
+                )
+                expect(record.locator(".orch-best")).to_contain_text("best by final loss: #")
+                assert record.locator("img").evaluate("i => i.complete && i.naturalWidth") > 0
+                waiting = page.locator(".jp-Notebook .jp-Cell").nth(2).locator(".jp-OutputArea-output")
+                expect(waiting).to_contain_text("SWEPT ['SUCCEEDED', 'FAILED', 'SUCCEEDED']", timeout=30_000)
+                page.screenshot(path=str(ARTIFACTS / "sweep-record.png"), full_page=True)
+            except BaseException:
+                with contextlib.suppress(Exception):
+                    page.screenshot(path=str(ARTIFACTS / "sweep-failure.png"), full_page=True)
+                raise
+            finally:
+                ctx.close()
+    except BaseException:
+        lab.stop()
+        keep_failure_logs(lab, run_root)
+        raise
+    finally:
+        lab.stop()

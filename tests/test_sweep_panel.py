@@ -43,6 +43,10 @@ def test_the_sweep_panel_follows_the_runs_and_marks_the_best(
     assert [r.split()[0] for r in rows] == ["#0", "#1", "#2"]
     assert "SUCCEEDED" in rows[0] and "FAILED" in rows[1] and "SUCCEEDED" in rows[2]
     assert "was told to fail" in rows[1]  # the failed config's root cause, on its row
+    # Every point each run recorded is on its curve, the failed run's last ones included.
+    for trial, mirror in zip(sweep.trials, panel.mirrors, strict=True):
+        recorded = orch.load_run(trial.run_dir).history()["loss"]
+        assert len(curve(mirror, "loss").x) == len({s for r in recorded.values() for s in r["step"]})
     best = sweep.best("loss").index
     assert [("best" in r) for r in rows] == [i == best for i in range(3)]
     assert panel.marked() == best

@@ -69,6 +69,12 @@ BENCHMARKS: dict[str, tuple[str, str]] = {
         "time from a SIGKILLed or SIGSTOPped rank to the run FAILED and every worker gone, under "
         "`orch.launch` and under torchrun",
     ),
+    "sweep": (
+        "Sweep: orch.sweep vs sequential torchrun",
+        "8 configs x 60 steps of a small DDP MLP at world size 2: total wall time of `orch.sweep` "
+        "(parallel=1 and 2, forkserver cold and warm) against 8 `torchrun --nproc-per-node 2` "
+        "invocations one after the other",
+    ),
 }
 
 

@@ -2,9 +2,10 @@
 
 Run as a script it is the torchrun worker: ``python -m torch.distributed.run --standalone
 --nproc-per-node N benchmarks/_jobs.py MODE --out DIR [...]`` with MODE one of ``ddp``
-(the DDP loop of step_overhead), ``first-step`` (launch_latency) or ``barriers``
-(teardown). Both sides run the same model, data and loop; only the launcher differs, and
-orch's side logs every step with ``ctx.log`` as a user would.
+(the DDP loop of step_overhead), ``first-step`` (launch_latency), ``barriers``
+(teardown) or ``sweep`` (one config of the sweep benchmark). Both sides run the same
+model, data and loop; only the launcher differs, and orch's side logs every step with
+``ctx.log`` as a user would.
 """
 
 from __future__ import annotations
@@ -100,6 +101,65 @@ def barrier_loop(ctx: Any) -> None:
         time.sleep(float(ctx.config.get("sleep", 0.01)))
 
 
+def _sweep_steps(cfg: dict[str, Any], rank: int, model: nn.Module, loop: Any, log: Any) -> None:
+    """sweep: ``cfg["steps"]`` DDP steps at ``cfg["lr"]``; writes the steps done and the last loss."""
+    opt = torch.optim.SGD(model.parameters(), lr=float(cfg["lr"]), momentum=0.9)
+    loss_fn = nn.CrossEntropyLoss()
+    x, y = _data(cfg, rank)
+    done, last = 0, float("nan")
+    for step in loop:
+        opt.zero_grad(set_to_none=True)
+        loss = loss_fn(model(x), y)
+        loss.backward()
+        opt.step()
+        last = loss.item()
+        log(step, last)
+        done += 1
+    _write(cfg["out"], f"rank{rank}.json", {"steps": done, "loss": last})
+
+
+def sweep_train(ctx: Any) -> None:
+    """sweep: one config of ``orch.sweep``, ``ctx.log(step, loss=...)`` on every step."""
+    cfg = {**DEFAULTS, **ctx.config}
+    torch.set_num_threads(1)
+    model = ctx.ddp(_model(cfg))
+    _sweep_steps(cfg, ctx.rank, model, ctx.steps(int(cfg["steps"])), lambda s, v: ctx.log(s, loss=v))
+
+
+def sweep_and_time(out_dir: str, run_root: str, sweeps: list[dict[str, Any]], import_s: float) -> None:
+    """sweep's orch side, run in a fresh ``python -c`` process (a notebook kernel).
+
+    Each of ``sweeps`` (``{"parallel": P, "configs": [...]}``, in order; the first finds
+    the forkserver cold) is one ``orch.sweep`` timed from just before the call until
+    ``wait()`` returned and ``close()`` did; its results go to ``out_dir/orch.json``.
+    """
+    import orch
+
+    result: dict[str, Any] = {"import_orch_s": import_s, "sweeps": []}
+    for i, s in enumerate(sweeps):
+        t0 = time.time()
+        sw = orch.sweep(
+            "_jobs:sweep_train",
+            s["configs"],
+            world_size=int(s["world_size"]),
+            parallel=int(s["parallel"]),
+            run_root=f"{run_root}/sweep{i}",
+            name=f"bench{i}",
+            threads=1,
+        )
+        try:
+            res = sw.wait(timeout=600)
+        finally:
+            sw.close()
+        wall = time.time() - t0
+        rows = [
+            {k: r[k] for k in ("index", "state", "reused", "steps", "total", "duration", "failure")}
+            for r in res
+        ]
+        result["sweeps"].append({"parallel": sw.parallel, "wall_s": wall, "rows": rows})
+    _write(out_dir, "orch.json", result)
+
+
 def launch_and_time(out_dir: str, world_size: int, run_root: str, launches: int, import_s: float) -> None:
     """launch_latency's orch side, run in a fresh ``python -c`` process (a notebook kernel).
 
@@ -163,7 +223,7 @@ def _phases(logs: Any, t0: float) -> dict[str, float]:
 # -- under torchrun --------------------------------------------------------------------------------
 def _torchrun_main() -> None:
     p = argparse.ArgumentParser()
-    p.add_argument("mode", choices=["ddp", "first-step", "barriers"])
+    p.add_argument("mode", choices=["ddp", "first-step", "barriers", "sweep"])
     p.add_argument("--out", required=True)
     p.add_argument("--config", default="{}")
     args = p.parse_args()
@@ -178,6 +238,10 @@ def _torchrun_main() -> None:
             dist.barrier()
             time.sleep(0.01)
     model = nn.parallel.DistributedDataParallel(_model(cfg))
+    if args.mode == "sweep":
+        _sweep_steps({**cfg, "out": args.out}, rank, model, range(int(cfg["steps"])), lambda s, v: None)
+        dist.destroy_process_group()
+        return
     x, y = _data(cfg, rank)
     if args.mode == "first-step":
         for _step in range(1):

@@ -35,6 +35,7 @@ EXPECTED = {
     ],
     "panel_redraw": ["redraw_ms_1000", "redraw_ms_20000"],
     "teardown": ["orch_kill_failed_s", "torchrun_kill_failed_s", "orch_stop_failed_s", "torchrun_retries"],
+    "sweep": ["torchrun_s", "orch_p1_cold_s", "orch_p1_warm_s", "orch_p2_warm_s", "torchrun_retries"],
 }
 
 

@@ -1,0 +1,264 @@
+"""A sweep: 8 configs x 60 steps, world size 2, ``orch.sweep`` against 8 torchrun invocations.
+
+The same small MLP (128 -> 512 -> 512 -> 10, batch 64, SGD with momentum; config i has
+its own learning rate), world size 2, gloo, one thread per worker, 60 steps per config:
+
+- torchrun: ``python -m torch.distributed.run --standalone --nproc-per-node 2
+  benchmarks/_jobs.py sweep --config {...}`` once per config, one after the other, timed
+  from just before the first starts until the last exited (each must exit 0);
+- orch: a fresh ``python -c`` process (like a new notebook kernel) imports orch, then
+  ``orch.sweep("_jobs:sweep_train", configs, world_size=2, parallel=P, threads=1)``,
+  timed from just before that call until ``wait()`` returned and ``close()`` did (each
+  run must be SUCCEEDED with every step done). The first sweep of the process finds the
+  workers' forkserver cold (it starts and imports torch inside the timed call; the
+  ``import orch`` before the call is reported beside); the next sweeps, in the same process,
+  find it warm. Process A runs parallel=1 (cold), parallel=1 again, then parallel=2;
+  process B runs parallel=2 cold.
+
+Each rank of every run writes its steps done and its last loss; the benchmark checks the
+counts and compares the losses of the two launchers config by config. Repeats interleave
+the three cases (rotating their order); medians over repeats; ratios orch / torchrun.
+
+    .venv/bin/python benchmarks/sweep.py            # full run, writes RESULTS.md
+    .venv/bin/python benchmarks/sweep.py --quick    # tiny, prints only
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import math
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import _common as c
+
+NAME = "sweep"
+TARGET = 0.25
+WORLD = 2
+
+DRIVER = """
+import sys, time
+sys.path[:0] = {paths!r}
+t = time.perf_counter()
+import orch
+imported = time.perf_counter() - t
+import _jobs
+_jobs.sweep_and_time({out!r}, {root!r}, {sweeps!r}, imported)
+"""
+
+
+def configs(n: int, steps: int, out: Path) -> list[dict[str, Any]]:
+    """Config i: its own learning rate and output dir."""
+    return [{"lr": round(0.002 * (i + 1), 4), "steps": steps, "out": str(out / f"c{i}")} for i in range(n)]
+
+
+def _mkdirs(cfgs: list[dict[str, Any]]) -> None:
+    for cfg in cfgs:
+        Path(cfg["out"]).mkdir(parents=True)
+
+
+def _check_ranks(cfgs: list[dict[str, Any]], who: str) -> list[float]:
+    """Every rank of every config did all its steps; returns rank 0's last loss per config."""
+    losses = []
+    for i, cfg in enumerate(cfgs):
+        for r in range(WORLD):
+            path = Path(cfg["out"]) / f"rank{r}.json"
+            if not path.is_file():
+                raise RuntimeError(f"{who}: config {i} rank {r} wrote no result ({path})")
+            res = json.loads(path.read_text())
+            if res["steps"] != cfg["steps"] or not math.isfinite(res["loss"]):
+                raise RuntimeError(f"{who}: config {i} rank {r}: {res} (expected {cfg['steps']} steps)")
+            if r == 0:
+                losses.append(float(res["loss"]))
+    return losses
+
+
+def torchrun_sweep(tmp: Path, n: int, steps: int, tag: str, attempt: int) -> dict[str, Any]:
+    """The configs as torchrun invocations one after the other; each must exit 0."""
+    cfgs = configs(n, steps, tmp / f"{tag}-try{attempt}")
+    _mkdirs(cfgs)
+    each = []
+    t0 = time.time()
+    for cfg in cfgs:
+        t = time.time()
+        c.torchrun(
+            WORLD, str(c.HERE / "_jobs.py"), "sweep", "--out", cfg["out"], "--config", json.dumps(cfg),
+            timeout=300,
+        )  # fmt: skip
+        each.append(time.time() - t)
+    wall = time.time() - t0
+    return {"wall_s": wall, "each_s": each, "losses": _check_ranks(cfgs, "torchrun")}
+
+
+def orch_process(tmp: Path, n: int, steps: int, tag: str, parallels: list[int]) -> dict[str, Any]:
+    """A fresh process running one orch.sweep per entry of ``parallels``, in order."""
+    out = tmp / tag
+    out.mkdir()
+    sweeps = []
+    for k, p in enumerate(parallels):
+        cfgs = configs(n, steps, out / f"sweep{k}")
+        _mkdirs(cfgs)
+        sweeps.append({"parallel": p, "world_size": WORLD, "configs": cfgs})
+    code = DRIVER.format(
+        paths=[str(c.HERE), str(c.ROOT)], out=str(out), root=str(out / "runs"), sweeps=sweeps
+    )
+    proc = subprocess.Popen(
+        [c.PYTHON, "-c", code], env=c.bench_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
+    )
+    try:
+        _, err = proc.communicate(timeout=900)
+    finally:
+        c.kill_tree(proc.pid)
+        proc.wait()
+    if proc.returncode != 0:
+        raise RuntimeError(f"orch driver failed ({proc.returncode}): {err.decode()[-3000:]}")
+    result: dict[str, Any] = json.loads((out / "orch.json").read_text())
+    for k, (s, spec) in enumerate(zip(result["sweeps"], sweeps, strict=True)):
+        if s["parallel"] != spec["parallel"]:
+            raise RuntimeError(f"{tag} sweep {k}: ran {s['parallel']} at a time, not {spec['parallel']}")
+        bad = [
+            r for r in s["rows"]
+            if r["state"] != "SUCCEEDED" or r["reused"] or r["steps"] != steps or r["total"] != steps
+        ]  # fmt: skip
+        if len(s["rows"]) != n or bad:
+            raise RuntimeError(f"{tag} sweep {k}: {len(s['rows'])} runs, not all SUCCEEDED: {bad}")
+        s["losses"] = _check_ranks(spec["configs"], f"{tag} sweep {k}")
+    return result
+
+
+def main() -> None:
+    p = c.parser(NAME, __doc__)
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--configs", type=int, default=8)
+    p.add_argument("--steps", type=int, default=60)
+    args = p.parse_args()
+    if args.quick:
+        args.repeats, args.configs, args.steps = 1, 2, 10
+    n, steps = args.configs, args.steps
+    started = c.start()
+    cases = ["torchrun", "A", "B"] if not args.quick else ["torchrun", "A"]
+    series: dict[str, list[float]] = {k: [] for k in ("torchrun", "p1_cold", "p1_warm", "p2_warm", "p2_cold")}
+    imports: list[float] = []
+    torchrun_each: list[float] = []
+    run_durations: list[float] = []
+    loss_diff = 0.0
+    torchrun_retries = 0
+    try:
+        with tempfile.TemporaryDirectory(prefix="orch-bench-sweep-") as d:
+            tmp = Path(d)
+            for rep in range(args.repeats):
+                ref: list[float] = []
+                orch_losses: list[list[float]] = []
+                for case in cases[rep % len(cases) :] + cases[: rep % len(cases)]:
+                    if case == "torchrun":
+                        tr, retried = c.retry_torchrun(
+                            NAME,
+                            functools.partial(torchrun_sweep, tmp, n, steps, f"torchrun-{rep}"),
+                            retry=args.quick,
+                        )
+                        torchrun_retries += retried
+                        series["torchrun"].append(tr["wall_s"])
+                        torchrun_each += tr["each_s"]
+                        ref = tr["losses"]
+                    elif case == "A":
+                        res = orch_process(tmp, n, steps, f"orch-A-{rep}", [1, 1, 2])
+                        for key, s in zip(("p1_cold", "p1_warm", "p2_warm"), res["sweeps"], strict=True):
+                            series[key].append(s["wall_s"])
+                        imports.append(res["import_orch_s"])
+                        run_durations += [r["duration"] for r in res["sweeps"][1]["rows"]]
+                        orch_losses += [s["losses"] for s in res["sweeps"]]
+                    else:
+                        res = orch_process(tmp, n, steps, f"orch-B-{rep}", [2])
+                        series["p2_cold"].append(res["sweeps"][0]["wall_s"])
+                        orch_losses += [s["losses"] for s in res["sweeps"]]
+                for losses in orch_losses:
+                    loss_diff = max(loss_diff, *(abs(a - b) for a, b in zip(losses, ref, strict=True)))
+                done = ", ".join(f"{k} {v[-1]:.2f} s" for k, v in series.items() if len(v) > rep)
+                print(f"  repeat {rep}: {done}", flush=True)
+    finally:
+        c.kill_all_children()
+    med = {k: c.median(v) for k, v in series.items()}
+    m_t = med["torchrun"]
+    ratio = {k: med[k] / m_t for k in med}
+    c.emit(NAME, "torchrun_s", f"{m_t:.3f}", per_invocation_s=f"{c.median(torchrun_each):.3f}")
+    c.emit(NAME, "orch_p1_cold_s", f"{med['p1_cold']:.3f}", ratio=f"{ratio['p1_cold']:.3f}",
+           target=f"<={TARGET}", met=ratio["p1_cold"] <= TARGET)  # fmt: skip
+    c.emit(NAME, "orch_p1_warm_s", f"{med['p1_warm']:.3f}", ratio=f"{ratio['p1_warm']:.3f}",
+           target=f"<={TARGET}", met=ratio["p1_warm"] <= TARGET)  # fmt: skip
+    c.emit(NAME, "orch_p2_warm_s", f"{med['p2_warm']:.3f}", ratio=f"{ratio['p2_warm']:.3f}")
+    if not args.quick:
+        c.emit(NAME, "orch_p2_cold_s", f"{med['p2_cold']:.3f}", ratio=f"{ratio['p2_cold']:.3f}")
+    c.emit(NAME, "import_orch_s", f"{c.median(imports):.3f}")
+    c.emit(NAME, "max_loss_diff", f"{loss_diff:.3g}")
+    c.emit(NAME, "torchrun_retries", torchrun_retries)
+    c.check_no_leftovers(NAME)
+    if args.quick:
+        return
+    met_cold, met_warm = ratio["p1_cold"] <= TARGET, ratio["p1_warm"] <= TARGET
+    cold_imp = (med["p1_cold"] + c.median(imports)) / m_t
+
+    def vs(k: str) -> str:
+        return f"{ratio[k]:.3f} ({med[k]:.2f} s vs {m_t:.2f} s)"
+
+    rows = [
+        c.Row(
+            f"sweep wall time, orch parallel=1 first sweep (forkserver cold) / {n} torchruns",
+            f"<= {TARGET}",
+            vs("p1_cold"),
+            met_cold,
+        ),
+        c.Row(
+            f"sweep wall time, orch parallel=1 second sweep (warm) / {n} torchruns",
+            f"<= {TARGET}",
+            vs("p1_warm"),
+            met_warm,
+        ),
+        c.Row(
+            "  same, parallel=2, warm / cold",
+            "-",
+            f"{ratio['p2_warm']:.3f} / {ratio['p2_cold']:.3f}",
+            None,
+        ),
+    ]
+
+    def fmt(xs: list[float]) -> str:
+        return " ".join(f"{x:.2f}" for x in xs)
+
+    labels = {
+        "torchrun": f"torchrun x {n}, one after the other",
+        "p1_cold": "orch.sweep parallel=1, first sweep of a fresh process (forkserver cold)",
+        "p1_warm": "orch.sweep parallel=1, second sweep, same process (warm)",
+        "p2_warm": "orch.sweep parallel=2, third sweep, same process (warm)",
+        "p2_cold": "orch.sweep parallel=2, first sweep of a fresh process (forkserver cold)",
+    }
+    body = "\n".join(
+        [
+            f"{n} configs x {steps} steps, world size {WORLD}, gloo, 1 thread per worker (the machine "
+            f"has {c.machine_info_cache['cpu_count'] if c.machine_info_cache else '?'} cores); "
+            f"{args.repeats} interleaved repeats. Wall time of the whole sweep: torchrun from just "
+            "before the first invocation to the last one's exit; orch from just before the "
+            "`orch.sweep` call to `wait()` and `close()` returned (every run SUCCEEDED with all its "
+            "steps, every torchrun exited 0, every rank wrote its step count).",
+            "",
+            c.table(
+                ["case", "per repeat (s)", "median (s)", "/ torchrun"],
+                [(labels[k], fmt(series[k]), f"{med[k]:.2f}", f"{ratio[k]:.3f}") for k in labels],
+            ),
+            "",
+            f"The cold figures start after `import orch` in the fresh process ({c.median(imports):.2f} s "
+            f"median): counting it, parallel=1 cold is {cold_imp:.3f} of torchrun. "
+            f"One torchrun invocation takes {c.median(torchrun_each):.2f} s (median); one warm orch "
+            f"run of the parallel=1 sweep {c.median(run_durations):.2f} s from its start to its "
+            f"record. The two launchers' last losses agree config by config (max |diff| {loss_diff:.2g}).",
+        ]
+    )
+    c.write_section(args.out, NAME, body, rows, started)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -180,6 +180,13 @@ class LoadedRun(Viewable):
                     writer.writerows(rows)
         return out
 
+    def to_tensorboard(self, logdir: str | Path) -> Path:
+        """Every point as TensorBoard event files in ``logdir/<run id>/``, a folder per rank, with
+        the config as hparams; returns that folder. See :mod:`orch.tensorboard`."""
+        from .tensorboard import export_runs
+
+        return export_runs([(self.run_id, self)], logdir) / self.run_id
+
     def __repr__(self) -> str:
         notes = []
         if self.stride > 1:

@@ -607,6 +607,14 @@ class Sweep:
     def _repr_mimebundle_(self, **kwargs: Any) -> Any:
         return self.panel()._repr_mimebundle_(**kwargs)
 
+    def to_tensorboard(self, logdir: str | Path) -> Path:
+        """Every run of the sweep as TensorBoard event files, a subdirectory per run."""
+        from .tensorboard import export_runs
+
+        return export_runs(
+            [(f"{t.index}-{t.run_id}", t.run_dir) for t in self.trials if t.run_dir is not None], logdir
+        )
+
     def __repr__(self) -> str:
         return f"<orch.Sweep {self.name} {len(self.trials)} configs: {self._progress()}>"
 

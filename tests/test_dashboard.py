@@ -1,13 +1,36 @@
-"""The terminal dashboard's text, from a run state built by the master's own logic."""
+"""The terminal dashboards: the plain text and the rich views of a run (from a state built by the
+master's own logic) and of a sweep, drawn on a terminal, and `orch run` under a pseudo-terminal."""
 
 from __future__ import annotations
 
+import io
 import math
+import os
+import pty
+import re
+import select
+import signal
+import time
+from pathlib import Path
+from typing import Any, cast
 
+import pytest
+from rich.console import Console
+
+from conftest import ORCH
 from orch._proto import orchestrator_pb2 as pb
 from orch.client import StateMirror
 from orch.coordinator import Coordinator
-from orch.dashboard import render, summary
+from orch.dashboard import (
+    Dashboard,
+    SweepDashboard,
+    render,
+    render_sweep_plain,
+    run_table,
+    show,
+    summary,
+    sweep_table,
+)
 
 
 def mirror_of(losses: dict[int, list[float]], rates: dict[int, int]) -> StateMirror:
@@ -74,3 +97,282 @@ def test_dropped_points_are_shown_in_the_dashboard_and_the_panel() -> None:
     assert m.ranks[0].dropped_points == 1234
     assert "1234 points dropped" in render(m).splitlines()[4]
     assert "1234 points dropped" in Panel._table_html(m)
+
+
+# -- the rich views -----------------------------------------------------------------------------
+SGR = re.compile(r"\x1b\[[0-9;]*m")  # colours and weights: the only escapes a rendered view may hold
+
+
+def rich_text(renderable: object, width: int = 160) -> str:
+    """What a 16-colour terminal ``width`` columns wide would be sent."""
+    out = io.StringIO()
+    Console(file=out, force_terminal=True, width=width, color_system="standard").print(renderable)
+    return out.getvalue()
+
+
+def assert_only_colours(text: str) -> None:
+    """No escape but colour changes, and no other control character than a newline."""
+    bare = SGR.sub("", text)
+    assert not any((ord(ch) < 0x20 and ch != "\n") or 0x7F <= ord(ch) <= 0x9F for ch in bare), repr(bare)
+
+
+TRACEBACK = "Traceback (most recent call last):\nValueError: bad"
+
+
+def failed_mirror(host: str = "h", error: str = TRACEBACK) -> StateMirror:
+    c = Coordinator(2, run_id="r-f", clock=lambda: 5.0)
+    for i in range(2):
+        c.register(pb.RegisterRequest(worker_id=f"w{i}", host=host, pid=7 + i, rendezvous_port=1))
+    for i in range(2):
+        c.can_start(pb.CanStartTrainingRequest(run_id="r-f", worker_id=f"w{i}"))
+    c.complete(pb.CompletionRequest(run_id="r-f", worker_id="w1", outcome=pb.RANK_FAILED, error=error))
+    m = StateMirror()
+    m.apply(c.snapshot())
+    return m
+
+
+def test_run_table_colours_the_states_and_marks_the_ranks() -> None:
+    m = mirror_of({0: [2.0, 1.5, 1.25], 1: [2.0, math.nan, math.nan]}, {0: 10, 1: 10, 2: 2})
+    text = rich_text(run_table(m, address="127.0.0.1:1"))
+    assert_only_colours(text)
+    plain = SGR.sub("", text)
+    head, where = plain.splitlines()[:2]
+    assert head.split()[:4] == ["orch", "run", "run-x", "RUNNING"]
+    assert "attempt 1/1" in head and "3/3 ranks" in head and where == "master 127.0.0.1:1  rendezvous h0:1"
+    assert "\x1b[1;36mRUNNING\x1b[0m" in text  # the run's state and each rank's, bold cyan
+    assert "rank  state" in text and "steps/s" in text and "heartbeat" in text  # the header, unstyled
+    rows = {line.split()[0]: line for line in plain.splitlines() if line[:4].strip().isdigit()}
+    assert "1.2500" in rows["0"] and "h0/100" in rows["0"]
+    assert "NaN/inf loss" in rows["1"] and "\x1b[1;31mNaN/inf loss" in text
+    assert "SLOW" in rows["2"] and "\x1b[33mSLOW" in text and "h2/102" in rows["2"]
+
+
+def test_run_table_of_a_failed_run_names_the_root_cause_in_red() -> None:
+    m = failed_mirror()
+    assert m.state.value == "FAILED"
+    text = rich_text(run_table(m))
+    plain = SGR.sub("", text)
+    assert "\x1b[1;31mFAILED\x1b[0m" in text
+    assert "\x1b[1;31mroot cause: \x1b[0m" in text
+    assert "root cause: rank 1 (worker w1, host h, pid 8) failed: ValueError: bad" in plain
+    assert "ValueError: bad" in plain.splitlines()[-1]  # the end of its traceback, below
+    (row,) = [line for line in plain.splitlines() if line.startswith("   1 ")]
+    assert "root cause" in row
+
+
+HOSTILE_HOST = "[bold red]x\x1b]0;pwned\x07"
+HOSTILE_ERROR = "Traceback:\n[link=https://evil.example]click[/link] \x1b[2J\x1b]8;;https://evil\x1b\\here"
+
+
+def test_markup_and_escapes_from_workers_are_shown_literally() -> None:
+    m = failed_mirror(host=HOSTILE_HOST, error=HOSTILE_ERROR)
+    text = rich_text(run_table(m, address="127.0.0.1:1"))
+    assert_only_colours(text)  # no OSC title or hyperlink, no screen clear: only our colours
+    assert "pwned" not in text and "evil\x1b" not in text
+    assert "[bold red]x/7" in text and "[bold red]x/8" in text
+    assert "[link=https://evil.example]click[/link]" in text
+    assert "\x1b[1;31mx" not in text  # the tag was not obeyed
+    rows = [dict(sweep_row(0, "FAILED"), failure=HOSTILE_ERROR, config={"tag": "[blink]y"})]
+    text = rich_text(sweep_table(rows))
+    assert_only_colours(text)
+    assert "[link=https://evil.example]click[/link]" in text and "[blink]y" in text
+    plain = render_sweep_plain(rows)
+    assert "\x1b" not in plain and "\x07" not in plain and "[blink]y" in plain
+
+
+def test_plain_outputs_have_no_escape_codes() -> None:
+    rows = [sweep_row(0, "SUCCEEDED", loss=0.5, best_run=True), sweep_row(1, "FAILED", failure="boom")]
+    mirrors = [
+        failed_mirror(host=HOSTILE_HOST, error=HOSTILE_ERROR),
+        mirror_of({0: [1.0] * 3}, {0: 1, 1: 1, 2: 1}),
+    ]
+    for text in [render(m, address="a:1") for m in mirrors] + [summary(mirrors[0]), render_sweep_plain(rows)]:
+        assert "\x1b" not in text and "\x07" not in text, repr(text)
+    out = io.StringIO()  # not a terminal: a line now and then, and the plain table at the end
+    calls = iter([False, False, True])
+    SweepDashboard(lambda: rows, lambda: next(calls), out=out, interval=0, plain_every=0).run()
+    lines = out.getvalue().splitlines()
+    assert lines[0].endswith("sweep: 1 FAILED, 1 SUCCEEDED; best #0 loss 0.5")
+    assert lines[-2].split()[:2] == ["0", "SUCCEEDED"] and "\x1b" not in out.getvalue()
+
+
+def sweep_row(index: int, state: str, *, loss: float | None = None, **more: Any) -> dict[str, Any]:
+    row: dict[str, Any] = {
+        "index": index,
+        "run_id": f"run{index}" if state != "PENDING" else "",
+        "config": {"lr": 10.0**-index},
+        "state": state,
+        "step": 100 if state == "SUCCEEDED" else 10,
+        "total": 100,
+        "last": {} if loss is None else {"loss": loss},
+        "best": {} if loss is None else {"loss": loss},
+        "best_run": False,
+        "failure": "",
+    }
+    row.update(more)
+    return row
+
+
+def test_sweep_table_marks_the_best_run_and_shows_failures() -> None:
+    rows = [
+        sweep_row(0, "SUCCEEDED", loss=0.25, best_run=True),
+        sweep_row(1, "FAILED", failure="rank 1 (worker w1, host h, pid 8) failed: ValueError: bad"),
+        sweep_row(2, "RUNNING", loss=0.75),
+        sweep_row(3, "PENDING"),
+    ]
+    text = rich_text(sweep_table(rows))
+    plain = SGR.sub("", text)
+    lines = {line.split()[0]: line for line in plain.splitlines() if line[:3].strip().isdigit()}
+    assert "★ best" in lines["0"] and "0.25" in lines["0"] and "run0" in lines["0"] and "lr=1.0" in lines["0"]
+    assert "★ best" not in lines["2"] and "0.75" in lines["2"] and "10/100" in lines["2"]
+    assert "ValueError: bad" in lines["1"] and "\x1b[31mrank 1 (worker w1" in text
+    assert "\x1b[1;31mFAILED" in text and "\x1b[1;32mSUCCEEDED" in text and "\x1b[1;36mRUNNING" in text
+    assert "1 FAILED, 1 PENDING, 1 RUNNING, 1 SUCCEEDED" in plain.splitlines()[0]
+    assert "last loss" in plain and "best loss" in plain
+    text = render_sweep_plain(rows)
+    lines = {line.split()[0]: line for line in text.splitlines()[2:]}
+    assert lines["0"].endswith("lr=1.0  <- best")
+    assert lines["1"].endswith("FAILED: rank 1 (worker w1, host h, pid 8) failed: ValueError: bad")
+    assert lines["3"].split()[:4] == ["3", "PENDING", "10/100", "-"]
+
+
+# -- drawing on a terminal ----------------------------------------------------------------------
+class TerminalIO(io.StringIO):
+    """Output that says it is a terminal."""
+
+    def isatty(self) -> bool:
+        return True
+
+
+FRAME_TOP = re.compile(r"\x1b\[(\d+)F\x1b\[J")
+
+
+class StepClient:
+    """A master client over a coordinator in this process that moves the run on at every poll."""
+
+    address = "127.0.0.1:9"
+
+    def __init__(self) -> None:
+        self.clock = [0.0]
+        self.c = Coordinator(2, run_id="run-t", total_steps=3, clock=lambda: self.clock[0])
+        for i in range(2):
+            self.c.register(pb.RegisterRequest(worker_id=f"w{i}", host=f"h{i}", pid=1 + i, rendezvous_port=1))
+        for i in range(2):
+            self.c.can_start(pb.CanStartTrainingRequest(run_id="run-t", worker_id=f"w{i}"))
+        self.polls = 0
+
+    def get_state(self, cursor: bytes = b"", *, skip_series: bool = False) -> pb.GetStateResponse:
+        self.polls += 1
+        self.clock[0] += 1.0
+        for i in range(2):
+            if self.polls <= 3:
+                self.c.heartbeat(pb.HeartbeatRequest(run_id="run-t", worker_id=f"w{i}", step=self.polls))
+            else:
+                self.c.complete(
+                    pb.CompletionRequest(run_id="run-t", worker_id=f"w{i}", outcome=pb.RANK_SUCCEEDED, step=3)
+                )
+        return self.c.snapshot(cursor, skip_series=skip_series)
+
+
+def test_dashboard_redraws_the_rich_table_in_place_on_a_terminal(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TERM", "xterm-256color")
+    monkeypatch.setenv("COLUMNS", "160")  # rich's width where it finds no terminal size
+    out = TerminalIO()
+    mirror = Dashboard(cast(Any, StepClient()), out=out, interval=0).run()
+    assert mirror.state.value == "SUCCEEDED"
+    screen = out.getvalue()
+    frames = FRAME_TOP.findall(screen)
+    # four polls, four frames, and the last once more as the live view stops (uncropped): each
+    # after the first goes back to the top of the one before
+    assert len(frames) == 4, repr(screen)
+    assert len(set(frames)) == 1  # as high as the frame before it
+    assert screen.startswith("\x1b[?25l") and screen.endswith("\x1b[?25h")  # the cursor hidden, then back
+    last = SGR.sub("", FRAME_TOP.split(screen)[-1])
+    assert "run-t" in last and "SUCCEEDED" in last and "3/3 (100%)" in last and "master 127.0.0.1:9" in last
+    assert "rank  state" in last and "h1/2" in last
+
+
+def test_sweep_dashboard_redraws_until_done(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TERM", "xterm-256color")
+    states = iter(
+        [
+            [sweep_row(0, "RUNNING"), sweep_row(1, "PENDING")],
+            [sweep_row(0, "SUCCEEDED", loss=0.5), sweep_row(1, "RUNNING")],
+            [sweep_row(0, "SUCCEEDED", loss=0.5, best_run=True), sweep_row(1, "FAILED", failure="boom")],
+        ]
+    )
+    done = iter([False, False, True])
+    out = TerminalIO()
+    rows = SweepDashboard(lambda: next(states), lambda: next(done), out=out, interval=0).run()
+    assert [r["state"] for r in rows] == ["SUCCEEDED", "FAILED"]
+    screen = out.getvalue()
+    assert len(FRAME_TOP.findall(screen)) == 3 and screen.endswith("\x1b[?25h")  # 3 frames, the last again
+    last = SGR.sub("", FRAME_TOP.split(screen)[-1])
+    assert "★ best" in last and "boom" in last and "1 FAILED, 1 SUCCEEDED" in last
+
+
+def test_show_prints_plain_text_to_a_pipe_and_the_rich_table_to_a_terminal(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("TERM", "xterm-256color")
+    m = failed_mirror()
+    pipe, tty = io.StringIO(), TerminalIO()
+    show(m, address="a:1", out=pipe)
+    show(m, address="a:1", out=tty)
+    assert pipe.getvalue() == render(m, address="a:1") + "\n"
+    assert "\x1b[" in tty.getvalue() and "rank  state" in tty.getvalue()
+    monkeypatch.setenv("TERM", "dumb")  # a terminal that cannot move its cursor gets the plain text
+    dumb = TerminalIO()
+    show(m, address="a:1", out=dumb)
+    assert dumb.getvalue() == pipe.getvalue()
+
+
+@pytest.mark.timeout(240)
+def test_orch_run_on_a_terminal_draws_the_table_and_stops_on_ctrl_c(
+    tmp_path: Path, subprocess_env: dict[str, str]
+) -> None:
+    """Under a real pseudo-terminal: the rich table is drawn in place, Ctrl-C (SIGINT to the
+    terminal's foreground group, as a keyboard sends it) stops the run gracefully, the cursor is
+    shown again, and no process is left (the autouse fixture checks)."""
+    env = {k: v for k, v in subprocess_env.items() if k != "NO_COLOR"}
+    env["TERM"] = "xterm-256color"
+    argv = [
+        ORCH,
+        "run",
+        *("--workers", "2", "--steps", "100000", "--refresh", "0.2"),
+        "--run-root",
+        str(tmp_path),
+    ]
+    pid, fd = pty.fork()
+    if pid == 0:  # the child: `orch run` on a pseudo-terminal
+        os.chdir(tmp_path)
+        os.execve(ORCH, argv, env)
+    screen, interrupted = "", False
+    deadline = time.monotonic() + 180
+    try:
+        while time.monotonic() < deadline:
+            if not interrupted and re.search(r"RUNNING\S*  attempt", screen) and "heartbeat" in screen:
+                # a frame of the running run is on the screen: press Ctrl-C
+                os.write(fd, b"\x03")
+                interrupted = True
+            ready, _, _ = select.select([fd], [], [], 1.0)
+            if not ready:
+                continue
+            try:
+                data = os.read(fd, 65536)
+            except OSError:  # EIO: the child closed the terminal
+                break
+            if not data:
+                break
+            screen += data.decode(errors="replace")
+    finally:
+        if time.monotonic() >= deadline:
+            os.kill(pid, signal.SIGKILL)
+        _, status = os.waitpid(pid, 0)
+        os.close(fd)
+    assert interrupted, screen[-3000:]
+    assert os.waitstatus_to_exitcode(status) == 3, screen[-3000:]
+    assert len(FRAME_TOP.findall(screen)) >= 2, screen[-3000:]
+    assert "rank  state" in screen and "\x1b[1;36mRUNNING" in screen
+    assert "STOPPED" in screen
+    assert screen.rfind("\x1b[?25h") > screen.rfind("\x1b[?25l") >= 0  # the cursor is back

@@ -1,4 +1,4 @@
-"""The ``orch`` command: ``run``, ``master``, ``worker`` and ``status``.
+"""The ``orch`` command: ``run``, ``sweep``, ``master``, ``worker`` and ``status``.
 
 Exit codes: 0 the run succeeded, 1 it failed, 2 bad usage, 3 it was stopped.
 """
@@ -16,12 +16,13 @@ import time
 from pathlib import Path
 from typing import Any, NoReturn
 
+from . import _sweep_cli
 from ._net import split_address
 from ._target import EXAMPLE, resolve_fn, split_target
 from .auth import certificate_name, new_token, token_from_env
 from .client import MasterClient, StateMirror
 from .coordinator import Coordinator
-from .dashboard import Dashboard, printable, render, summary
+from .dashboard import Dashboard, printable, show, summary
 from .errors import ConfigError, MasterUnavailable, OrchError, RunFailed
 from .launcher import LaunchSpec, Run
 from .master import MasterServer
@@ -132,6 +133,19 @@ def cmd_run(args: argparse.Namespace) -> int:
         heartbeat_timeout=args.heartbeat_timeout,
         max_restarts=args.max_restarts,
     )
+    if args.detach:
+        from .detach import start_detached
+
+        detached = start_detached(spec)
+        print(
+            f"orch: run {detached.run_id} goes on detached (supervisor pid {detached.supervisor_pid}): "
+            f"watch it with `orch.attach({detached.run_id!r})` from Python, or `orch status --master "
+            f"{detached.address}` with the token in {detached.run_dir}/attach.json; its logs are in "
+            f"{detached.run_dir}/logs",
+            flush=True,
+        )
+        detached.disconnect()
+        return 0
     with Run(spec) as run:
         run.start()
         rdzv = run.coordinator.rendezvous_port or "chosen by rank 0 (29500 when free)"
@@ -248,7 +262,7 @@ def cmd_status(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(mirror.as_dict(), indent=2))
     else:
-        print(render(mirror, address=args.master))
+        show(mirror, address=args.master)
     return 0
 
 
@@ -312,8 +326,16 @@ def build_parser() -> argparse.ArgumentParser:
         default=0,
         help="restart the whole group from its last checkpoint up to N times on failure",
     )
+    r.add_argument(
+        "--detach",
+        action="store_true",
+        help="start the run under a supervisor of its own and return: it outlives this command "
+        "(attach with orch.attach(RUN_ID))",
+    )
     common(r)
     r.set_defaults(func=cmd_run)
+
+    _sweep_cli.add_parser(sub, target=_target, positive=_positive, count=_count, seconds=_seconds)
 
     m = sub.add_parser("master", help="serve a run for workers started elsewhere")
     m.add_argument("--world-size", "--workers", type=_positive, required=True, dest="world_size")

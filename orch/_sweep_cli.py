@@ -1,0 +1,110 @@
+"""``orch sweep``: many runs of one function from a terminal, with a live table of the runs."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import signal
+import sys
+from typing import Any
+
+from .dashboard import SweepDashboard
+from .errors import ConfigError
+from .states import RunState
+from .sweep import Sweep, _Options, grid
+
+
+def configs_from(args: argparse.Namespace) -> list[dict[str, Any]]:
+    """``--grid '{"lr": [0.1, 0.01]}'`` (every combination) or ``--configs '[{...}, ...]'``."""
+    if (args.grid is None) == (args.configs is None):
+        raise ConfigError("pass one of --grid '{\"lr\": [0.1, 0.01]}' or --configs '[{\"lr\": 0.1}, ...]'")
+    option, text = ("--grid", args.grid) if args.grid is not None else ("--configs", args.configs)
+    try:
+        value = json.loads(text)
+    except ValueError as e:
+        raise ConfigError(f"{option} must be JSON: {e}") from e
+    if option == "--grid":
+        if not isinstance(value, dict):
+            raise ConfigError(
+                f'--grid must be a JSON object of lists, like {{"lr": [0.1, 0.01]}}, got {text!r:.80}'
+            )
+        return grid(**value)
+    if not isinstance(value, list):
+        raise ConfigError(f'--configs must be a JSON list of objects, like [{{"lr": 0.1}}], got {text!r:.80}')
+    return value
+
+
+def with_base(configs: list[Any], base: str | None) -> list[Any]:
+    """Each config over the ``--config`` object every run starts from."""
+    if base is None:
+        return configs
+    try:
+        common = json.loads(base)
+    except ValueError as e:
+        raise ConfigError(f"--config must be a JSON object: {e}") from e
+    if not isinstance(common, dict):
+        raise ConfigError(f"--config must be a JSON object, got {base!r:.80}")
+    return [{**common, **c} if isinstance(c, dict) else c for c in configs]
+
+
+def cmd_sweep(args: argparse.Namespace) -> int:
+    sweep = Sweep(
+        args.fn,
+        with_base(configs_from(args), args.config),
+        world_size=args.world_size,
+        parallel=args.parallel,
+        max_failures=args.max_failures,
+        run_root=args.run_root,
+        name=args.name,
+        options=_Options(steps=args.steps, heartbeat_timeout=args.heartbeat_timeout),
+    )
+    pressed = {"n": 0}
+
+    def on_signal(signum: int, frame: Any) -> None:
+        pressed["n"] += 1
+        if pressed["n"] > 1:
+            raise KeyboardInterrupt
+        sys.stderr.write("\nstopping every run of the sweep (Ctrl-C again to abort)...\n")
+        sweep.stop(reason="interrupted from the terminal")
+
+    with sweep:
+        sweep.start()
+        print(
+            f"orch: sweep {sweep.name}: {len(sweep.trials)} configs, {sweep.parallel} at a time", flush=True
+        )
+        signal.signal(signal.SIGINT, on_signal)
+        signal.signal(signal.SIGTERM, on_signal)
+        SweepDashboard(
+            lambda: sweep.rows(args.metric), lambda: sweep.done, metric=args.metric, interval=args.refresh
+        ).run()
+        results = sweep.wait()
+    print(repr(results), flush=True)
+    states = [row["state"] for row in results]
+    if any(s == RunState.FAILED.value for s in states):
+        return 1
+    return 0 if all(s == RunState.SUCCEEDED.value for s in states) else 3
+
+
+def add_parser(sub: Any, *, target: Any, positive: Any, count: Any, seconds: Any) -> None:
+    """``orch sweep``'s options (the value checkers are the CLI's own)."""
+    sp = sub.add_parser("sweep", help="run a function once per config, each as a run of its own")
+    sp.add_argument(
+        "--fn", default=None, type=target, help="training function, as for orch run (default: the example)"
+    )
+    sp.add_argument(
+        "--grid", default=None, help="JSON object of lists, every combination: '{\"lr\": [0.1, 0.01]}'"
+    )
+    sp.add_argument("--configs", default=None, help="JSON list of config objects: '[{\"lr\": 0.1}, ...]'")
+    sp.add_argument("--config", default=None, help="JSON object every config starts from")
+    sp.add_argument("--steps", type=positive, default=None, help="training steps of each run")
+    sp.add_argument("--world-size", "-n", type=positive, default=2, help="ranks of each run")
+    sp.add_argument("--parallel", type=positive, default=1, help="runs at once (never more than fit)")
+    sp.add_argument("--max-failures", type=count, default=None, help="start no more runs after N failures")
+    sp.add_argument("--name", default=None, help="the sweep's name (default: the function's name)")
+    sp.add_argument("--metric", default="loss", help="the metric the table shows and ranks by")
+    sp.add_argument("--run-root", default="runs", help="where run directories go")
+    sp.add_argument(
+        "--heartbeat-timeout", type=seconds, default=30.0, help="seconds before a silent rank is lost"
+    )
+    sp.add_argument("--refresh", type=seconds, default=0.5, help="table refresh interval (s)")
+    sp.set_defaults(func=cmd_sweep)

@@ -492,8 +492,13 @@ _atexit_registered = False
 
 def _track(run: Run) -> None:
     """Remember live runs so that they are torn down when the interpreter (kernel) exits."""
-    global _atexit_registered
     _LIVE.add(run)
+    register_exit_hook()
+
+
+def register_exit_hook() -> None:
+    """Tear down this process's live runs when it exits (once; hooks registered later run first)."""
+    global _atexit_registered
     if not _atexit_registered:
         atexit.register(close_all_runs)
         _atexit_registered = True

@@ -11,6 +11,7 @@ and config, matched by the config's key) and starts only the others.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import hashlib
 import html
@@ -32,7 +33,7 @@ import numpy as np
 from ._target import TrainFn
 from .client import StateMirror
 from .errors import ConfigError, OrchError
-from .launcher import MAX_WORKERS_PER_CORE, LaunchSpec, Run
+from .launcher import MAX_WORKERS_PER_CORE, LaunchSpec, Run, register_exit_hook
 from .rundir import LoadedRun, load_run, read_json
 from .states import RunState
 
@@ -346,7 +347,7 @@ class Sweep:
     # -- lifecycle --------------------------------------------------------------------------
     def start(self) -> Sweep:
         self._reuse_earlier()
-        _SWEEPS.add(self)
+        _track(self)
         self._thread = threading.Thread(target=self._schedule, name=f"orch-sweep-{self.name}", daemon=True)
         self._thread.start()
         return self
@@ -620,6 +621,18 @@ class Sweep:
 
 
 _SWEEPS: weakref.WeakSet[Sweep] = weakref.WeakSet()
+_atexit_registered = False
+
+
+def _track(sweep: Sweep) -> None:
+    """At exit, a live sweep stops starting runs before the runs are torn down (hooks run last
+    registered first, so the runs' hook goes in first)."""
+    global _atexit_registered
+    _SWEEPS.add(sweep)
+    if not _atexit_registered:
+        register_exit_hook()
+        atexit.register(close_all_sweeps)
+        _atexit_registered = True
 
 
 def live_sweeps() -> list[Sweep]:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import importlib
 import json
+import subprocess
 import sys
 import threading
 import time
@@ -223,3 +224,31 @@ def test_curve_is_the_mean_over_ranks_with_its_band() -> None:
     by_time = curve(m, "loss", "time")
     assert by_time.x.tolist() == [0.5, 1.0, 3.0]  # when the step's last rank logged it
     assert curve(m, "acc").x.size == 0
+
+
+def test_a_sweep_ends_with_its_process_and_starts_nothing_more(
+    tmp_path: Path, subprocess_env: dict[str, str]
+) -> None:
+    script = tmp_path / "sweep_then_exit.py"
+    script.write_text(
+        "import sys, time\n"
+        "import orch\n"
+        f"configs = [{{'lr': lr, 'steps': 100000, 'sleep': 0.02}} for lr in (0.01, 0.02, 0.03)]\n"
+        f"sweep = orch.sweep('jobs:lr_job', configs, run_root={str(tmp_path / 'runs')!r})\n"
+        "while sweep.trials[0].state != 'RUNNING':\n"
+        "    time.sleep(0.05)\n"
+        "print('RUNNING', flush=True)\n"
+        "sys.exit(0)  # the interpreter's exit: no close(), no stop()\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, str(script)],
+        env=subprocess_env,
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 0 and "RUNNING" in proc.stdout, proc.stderr
+    [run_dir] = run_dirs(tmp_path / "runs")  # the runs queued behind it never started
+    result = json.loads((run_dir / "result.json").read_text())
+    assert result["state"] == "FAILED" and "closed while it was running" in result["failure"]

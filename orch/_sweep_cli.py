@@ -6,6 +6,7 @@ import argparse
 import json
 import signal
 import sys
+import threading
 from typing import Any
 
 from .dashboard import SweepDashboard
@@ -58,14 +59,18 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         name=args.name,
         options=_Options(steps=args.steps, heartbeat_timeout=args.heartbeat_timeout),
     )
-    pressed = {"n": 0}
+    interrupted = threading.Event()
 
     def on_signal(signum: int, frame: Any) -> None:
-        pressed["n"] += 1
-        if pressed["n"] > 1:
+        # Only a flag here: stop() takes the sweep's lock, which this thread may hold right now.
+        if interrupted.is_set():
             raise KeyboardInterrupt
         sys.stderr.write("\nstopping every run of the sweep (Ctrl-C again to abort)...\n")
-        sweep.stop(reason="interrupted from the terminal")
+        interrupted.set()
+
+    def table(stop: threading.Event | None = None) -> None:
+        rows = lambda: sweep.rows(args.metric)  # noqa: E731
+        SweepDashboard(rows, lambda: sweep.done, metric=args.metric, interval=args.refresh).run(stop)
 
     with sweep:
         sweep.start()
@@ -74,9 +79,10 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         )
         signal.signal(signal.SIGINT, on_signal)
         signal.signal(signal.SIGTERM, on_signal)
-        SweepDashboard(
-            lambda: sweep.rows(args.metric), lambda: sweep.done, metric=args.metric, interval=args.refresh
-        ).run()
+        table(interrupted)
+        if interrupted.is_set() and not sweep.done:
+            sweep.stop(reason="interrupted from the terminal")
+            table()
         results = sweep.wait()
     print(repr(results), flush=True)
     states = [row["state"] for row in results]

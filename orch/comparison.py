@@ -29,6 +29,7 @@ from ._static import IMAGE, Record
 from .client import SeriesBuffer, StateMirror
 from .errors import ConfigError, OrchError
 from .panel import STATE_COLORS, downsample
+from .sweep import default_mode
 
 if TYPE_CHECKING:
     from .sweep import Trial
@@ -184,7 +185,14 @@ def followers(runs: Any, run_root: str = "runs") -> list[_Follower]:
     return out
 
 
+def _best_of(values: Any, metric: str) -> float:
+    return float(values.max() if default_mode(metric) == "max" else values.min())
+
+
 def _load(item: str | Path, run_root: str) -> Any:
+    """A run named by its id or dir: this process's live run, a detached one, else its record."""
+    from .detach import ATTACH_FILE
+    from .launcher import live_runs
     from .rundir import load_run
 
     path = Path(item)
@@ -194,6 +202,13 @@ def _load(item: str | Path, run_root: str) -> Any:
         raise ConfigError(
             f"no run {str(item)!r}: not a run dir, nor a run id under {run_root}/ (see orch.runs())"
         )
+    for run in live_runs():
+        if run.run_dir.resolve() == path.resolve():
+            return run
+    if (path / ATTACH_FILE).exists() and not (path / "result.json").exists():
+        from .api import attach
+
+        return attach(str(path))  # a detached run still going: followed through its master
     return load_run(path)
 
 
@@ -272,7 +287,8 @@ class RunsView:
         self._plot = _RunsPlot(width_px, height_px)
         self._drawn: tuple[Any, ...] = ()
         self._closed = threading.Event()
-        self._lock = threading.Lock()
+        # The poller and the widgets' callbacks (on the kernel's thread) draw one figure.
+        self._lock = threading.RLock()
         self.metric = widgets.Dropdown(options=[metric], value=metric, description="metric")
         self.x_axis = widgets.ToggleButtons(
             options=["step", "time"],
@@ -285,7 +301,7 @@ class RunsView:
         self.header = widgets.HTML(layout=widgets.Layout(width="100%"))
         self._choosing = False
         for w in (self.metric, self.x_axis, self.log_scale):
-            w.observe(lambda _c: None if self._choosing else self._redraw(force=True), names="value")
+            w.observe(lambda _c: None if self._choosing else self._redraw_now(), names="value")
         self.widget = widgets.VBox()
         self._layout()
         # Live while a run goes; once every run ended, a static record that a saved notebook keeps.
@@ -322,13 +338,14 @@ class RunsView:
 
     def _tick(self) -> None:
         with self._lock:
-            try:
-                for i, follower in enumerate(self.runs):
+            errors = []
+            for i, follower in enumerate(self.runs):
+                try:  # one run that cannot be reached leaves the others followed
                     self.mirrors[i] = follower.poll()
-                self.polls += 1
-                self.last_error = ""
-            except (OrchError, OSError) as e:
-                self.last_error = str(e)
+                except (OrchError, OSError) as e:
+                    errors.append(f"{follower.label}: {e}")
+            self.polls += 1
+            self.last_error = "; ".join(errors)
             try:
                 self._redraw()
                 if self.done:  # each time: wait()'s refresh sends it from the waiting cell
@@ -358,6 +375,10 @@ class RunsView:
             (f.label, i, curve(m, metric, self.x_axis.value), i == best)
             for i, (f, m) in enumerate(zip(self.runs, self.mirrors, strict=True))
         ]
+
+    def _redraw_now(self) -> None:
+        with self._lock:
+            self._redraw(force=True)
 
     def _redraw(self, force: bool = False) -> None:
         names = sorted({name for m in self.mirrors for _, name in m.series})
@@ -426,7 +447,7 @@ class ComparePanel(RunsView):
         for i, (f, m) in enumerate(zip(self.runs, self.mirrors, strict=True)):
             c = curve(m, metric)
             last = f"{c.mean[-1]:.4g}" if len(c.mean) else "-"
-            best = f"{c.mean.min():.4g}" if len(c.mean) else "-"
+            best = f"{_best_of(c.mean, metric):.4g}" if len(c.mean) else "-"
             color = STATE_COLORS.get(m.state, "#777")
             rows.append(
                 f'<tr class="orch-compared" data-run="{html.escape(m.run_id)}">'
@@ -437,7 +458,7 @@ class ComparePanel(RunsView):
         self.legend.value = (
             '<table class="orch-compare-runs" style="border-collapse:collapse">'
             f"<thead><tr><th>run</th><th>state</th><th>step</th><th>{html.escape(metric)} last</th>"
-            f"<th>{html.escape(metric)} least</th></tr></thead><tbody>{''.join(rows)}</tbody></table>"
+            f"<th>{html.escape(metric)} best</th></tr></thead><tbody>{''.join(rows)}</tbody></table>"
         )
 
 

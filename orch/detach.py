@@ -104,7 +104,11 @@ def start_detached(spec: LaunchSpec, *, start_timeout: float = START_TIMEOUT) ->
             proc.stdin.write(payload)
         with contextlib.suppress(BrokenPipeError):
             proc.stdin.close()
-        messages, timed_out = _read_status(status, time.monotonic() + start_timeout)
+        try:
+            messages, timed_out = _read_status(status, time.monotonic() + start_timeout)
+        except BaseException:  # Ctrl-C while it starts: no run goes on that nobody knows of
+            _end_process(proc)
+            raise
         started = _merge(messages)
         run_dir = Path(spec.run_root) / str(started["run_id"]) if "run_id" in started else None
         if started.get("ready") and run_dir is not None:

@@ -4,9 +4,9 @@ A :class:`Sweep` runs each config as a run of its own (``runs/<id>/`` as ever, i
 ``run.json`` naming the sweep and the config's key), ``parallel`` at a time on the warm
 forkserver, never more ranks at once than the machine fits. A scheduler thread starts
 runs as slots free up, records how each ended (a failed one with its root cause) and
-stops starting new ones after ``max_failures`` failures. Running the same sweep cell
-again reuses the runs that already succeeded under the sweep's name (the same function
-and config, matched by the config's key) and starts only the others.
+stops starting new ones once ``max_failures`` runs failed. Running the same sweep cell
+again reuses the runs that already succeeded under the sweep's name (the same function,
+code, world size and config, matched by the config's key) and starts only the others.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 
-from ._target import TrainFn
+from ._target import TrainFn, resolve_fn
 from .client import StateMirror
 from .errors import ConfigError, OrchError
 from .launcher import MAX_WORKERS_PER_CORE, LaunchSpec, Run, register_exit_hook
@@ -73,9 +73,50 @@ def default_mode(metric: str) -> Literal["min", "max"]:
     return "max" if any(w in GREATER_IS_BETTER for w in words) else "min"
 
 
-def config_key(fn_name: str, config: dict[str, Any]) -> str:
-    """What identifies a config of a sweep: its function and its values, in a stable order."""
-    text = json.dumps({"fn": fn_name, "config": config}, sort_keys=True, allow_nan=False)
+def _same_numbers(value: Any) -> Any:
+    """``1`` and ``1.0`` are one config value (a JSON config cannot tell them apart reliably)."""
+    if isinstance(value, bool) or value is None or isinstance(value, str):
+        return value
+    if isinstance(value, (int, float)):
+        return float(value)
+    if isinstance(value, dict):
+        return {str(k): _same_numbers(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_same_numbers(v) for v in value]
+    return value
+
+
+def code_hash(fn: Any, fn_name: str, workdir: str) -> str:
+    """What the function's code is, as far as it can be read: its source, else its pickle.
+
+    A config that succeeded with other code (a bug fixed in the cell since) is not reused.
+    """
+    import inspect
+
+    from . import __version__
+
+    if fn is None:
+        return f"orch {__version__}"
+    try:
+        target = resolve_fn(fn, workdir) if isinstance(fn, str) else fn
+        text = inspect.getsource(target)
+    except (OSError, TypeError, OrchError):
+        import cloudpickle
+
+        try:
+            text = cloudpickle.dumps(fn).hex()
+        except Exception:  # it was checked to pickle already; a name is the last resort
+            text = fn_name
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def config_key(fn_name: str, config: dict[str, Any], world_size: int = 0, code: str = "") -> str:
+    """What identifies a run of a sweep: its function (name and code), world size and config."""
+    text = json.dumps(
+        {"fn": fn_name, "code": code, "world_size": world_size, "config": _same_numbers(config)},
+        sort_keys=True,
+        allow_nan=False,
+    )
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
@@ -280,6 +321,7 @@ class Sweep:
         run_root: str = "runs",
         name: str | None = None,
         options: _Options | None = None,
+        reuse: bool = True,
     ) -> None:
         opts = options or _Options()
         if isinstance(configs, dict) or not isinstance(configs, Sequence) or not configs:
@@ -314,6 +356,7 @@ class Sweep:
             for c in configs
         ]
         fn_name = self.specs[0].fn_name
+        code = code_hash(train, fn_name, self.specs[0].workdir)
         self.name = name or fn_name.rsplit(":", 1)[-1].rsplit(".", 1)[-1]
         self.run_root = Path(run_root)
         self.world_size = world_size
@@ -325,12 +368,13 @@ class Sweep:
                 self.name, parallel, world_size, fit, self.parallel,
             )  # fmt: skip
         self.max_failures = max_failures
+        self.reuse = reuse
         for spec in self.specs:  # the cores shared among the ranks that run at once
             spec.threads = opts.threads or max(1, (os.cpu_count() or 1) // (world_size * self.parallel))
         self.trials: list[Trial] = []
         keys: set[str] = set()
         for i, spec in enumerate(self.specs):
-            key = config_key(fn_name, spec.config)
+            key = config_key(fn_name, spec.config, world_size, code)
             if key in keys:
                 raise ConfigError(f"configs[{i}] repeats an earlier config of the sweep: {spec.config!r:.80}")
             keys.add(key)
@@ -346,7 +390,15 @@ class Sweep:
 
     # -- lifecycle --------------------------------------------------------------------------
     def start(self) -> Sweep:
-        self._reuse_earlier()
+        if self.reuse:
+            self._reuse_earlier()
+            reused = sum(t.reused for t in self.trials)
+            if reused:
+                log.warning(
+                    "sweep %s: %d of %d configs already succeeded with this code and world size "
+                    "under %s: reusing those runs (reuse=False runs them again)",
+                    self.name, reused, len(self.trials), self.run_root,
+                )  # fmt: skip
         _track(self)
         self._thread = threading.Thread(target=self._schedule, name=f"orch-sweep-{self.name}", daemon=True)
         self._thread.start()
@@ -367,6 +419,17 @@ class Sweep:
                 continue  # a damaged record is not a success to build on: the config runs again
             trial = by_key.get(str(meta.get("config_key", "")))
             if meta.get("sweep") != self.name or trial is None or result.get("state") != "SUCCEEDED":
+                continue
+            try:
+                trial._loaded = load_run(run_dir)  # a record that does not load is run again
+            except OrchError as e:
+                log.warning(
+                    "sweep %s: %s does not load (%s): config %d runs again",
+                    self.name,
+                    run_dir,
+                    e,
+                    trial.index,
+                )
                 continue
             trial.state, trial.reused, trial.run_dir = RunState.SUCCEEDED.value, True, run_dir
             trial.ended = True
@@ -404,8 +467,12 @@ class Sweep:
         return sum(t.state == RunState.FAILED.value for t in self.trials)
 
     def _start_next(self) -> None:
-        if self.max_failures is not None and self._failures() > self.max_failures:
-            self._cancel_queued(f"the sweep stopped starting runs after {self._failures()} failures")
+        failures = self._failures()
+        if self.max_failures is not None and failures >= max(1, self.max_failures):
+            self._cancel_queued(
+                f"the sweep started no more runs after {failures} failure{'s' if failures > 1 else ''} "
+                f"(max_failures={self.max_failures})"
+            )
             return
         for trial in self.trials:
             if len(self._running()) >= self.parallel:
@@ -538,11 +605,14 @@ class Sweep:
     def best(
         self,
         metric: str = "loss",
-        mode: Literal["min", "max"] = "min",
+        mode: Literal["min", "max"] | None = None,
         scope: Literal["last", "all"] = "last",
     ) -> Trial:
         """The succeeded config whose ``metric`` (mean over ranks) is best: by its last value
-        (``scope="last"``) or by its best value over the run (``scope="all"``)."""
+        (``scope="last"``) or by its best value over the run (``scope="all"``). Best is the
+        least, or the greatest for a metric named like an accuracy or a score
+        (:func:`default_mode`); ``mode`` says which."""
+        mode = mode or default_mode(metric)
         if mode not in ("min", "max") or scope not in ("last", "all"):
             raise ConfigError(
                 f"best(): mode must be 'min' or 'max' and scope 'last' or 'all', got {mode!r}, {scope!r}"
@@ -605,15 +675,19 @@ class Sweep:
             self._panel = SweepPanel(self, **options)
         return self._panel
 
+    def _ipython_display_(self) -> None:
+        self.panel()._ipython_display_()  # an output its record replaces when the sweep ends
+
     def _repr_mimebundle_(self, **kwargs: Any) -> Any:
         return self.panel()._repr_mimebundle_(**kwargs)
 
     def to_tensorboard(self, logdir: str | Path) -> Path:
-        """Every run of the sweep as TensorBoard event files, a subdirectory per run."""
+        """Every ended run of the sweep as TensorBoard event files, a subdirectory per run."""
         from .tensorboard import export_runs
 
         return export_runs(
-            [(f"{t.index}-{t.run_id}", t.run_dir) for t in self.trials if t.run_dir is not None], logdir
+            [(f"{t.index}-{t.run_id}", t.run_dir) for t in self.trials if t.run_dir is not None and t.done],
+            logdir,
         )
 
     def __repr__(self) -> str:
@@ -662,6 +736,7 @@ def sweep(
     heartbeat_timeout: float = 30.0,
     max_restarts: int = 0,
     threads: int | None = None,
+    reuse: bool = True,
 ) -> Sweep:
     """Run ``train`` once per config, each as a run of ``world_size`` ranks; return the
     :class:`Sweep` at once.
@@ -669,10 +744,10 @@ def sweep(
     ``configs`` is a list of dicts (each reaches the function as ``ctx.config``) or
     ``orch.grid(lr=[...], batch=[...])``. ``parallel`` runs go at once, never more ranks
     than the machine fits. A failed config is recorded with its root cause and the others
-    go on; after ``max_failures`` failures no more runs start. Running the same sweep again
+    go on; once ``max_failures`` runs failed no more start. Running the same sweep again
     (the same ``name``, by default the function's name) starts only the configs that did
-    not succeed before. Watch it with ``sweep.panel()``; ``wait()``, ``results()``,
-    ``best(metric)``, ``stop()``.
+    not succeed before with the same code and world size (``reuse=False`` runs them all).
+    Watch it with ``sweep.panel()``; ``wait()``, ``results()``, ``best(metric)``, ``stop()``.
     """
     options = _Options(
         steps=steps, heartbeat_timeout=heartbeat_timeout, max_restarts=max_restarts, threads=threads
@@ -686,4 +761,5 @@ def sweep(
         run_root=run_root,
         name=name,
         options=options,
+        reuse=reuse,
     ).start()

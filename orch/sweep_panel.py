@@ -2,7 +2,7 @@
 
 The plot is :class:`~orch.comparison.RunsView`'s: each run's metric as its mean over ranks
 with a min-max band, in the run's colour, the best succeeded run drawn bold. Below it a
-row per config (its values, state, progress, last and least value of the metric), in
+row per config (its values, state, progress, last and best value of the metric), in
 config order or sorted by the metric; the best run is marked, and a click on a row's
 button opens that run's per-rank panel under the table.
 """
@@ -18,6 +18,7 @@ import ipywidgets as widgets
 from .comparison import RunsView, _swatch, _TrialFollower, curve
 from .panel import STATE_COLORS, _route_clicks_to_their_subshell
 from .states import RunState
+from .sweep import default_mode
 
 if TYPE_CHECKING:
     from .sweep import Sweep, Trial
@@ -39,7 +40,7 @@ class SweepPanel(RunsView):
         )
         self.progress_label = widgets.Label()
         self.sort = widgets.Dropdown(options=SORTS, value="", description="sort")
-        self.sort.observe(lambda _c: self._draw_rows(), names="value")
+        self.sort.observe(lambda _c: self._redraw_now(), names="value")
         self.stop_button = widgets.Button(
             description="Stop all",
             button_style="warning",
@@ -99,16 +100,23 @@ class SweepPanel(RunsView):
         self.detail.children = [title, source.panel().widget]
 
     # -- drawing ----------------------------------------------------------------------------
+    @property
+    def done(self) -> bool:
+        # The sweep's own end too: the record must not say "running" for the gap between its
+        # last run's end and the scheduler's.
+        return super().done and self.sweep.done
+
     def marked(self) -> int | None:
-        """The succeeded run whose metric ended lowest (the sweep's best by that metric)."""
+        """The succeeded run whose metric ended best (least; greatest for an accuracy or a score)."""
         metric = self.metric.value or "loss"
+        sign = -1.0 if default_mode(metric) == "max" else 1.0
         best: tuple[float, int] | None = None
         for i, m in enumerate(self.mirrors):
             if m.state is not RunState.SUCCEEDED:
                 continue
             c = curve(m, metric)
-            if len(c.mean) and math.isfinite(c.mean[-1]) and (best is None or c.mean[-1] < best[0]):
-                best = (float(c.mean[-1]), i)
+            if len(c.mean) and math.isfinite(c.mean[-1]) and (best is None or sign * c.mean[-1] < best[0]):
+                best = (sign * float(c.mean[-1]), i)
         return best[1] if best else None
 
     def _header_html(self) -> str:
@@ -155,7 +163,7 @@ class SweepPanel(RunsView):
         best = self.marked()
         keys = sorted({k for t in self.sweep.trials for k in t.config})
         widths = [max(8, len(k) + 1) for k in keys]
-        head = [*(f"{k}" for k in keys), "state", "step", f"{metric} last", f"{metric} least", ""]
+        head = [*(f"{k}" for k in keys), "state", "step", f"{metric} last", f"{metric} best", ""]
         self.table_head.value = _cells(head, [*widths, 11, 9, 11, 11, 8], header=True)
         order = list(range(len(self.sweep.trials)))
         finals: dict[int, float] = {}
@@ -170,7 +178,7 @@ class SweepPanel(RunsView):
                 _state_html(trial),
                 f"{done}/{total}" if total else str(done),
                 f"{c.mean[-1]:.4g}" if len(c.mean) else "-",
-                f"{c.mean.min():.4g}" if len(c.mean) else "-",
+                f"{_best_of(c.mean, metric):.4g}" if len(c.mean) else "-",
                 '<b class="orch-best" style="color:#1a7f37">&#9733; best</b>' if i == best else "",
             ]
             button, html_cells = self.rows[i]
@@ -187,6 +195,10 @@ class SweepPanel(RunsView):
         children = tuple(widgets.HBox([self.rows[i][0], self.rows[i][1]]) for i in order)
         if [c.children for c in self.table.children] != [c.children for c in children]:
             self.table.children = children
+
+
+def _best_of(values: Any, metric: str) -> float:
+    return float(values.max() if default_mode(metric) == "max" else values.min())
 
 
 def _state_html(trial: Trial) -> str:

@@ -95,7 +95,8 @@ def test_a_sweep_records_each_config_and_a_failure_with_its_root_cause(tmp_path:
     finals = {i: results[i]["final"]["loss"] for i in (0, 1, 3)}
     best = sweep.best("loss")
     assert best.index == min(finals, key=finals.__getitem__)
-    assert sweep.best("acc", mode="max").index == best.index
+    assert sweep.best("acc").index == best.index  # an accuracy is best at its greatest
+    assert sweep.best("acc", mode="min").index != best.index
     assert sweep.best("loss", mode="max").index == max(finals, key=finals.__getitem__)
     rows = sweep.rows("loss")  # what the terminal dashboard shows
     assert [r["best_run"] for r in rows] == [i == best.index for i in range(4)]
@@ -129,12 +130,14 @@ def test_a_sweep_records_each_config_and_a_failure_with_its_root_cause(tmp_path:
 
 
 def test_max_failures_stops_starting_new_runs(tmp_path: Path) -> None:
-    configs = [{"lr": 0.1, "fail": True}, {"lr": 0.2, "fail": True}, {"lr": 0.3}, {"lr": 0.4}]
-    sweep = orch.sweep("jobs:lr_job", configs, parallel=1, max_failures=1, run_root=str(tmp_path))
+    configs = [{"lr": 0.1, "fail": True}, {"lr": 0.2}, {"lr": 0.3, "fail": True}, {"lr": 0.4}, {"lr": 0.5}]
+    sweep = orch.sweep("jobs:lr_job", configs, parallel=1, max_failures=2, run_root=str(tmp_path))
     states = [r["state"] for r in sweep.wait(180)]
-    assert states == ["FAILED", "FAILED", "CANCELLED", "CANCELLED"]
-    assert "after 2 failures" in sweep.trials[2].failure
-    assert len(run_dirs(tmp_path)) == 2
+    assert states == ["FAILED", "SUCCEEDED", "FAILED", "CANCELLED", "CANCELLED"]
+    assert "started no more runs after 2 failures (max_failures=2)" in sweep.trials[3].failure
+    assert len(run_dirs(tmp_path)) == 3
+    first = orch.sweep("jobs:lr_job", configs[2:], max_failures=0, run_root=str(tmp_path), name="zero")
+    assert [r["state"] for r in first.wait(180)] == ["FAILED", "CANCELLED", "CANCELLED"]
 
 
 def test_parallel_runs_overlap_but_never_exceed_what_the_machine_fits(
@@ -252,3 +255,39 @@ def test_a_sweep_ends_with_its_process_and_starts_nothing_more(
     [run_dir] = run_dirs(tmp_path / "runs")  # the runs queued behind it never started
     result = json.loads((run_dir / "result.json").read_text())
     assert result["state"] == "FAILED" and "closed while it was running" in result["failure"]
+
+
+def test_a_rerun_reuses_only_what_ran_with_the_same_code_world_size_and_a_record_that_loads(
+    tmp_path: Path,
+) -> None:
+    root = str(tmp_path)
+
+    def train(ctx: Any) -> None:
+        for step in ctx.steps(5):
+            ctx.log(step, loss=1.0 / (step + 1))
+
+    configs = [{"lr": 1}, {"lr": 2}]
+    with pytest.raises(orch.ConfigError, match=r"configs\[1\] repeats"):
+        orch.sweep(train, [{"lr": 1}, {"lr": 1.0}], run_root=root)  # the same number, to JSON
+    orch.sweep(train, configs, world_size=1, run_root=root, name="s").wait(120)
+    again = orch.sweep(train, [{"lr": 1.0}, {"lr": 2}], world_size=1, run_root=root, name="s").wait(120)
+    assert [r["reused"] for r in again] == [True, True]
+    wider = orch.sweep(train, configs, world_size=2, run_root=root, name="s").wait(120)
+    assert [r["reused"] for r in wider] == [False, False]  # another world size is another run
+    forced = orch.sweep(train, configs, world_size=2, run_root=root, name="s", reuse=False).wait(120)
+    assert [r["reused"] for r in forced] == [False, False]
+
+    def train(ctx: Any) -> None:  # the cell, edited and run again
+        for step in ctx.steps(5):
+            ctx.log(step, loss=2.0 / (step + 1))
+
+    edited = orch.sweep(train, configs, world_size=1, run_root=root, name="s").wait(120)
+    assert [r["reused"] for r in edited] == [False, False]
+    assert edited[0]["final"]["loss"] == pytest.approx(0.4)
+    # An earlier success whose record no longer loads runs again.
+    damaged = Path(root) / edited[1]["run_id"] / "result.json"
+    record = json.loads(damaged.read_text())
+    damaged.write_text(json.dumps({**record, "ranks": "edited by hand"}))  # still says SUCCEEDED
+    last = orch.sweep(train, configs, world_size=1, run_root=root, name="s").wait(120)
+    assert [r["reused"] for r in last] == [True, False]
+    assert len(run_dirs(tmp_path)) == 2 + 2 + 2 + 2 + 1

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from .api import AttachedRun, attach, launch
+from .catalog import RunTable, close_all, runs
 from .client import MasterClient, StateMirror
 from .detach import DetachedRun
 from .errors import (
@@ -45,16 +46,19 @@ __all__ = [
     "RunFailed",
     "RunResult",
     "RunState",
+    "RunTable",
     "StateMirror",
     "Sweep",
     "SweepResults",
     "Trial",
     "WorkerError",
     "attach",
+    "close_all",
     "compare",
     "grid",
     "launch",
     "load_run",
+    "runs",
     "sweep",
 ]
 

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any, Literal, overload
 from ._target import TrainFn
 from ._viewable import Viewable
 from .auth import token_from_env
+from .catalog import live_notice
 from .client import MasterClient, StateMirror
 from .errors import ConfigError, RunFailed
 from .launcher import LaunchSpec, Run, live_runs, still_running
@@ -160,6 +161,9 @@ def launch(
         name=name,
     )
     _check_ports(master_port, rdzv_port)
+    notice = live_notice()  # a launch cell run twice: the first run is still training
+    if notice:
+        print(notice, flush=True)
     if detach:
         from .detach import start_detached
 

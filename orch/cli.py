@@ -1,4 +1,5 @@
-"""The ``orch`` command: ``run``, ``sweep``, ``master``, ``worker`` and ``status``.
+"""The ``orch`` command: ``run``, ``sweep``, ``master``, ``worker`` and ``status``; ``runs``,
+``show`` and ``logs`` read the run dirs (see :mod:`orch.catalog`).
 
 Exit codes: 0 the run succeeded, 1 it failed, 2 bad usage, 3 it was stopped.
 """
@@ -10,13 +11,16 @@ import contextlib
 import json
 import logging
 import math
+import os
 import signal
+import socket
 import sys
 import time
 from pathlib import Path
 from typing import Any, NoReturn
 
 from . import _sweep_cli
+from ._launcher_env import LAUNCHER_CHOICES
 from ._net import split_address
 from ._target import EXAMPLE, resolve_fn, split_target
 from .auth import certificate_name, new_token, token_from_env
@@ -197,6 +201,8 @@ def cmd_master(args: argparse.Namespace) -> int:
             "config": config,
             "master": server.address,
             "started": time.time(),
+            "pid": os.getpid(),  # orch runs tells a master still serving from one that died
+            "host": socket.gethostname(),
         }
     )
     print(
@@ -229,28 +235,42 @@ def cmd_master(args: argparse.Namespace) -> int:
 
 
 def cmd_worker(args: argparse.Namespace) -> int:
+    from ._launcher_env import launched_as
     from .worker import WorkerSpec, run_local_group, run_worker
 
+    master = args.master or os.environ.get("ORCH_MASTER", "")
+    if not master:
+        raise ConfigError("pass --master HOST:PORT (the address orch master printed), or set ORCH_MASTER")
+    launched = launched_as(os.environ, args.launcher)
+    if launched is not None and args.nproc_per_node is not None:
+        raise ConfigError(
+            f"--nproc-per-node {args.nproc_per_node} under a launcher ({launched.describe()}): the "
+            "launcher starts one orch worker per rank, so drop --nproc-per-node and have it start "
+            "that many tasks (torchrun --nproc-per-node, srun --ntasks-per-node), or pass "
+            "--launcher none to start the ranks here and let the master number them"
+        )
     if args.fn is not None:
         resolve_fn(args.fn)  # a typo is an error here, before any process starts
 
+    nproc = args.nproc_per_node or 1
     specs = [
         WorkerSpec(
             run_root=args.run_root,
-            master=args.master,
+            master=master,
             fn=args.fn,
             advertise_addr=args.advertise_addr,
             register_timeout=args.timeout,
             threads=args.threads,
-            local_rank=i,
-            local_world_size=args.nproc_per_node,
+            local_rank=launched.local_rank if launched else i,
+            local_world_size=launched.local_world_size if launched else nproc,
             token=_token(args),
             tls_ca=args.tls_ca,
             trust_master=args.trust_master,
+            launched=launched,
         )
-        for i in range(args.nproc_per_node)
+        for i in range(nproc)
     ]
-    if args.nproc_per_node == 1:
+    if nproc == 1:
         return run_worker(specs[0])
     return run_local_group(specs)
 
@@ -264,6 +284,98 @@ def cmd_status(args: argparse.Namespace) -> int:
     else:
         show(mirror, address=args.master)
     return 0
+
+
+def cmd_runs(args: argparse.Namespace) -> int:
+    from . import catalog
+
+    table = catalog.runs(args.run_root).filter(state=args.state, sweep=args.sweep)
+    if args.json:
+        print(json.dumps(table.as_dicts(), indent=2))
+    else:
+        print(repr(table))  # every cell went through printable
+    return 0
+
+
+def cmd_show(args: argparse.Namespace) -> int:
+    from . import catalog
+
+    print(catalog.describe(catalog.read_row(catalog.find_run(args.run, args.run_root))))
+    return 0
+
+
+def cmd_logs(args: argparse.Namespace) -> int:
+    from . import catalog
+
+    run_dir = catalog.find_run(args.run, args.run_root)
+    if args.follow:
+        return _follow_log(run_dir, args.rank)
+    path = catalog.rank_log(run_dir, args.rank)
+    if path is None or not path.is_file():
+        logs = sorted(p.name for p in (run_dir / "logs").glob("*.log"))
+        why = f"rank {args.rank} has not registered" if path is None else f"{path} does not exist"
+        raise OrchError(
+            f"no log for rank {args.rank} of run {run_dir.name}: {why}; "
+            + (f"{run_dir}/logs holds {', '.join(logs)}" if logs else f"{run_dir}/logs is empty")
+        )
+    with open(path, "rb") as f:
+        for line in f:
+            sys.stdout.write(printable(line.decode("utf-8", "replace")))
+    sys.stdout.flush()
+    return 0
+
+
+def _follow_log(run_dir: Path, rank: int, interval: float = 0.25) -> int:
+    """Print the rank's log as it grows, until the run ended (or crashed) or Ctrl-C.
+
+    A restart gives the rank a new worker and log: the newest registration is followed.
+    Lines are printed whole, so that no escape sequence is split between two reads.
+    """
+    from . import catalog
+
+    current: Path | None = None
+    position, partial, events_size = 0, b"", -1
+
+    def flush(text: bytes) -> None:
+        sys.stdout.write(printable(text.decode("utf-8", "replace")))
+        sys.stdout.flush()
+
+    try:
+        while True:
+            # Whether it ended is decided before the last read, so that read sees everything.
+            ended = (run_dir / "result.json").exists() or catalog.read_row(run_dir).state == catalog.CRASHED
+            size = _size(run_dir / "events.jsonl")
+            if size != events_size or current is None or ended:
+                events_size = size
+                path = catalog.rank_log(run_dir, rank)
+                if path is not None and path != current:
+                    if current is not None:
+                        flush(partial)
+                        partial = b""
+                        print(f"--- rank {rank} restarted: {path.name} ---", flush=True)
+                    current, position = path, 0
+            if current is not None:
+                with contextlib.suppress(FileNotFoundError), open(current, "rb") as f:
+                    f.seek(position)
+                    data = f.read()
+                    position += len(data)
+                    *lines, partial = (partial + data).split(b"\n")
+                    if lines:
+                        flush(b"\n".join(lines) + b"\n")
+            if ended:
+                flush(partial)
+                return 0
+            time.sleep(interval)
+    except KeyboardInterrupt:
+        flush(partial)
+        return 0
+
+
+def _size(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except OSError:
+        return -1
 
 
 class _Parser(argparse.ArgumentParser):
@@ -356,8 +468,14 @@ def build_parser() -> argparse.ArgumentParser:
     common(m)
     m.set_defaults(func=cmd_master)
 
+
     w = sub.add_parser("worker", help="join the run of a master")
-    w.add_argument("--master", required=True, help="HOST:PORT of the master")
+    w.add_argument(
+        "--master",
+        default=None,
+        help="HOST:PORT of the master (default $ORCH_MASTER: under torchrun, whose parser refuses "
+        "--master after the script unless a -- comes first)",
+    )
     _token_options(w, "default $ORCH_TOKEN")
     w.add_argument("--tls-ca", default=None, help="verify the master's TLS certificate with this CA")
     w.add_argument(
@@ -382,8 +500,17 @@ def build_parser() -> argparse.ArgumentParser:
     w.add_argument(
         "--nproc-per-node",
         type=_positive,
-        default=1,
-        help="worker processes to start on this host (one per GPU where there are GPUs)",
+        default=None,
+        help="worker processes to start on this host (one per GPU where there are GPUs; default 1); "
+        "not under a launcher, which starts one orch worker per rank",
+    )
+    w.add_argument(
+        "--launcher",
+        choices=LAUNCHER_CHOICES,
+        default="auto",
+        help="where this worker's rank comes from: auto (torchrun's RANK/WORLD_SIZE when "
+        "TORCHELASTIC_RUN_ID is set, else Slurm's SLURM_PROCID/SLURM_NTASKS in an srun task, "
+        "else the master's next free rank), torchrun or slurm (read those variables), none (the master's)",
     )
     w.add_argument("--threads", type=_positive, default=None, help="torch threads for each worker")
     w.add_argument("--timeout", type=_seconds, default=60.0, help="seconds to wait for the master")
@@ -401,6 +528,31 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--json", action="store_true", help="machine-readable output")
     s.add_argument("--timeout", type=_seconds, default=5.0, help="seconds to wait for the master")
     s.set_defaults(func=cmd_status)
+
+    def run_root(sp: argparse.ArgumentParser) -> None:
+        sp.add_argument("--run-root", default="runs", help="where the run directories are (default runs)")
+
+    def run_arg(sp: argparse.ArgumentParser) -> None:
+        sp.add_argument("run", metavar="RUN", help="a run id under --run-root (or its start), or a run dir")
+
+    ls = sub.add_parser("runs", help="list the runs under --run-root, newest first")
+    run_root(ls)
+    ls.add_argument("--json", action="store_true", help="machine-readable output")
+    ls.add_argument("--state", default=None, type=str.upper, help="only the runs in this state")
+    ls.add_argument("--sweep", default=None, help="only the runs of this sweep")
+    ls.set_defaults(func=cmd_runs)
+
+    sh = sub.add_parser("show", help="one run: its config, attempts, ranks and root cause")
+    run_arg(sh)
+    run_root(sh)
+    sh.set_defaults(func=cmd_show)
+
+    lg = sub.add_parser("logs", help="a worker's log of a run")
+    run_arg(lg)
+    lg.add_argument("--rank", type=_count, default=0, help="whose log (default rank 0)")
+    lg.add_argument("--follow", "-f", action="store_true", help="print what comes until the run ends")
+    run_root(lg)
+    lg.set_defaults(func=cmd_logs)
     return p
 
 

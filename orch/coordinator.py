@@ -475,7 +475,7 @@ class Coordinator:
                 max_attempts=self.max_attempts,
                 root_cause_error=root.error if root is not None else "",
                 root_cause_exit_code=root.exit_code if root is not None else 0,
-                rendezvous=f"{self.ranks[0].address}:{port}" if self.ranks and port else "",
+                rendezvous=f"{rank0.address}:{port}" if (rank0 := self.registry.rank0) and port else "",
             )
             # An ended run's ages stand still at its end (a finished rank beats no more).
             at = self.ended_at if self.ended_at is not None else now

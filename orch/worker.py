@@ -1,9 +1,9 @@
 """A worker: register with the master, pass the start barrier, train, report back.
 
-Run as ``orch worker --master HOST:PORT`` or spawned by the launcher through
-:func:`spawn_main`. The training function is either a callable carried from the launcher
-to its own children (cloudpickled, never over the network) or an import path
-``package.module:function``.
+Run as ``orch worker --master HOST:PORT`` (or ``python -m orch.worker --master HOST:PORT``,
+as torchrun and srun start it) or spawned by the launcher through :func:`spawn_main`. The
+training function is either a callable carried from the launcher to its own children
+(cloudpickled, never over the network) or an import path ``package.module:function``.
 """
 
 from __future__ import annotations
@@ -21,12 +21,14 @@ import socket
 import sys
 import time
 import traceback
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import grpc
 
+from ._launcher_env import LaunchedAs
 from ._net import (
     DEFAULT_RENDEZVOUS_PORT,
     address_towards,
@@ -51,6 +53,12 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
+# `python -m orch.worker` imports the package first, whose launcher imports this module, so
+# runpy warns that it runs a module already imported. Harmless here: run as __main__ this
+# file only hands its arguments to orch.cli (see main below), which uses the first import.
+warnings.filterwarnings(
+    "ignore", message=r"'orch\.worker' found in sys\.modules", category=RuntimeWarning, module="runpy"
+)
 
 EXIT_FAILED = 1
 
@@ -84,6 +92,9 @@ class WorkerSpec:
     env: dict[str, str] = field(default_factory=dict)
     workdir: str | None = None  # the folder to run in and to find ``fn`` from (default: this one)
     sources: SourceMap = field(default_factory=SourceMap)  # where ``fn``'s code came from
+    # Started by torchrun or srun: the rank (and world size) its launcher gave, which this
+    # worker asks the master for. None: the master's next free rank.
+    launched: LaunchedAs | None = None
 
     def __post_init__(self) -> None:
         split_address(self.master)
@@ -165,6 +176,8 @@ def _register(stub: pb_grpc.OrchestratorStub, spec: WorkerSpec) -> pb.RegisterRe
         local_rank=spec.local_rank,
         backend="nccl" if _cuda_available() else "gloo",
     )
+    if spec.launched is not None:
+        req.rank, req.world_size = spec.launched.rank, spec.launched.world_size
     deadline = time.monotonic() + spec.register_timeout
     while True:
         left = deadline - time.monotonic()
@@ -180,7 +193,32 @@ def _register(stub: pb_grpc.OrchestratorStub, spec: WorkerSpec) -> pb.RegisterRe
             error = rpc_error("Register", spec.master, e, tls=spec.tls_ca is not None, error=WorkerError)
             if e.code() in UNREACHABLE:
                 error = WorkerError(f"waited {spec.register_timeout:g}s for the master: {error}")
+            elif spec.launched is not None and e.code() in _REFUSED_RANK:
+                error = WorkerError(
+                    f"{error} (this worker's rank is {spec.launched.describe()}; orch worker "
+                    "--launcher none lets the master number the ranks instead)"
+                )
             raise error from e
+
+
+# How a master refuses the rank or world size a worker's launcher gave it.
+_REFUSED_RANK = (
+    grpc.StatusCode.ALREADY_EXISTS,
+    grpc.StatusCode.INVALID_ARGUMENT,
+    grpc.StatusCode.FAILED_PRECONDITION,
+)
+
+
+def _check_launched(spec: WorkerSpec, reg: pb.RegisterResponse) -> None:
+    """A master that ignored the requested rank (one older than this worker) is an error:
+    the launcher's rank and orch's would name different processes."""
+    launched = spec.launched
+    if launched is not None and (reg.rank, reg.world_size) != (launched.rank, launched.world_size):
+        raise WorkerError(
+            f"the master at {spec.master} gave rank {reg.rank} of {reg.world_size}, not the one "
+            f"this worker's launcher gave ({launched.describe()}): the master does not take "
+            "requested ranks (is it older than this worker?); upgrade it, or pass --launcher none"
+        )
 
 
 def _listen(address: str, port: int) -> socket.socket:
@@ -208,6 +246,11 @@ def _serve_rendezvous(
     torch's store is unauthenticated, so it listens only on the address this rank advertises
     (the one the other ranks dial: 127.0.0.1 in a local run): the socket is bound here and
     handed to torch as ``master_listen_fd``, since torch itself would bind every address.
+
+    Under torchrun this store is orch's own, beside torchrun's: the process group gets it
+    as ``store=``, so MASTER_ADDR / MASTER_PORT (torchrun's store) are never read; where
+    torchrun's store listens on this host (bound by its agent before it started the ranks),
+    binding first finds that port taken and moves to a free one, as for any taken port.
     """
     from torch._C._distributed_c10d import TCPStore
 
@@ -345,6 +388,7 @@ def run_worker(spec: WorkerSpec) -> int:
         # checked before any use, so a spoofed master can neither write outside run_root
         # nor make this worker import what it likes.
         _check_run_id(run_id, spec.master)
+        _check_launched(spec, reg)
         fn_name = spec.fn if spec.fn is not None else _master_named_fn(spec, reg.fn)
     except WorkerError as e:
         with contextlib.suppress(grpc.RpcError):  # tell the master why (it may be a real one)
@@ -573,3 +617,20 @@ def spawn_main(payload: bytes) -> None:
     sys.stderr.flush()
     # Skip interpreter shutdown: it can hang on a process group a failed peer left behind.
     os._exit(code)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m orch.worker ARGS`` is ``orch worker ARGS``.
+
+    Under torchrun, ``torchrun ... -m orch.worker -- --master HOST:PORT`` (or ORCH_MASTER in
+    the environment): without the ``--`` torchrun's own parser takes ``--master`` for an
+    abbreviation of its ``--master-addr`` and refuses it. Some Pythons pass the ``--`` on.
+    """
+    from .cli import main as cli_main
+
+    args = sys.argv[1:] if argv is None else argv
+    return cli_main(["worker", *(args[1:] if args[:1] == ["--"] else args)])
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -180,3 +180,30 @@ def lr_job(ctx: Any) -> None:
         if ctx.config.get("fail") and step == 3:
             raise ValueError(f"config lr={ctx.config['lr']} was told to fail")
         time.sleep(float(ctx.config.get("sleep", 0.0)))
+
+
+def launcher_ranks(ctx: Any) -> None:
+    """``allreduce_steps``, logging what the launcher said beside orch's rank: RANK (torchrun)
+    or SLURM_PROCID (srun), -1 when unset, and ctx.local_rank beside LOCAL_RANK / SLURM_LOCALID."""
+
+    def env(*names: str) -> float:
+        return float(next((os.environ[n] for n in names if n in os.environ), -1))
+
+    model = ctx.ddp(torch.nn.Linear(4, 1))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    torch.manual_seed(ctx.rank)
+    x = torch.randn(64, 4)
+    y = x.sum(1, keepdim=True)
+    seen = {
+        "orch_rank": float(ctx.rank),
+        "env_rank": env("RANK", "SLURM_PROCID"),
+        "orch_local_rank": float(ctx.local_rank),
+        "env_local_rank": env("LOCAL_RANK", "SLURM_LOCALID"),
+        "env_world": env("WORLD_SIZE", "SLURM_NTASKS"),
+    }
+    for step in ctx.steps(int(ctx.config.get("steps", 30))):
+        loss = ((model(x) - y) ** 2).mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        ctx.log(step, loss=loss.item(), **seen)

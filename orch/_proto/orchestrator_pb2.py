@@ -24,59 +24,59 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x12orchestrator.proto\x12\x07orch.v1\"\x9e\x01\n\x0fRegisterRequest\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x0c\n\x04host\x18\x02 \x01(\t\x12\x0b\n\x03pid\x18\x03 \x01(\x05\x12\x0f\n\x07\x61\x64\x64ress\x18\x04 \x01(\t\x12\x17\n\x0frendezvous_port\x18\x05 \x01(\x05\x12\x12\n\nlocal_rank\x18\x06 \x01(\x05\x12\x0f\n\x07\x62\x61\x63kend\x18\x07 \x01(\t\x12\x0e\n\x06run_id\x18\x08 \x01(\t\"\xbf\x01\n\x10RegisterResponse\x12\x0c\n\x04rank\x18\x01 \x01(\x05\x12\x12\n\nworld_size\x18\x02 \x01(\x05\x12\x0e\n\x06run_id\x18\x03 \x01(\t\x12\n\n\x02\x66n\x18\x04 \x01(\t\x12\x13\n\x0b\x63onfig_json\x18\x05 \x01(\t\x12\x13\n\x0btotal_steps\x18\x06 \x01(\x03\x12\x19\n\x11heartbeat_timeout\x18\x07 \x01(\x01\x12\x0f\n\x07\x61ttempt\x18\x08 \x01(\x05\x12\x17\n\x0frendezvous_port\x18\t \x01(\x05\"<\n\x17\x43\x61nStartTrainingRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x11\n\tworker_id\x18\x02 \x01(\t\"\x8c\x01\n\x18\x43\x61nStartTrainingResponse\x12\r\n\x05ready\x18\x01 \x01(\x08\x12\x12\n\nregistered\x18\x02 \x01(\x05\x12\x12\n\nworld_size\x18\x03 \x01(\x05\x12\x13\n\x0bmaster_addr\x18\x04 \x01(\t\x12\x13\n\x0bmaster_port\x18\x05 \x01(\x05\x12\x0f\n\x07\x62\x61\x63kend\x18\x06 \x01(\t\"R\n\x06Series\x12\x0c\n\x04rank\x18\x01 \x01(\x05\x12\x0c\n\x04name\x18\x02 \x01(\t\x12\r\n\x05steps\x18\x03 \x03(\x03\x12\x0e\n\x06values\x18\x04 \x03(\x01\x12\r\n\x05times\x18\x05 \x03(\x01\"\x91\x01\n\x10HeartbeatRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x11\n\tworker_id\x18\x02 \x01(\t\x12\x0c\n\x04step\x18\x03 \x01(\x03\x12\x13\n\x0btotal_steps\x18\x04 \x01(\x03\x12\x1f\n\x06series\x18\x05 \x03(\x0b\x32\x0f.orch.v1.Series\x12\x16\n\x0e\x64ropped_points\x18\x06 \x01(\x03\"L\n\x11HeartbeatResponse\x12!\n\x07\x63ommand\x18\x01 \x01(\x0e\x32\x10.orch.v1.Command\x12\x14\n\x0cstop_at_step\x18\x02 \x01(\x03\"A\n\x15HostHeartbeatsRequest\x12(\n\x05\x62\x65\x61ts\x18\x01 \x03(\x0b\x32\x19.orch.v1.HeartbeatRequest\"S\n\tBeatReply\x12)\n\x05reply\x18\x01 \x01(\x0b\x32\x1a.orch.v1.HeartbeatResponse\x12\x0c\n\x04\x63ode\x18\x02 \x01(\x05\x12\r\n\x05\x65rror\x18\x03 \x01(\t\"=\n\x16HostHeartbeatsResponse\x12#\n\x07replies\x18\x01 \x03(\x0b\x32\x12.orch.v1.BeatReply\"\xa3\x01\n\x11\x43ompletionRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x11\n\tworker_id\x18\x02 \x01(\t\x12#\n\x07outcome\x18\x03 \x01(\x0e\x32\x12.orch.v1.RankState\x12\r\n\x05\x65rror\x18\x04 \x01(\t\x12\x16\n\x0eparam_checksum\x18\x05 \x01(\t\x12\x0c\n\x04step\x18\x06 \x01(\x03\x12\x11\n\texit_code\x18\x07 \x01(\x11\"\x14\n\x12\x43ompletionResponse\"J\n\x0fGetStateRequest\x12\x0e\n\x06\x63ursor\x18\x01 \x01(\x0c\x12\x13\n\x0bskip_series\x18\x02 \x01(\x08\x12\x12\n\nmax_points\x18\x03 \x01(\x03\"\xbd\x02\n\x08RankInfo\x12\x0c\n\x04rank\x18\x01 \x01(\x05\x12\x11\n\tworker_id\x18\x02 \x01(\t\x12\x0c\n\x04host\x18\x03 \x01(\t\x12\x0b\n\x03pid\x18\x04 \x01(\x05\x12!\n\x05state\x18\x05 \x01(\x0e\x32\x12.orch.v1.RankState\x12\x0c\n\x04step\x18\x06 \x01(\x03\x12\x13\n\x0btotal_steps\x18\x07 \x01(\x03\x12\x15\n\rsteps_per_sec\x18\x08 \x01(\x01\x12\x15\n\rheartbeat_age\x18\t \x01(\x01\x12\x0c\n\x04loss\x18\n \x01(\x01\x12\x16\n\x0eparam_checksum\x18\x0b \x01(\t\x12\r\n\x05\x65rror\x18\x0c \x01(\t\x12\x11\n\texit_code\x18\r \x01(\x05\x12\x16\n\x0e\x64ropped_points\x18\x0e \x01(\x03\x12\x0f\n\x07\x61\x64\x64ress\x18\x0f \x01(\t\x12\x10\n\x08has_loss\x18\x10 \x01(\x08\"B\n\x05\x45vent\x12\x0c\n\x04time\x18\x01 \x01(\x01\x12\x0c\n\x04kind\x18\x02 \x01(\t\x12\x0c\n\x04rank\x18\x03 \x01(\x05\x12\x0f\n\x07message\x18\x04 \x01(\t\"\xbe\x03\n\x10GetStateResponse\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12 \n\x05state\x18\x02 \x01(\x0e\x32\x11.orch.v1.RunState\x12\x12\n\nworld_size\x18\x03 \x01(\x05\x12\x12\n\nregistered\x18\x04 \x01(\x05\x12\x13\n\x0btotal_steps\x18\x05 \x01(\x03\x12\x0f\n\x07\x65lapsed\x18\x06 \x01(\x01\x12 \n\x05ranks\x18\x07 \x03(\x0b\x32\x11.orch.v1.RankInfo\x12\x1f\n\x06series\x18\x08 \x03(\x0b\x32\x0f.orch.v1.Series\x12\x1e\n\x06\x65vents\x18\t \x03(\x0b\x32\x0e.orch.v1.Event\x12\x0f\n\x07\x66\x61ilure\x18\n \x01(\t\x12\x0e\n\x06\x63ursor\x18\x0b \x01(\x0c\x12\x0c\n\x04\x66ull\x18\x0c \x01(\x08\x12\x17\n\x0froot_cause_rank\x18\r \x01(\x05\x12\x0f\n\x07\x61ttempt\x18\x0e \x01(\x05\x12\x14\n\x0cmax_attempts\x18\x0f \x01(\x05\x12\x18\n\x10root_cause_error\x18\x10 \x01(\t\x12\x1c\n\x14root_cause_exit_code\x18\x11 \x01(\x05\x12\x12\n\nrendezvous\x18\x12 \x01(\t\x12\x0c\n\x04more\x18\x13 \x01(\x08\" \n\x0eStopRunRequest\x12\x0e\n\x06reason\x18\x01 \x01(\t\"3\n\x0fStopRunResponse\x12 \n\x05state\x18\x01 \x01(\x0e\x32\x11.orch.v1.RunState\"[\n\x0bStateCursor\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x0f\n\x07offsets\x18\x02 \x03(\x03\x12\x0c\n\x04keys\x18\x03 \x03(\t\x12\x0e\n\x06\x65vents\x18\x04 \x01(\x03\x12\r\n\x05\x65poch\x18\x05 \x01(\x03\"N\n\x0cMetricRecord\x12\x0c\n\x04rank\x18\x01 \x01(\x05\x12\x0f\n\x07\x61ttempt\x18\x02 \x01(\x05\x12\x1f\n\x06series\x18\x03 \x03(\x0b\x32\x0f.orch.v1.Series*\x85\x01\n\x08RunState\x12\x19\n\x15RUN_STATE_UNSPECIFIED\x10\x00\x12\x0b\n\x07PENDING\x10\x01\x12\x0b\n\x07RUNNING\x10\x02\x12\r\n\tSUCCEEDED\x10\x03\x12\n\n\x06\x46\x41ILED\x10\x04\x12\x0b\n\x07STOPPED\x10\x05\x12\x0e\n\nRESTARTING\x10\x06\x12\x0c\n\x08STOPPING\x10\x07*\x94\x01\n\tRankState\x12\x1a\n\x16RANK_STATE_UNSPECIFIED\x10\x00\x12\x13\n\x0fRANK_REGISTERED\x10\x01\x12\x10\n\x0cRANK_RUNNING\x10\x02\x12\x12\n\x0eRANK_SUCCEEDED\x10\x03\x12\x0f\n\x0bRANK_FAILED\x10\x04\x12\x10\n\x0cRANK_STOPPED\x10\x05\x12\r\n\tRANK_LOST\x10\x06*E\n\x07\x43ommand\x12\x17\n\x13\x43OMMAND_UNSPECIFIED\x10\x00\x12\x0c\n\x08\x43ONTINUE\x10\x01\x12\x08\n\x04STOP\x10\x02\x12\t\n\x05\x41\x42ORT\x10\x03\x32\x93\x04\n\x0cOrchestrator\x12?\n\x08Register\x12\x18.orch.v1.RegisterRequest\x1a\x19.orch.v1.RegisterResponse\x12W\n\x10\x43\x61nStartTraining\x12 .orch.v1.CanStartTrainingRequest\x1a!.orch.v1.CanStartTrainingResponse\x12\x46\n\rSendHeartbeat\x12\x19.orch.v1.HeartbeatRequest\x1a\x1a.orch.v1.HeartbeatResponse\x12K\n\x10ReportCompletion\x12\x1a.orch.v1.CompletionRequest\x1a\x1b.orch.v1.CompletionResponse\x12?\n\x08GetState\x12\x18.orch.v1.GetStateRequest\x1a\x19.orch.v1.GetStateResponse\x12<\n\x07StopRun\x12\x17.orch.v1.StopRunRequest\x1a\x18.orch.v1.StopRunResponse\x12U\n\x12SendHostHeartbeats\x12\x1e.orch.v1.HostHeartbeatsRequest\x1a\x1f.orch.v1.HostHeartbeatsResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x12orchestrator.proto\x12\x07orch.v1\"\xce\x01\n\x0fRegisterRequest\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x0c\n\x04host\x18\x02 \x01(\t\x12\x0b\n\x03pid\x18\x03 \x01(\x05\x12\x0f\n\x07\x61\x64\x64ress\x18\x04 \x01(\t\x12\x17\n\x0frendezvous_port\x18\x05 \x01(\x05\x12\x12\n\nlocal_rank\x18\x06 \x01(\x05\x12\x0f\n\x07\x62\x61\x63kend\x18\x07 \x01(\t\x12\x0e\n\x06run_id\x18\x08 \x01(\t\x12\x11\n\x04rank\x18\t \x01(\x05H\x00\x88\x01\x01\x12\x12\n\nworld_size\x18\n \x01(\x05\x42\x07\n\x05_rank\"\xbf\x01\n\x10RegisterResponse\x12\x0c\n\x04rank\x18\x01 \x01(\x05\x12\x12\n\nworld_size\x18\x02 \x01(\x05\x12\x0e\n\x06run_id\x18\x03 \x01(\t\x12\n\n\x02\x66n\x18\x04 \x01(\t\x12\x13\n\x0b\x63onfig_json\x18\x05 \x01(\t\x12\x13\n\x0btotal_steps\x18\x06 \x01(\x03\x12\x19\n\x11heartbeat_timeout\x18\x07 \x01(\x01\x12\x0f\n\x07\x61ttempt\x18\x08 \x01(\x05\x12\x17\n\x0frendezvous_port\x18\t \x01(\x05\"<\n\x17\x43\x61nStartTrainingRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x11\n\tworker_id\x18\x02 \x01(\t\"\x8c\x01\n\x18\x43\x61nStartTrainingResponse\x12\r\n\x05ready\x18\x01 \x01(\x08\x12\x12\n\nregistered\x18\x02 \x01(\x05\x12\x12\n\nworld_size\x18\x03 \x01(\x05\x12\x13\n\x0bmaster_addr\x18\x04 \x01(\t\x12\x13\n\x0bmaster_port\x18\x05 \x01(\x05\x12\x0f\n\x07\x62\x61\x63kend\x18\x06 \x01(\t\"R\n\x06Series\x12\x0c\n\x04rank\x18\x01 \x01(\x05\x12\x0c\n\x04name\x18\x02 \x01(\t\x12\r\n\x05steps\x18\x03 \x03(\x03\x12\x0e\n\x06values\x18\x04 \x03(\x01\x12\r\n\x05times\x18\x05 \x03(\x01\"\x91\x01\n\x10HeartbeatRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x11\n\tworker_id\x18\x02 \x01(\t\x12\x0c\n\x04step\x18\x03 \x01(\x03\x12\x13\n\x0btotal_steps\x18\x04 \x01(\x03\x12\x1f\n\x06series\x18\x05 \x03(\x0b\x32\x0f.orch.v1.Series\x12\x16\n\x0e\x64ropped_points\x18\x06 \x01(\x03\"L\n\x11HeartbeatResponse\x12!\n\x07\x63ommand\x18\x01 \x01(\x0e\x32\x10.orch.v1.Command\x12\x14\n\x0cstop_at_step\x18\x02 \x01(\x03\"A\n\x15HostHeartbeatsRequest\x12(\n\x05\x62\x65\x61ts\x18\x01 \x03(\x0b\x32\x19.orch.v1.HeartbeatRequest\"S\n\tBeatReply\x12)\n\x05reply\x18\x01 \x01(\x0b\x32\x1a.orch.v1.HeartbeatResponse\x12\x0c\n\x04\x63ode\x18\x02 \x01(\x05\x12\r\n\x05\x65rror\x18\x03 \x01(\t\"=\n\x16HostHeartbeatsResponse\x12#\n\x07replies\x18\x01 \x03(\x0b\x32\x12.orch.v1.BeatReply\"\xa3\x01\n\x11\x43ompletionRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x11\n\tworker_id\x18\x02 \x01(\t\x12#\n\x07outcome\x18\x03 \x01(\x0e\x32\x12.orch.v1.RankState\x12\r\n\x05\x65rror\x18\x04 \x01(\t\x12\x16\n\x0eparam_checksum\x18\x05 \x01(\t\x12\x0c\n\x04step\x18\x06 \x01(\x03\x12\x11\n\texit_code\x18\x07 \x01(\x11\"\x14\n\x12\x43ompletionResponse\"J\n\x0fGetStateRequest\x12\x0e\n\x06\x63ursor\x18\x01 \x01(\x0c\x12\x13\n\x0bskip_series\x18\x02 \x01(\x08\x12\x12\n\nmax_points\x18\x03 \x01(\x03\"\xbd\x02\n\x08RankInfo\x12\x0c\n\x04rank\x18\x01 \x01(\x05\x12\x11\n\tworker_id\x18\x02 \x01(\t\x12\x0c\n\x04host\x18\x03 \x01(\t\x12\x0b\n\x03pid\x18\x04 \x01(\x05\x12!\n\x05state\x18\x05 \x01(\x0e\x32\x12.orch.v1.RankState\x12\x0c\n\x04step\x18\x06 \x01(\x03\x12\x13\n\x0btotal_steps\x18\x07 \x01(\x03\x12\x15\n\rsteps_per_sec\x18\x08 \x01(\x01\x12\x15\n\rheartbeat_age\x18\t \x01(\x01\x12\x0c\n\x04loss\x18\n \x01(\x01\x12\x16\n\x0eparam_checksum\x18\x0b \x01(\t\x12\r\n\x05\x65rror\x18\x0c \x01(\t\x12\x11\n\texit_code\x18\r \x01(\x05\x12\x16\n\x0e\x64ropped_points\x18\x0e \x01(\x03\x12\x0f\n\x07\x61\x64\x64ress\x18\x0f \x01(\t\x12\x10\n\x08has_loss\x18\x10 \x01(\x08\"B\n\x05\x45vent\x12\x0c\n\x04time\x18\x01 \x01(\x01\x12\x0c\n\x04kind\x18\x02 \x01(\t\x12\x0c\n\x04rank\x18\x03 \x01(\x05\x12\x0f\n\x07message\x18\x04 \x01(\t\"\xbe\x03\n\x10GetStateResponse\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12 \n\x05state\x18\x02 \x01(\x0e\x32\x11.orch.v1.RunState\x12\x12\n\nworld_size\x18\x03 \x01(\x05\x12\x12\n\nregistered\x18\x04 \x01(\x05\x12\x13\n\x0btotal_steps\x18\x05 \x01(\x03\x12\x0f\n\x07\x65lapsed\x18\x06 \x01(\x01\x12 \n\x05ranks\x18\x07 \x03(\x0b\x32\x11.orch.v1.RankInfo\x12\x1f\n\x06series\x18\x08 \x03(\x0b\x32\x0f.orch.v1.Series\x12\x1e\n\x06\x65vents\x18\t \x03(\x0b\x32\x0e.orch.v1.Event\x12\x0f\n\x07\x66\x61ilure\x18\n \x01(\t\x12\x0e\n\x06\x63ursor\x18\x0b \x01(\x0c\x12\x0c\n\x04\x66ull\x18\x0c \x01(\x08\x12\x17\n\x0froot_cause_rank\x18\r \x01(\x05\x12\x0f\n\x07\x61ttempt\x18\x0e \x01(\x05\x12\x14\n\x0cmax_attempts\x18\x0f \x01(\x05\x12\x18\n\x10root_cause_error\x18\x10 \x01(\t\x12\x1c\n\x14root_cause_exit_code\x18\x11 \x01(\x05\x12\x12\n\nrendezvous\x18\x12 \x01(\t\x12\x0c\n\x04more\x18\x13 \x01(\x08\" \n\x0eStopRunRequest\x12\x0e\n\x06reason\x18\x01 \x01(\t\"3\n\x0fStopRunResponse\x12 \n\x05state\x18\x01 \x01(\x0e\x32\x11.orch.v1.RunState\"[\n\x0bStateCursor\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x0f\n\x07offsets\x18\x02 \x03(\x03\x12\x0c\n\x04keys\x18\x03 \x03(\t\x12\x0e\n\x06\x65vents\x18\x04 \x01(\x03\x12\r\n\x05\x65poch\x18\x05 \x01(\x03\"N\n\x0cMetricRecord\x12\x0c\n\x04rank\x18\x01 \x01(\x05\x12\x0f\n\x07\x61ttempt\x18\x02 \x01(\x05\x12\x1f\n\x06series\x18\x03 \x03(\x0b\x32\x0f.orch.v1.Series*\x85\x01\n\x08RunState\x12\x19\n\x15RUN_STATE_UNSPECIFIED\x10\x00\x12\x0b\n\x07PENDING\x10\x01\x12\x0b\n\x07RUNNING\x10\x02\x12\r\n\tSUCCEEDED\x10\x03\x12\n\n\x06\x46\x41ILED\x10\x04\x12\x0b\n\x07STOPPED\x10\x05\x12\x0e\n\nRESTARTING\x10\x06\x12\x0c\n\x08STOPPING\x10\x07*\x94\x01\n\tRankState\x12\x1a\n\x16RANK_STATE_UNSPECIFIED\x10\x00\x12\x13\n\x0fRANK_REGISTERED\x10\x01\x12\x10\n\x0cRANK_RUNNING\x10\x02\x12\x12\n\x0eRANK_SUCCEEDED\x10\x03\x12\x0f\n\x0bRANK_FAILED\x10\x04\x12\x10\n\x0cRANK_STOPPED\x10\x05\x12\r\n\tRANK_LOST\x10\x06*E\n\x07\x43ommand\x12\x17\n\x13\x43OMMAND_UNSPECIFIED\x10\x00\x12\x0c\n\x08\x43ONTINUE\x10\x01\x12\x08\n\x04STOP\x10\x02\x12\t\n\x05\x41\x42ORT\x10\x03\x32\x93\x04\n\x0cOrchestrator\x12?\n\x08Register\x12\x18.orch.v1.RegisterRequest\x1a\x19.orch.v1.RegisterResponse\x12W\n\x10\x43\x61nStartTraining\x12 .orch.v1.CanStartTrainingRequest\x1a!.orch.v1.CanStartTrainingResponse\x12\x46\n\rSendHeartbeat\x12\x19.orch.v1.HeartbeatRequest\x1a\x1a.orch.v1.HeartbeatResponse\x12K\n\x10ReportCompletion\x12\x1a.orch.v1.CompletionRequest\x1a\x1b.orch.v1.CompletionResponse\x12?\n\x08GetState\x12\x18.orch.v1.GetStateRequest\x1a\x19.orch.v1.GetStateResponse\x12<\n\x07StopRun\x12\x17.orch.v1.StopRunRequest\x1a\x18.orch.v1.StopRunResponse\x12U\n\x12SendHostHeartbeats\x12\x1e.orch.v1.HostHeartbeatsRequest\x1a\x1f.orch.v1.HostHeartbeatsResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'orchestrator_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_RUNSTATE']._serialized_start=2478
-  _globals['_RUNSTATE']._serialized_end=2611
-  _globals['_RANKSTATE']._serialized_start=2614
-  _globals['_RANKSTATE']._serialized_end=2762
-  _globals['_COMMAND']._serialized_start=2764
-  _globals['_COMMAND']._serialized_end=2833
+  _globals['_RUNSTATE']._serialized_start=2526
+  _globals['_RUNSTATE']._serialized_end=2659
+  _globals['_RANKSTATE']._serialized_start=2662
+  _globals['_RANKSTATE']._serialized_end=2810
+  _globals['_COMMAND']._serialized_start=2812
+  _globals['_COMMAND']._serialized_end=2881
   _globals['_REGISTERREQUEST']._serialized_start=32
-  _globals['_REGISTERREQUEST']._serialized_end=190
-  _globals['_REGISTERRESPONSE']._serialized_start=193
-  _globals['_REGISTERRESPONSE']._serialized_end=384
-  _globals['_CANSTARTTRAININGREQUEST']._serialized_start=386
-  _globals['_CANSTARTTRAININGREQUEST']._serialized_end=446
-  _globals['_CANSTARTTRAININGRESPONSE']._serialized_start=449
-  _globals['_CANSTARTTRAININGRESPONSE']._serialized_end=589
-  _globals['_SERIES']._serialized_start=591
-  _globals['_SERIES']._serialized_end=673
-  _globals['_HEARTBEATREQUEST']._serialized_start=676
-  _globals['_HEARTBEATREQUEST']._serialized_end=821
-  _globals['_HEARTBEATRESPONSE']._serialized_start=823
-  _globals['_HEARTBEATRESPONSE']._serialized_end=899
-  _globals['_HOSTHEARTBEATSREQUEST']._serialized_start=901
-  _globals['_HOSTHEARTBEATSREQUEST']._serialized_end=966
-  _globals['_BEATREPLY']._serialized_start=968
-  _globals['_BEATREPLY']._serialized_end=1051
-  _globals['_HOSTHEARTBEATSRESPONSE']._serialized_start=1053
-  _globals['_HOSTHEARTBEATSRESPONSE']._serialized_end=1114
-  _globals['_COMPLETIONREQUEST']._serialized_start=1117
-  _globals['_COMPLETIONREQUEST']._serialized_end=1280
-  _globals['_COMPLETIONRESPONSE']._serialized_start=1282
-  _globals['_COMPLETIONRESPONSE']._serialized_end=1302
-  _globals['_GETSTATEREQUEST']._serialized_start=1304
-  _globals['_GETSTATEREQUEST']._serialized_end=1378
-  _globals['_RANKINFO']._serialized_start=1381
-  _globals['_RANKINFO']._serialized_end=1698
-  _globals['_EVENT']._serialized_start=1700
-  _globals['_EVENT']._serialized_end=1766
-  _globals['_GETSTATERESPONSE']._serialized_start=1769
-  _globals['_GETSTATERESPONSE']._serialized_end=2215
-  _globals['_STOPRUNREQUEST']._serialized_start=2217
-  _globals['_STOPRUNREQUEST']._serialized_end=2249
-  _globals['_STOPRUNRESPONSE']._serialized_start=2251
-  _globals['_STOPRUNRESPONSE']._serialized_end=2302
-  _globals['_STATECURSOR']._serialized_start=2304
-  _globals['_STATECURSOR']._serialized_end=2395
-  _globals['_METRICRECORD']._serialized_start=2397
-  _globals['_METRICRECORD']._serialized_end=2475
-  _globals['_ORCHESTRATOR']._serialized_start=2836
-  _globals['_ORCHESTRATOR']._serialized_end=3367
+  _globals['_REGISTERREQUEST']._serialized_end=238
+  _globals['_REGISTERRESPONSE']._serialized_start=241
+  _globals['_REGISTERRESPONSE']._serialized_end=432
+  _globals['_CANSTARTTRAININGREQUEST']._serialized_start=434
+  _globals['_CANSTARTTRAININGREQUEST']._serialized_end=494
+  _globals['_CANSTARTTRAININGRESPONSE']._serialized_start=497
+  _globals['_CANSTARTTRAININGRESPONSE']._serialized_end=637
+  _globals['_SERIES']._serialized_start=639
+  _globals['_SERIES']._serialized_end=721
+  _globals['_HEARTBEATREQUEST']._serialized_start=724
+  _globals['_HEARTBEATREQUEST']._serialized_end=869
+  _globals['_HEARTBEATRESPONSE']._serialized_start=871
+  _globals['_HEARTBEATRESPONSE']._serialized_end=947
+  _globals['_HOSTHEARTBEATSREQUEST']._serialized_start=949
+  _globals['_HOSTHEARTBEATSREQUEST']._serialized_end=1014
+  _globals['_BEATREPLY']._serialized_start=1016
+  _globals['_BEATREPLY']._serialized_end=1099
+  _globals['_HOSTHEARTBEATSRESPONSE']._serialized_start=1101
+  _globals['_HOSTHEARTBEATSRESPONSE']._serialized_end=1162
+  _globals['_COMPLETIONREQUEST']._serialized_start=1165
+  _globals['_COMPLETIONREQUEST']._serialized_end=1328
+  _globals['_COMPLETIONRESPONSE']._serialized_start=1330
+  _globals['_COMPLETIONRESPONSE']._serialized_end=1350
+  _globals['_GETSTATEREQUEST']._serialized_start=1352
+  _globals['_GETSTATEREQUEST']._serialized_end=1426
+  _globals['_RANKINFO']._serialized_start=1429
+  _globals['_RANKINFO']._serialized_end=1746
+  _globals['_EVENT']._serialized_start=1748
+  _globals['_EVENT']._serialized_end=1814
+  _globals['_GETSTATERESPONSE']._serialized_start=1817
+  _globals['_GETSTATERESPONSE']._serialized_end=2263
+  _globals['_STOPRUNREQUEST']._serialized_start=2265
+  _globals['_STOPRUNREQUEST']._serialized_end=2297
+  _globals['_STOPRUNRESPONSE']._serialized_start=2299
+  _globals['_STOPRUNRESPONSE']._serialized_end=2350
+  _globals['_STATECURSOR']._serialized_start=2352
+  _globals['_STATECURSOR']._serialized_end=2443
+  _globals['_METRICRECORD']._serialized_start=2445
+  _globals['_METRICRECORD']._serialized_end=2523
+  _globals['_ORCHESTRATOR']._serialized_start=2884
+  _globals['_ORCHESTRATOR']._serialized_end=3415
 # @@protoc_insertion_point(module_scope)

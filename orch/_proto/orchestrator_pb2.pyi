@@ -55,7 +55,7 @@ STOP: Command
 ABORT: Command
 
 class RegisterRequest(_message.Message):
-    __slots__ = ("worker_id", "host", "pid", "address", "rendezvous_port", "local_rank", "backend", "run_id")
+    __slots__ = ("worker_id", "host", "pid", "address", "rendezvous_port", "local_rank", "backend", "run_id", "rank", "world_size")
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     HOST_FIELD_NUMBER: _ClassVar[int]
     PID_FIELD_NUMBER: _ClassVar[int]
@@ -64,6 +64,8 @@ class RegisterRequest(_message.Message):
     LOCAL_RANK_FIELD_NUMBER: _ClassVar[int]
     BACKEND_FIELD_NUMBER: _ClassVar[int]
     RUN_ID_FIELD_NUMBER: _ClassVar[int]
+    RANK_FIELD_NUMBER: _ClassVar[int]
+    WORLD_SIZE_FIELD_NUMBER: _ClassVar[int]
     worker_id: str
     host: str
     pid: int
@@ -72,7 +74,9 @@ class RegisterRequest(_message.Message):
     local_rank: int
     backend: str
     run_id: str
-    def __init__(self, worker_id: _Optional[str] = ..., host: _Optional[str] = ..., pid: _Optional[int] = ..., address: _Optional[str] = ..., rendezvous_port: _Optional[int] = ..., local_rank: _Optional[int] = ..., backend: _Optional[str] = ..., run_id: _Optional[str] = ...) -> None: ...
+    rank: int
+    world_size: int
+    def __init__(self, worker_id: _Optional[str] = ..., host: _Optional[str] = ..., pid: _Optional[int] = ..., address: _Optional[str] = ..., rendezvous_port: _Optional[int] = ..., local_rank: _Optional[int] = ..., backend: _Optional[str] = ..., run_id: _Optional[str] = ..., rank: _Optional[int] = ..., world_size: _Optional[int] = ...) -> None: ...
 
 class RegisterResponse(_message.Message):
     __slots__ = ("rank", "world_size", "run_id", "fn", "config_json", "total_steps", "heartbeat_timeout", "attempt", "rendezvous_port")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from bisect import insort
 from collections import deque
 from dataclasses import dataclass, field
 
@@ -52,12 +53,18 @@ class RankRecord(RankView):
 
 
 class Registry:
-    """The ranks of the current attempt, in registration order (rank = order)."""
+    """The ranks of the current attempt, in rank order.
+
+    A worker started by a launcher (torchrun, srun) asks for the rank its launcher gave it
+    and gets that one or a refusal; any other worker gets the lowest free rank, so that
+    without requests the rank is the registration order.
+    """
 
     def __init__(self, world_size: int) -> None:
         self.world_size = world_size
         self.ranks: list[RankRecord] = []
         self._by_worker: dict[str, RankRecord] = {}
+        self._by_rank: dict[int, RankRecord] = {}
 
     @property
     def full(self) -> bool:
@@ -79,12 +86,23 @@ class Registry:
             if req.rendezvous_port:
                 rec.rendezvous_port = req.rendezvous_port  # rank 0 tells where its store listens
             return rec, False
-        if self.full:
+        if req.world_size and req.world_size != self.world_size:
+            raise Reject(
+                "failed_precondition",
+                f"worker {req.worker_id} was started with world size {req.world_size} (by its "
+                f"launcher) but run {run_id} has world size {self.world_size}: start as many tasks as "
+                "the master's --world-size, or start the master with the launcher's world size",
+            )
+        if req.HasField("rank"):
+            rank = self._requested(req, run_id)
+        elif self.full:
             raise Reject(
                 "resource_exhausted", f"run {run_id} already has all {self.world_size} ranks registered"
             )
+        else:
+            rank = next(r for r in range(self.world_size) if r not in self._by_rank)
         rec = RankRecord(
-            rank=len(self.ranks),
+            rank=rank,
             worker_id=req.worker_id,
             host=req.host,
             pid=req.pid,
@@ -92,13 +110,39 @@ class Registry:
             rendezvous_port=req.rendezvous_port,
             backend=req.backend,
         )
-        self.ranks.append(rec)
+        insort(self.ranks, rec, key=lambda r: r.rank)
         self._by_worker[req.worker_id] = rec
+        self._by_rank[rank] = rec
         return rec, True
+
+    def _requested(self, req: pb.RegisterRequest, run_id: str) -> int:
+        """The rank the worker asked for, if it is free and in range."""
+        rank = req.rank
+        if rank >= self.world_size:
+            raise Reject(
+                "invalid_argument",
+                f"worker {req.worker_id} asked for rank {rank}, but run {run_id} has world size "
+                f"{self.world_size} (ranks 0-{self.world_size - 1})",
+            )
+        holder = self._by_rank.get(rank)
+        if holder is not None:
+            raise Reject(
+                "already_exists",
+                f"worker {req.worker_id} asked for rank {rank}, which worker {holder.worker_id} "
+                f"(host {holder.host}, pid {holder.pid}) already holds in run {run_id}: each "
+                "launcher task needs its own rank, and each run its own master",
+            )
+        return rank
+
+    @property
+    def rank0(self) -> RankRecord | None:
+        """Rank 0's record (it serves the rendezvous), once it registered."""
+        return self._by_rank.get(0)
 
     def rendezvous_port(self, fixed: int) -> int:
         """The rendezvous port in use: the fixed one, or the one rank 0 bound (0: not yet)."""
-        return fixed or (self.ranks[0].rendezvous_port if self.ranks else 0)
+        rank0 = self.rank0
+        return fixed or (rank0.rendezvous_port if rank0 is not None else 0)
 
     def barrier(
         self, rec: RankRecord, *, open_: bool, fixed_port: int, backend: str, now: float
@@ -111,7 +155,7 @@ class Registry:
             ready=ready, registered=len(self.ranks), world_size=self.world_size
         )
         if ready:
-            reply.master_addr = self.ranks[0].address
+            reply.master_addr = self.ranks[0].address  # rank 0: the ranks are in rank order
             reply.master_port = port
             reply.backend = backend or ("nccl" if all(r.backend == "nccl" for r in self.ranks) else "gloo")
             if rec.state is RankState.REGISTERED:

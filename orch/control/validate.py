@@ -14,7 +14,9 @@ MAX_ERROR_LEN = 64 * 1024  # a rank's reported error is cut to this
 BACKENDS = ("", "gloo", "nccl")
 MAX_BEATS_PER_BATCH = 256  # heartbeats in one host agent's SendHostHeartbeats call
 
-RejectKind = Literal["invalid_argument", "failed_precondition", "not_found", "resource_exhausted"]
+RejectKind = Literal[
+    "invalid_argument", "failed_precondition", "not_found", "resource_exhausted", "already_exists"
+]
 # The grpc status code of each kind, by number (grpc.StatusCode's values; this module
 # does not import grpc).
 STATUS_CODE: dict[str, int] = {
@@ -22,6 +24,7 @@ STATUS_CODE: dict[str, int] = {
     "failed_precondition": 9,
     "not_found": 5,
     "resource_exhausted": 8,
+    "already_exists": 6,
 }
 
 
@@ -50,6 +53,10 @@ def check_register(req: pb.RegisterRequest) -> None:
         raise Reject("invalid_argument", f"rendezvous_port {req.rendezvous_port} is not a port")
     if req.backend not in BACKENDS:
         raise Reject("invalid_argument", f"backend {req.backend!r} is not one of gloo, nccl")
+    if req.HasField("rank") and req.rank < 0:
+        raise Reject("invalid_argument", f"worker {req.worker_id} asked for rank {req.rank}: a rank is >= 0")
+    if req.world_size < 0:
+        raise Reject("invalid_argument", f"world_size must be >= 0 (0: not said), got {req.world_size}")
 
 
 def check_heartbeat(req: pb.HeartbeatRequest) -> None:

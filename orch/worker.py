@@ -560,7 +560,10 @@ def _run_group(specs: list[WorkerSpec], agent: HostAgent, poll_interval: float) 
     signal.signal(signal.SIGTERM, end_all)
     code = 0
     try:
-        while any(p.exitcode is None for p in procs):
+        while True:
+            # Exits are read before the loop may end: a killed rank and the peer its death broke
+            # can both be gone within one poll, and the killed one must still be reported.
+            running = any(p.exitcode is None for p in procs)
             failed = [(spec, p.exitcode) for spec, p in zip(specs, procs, strict=True) if p.exitcode]
             if failed and code == 0:
                 code = _shell_status(failed[0][1])
@@ -568,6 +571,8 @@ def _run_group(specs: list[WorkerSpec], agent: HostAgent, poll_interval: float) 
                     for spec, exitcode in failed:  # a rank that reported itself keeps its own report
                         agent.report_exit(spec.worker_id, exitcode)
                 end_all()
+            if not running:
+                break
             time.sleep(poll_interval)
     except KeyboardInterrupt:
         end_all()

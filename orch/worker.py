@@ -532,6 +532,9 @@ def run_local_group(specs: list[WorkerSpec], poll_interval: float = 0.1) -> int:
         log.info("host agent: %d heartbeats in %d calls to the master", agent.beats, agent.batches)
 
 
+REPORT_TIMEOUT = 10.0  # seconds to tell the master of ranks that died without a word
+
+
 def _run_group(specs: list[WorkerSpec], agent: HostAgent, poll_interval: float) -> int:
     import multiprocessing as mp
 
@@ -568,8 +571,12 @@ def _run_group(specs: list[WorkerSpec], agent: HostAgent, poll_interval: float) 
             if failed and code == 0:
                 code = _shell_status(failed[0][1])
                 if not ended:
+                    # One deadline for them all: a master that cannot be reached costs it once.
+                    deadline = time.monotonic() + REPORT_TIMEOUT
                     for spec, exitcode in failed:  # a rank that reported itself keeps its own report
-                        agent.report_exit(spec.worker_id, exitcode)
+                        if exitcode == EXIT_ABORTED:
+                            continue  # it ended itself: its master aborted it or went silent
+                        agent.report_exit(spec.worker_id, exitcode, max(0.5, deadline - time.monotonic()))
                 end_all()
             if not running:
                 break

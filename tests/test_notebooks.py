@@ -202,6 +202,14 @@ def check_sweep(nb: nbformat.NotebookNode, path: Path) -> None:
     legend = compare_out.data["text/html"]
     assert legend.count('class="orch-compared"') == 2 and f'data-run="{best.group(3)}"' in legend
     assert legend.count("SUCCEEDED") == 2
+    # orch.runs(): the sweep's four runs, each SUCCEEDED, and the slowest one read back.
+    [runs_table] = outputs['table.filter(sweep="digits-lr")']
+    listed = runs_table.data["text/html"]
+    assert 'class="orch-runs"' in listed and listed.count(">SUCCEEDED</span>") == 4
+    assert all(f"digits-lr[{i}]" in listed for i in range(4)) and best.group(3) in listed
+    assert "4 succeeded; slowest: {'lr'" in text
+    [loaded] = outputs["slowest.load()"]
+    assert 'data-state="SUCCEEDED"' in loaded.data["text/html"] and "image/png" in loaded.data
     subprocess.run(
         [sys.executable, "-m", "jupyter", "nbconvert", "--to", "html", str(path)],
         cwd=path.parent,
@@ -210,5 +218,5 @@ def check_sweep(nb: nbformat.NotebookNode, path: Path) -> None:
         timeout=300,
     )
     converted = path.with_suffix(".html").read_text()
-    assert converted.count('class="orch-record"') == 2
+    assert converted.count('class="orch-record"') == 3
     assert converted.count('class="orch-trial" data-state="SUCCEEDED"') >= 4

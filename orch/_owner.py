@@ -12,6 +12,7 @@ and its start time.
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import select
 import sys
@@ -31,6 +32,44 @@ def process_start_time(pid: int) -> int | None:
     # The command name (field 2) may hold spaces and parentheses: fields follow its last ')'.
     fields = stat[stat.rindex(b")") + 2 :].split()
     return int(fields[19])  # field 22 of the whole line
+
+
+def process_alive(pid: int, *, start_time: int | None = None, began_by: float | None = None) -> bool:
+    """``pid`` runs (not a zombie) and is the process meant: the one that started at
+    ``start_time`` (clock ticks since boot), or one that began by ``began_by`` (unix seconds;
+    a process that began later holds a reused pid)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read()
+    except FileNotFoundError:
+        return False
+    except OSError:  # no /proc: ask the kernel
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            pass
+        return True
+    fields = stat[stat.rindex(b")") + 2 :].split()  # the command name may hold spaces and ')'
+    if fields[0] in (b"Z", b"X"):
+        return False
+    ticks = int(fields[19])
+    if start_time is not None and ticks != start_time:
+        return False
+    boot = _boot_time()
+    if began_by is None or boot is None:
+        return True
+    return boot + ticks / os.sysconf("SC_CLK_TCK") <= began_by + 5.0  # btime is whole seconds
+
+
+@functools.cache
+def _boot_time() -> float | None:
+    with contextlib.suppress(OSError, ValueError, IndexError), open("/proc/stat") as f:
+        for line in f:
+            if line.startswith("btime"):
+                return float(line.split()[1])
+    return None
 
 
 class Owner:

@@ -26,10 +26,10 @@ import socket
 import time
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
-from functools import cache
 from pathlib import Path
 from typing import Any, overload
 
+from ._owner import process_alive
 from .dashboard import printable
 from .errors import ConfigError, OrchError
 from .launcher import Run, close_all_runs, live_runs
@@ -341,7 +341,7 @@ def _check_launcher(row: RunRow) -> None:
         )
     elif row.host and row.host != socket.gethostname():
         row.note = f"launched on host {row.host}: its process can only be checked there"
-    elif row.pid != os.getpid() and process_alive(row.pid, row.started):
+    elif row.pid != os.getpid() and process_alive(row.pid, began_by=row.started):
         row.state = RunState.RUNNING.value
         row.note = f"its launching process (pid {row.pid}) runs"
         row.duration = time.time() - row.started if row.started else None
@@ -353,40 +353,6 @@ def _check_launcher(row: RunRow) -> None:
             "and it left no result.json"
         )
         row.duration = _last_write(row.path) - row.started if row.started else None
-
-
-def process_alive(pid: int, started: float | None = None) -> bool:
-    """``pid`` runs (not a zombie), and began before ``started`` (else the pid was reused)."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            stat = f.read()
-    except FileNotFoundError:
-        return False
-    except OSError:  # no /proc: ask the kernel
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return False
-        except PermissionError:
-            pass
-        return True
-    fields = stat[stat.rindex(b")") + 2 :].split()  # the command name may hold spaces and ')'
-    if fields[0] in (b"Z", b"X"):
-        return False
-    boot = _boot_time()
-    if started is None or boot is None:
-        return True
-    began = boot + int(fields[19]) / os.sysconf("SC_CLK_TCK")
-    return began <= started + 5.0  # btime is rounded to the second; a reused pid began after
-
-
-@cache
-def _boot_time() -> float | None:
-    with contextlib.suppress(OSError, ValueError, IndexError), open("/proc/stat") as f:
-        for line in f:
-            if line.startswith("btime"):
-                return float(line.split()[1])
-    return None
 
 
 def _attempts_logged(path: Path, run_id: str) -> int:

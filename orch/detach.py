@@ -40,6 +40,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
+from ._owner import process_alive
 from ._viewable import Viewable
 from .auth import TOKEN_ENV, new_token, token_from_env
 from .client import MasterClient, StateMirror
@@ -285,27 +286,6 @@ def _field(value: dict[str, Any], key: str, kind: type, *, optional: bool = Fals
     return v
 
 
-def process_running(pid: int, start_time: int | None) -> bool:
-    """``pid`` is a live process (not a zombie) that started at ``start_time`` (when known)."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            proc_stat = f.read()
-    except FileNotFoundError:
-        return False
-    except OSError:  # no /proc: ask the kernel
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return False
-        except PermissionError:
-            pass
-        return True
-    fields = proc_stat[proc_stat.rindex(b")") + 2 :].split()
-    if fields[0] in (b"Z", b"X"):
-        return False
-    return start_time is None or int(fields[19]) == start_time
-
-
 def _signal_process(pid: int, start_time: int | None, sig: signal.Signals) -> bool:
     """Send ``sig`` to ``pid`` if it is still the process that started at ``start_time``."""
     pidfd = -1
@@ -313,7 +293,7 @@ def _signal_process(pid: int, start_time: int | None, sig: signal.Signals) -> bo
         pidfd = os.pidfd_open(pid)
     try:
         # Checked after the pidfd was opened: the pidfd names that process, however pids get reused.
-        if not process_running(pid, start_time):
+        if not process_alive(pid, start_time=start_time):
             return False
         if pidfd >= 0:
             signal.pidfd_send_signal(pidfd, sig)
@@ -403,7 +383,7 @@ class DetachedRun(Viewable):
     def done(self) -> bool:
         """True once the supervisor is gone: the run ended and its record is on disk."""
         ep = self.endpoint
-        return ep is None or not process_running(ep.pid, ep.start_time)
+        return ep is None or not process_alive(ep.pid, start_time=ep.start_time)
 
     def connect(self) -> MasterClient | None:
         """A new client of the run's master (with its token), or None once the run ended."""

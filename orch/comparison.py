@@ -28,7 +28,7 @@ import numpy.typing as npt
 from ._static import IMAGE, Record
 from .client import SeriesBuffer, StateMirror
 from .errors import ConfigError, OrchError
-from .panel import STATE_COLORS, downsample
+from .panel import STATE_COLORS, choose, default_metric, downsample
 from .sweep import default_mode
 
 if TYPE_CHECKING:
@@ -384,17 +384,8 @@ class RunsView:
         names = sorted({name for m in self.mirrors for _, name in m.series})
         with self.widget.hold_sync():
             if names and list(self.metric.options) != names:
-                current = (
-                    self.metric.value
-                    if self.metric.value in names
-                    else ("loss" if "loss" in names else names[0])
-                )
-                self._choosing = True
-                try:
-                    self.metric.options = names
-                    self.metric.value = current
-                finally:
-                    self._choosing = False
+                current = self.metric.value if self.metric.value in names else default_metric(names)
+                choose(self, self.metric, names, current)
             self._draw_parts()
             points = tuple(sum(len(b) for b in m.series.values()) for m in self.mirrors)
             key = (points, self.marked(), tuple(m.state for m in self.mirrors))

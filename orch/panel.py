@@ -67,6 +67,23 @@ class PanelSource(Protocol):
     def final_state(self) -> StateMirror | None: ...
 
 
+def choose(view: Any, dropdown: widgets.Dropdown, options: list[Any], value: Any) -> None:
+    """New choices for one of ``view``'s dropdowns, keeping ``value`` chosen. New options pick
+    their first as the value for a moment: no choice of the user's, so ``view._choosing`` tells
+    its observers not to redraw for it."""
+    view._choosing = True
+    try:
+        dropdown.options = options
+        dropdown.value = value
+    finally:
+        view._choosing = False
+
+
+def default_metric(names: list[str]) -> str:
+    """The metric a panel shows first: the loss if one is logged."""
+    return "loss" if "loss" in names else names[0]
+
+
 def downsample(x: npt.NDArray[Any], y: npt.NDArray[np.float64], width: int) -> tuple[Any, Any]:
     """At most ``2 * width`` points that keep each pixel column's min and max (spikes stay)."""
     n = len(x)
@@ -293,18 +310,8 @@ class Panel:
         points = sum(len(b) for b in m.series.values())
         with self.widget.hold_sync():
             if names and list(self.metric.options) != names:
-                current = (
-                    self.metric.value
-                    if self.metric.value in names
-                    else ("loss" if "loss" in names else names[0])
-                )
-                # New options pick their first as the value for a moment: no redraw of it.
-                self._choosing = True
-                try:
-                    self.metric.options = names
-                    self.metric.value = current
-                finally:
-                    self._choosing = False
+                current = self.metric.value if self.metric.value in names else default_metric(names)
+                choose(self, self.metric, names, current)
             self._draw_header(m)
             self.table.value = self._table_html(m)
             self.failure.value = self._failure_html(m)
@@ -405,12 +412,7 @@ class Panel:
         options = [(f"rank {rank}", rank) for rank in sorted(by_rank)]
         if options and list(self.log_rank.options) != options:
             shown = self.log_rank.value if self.log_rank.value in by_rank else min(by_rank)
-            self._choosing = True
-            try:
-                self.log_rank.options = options
-                self.log_rank.value = shown  # the rank whose log is shown below
-            finally:
-                self._choosing = False
+            choose(self, self.log_rank, options, shown)  # the rank whose log is shown below
         if not by_rank:
             self.log_tail.value = "<i>worker logs stay on the workers' hosts</i>" if m.ranks else ""
             return

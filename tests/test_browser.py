@@ -31,7 +31,7 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -203,28 +203,13 @@ class Lab:
             self._log.close()
 
 
-def wait_until(predicate: Callable[[], bool], timeout: float, what: str, interval: float = 0.2) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        time.sleep(interval)
-    if not predicate():
-        raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-
-
-@pytest.mark.timeout(300)
-def test_panel_in_jupyterlab(tmp_path: Path) -> None:
-    from playwright.sync_api import expect, sync_playwright
-
-    root = tmp_path / "lab"
-    root.mkdir()
-    home = tmp_path / "home"
-    home.mkdir()
-    run_root = tmp_path / "runs"
-    write_notebook(root / NOTEBOOK, run_root)
-    ARTIFACTS.mkdir(exist_ok=True)
-    shot = ARTIFACTS / "panel.png"
+@contextlib.contextmanager
+def lab_browser(
+    tmp_path: Path, root: Path, home: Path, run_root: Path, height: int
+) -> Iterator[tuple[Lab, Any]]:
+    """JupyterLab serving ``root`` and a headless Chromium context on it; both gone after.
+    On a failure JupyterLab's log and the runs' worker logs are kept (test-artifacts/)."""
+    from playwright.sync_api import sync_playwright
 
     lab = Lab(root, home)
     try:
@@ -238,74 +223,10 @@ def test_panel_in_jupyterlab(tmp_path: Path) -> None:
                 executable_path=str(CHROMIUM),
                 headless=True,
                 args=CHROMIUM_ARGS,
-                viewport={"width": 1280, "height": 1000},
+                viewport={"width": 1280, "height": height},
             )
             try:
-                page = ctx.pages[0] if ctx.pages else ctx.new_page()
-                page.set_default_timeout(60_000)
-                page.goto(f"{lab.base}/lab/tree/{NOTEBOOK}?token={lab.token}")
-                run_all_cells(page, lab)
-
-                panel = page.locator(".orch-panel")
-                panel.wait_for(timeout=120_000)
-                rows = panel.locator("tr.orch-rank")
-                state = panel.locator("span.orch-state")
-                stop = panel.locator("button", has_text="Stop")
-                plot = panel.locator("img")
-
-                expect(rows).to_have_count(4, timeout=120_000)
-                expect(state).to_have_attribute("data-state", "RUNNING", timeout=120_000)
-                assert sorted(rows.evaluate_all("rs => rs.map(r => r.dataset.rank)")) == ["0", "1", "2", "3"]
-                # the workers have logged points: the plot is drawn
-                expect(plot).to_have_attribute("src", re.compile(r"^blob:|^data:"))
-                wait_until(lambda: _step(rows) > 5, 60, "rank 0 to make progress")
-
-                # two looks while training runs: the plot was redrawn in between (waited for, not
-                # slept on: a loaded 2-core machine keeps no pace)
-                src1, png1, step1 = plot.get_attribute("src"), plot.screenshot(), _step(rows)
-                wait_until(
-                    lambda: (
-                        _step(rows) > step1
-                        and plot.get_attribute("src") != src1
-                        and plot.screenshot() != png1
-                    ),
-                    60,
-                    "the plot to be redrawn",
-                )
-                src2, png2, step2 = plot.get_attribute("src"), plot.screenshot(), _step(rows)
-                assert state.get_attribute("data-state") == "RUNNING"
-                assert step2 > step1, (step1, step2)
-                assert src1 != src2, "the plot image was not replaced while training ran"
-                assert png1 != png2, "the plot did not change while training ran"
-                expect(stop).to_be_enabled()
-                page.screenshot(path=str(shot), full_page=True)
-
-                # The kernel is busy in the fourth cell's run.wait(): a click must still stop the run.
-                waiting = page.locator(".jp-Notebook .jp-Cell").nth(3)
-                expect(waiting.locator(".jp-InputPrompt")).to_have_text("[*]:")  # still running
-                assert "WAITED" not in waiting.locator(".jp-Cell-outputWrapper").inner_text()
-                clicked = time.monotonic()
-                stop.click()
-                # The run ended: the panel's output is now the record of its final state, as saved
-                shown = page.locator(".jp-Notebook .jp-Cell").nth(2).locator(".jp-OutputArea-output")
-                record = shown.locator(".orch-record")
-                expect(record.locator("span.orch-state")).to_have_attribute(
-                    "data-state", "STOPPED", timeout=30_000
-                )
-                expect(waiting.locator(".jp-OutputArea-output")).to_contain_text(
-                    "WAITED STOPPED", timeout=30_000
-                )
-                took = time.monotonic() - clicked
-                print(f"\nStop clicked while a cell waited: its output came {took:.1f}s later")
-                expect(shown.locator(".orch-panel")).to_have_count(0)
-                expect(record.locator("tr.orch-rank")).to_have_count(4)
-                expect(record.locator("img")).to_have_attribute("src", re.compile(r"^data:image/png;base64,"))
-                assert record.locator("img").evaluate("i => i.complete && i.naturalWidth") > 0
-                page.screenshot(path=str(ARTIFACTS / "panel-stopped.png"), full_page=True)
-            except BaseException:
-                with contextlib.suppress(Exception):
-                    page.screenshot(path=str(ARTIFACTS / "panel-failure.png"), full_page=True)
-                raise
+                yield lab, ctx
             finally:
                 ctx.close()
     except BaseException:
@@ -314,6 +235,94 @@ def test_panel_in_jupyterlab(tmp_path: Path) -> None:
         raise
     finally:
         lab.stop()
+
+
+def wait_until(predicate: Callable[[], bool], timeout: float, what: str, interval: float = 0.2) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(interval)
+    if not predicate():
+        raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+
+
+@pytest.mark.timeout(300)
+def test_panel_in_jupyterlab(tmp_path: Path) -> None:
+    from playwright.sync_api import expect
+
+    root = tmp_path / "lab"
+    root.mkdir()
+    home = tmp_path / "home"
+    home.mkdir()
+    run_root = tmp_path / "runs"
+    write_notebook(root / NOTEBOOK, run_root)
+    ARTIFACTS.mkdir(exist_ok=True)
+    shot = ARTIFACTS / "panel.png"
+
+    with lab_browser(tmp_path, root, home, run_root, 1000) as (lab, ctx):
+        try:
+            page = ctx.pages[0] if ctx.pages else ctx.new_page()
+            page.set_default_timeout(60_000)
+            page.goto(f"{lab.base}/lab/tree/{NOTEBOOK}?token={lab.token}")
+            run_all_cells(page, lab)
+
+            panel = page.locator(".orch-panel")
+            panel.wait_for(timeout=120_000)
+            rows = panel.locator("tr.orch-rank")
+            state = panel.locator("span.orch-state")
+            stop = panel.locator("button", has_text="Stop")
+            plot = panel.locator("img")
+
+            expect(rows).to_have_count(4, timeout=120_000)
+            expect(state).to_have_attribute("data-state", "RUNNING", timeout=120_000)
+            assert sorted(rows.evaluate_all("rs => rs.map(r => r.dataset.rank)")) == ["0", "1", "2", "3"]
+            # the workers have logged points: the plot is drawn
+            expect(plot).to_have_attribute("src", re.compile(r"^blob:|^data:"))
+            wait_until(lambda: _step(rows) > 5, 60, "rank 0 to make progress")
+
+            # two looks while training runs: the plot was redrawn in between (waited for, not
+            # slept on: a loaded 2-core machine keeps no pace)
+            src1, png1, step1 = plot.get_attribute("src"), plot.screenshot(), _step(rows)
+            wait_until(
+                lambda: (
+                    _step(rows) > step1 and plot.get_attribute("src") != src1 and plot.screenshot() != png1
+                ),
+                60,
+                "the plot to be redrawn",
+            )
+            src2, png2, step2 = plot.get_attribute("src"), plot.screenshot(), _step(rows)
+            assert state.get_attribute("data-state") == "RUNNING"
+            assert step2 > step1, (step1, step2)
+            assert src1 != src2, "the plot image was not replaced while training ran"
+            assert png1 != png2, "the plot did not change while training ran"
+            expect(stop).to_be_enabled()
+            page.screenshot(path=str(shot), full_page=True)
+
+            # The kernel is busy in the fourth cell's run.wait(): a click must still stop the run.
+            waiting = page.locator(".jp-Notebook .jp-Cell").nth(3)
+            expect(waiting.locator(".jp-InputPrompt")).to_have_text("[*]:")  # still running
+            assert "WAITED" not in waiting.locator(".jp-Cell-outputWrapper").inner_text()
+            clicked = time.monotonic()
+            stop.click()
+            # The run ended: the panel's output is now the record of its final state, as saved
+            shown = page.locator(".jp-Notebook .jp-Cell").nth(2).locator(".jp-OutputArea-output")
+            record = shown.locator(".orch-record")
+            expect(record.locator("span.orch-state")).to_have_attribute(
+                "data-state", "STOPPED", timeout=30_000
+            )
+            expect(waiting.locator(".jp-OutputArea-output")).to_contain_text("WAITED STOPPED", timeout=30_000)
+            took = time.monotonic() - clicked
+            print(f"\nStop clicked while a cell waited: its output came {took:.1f}s later")
+            expect(shown.locator(".orch-panel")).to_have_count(0)
+            expect(record.locator("tr.orch-rank")).to_have_count(4)
+            expect(record.locator("img")).to_have_attribute("src", re.compile(r"^data:image/png;base64,"))
+            assert record.locator("img").evaluate("i => i.complete && i.naturalWidth") > 0
+            page.screenshot(path=str(ARTIFACTS / "panel-stopped.png"), full_page=True)
+        except BaseException:
+            with contextlib.suppress(Exception):
+                page.screenshot(path=str(ARTIFACTS / "panel-failure.png"), full_page=True)
+            raise
 
 
 def write_record_notebook(path: Path, run_root: Path) -> None:
@@ -349,7 +358,7 @@ def write_record_notebook(path: Path, run_root: Path) -> None:
 
 @pytest.mark.timeout(480)
 def test_a_saved_notebook_shows_each_panel_s_final_record_without_its_kernel(tmp_path: Path) -> None:
-    from playwright.sync_api import expect, sync_playwright
+    from playwright.sync_api import expect
 
     root = tmp_path / "lab"
     root.mkdir()
@@ -376,61 +385,39 @@ def test_a_saved_notebook_shows_each_panel_s_final_record_without_its_kernel(tmp
     nbformat.write(nb, root / "record-trusted.ipynb")
     ARTIFACTS.mkdir(exist_ok=True)
 
-    lab = Lab(root, home)
-    try:
-        lab.wait_ready()
-        with (
-            sync_playwright() as pw,
-            tempfile.TemporaryDirectory(prefix="orch-chromium-", dir=tmp_path) as profile,
-        ):
-            ctx = pw.chromium.launch_persistent_context(
-                profile,
-                executable_path=str(CHROMIUM),
-                headless=True,
-                args=CHROMIUM_ARGS,
-                viewport={"width": 1280, "height": 1600},
-            )
-            try:
-                for name in ("record", "record-trusted"):
-                    page = ctx.new_page()
-                    page.set_default_timeout(60_000)
-                    # its own workspace: no tab of the other notebook is restored over it
-                    page.goto(f"{lab.base}/lab/workspaces/{name}/tree/{name}.ipynb?token={lab.token}")
-                    cells = page.locator(".jp-Notebook .jp-Cell")
-                    expect(cells).to_have_count(6, timeout=90_000)
-                    shown = {}
-                    for index, state, ranks in ((1, "SUCCEEDED", 4), (3, "FAILED", 2)):
-                        out = cells.nth(index).locator(".jp-OutputArea-output")
-                        expect(out).to_have_count(1)
-                        expect(out).to_have_attribute("data-mime-type", "text/html")
-                        img = out.locator("img")
-                        expect(img).to_be_visible()
-                        expect(img).to_have_attribute("src", re.compile(r"^data:image/png;base64,"))
-                        wait_until(
-                            lambda img=img: img.evaluate("i => i.complete && i.naturalWidth > 0"),
-                            30,
-                            "the picture to be decoded",
-                        )
-                        expect(out.locator("table tbody tr")).to_have_count(ranks)
-                        expect(out.locator("table")).to_be_visible()
-                        expect(out).to_contain_text(state)
-                        shown[state] = out.inner_text()
-                    assert "Root cause" in shown["FAILED"]
-                    assert "RuntimeError: boom on rank 1" in shown["FAILED"]
-                    assert "Root cause" not in shown["SUCCEEDED"]
-                    text = page.locator(".jp-Notebook").inner_text()
-                    assert "Error displaying widget" not in text and "VBox(" not in text
-                    for shot in (ARTIFACTS / f"{name}.png", Path(tempfile.gettempdir()) / f"orch-{name}.png"):
-                        page.screenshot(path=str(shot), full_page=True)
-                    page.close()
-            finally:
-                ctx.close()
-    except BaseException:
-        lab.stop()
-        keep_failure_logs(lab, run_root)
-        raise
-    finally:
-        lab.stop()
+    with lab_browser(tmp_path, root, home, run_root, 1600) as (lab, ctx):
+        for name in ("record", "record-trusted"):
+            page = ctx.new_page()
+            page.set_default_timeout(60_000)
+            # its own workspace: no tab of the other notebook is restored over it
+            page.goto(f"{lab.base}/lab/workspaces/{name}/tree/{name}.ipynb?token={lab.token}")
+            cells = page.locator(".jp-Notebook .jp-Cell")
+            expect(cells).to_have_count(6, timeout=90_000)
+            shown = {}
+            for index, state, ranks in ((1, "SUCCEEDED", 4), (3, "FAILED", 2)):
+                out = cells.nth(index).locator(".jp-OutputArea-output")
+                expect(out).to_have_count(1)
+                expect(out).to_have_attribute("data-mime-type", "text/html")
+                img = out.locator("img")
+                expect(img).to_be_visible()
+                expect(img).to_have_attribute("src", re.compile(r"^data:image/png;base64,"))
+                wait_until(
+                    lambda img=img: img.evaluate("i => i.complete && i.naturalWidth > 0"),
+                    30,
+                    "the picture to be decoded",
+                )
+                expect(out.locator("table tbody tr")).to_have_count(ranks)
+                expect(out.locator("table")).to_be_visible()
+                expect(out).to_contain_text(state)
+                shown[state] = out.inner_text()
+            assert "Root cause" in shown["FAILED"]
+            assert "RuntimeError: boom on rank 1" in shown["FAILED"]
+            assert "Root cause" not in shown["SUCCEEDED"]
+            text = page.locator(".jp-Notebook").inner_text()
+            assert "Error displaying widget" not in text and "VBox(" not in text
+            for shot in (ARTIFACTS / f"{name}.png", Path(tempfile.gettempdir()) / f"orch-{name}.png"):
+                page.screenshot(path=str(shot), full_page=True)
+            page.close()
 
 
 def keep_failure_logs(lab: Lab, run_root: Path) -> None:
@@ -509,70 +496,47 @@ def write_sweep_notebook(path: Path, run_root: Path) -> None:
 def test_sweep_panel_in_jupyterlab(tmp_path: Path) -> None:
     """The sweep panel as a page: live rows and curves, a row opening its run's per-rank panel
     while the next cell waits, then the sweep's record with the failure and the best run."""
-    from playwright.sync_api import expect, sync_playwright
+    from playwright.sync_api import expect
 
     root, home, run_root = tmp_path / "lab", tmp_path / "home", tmp_path / "runs"
     root.mkdir()
     home.mkdir()
     write_sweep_notebook(root / "sweep_browser.ipynb", run_root)
     ARTIFACTS.mkdir(exist_ok=True)
-    lab = Lab(root, home)
-    try:
-        lab.wait_ready()
-        with (
-            sync_playwright() as pw,
-            tempfile.TemporaryDirectory(prefix="orch-chromium-", dir=tmp_path) as profile,
-        ):
-            ctx = pw.chromium.launch_persistent_context(
-                profile,
-                executable_path=str(CHROMIUM),
-                headless=True,
-                args=CHROMIUM_ARGS,
-                viewport={"width": 1280, "height": 1400},
+    with lab_browser(tmp_path, root, home, run_root, 1400) as (lab, ctx):
+        try:
+            page = ctx.pages[0] if ctx.pages else ctx.new_page()
+            page.set_default_timeout(60_000)
+            page.goto(f"{lab.base}/lab/tree/sweep_browser.ipynb?token={lab.token}")
+            run_all_cells(page, lab)
+
+            panel = page.locator(".orch-sweep-panel")
+            panel.wait_for(timeout=120_000)
+            rows = panel.locator(".orch-trial-row")
+            expect(rows).to_have_count(3)
+            expect(rows.nth(0)).to_contain_text("RUNNING", timeout=120_000)
+            expect(panel.locator("img").first).to_have_attribute("src", re.compile(r"^blob:|^data:"))
+            # A click on the first run's button, while the next cell waits: its own panel opens.
+            panel.get_by_role("button", name="#0", exact=True).click()
+            opened = panel.locator(".orch-panel")
+            expect(opened.locator("tr.orch-rank")).to_have_count(2, timeout=30_000)
+            expect(panel.locator(".orch-opened")).to_have_attribute("data-index", "0")
+            page.screenshot(path=str(ARTIFACTS / "sweep-panel.png"), full_page=True)
+
+            # The sweep ends: its output becomes the record, with the failure and the best run.
+            output = page.locator(".jp-Notebook .jp-Cell").nth(1).locator(".jp-OutputArea-output")
+            record = output.locator(".orch-record")
+            expect(record.locator(".orch-sweep-state")).to_have_attribute(
+                "data-state", "done", timeout=120_000
             )
-            try:
-                page = ctx.pages[0] if ctx.pages else ctx.new_page()
-                page.set_default_timeout(60_000)
-                page.goto(f"{lab.base}/lab/tree/sweep_browser.ipynb?token={lab.token}")
-                run_all_cells(page, lab)
-
-                panel = page.locator(".orch-sweep-panel")
-                panel.wait_for(timeout=120_000)
-                rows = panel.locator(".orch-trial-row")
-                expect(rows).to_have_count(3)
-                expect(rows.nth(0)).to_contain_text("RUNNING", timeout=120_000)
-                expect(panel.locator("img").first).to_have_attribute("src", re.compile(r"^blob:|^data:"))
-                # A click on the first run's button, while the next cell waits: its own panel opens.
-                panel.get_by_role("button", name="#0", exact=True).click()
-                opened = panel.locator(".orch-panel")
-                expect(opened.locator("tr.orch-rank")).to_have_count(2, timeout=30_000)
-                expect(panel.locator(".orch-opened")).to_have_attribute("data-index", "0")
-                page.screenshot(path=str(ARTIFACTS / "sweep-panel.png"), full_page=True)
-
-                # The sweep ends: its output becomes the record, with the failure and the best run.
-                output = page.locator(".jp-Notebook .jp-Cell").nth(1).locator(".jp-OutputArea-output")
-                record = output.locator(".orch-record")
-                expect(record.locator(".orch-sweep-state")).to_have_attribute(
-                    "data-state", "done", timeout=120_000
-                )
-                expect(record.locator("tr.orch-trial")).to_have_count(3)
-                expect(record.locator('tr.orch-trial[data-state="FAILED"]')).to_contain_text(
-                    "was told to fail"
-                )
-                expect(record.locator(".orch-best")).to_contain_text("best by final loss: #")
-                assert record.locator("img").evaluate("i => i.complete && i.naturalWidth") > 0
-                waiting = page.locator(".jp-Notebook .jp-Cell").nth(2).locator(".jp-OutputArea-output")
-                expect(waiting).to_contain_text("SWEPT ['SUCCEEDED', 'FAILED', 'SUCCEEDED']", timeout=30_000)
-                page.screenshot(path=str(ARTIFACTS / "sweep-record.png"), full_page=True)
-            except BaseException:
-                with contextlib.suppress(Exception):
-                    page.screenshot(path=str(ARTIFACTS / "sweep-failure.png"), full_page=True)
-                raise
-            finally:
-                ctx.close()
-    except BaseException:
-        lab.stop()
-        keep_failure_logs(lab, run_root)
-        raise
-    finally:
-        lab.stop()
+            expect(record.locator("tr.orch-trial")).to_have_count(3)
+            expect(record.locator('tr.orch-trial[data-state="FAILED"]')).to_contain_text("was told to fail")
+            expect(record.locator(".orch-best")).to_contain_text("best by final loss: #")
+            assert record.locator("img").evaluate("i => i.complete && i.naturalWidth") > 0
+            waiting = page.locator(".jp-Notebook .jp-Cell").nth(2).locator(".jp-OutputArea-output")
+            expect(waiting).to_contain_text("SWEPT ['SUCCEEDED', 'FAILED', 'SUCCEEDED']", timeout=30_000)
+            page.screenshot(path=str(ARTIFACTS / "sweep-record.png"), full_page=True)
+        except BaseException:
+            with contextlib.suppress(Exception):
+                page.screenshot(path=str(ARTIFACTS / "sweep-failure.png"), full_page=True)
+            raise

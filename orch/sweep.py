@@ -250,7 +250,7 @@ class SweepResults:
         """Column names and the rows as text: config values, then state, steps, time, metrics."""
         keys = sorted({k for row in self.rows for k in row["config"]})
         metrics = self.metrics()
-        head = ["#", *keys, "state", "step", "time"]
+        head = ["#", *keys, "state", "step", "wall time"]
         for m in metrics:
             head += [f"{m} final", f"{m} best"]
         failures = any(row["failure"] for row in self.rows)
@@ -595,9 +595,10 @@ class Sweep:
     # -- what it found ------------------------------------------------------------------
     def results(self, modes: dict[str, str] | None = None) -> SweepResults:
         """A row per config: config, state, steps, final and best value of each logged scalar
-        (its mean over ranks), duration. Best is the greatest value for a metric named like
-        an accuracy or a score (:func:`default_mode`), else the least; ``modes`` overrides it:
-        ``results(modes={"margin": "max"})``."""
+        (its mean over ranks), duration (wall time from its launch to its record, start-up
+        included: a run's own elapsed time counts from its training's start). Best is the
+        greatest value for a metric named like an accuracy or a score (:func:`default_mode`),
+        else the least; ``modes`` overrides it: ``results(modes={"margin": "max"})``."""
         with self._lock:
             trials = list(self.trials)
         return SweepResults([t.summary(modes) for t in trials], self.name)

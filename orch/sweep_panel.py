@@ -128,7 +128,7 @@ class SweepPanel(RunsView):
         return (
             f'<div class="orch-header"><b>orch sweep {html.escape(self.sweep.name)}</b> &middot; '
             f'<span class="orch-sweep-state" data-state="{state}">{state}</span> &middot; '
-            f"{len(trials)} configs &middot; {running} running &middot; {failed} failed{note}</div>"
+            f"{len(trials)} configs &middot; {running} in progress &middot; {failed} failed{note}</div>"
         )
 
     def _record_html(self) -> str:

@@ -12,8 +12,8 @@ from ._viewable import Viewable
 from .auth import token_from_env
 from .catalog import live_notice
 from .client import MasterClient, StateMirror
-from .errors import ConfigError, RunFailed
-from .launcher import LaunchSpec, Run, live_runs, still_running
+from .errors import ConfigError
+from .launcher import LaunchSpec, Run, failure_of, live_runs, still_running
 from .states import RunState
 
 if TYPE_CHECKING:
@@ -218,13 +218,7 @@ class AttachedRun(Viewable):
         if self._panel is not None:
             self._panel.refresh()  # the final state is drawn before the waiting cell goes on
         if mirror.state is RunState.FAILED:
-            raise RunFailed(
-                f"run {mirror.run_id} failed: {mirror.failure}",
-                rank=mirror.root_cause_rank if mirror.root_cause_rank >= 0 else None,
-                exit_code=mirror.root_cause_exit_code,
-                traceback=mirror.root_cause_error,
-                state=mirror,
-            )
+            raise failure_of(mirror)
         return mirror
 
     def log_files(self) -> dict[str, Path]:

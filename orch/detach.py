@@ -44,8 +44,8 @@ from ._owner import process_alive
 from ._viewable import Viewable
 from .auth import TOKEN_ENV, new_token, token_from_env
 from .client import MasterClient, StateMirror
-from .errors import ConfigError, MasterUnavailable, OrchError, RunFailed
-from .launcher import LaunchSpec, RunResult, still_running
+from .errors import ConfigError, MasterUnavailable, OrchError
+from .launcher import LaunchSpec, RunResult, failure_of, still_running
 from .states import RunState
 from .store import json_object
 
@@ -512,20 +512,5 @@ class DetachedRun(Viewable):
 
     def _result(self, m: StateMirror) -> RunResult:
         if m.state is RunState.FAILED:
-            raise RunFailed(
-                f"run {m.run_id} failed: {m.failure}",
-                rank=m.root_cause_rank if m.root_cause_rank >= 0 else None,
-                exit_code=m.root_cause_exit_code or None,
-                traceback=m.root_cause_error,
-                state=m,
-            )
-        return RunResult(
-            run_id=m.run_id,
-            state=m.state,
-            world_size=m.world_size,
-            elapsed=m.elapsed,
-            steps=[r.step for r in m.ranks],
-            final_loss=[r.loss for r in m.ranks],
-            param_checksums=[r.param_checksum for r in m.ranks],
-            run_dir=self.run_dir,
-        )
+            raise failure_of(m)
+        return RunResult.of(m, self.run_dir)

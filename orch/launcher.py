@@ -184,6 +184,31 @@ class RunResult:
     param_checksums: list[str]
     run_dir: Path
 
+    @classmethod
+    def of(cls, mirror: StateMirror, run_dir: Path) -> RunResult:
+        """How the run ``mirror`` shows ended; :func:`failure_of` first for a failed one."""
+        return cls(
+            run_id=mirror.run_id,
+            state=mirror.state,
+            world_size=mirror.world_size,
+            elapsed=mirror.elapsed,
+            steps=[r.step for r in mirror.ranks],
+            final_loss=[r.loss for r in mirror.ranks],
+            param_checksums=[r.param_checksum for r in mirror.ranks],
+            run_dir=run_dir,
+        )
+
+
+def failure_of(mirror: StateMirror) -> RunFailed:
+    """The error for a failed run read from its state (a master elsewhere, or its run dir)."""
+    return RunFailed(
+        f"run {mirror.run_id} failed: {mirror.failure}",
+        rank=mirror.root_cause_rank if mirror.root_cause_rank >= 0 else None,
+        exit_code=mirror.root_cause_exit_code or None,
+        traceback=mirror.root_cause_error,
+        state=mirror,
+    )
+
 
 class Run(Viewable):
     """A run started on this machine. Use :func:`orch.launch` to make one."""
@@ -396,17 +421,7 @@ class Run(Viewable):
                 traceback=cause.error if cause else "",
                 state=self.state(),
             )
-        mirror = self.state()
-        return RunResult(
-            run_id=self.run_id,
-            state=coord.state,
-            world_size=coord.world_size,
-            elapsed=mirror.elapsed,
-            steps=[r.step for r in mirror.ranks],
-            final_loss=[r.loss for r in mirror.ranks],
-            param_checksums=[r.param_checksum for r in mirror.ranks],
-            run_dir=self.run_dir,
-        )
+        return RunResult.of(self.state(), self.run_dir)
 
     @property
     def done(self) -> bool:

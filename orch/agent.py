@@ -188,29 +188,43 @@ class HostAgent:
         """Tell the master that ``worker_id``'s process died with ``exit_code`` without
         reporting (negative: a signal). Called from the process that watches the ranks; True
         when the master took it (it keeps a rank's own report if one came first)."""
-        run_id, loop = self._run_of.get(worker_id), self._loop
-        if not run_id or loop is None or loop.is_closed():
+        run_id = self._run_of.get(worker_id)
+        if not run_id:
             return False  # it never registered: the master does not know it
         host = socket.gethostname()
         error = f"process exited with {describe_exit(exit_code)} (seen by its host agent on {host})"
         request = pb.CompletionRequest(
             run_id=run_id, worker_id=worker_id, outcome=pb.RANK_FAILED, error=error, exit_code=exit_code
         )
-        report = self._upstream.unary_unary(
-            f"/{SERVICE_NAME}/ReportCompletion",
-            request_serializer=pb.CompletionRequest.SerializeToString,
-            response_deserializer=pb.CompletionResponse.FromString,
-        )
-
-        async def send() -> None:
-            await report(request, timeout=timeout, metadata=self._metadata)
-
         try:
-            asyncio.run_coroutine_threadsafe(send(), loop).result(timeout + 1.0)
-        except (grpc.RpcError, TimeoutError) as e:
+            self._call("ReportCompletion", request, pb.CompletionResponse, timeout)
+        except (grpc.RpcError, TimeoutError, RuntimeError) as e:
             log.warning("could not report the death of worker %s to the master: %s", worker_id, e)
             return False
         return True
+
+    def sync_host(self, request: pb.HostSyncRequest, timeout: float = 5.0) -> pb.HostSyncResponse:
+        """Tell the master which ranks this host runs; its answer says what to do next
+        (see :mod:`orch.control.hosts`). Raises grpc.RpcError (UNIMPLEMENTED from a master too
+        old for it), TimeoutError, or RuntimeError once the agent stopped."""
+        reply: pb.HostSyncResponse = self._call("SyncHost", request, pb.HostSyncResponse, timeout)
+        return reply
+
+    def _call(self, name: str, request: Any, reply_type: Any, timeout: float) -> Any:
+        """One call to the master from another thread, on the agent's channel and loop."""
+        loop = self._loop
+        if loop is None or loop.is_closed():
+            raise RuntimeError("the host agent is not running")
+        method = self._upstream.unary_unary(
+            f"/{SERVICE_NAME}/{name}",
+            request_serializer=type(request).SerializeToString,
+            response_deserializer=reply_type.FromString,
+        )
+
+        async def send() -> Any:
+            return await method(request, timeout=timeout, metadata=self._metadata)
+
+        return asyncio.run_coroutine_threadsafe(send(), loop).result(timeout + 1.0)
 
     async def _heartbeat(
         self, request: pb.HeartbeatRequest, context: grpc.aio.ServicerContext[Any, Any]

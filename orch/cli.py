@@ -182,6 +182,8 @@ def cmd_master(args: argparse.Namespace) -> int:
         total_steps=int(config.get("steps", 0) or 0),
         rendezvous_port=args.rdzv_port or 0,
         heartbeat_timeout=args.heartbeat_timeout,
+        max_attempts=args.max_restarts + 1,
+        restart_through_hosts=True,
     )
     run_dir = Path(args.run_root) / coord.run_id
     token = token_from_env(_token(args))
@@ -464,6 +466,13 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("--run-root", default="runs", help="where run directories go")
     m.add_argument(
         "--linger", type=_seconds_or_zero, default=3.0, help="seconds to keep serving after the end"
+    )
+    m.add_argument(
+        "--max-restarts",
+        type=_count,
+        default=0,
+        help="on a failure, restart every host's ranks from the last checkpoint up to N times (the "
+        "host agents of `orch worker --nproc-per-node K` start them again)",
     )
     common(m)
     m.set_defaults(func=cmd_master)

@@ -136,6 +136,34 @@ class SeriesBuffer:
         return self._n
 
 
+@dataclass(frozen=True)
+class JobView:
+    """The scheduler's job a run's ranks run in, as the scheduler last reported it."""
+
+    scheduler: str
+    job_id: str
+    state: str
+    reason: str = ""
+    nodes: str = ""
+
+    def describe(self) -> str:
+        """``slurm job 41: PENDING in the queue: Resources`` or ``slurm job 41: RUNNING on node[1-2]``."""
+        head = f"{self.scheduler} job {self.job_id}: {self.state or 'submitted'}"
+        if self.state == "PENDING":
+            why = self.reason if self.reason not in ("", "None") else ""
+            return head + " in the queue" + (f": {why}" if why else "")
+        return head + (f" on {self.nodes}" if self.nodes else "")
+
+    def as_dict(self) -> dict[str, str]:
+        return {
+            "scheduler": self.scheduler,
+            "job_id": self.job_id,
+            "state": self.state,
+            "reason": self.reason,
+            "nodes": self.nodes,
+        }
+
+
 @dataclass
 class StateMirror:
     """The full state of a run, rebuilt from incremental ``GetState`` replies."""
@@ -153,6 +181,7 @@ class StateMirror:
     attempt: int = 1
     max_attempts: int = 1
     rendezvous: str = ""
+    job: JobView | None = None  # the scheduler's job (a Slurm run)
     ranks: list[RankView] = field(default_factory=list)
     series: dict[tuple[int, str], SeriesBuffer] = field(default_factory=dict)
     events: list[tuple[float, str, int, str]] = field(default_factory=list)
@@ -176,6 +205,9 @@ class StateMirror:
         self.rendezvous = reply.rendezvous
         self.attempt = reply.attempt or 1
         self.max_attempts = reply.max_attempts or 1
+        j = reply.job
+        has_job = reply.HasField("job")
+        self.job = JobView(j.scheduler, j.job_id, j.state, j.reason, j.nodes) if has_job else None
         self.ranks = [RankView.from_pb(r) for r in reply.ranks]
         self.last_points = 0
         for s in reply.series:
@@ -234,6 +266,7 @@ class StateMirror:
             "rendezvous": self.rendezvous,
             "attempt": self.attempt,
             "max_attempts": self.max_attempts,
+            "job": self.job.as_dict() if self.job is not None else None,
             "ranks": [r.as_dict() for r in self.ranks],
             "points": {f"{rank}/{name}": len(s) for (rank, name), s in sorted(self.series.items())},
         }

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING
 
 from ._proto import orchestrator_pb2 as pb
 from .control.events import MAX_EVENTS_IN_MEMORY, EventLog
+from .control.hosts import HostTable
 from .control.judge import CauseKind, FailureJudge, RootCause, reported_kind
 from .control.lifecycle import Lifecycle
 from .control.registry import RankRecord, Registry
@@ -31,6 +32,7 @@ from .control.validate import (
     Reject,
     check_completion,
     check_heartbeat,
+    check_host_sync,
     check_id,
     check_register,
     check_run_id,
@@ -76,6 +78,7 @@ class Coordinator:
         backend: str = "",
         heartbeat_timeout: float = 30.0,
         max_attempts: int = 1,
+        restart_through_hosts: bool = False,
         store: RunStore | None = None,
         max_points_in_memory: int = MAX_POINTS_IN_MEMORY,
         clock: Callable[[], float] = time.monotonic,
@@ -104,6 +107,11 @@ class Coordinator:
         self.stop_requested = False  # a stop was asked for (it carries over a restart)
         self.stop_requests = 0  # every StopRun; only the one that set the stop is an event
         self.stop_at_step = 0  # with a stop: the step count loops without ctx.steps end at
+        # Across machines the host agents respawn the ranks of a restart (SyncHost); on one
+        # machine the launcher does, and this is False.
+        self.restart_through_hosts = restart_through_hosts
+        self.hosts = HostTable()
+        self.job: pb.ClusterJob | None = None  # the scheduler's job the ranks run in
 
     # -- what the parts hold, by the names callers use -------------------------------------
     @property
@@ -362,13 +370,16 @@ class Coordinator:
         with self._lock:
             if self.state is not RunState.RESTARTING:
                 raise Reject("failed_precondition", "only a failed run with restarts left can restart")
-            self.judge.new_attempt()
-            self.registry = Registry(self.world_size)
-            self.stop_at_step = 0
-            self.lifecycle.to(RunState.PENDING, self._clock())
-            self._event("restart", -1, f"attempt {self.attempt} of {self.max_attempts}")
-            self._changed.notify_all()
-            return self.attempt
+            return self._restart()
+
+    def _restart(self) -> int:
+        self.judge.new_attempt()
+        self.registry = Registry(self.world_size)
+        self.stop_at_step = 0
+        self.lifecycle.to(RunState.PENDING, self._clock())
+        self._event("restart", -1, f"attempt {self.attempt} of {self.max_attempts}")
+        self._changed.notify_all()
+        return self.attempt
 
     def close_run(self, message: str) -> None:
         """End a live run from outside: STOPPED when a stop was asked for, else FAILED."""
@@ -393,14 +404,16 @@ class Coordinator:
         """No restart follows this failure: the run is FAILED, with the first attempt's root cause."""
         with self._lock:
             if self.state is RunState.RESTARTING:
-                self._finish(RunState.FAILED)
-            if self.state is RunState.FAILED:
+                self._give_up(reason)
+            elif self.state is RunState.FAILED:
                 self.judge.final(self.attempt, reason)
 
     def expire(self) -> None:
-        """Mark ranks whose heartbeats stopped as LOST (and so the run FAILED)."""
+        """Mark ranks whose heartbeats stopped as LOST (and so the run FAILED), and move a
+        restart across hosts on (see :meth:`sync_host`)."""
         with self._lock:
             now = self._clock()
+            self._settle_hosts(now)
             lost = self.registry.silent(now, self.heartbeat_timeout)
             for rec in lost:
                 assert rec.last_heartbeat is not None
@@ -421,6 +434,81 @@ class Coordinator:
                 # They fell silent within a heartbeat interval of each other, so the expiry that
                 # finds the first may come just before the others'.
                 self.judge.lost_together(lost, self.heartbeat_timeout / 2)
+
+    # -- host agents and the scheduler's job ----------------------------------------------
+    def sync_host(self, req: pb.HostSyncRequest) -> pb.HostSyncResponse:
+        """A host agent's word: which ranks it started for which attempt, and whether they
+        run. The answer says to go on, to start the ranks of the current attempt, to wait (a
+        restart is under way) or to exit (the run ended)."""
+        check_host_sync(req, self.world_size)
+        with self._lock:
+            now = self._clock()
+            rec = self.hosts.seen(req.host, now, req.attempt, req.running, list(req.worker_ids))
+            self._settle_hosts(now)
+            reply = pb.HostSyncResponse(
+                attempt=self.attempt,
+                run_id=self.run_id,
+                restarts=self.restart_through_hosts and self.max_attempts > 1,
+            )
+            if self.state.done:
+                reply.action = pb.HOST_EXIT
+            elif self.state is RunState.RESTARTING:
+                reply.action = pb.HOST_WAIT
+            elif rec.attempt < self.attempt and not rec.running:
+                reply.action = pb.HOST_START
+            else:
+                reply.action = pb.HOST_CONTINUE
+            return reply
+
+    def _settle_hosts(self, now: float) -> None:
+        """Move a restart across hosts on: once the failed attempt's ranks ended on every
+        host, open the next attempt (the agents start their ranks when they next call); give
+        up when a host fell silent or a rank has no agent to start it again."""
+        if self.state is not RunState.RESTARTING or not self.restart_through_hosts:
+            return
+        silent = self.hosts.silent(self.attempt, now, self.heartbeat_timeout)
+        if silent:
+            self._give_up(
+                f"host {self.hosts.names(silent)} fell silent, no word from its agent for more than "
+                f"{self.heartbeat_timeout:g}s: the group cannot restart without it"
+            )
+            return
+        if self.hosts.busy(self.attempt):
+            return  # ranks of the failed attempt still run somewhere: they are being torn down
+        if self.stop_requested:
+            self._event("closed", -1, "stopped while restarting: the next attempt was not started")
+            self._finish(RunState.STOPPED)
+            return
+        managed = self.hosts.managed(self.attempt)
+        orphans = [r for r in self.ranks if r.worker_id not in managed]
+        if orphans:
+            named = ", ".join(f"rank {r.rank} (worker {r.worker_id} on {r.host})" for r in orphans[:4])
+            self._give_up(
+                f"{named} {'was' if len(orphans) == 1 else 'were'} not started by a host agent "
+                "(orch worker --nproc-per-node): nothing would start it again"
+            )
+            return
+        refusal = self._restart_refusal()
+        if refusal is not None:
+            self._give_up(refusal)
+            return
+        self._restart()
+
+    def _give_up(self, reason: str) -> None:
+        self._finish(RunState.FAILED)
+        self.judge.final(self.attempt, reason)
+
+    def set_job(self, job: pb.ClusterJob) -> None:
+        """What the scheduler last said of the run's job; a change is an event."""
+        with self._lock:
+            before = self.job
+            self.job = job
+            said = (job.state, job.reason, job.nodes)
+            if before is None or (before.state, before.reason, before.nodes) != said:
+                where = f" on {job.nodes}" if job.nodes else ""
+                why = f" ({job.reason})" if job.reason and job.reason != "None" else ""
+                self._event("job", -1, f"{job.scheduler} job {job.job_id} {job.state}{why}{where}")
+                self._changed.notify_all()
 
     def wait_changed(self, timeout: float) -> None:
         with self._changed:
@@ -477,6 +565,8 @@ class Coordinator:
                 root_cause_exit_code=root.exit_code if root is not None else 0,
                 rendezvous=f"{rank0.address}:{port}" if (rank0 := self.registry.rank0) and port else "",
             )
+            if self.job is not None:
+                reply.job.CopyFrom(self.job)
             # An ended run's ages stand still at its end (a finished rank beats no more).
             at = self.ended_at if self.ended_at is not None else now
             reply.ranks.extend(rec.published(at) for rec in self.ranks)

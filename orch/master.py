@@ -47,6 +47,7 @@ CALL_LIMITS = {
     f"/{SERVICE_NAME}/ReportCompletion": 1024,
     f"/{SERVICE_NAME}/GetState": 32,  # each builds a reply of up to a few MiB
     f"/{SERVICE_NAME}/StopRun": 64,
+    f"/{SERVICE_NAME}/SyncHost": 1024,  # one call a second per host agent
     "/grpc.health.v1.Health/Check": 256,
     "/grpc.health.v1.Health/Watch": 64,
 }
@@ -120,6 +121,12 @@ class OrchestratorServicer(pb_grpc.OrchestratorServicer):  # type: ignore[misc]
         except Reject as e:
             await _abort(context, e)
         return pb.CompletionResponse()
+
+    async def SyncHost(self, request: pb.HostSyncRequest, context: Ctx) -> pb.HostSyncResponse:
+        try:
+            return self.coordinator.sync_host(request)
+        except Reject as e:
+            await _abort(context, e)
 
     async def GetState(self, request: pb.GetStateRequest, context: Ctx) -> bytes:
         """The reply, built and serialized off the event loop (a catch-up is megabytes), so

@@ -22,6 +22,7 @@ import sys
 import time
 import traceback
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -513,6 +514,7 @@ def run_local_group(specs: list[WorkerSpec], poll_interval: float = 0.1) -> int:
     When one process fails the others are ended too (the master aborts them anyway); Ctrl-C
     or SIGTERM ends them all.
     """
+    from ._host_attempts import run_attempts
     from .agent import HostAgent
 
     first = specs[0]
@@ -526,7 +528,7 @@ def run_local_group(specs: list[WorkerSpec], poll_interval: float = 0.1) -> int:
     )
     agent.start()
     try:
-        return _run_group(specs, agent, poll_interval)
+        return run_attempts(specs, agent, poll_interval, _run_group)
     finally:
         agent.stop()
         log.info("host agent: %d heartbeats in %d calls to the master", agent.beats, agent.batches)
@@ -535,7 +537,12 @@ def run_local_group(specs: list[WorkerSpec], poll_interval: float = 0.1) -> int:
 REPORT_TIMEOUT = 10.0  # seconds to tell the master of ranks that died without a word
 
 
-def _run_group(specs: list[WorkerSpec], agent: HostAgent, poll_interval: float) -> int:
+def _run_group(
+    specs: list[WorkerSpec],
+    agent: HostAgent,
+    poll_interval: float,
+    should_end: Callable[[], bool] | None = None,
+) -> int:
     import multiprocessing as mp
 
     import cloudpickle
@@ -580,6 +587,9 @@ def _run_group(specs: list[WorkerSpec], agent: HostAgent, poll_interval: float) 
                 end_all()
             if not running:
                 break
+            if should_end is not None and not ended and should_end():
+                log.warning("the master has moved past this attempt: ending this host's ranks")
+                end_all()
             time.sleep(poll_interval)
     except KeyboardInterrupt:
         end_all()

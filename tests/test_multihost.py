@@ -482,3 +482,58 @@ def test_a_host_that_drops_off_fails_the_run_and_every_process_ends(cluster: Clu
     assert f"host {net.b.hostname} at {net.b.ip}, pid" in failure, failure
     assert failure.endswith(f"; lost at the same time: rank {other} ({net.b.ip})"), failure
     assert net.a.ip not in failure and net.a.hostname not in failure, failure
+
+
+@pytest.mark.timeout(300)
+def test_a_rank_killed_on_one_host_restarts_every_hosts_ranks(cluster: Cluster) -> None:
+    """``orch master --max-restarts 1``: a rank on host B dies; the master ends the attempt on
+    both hosts, each host agent starts its two ranks again, and they resume from the checkpoint."""
+    c, net = cluster, cluster.net
+    config = json.dumps({"steps": 60, "sleep": 0.05, "die_on_attempts": []})
+    c.start_master(
+        "--heartbeat-timeout", "5", "--max-restarts", "1", "--fn", "jobs:checkpointed", "--config", config
+    )  # fmt: skip
+    c.start_workers()
+
+    def past_checkpoint() -> dict[str, Any] | None:
+        latest = c.latest()
+        ranks = latest.get("ranks", [])
+        ok = latest.get("state") == "RUNNING" and len(ranks) == 4 and all(r["step"] > 14 for r in ranks)
+        return latest if ok else None
+
+    record = until(past_checkpoint, 120)
+    placed = hosts_of_ranks(c, record)
+    victim = min(rank for rank, h in placed.items() if h is net.b)
+    first_pids = {r["pid"] for r in record["ranks"]}
+    os.kill(next(r["pid"] for r in record["ranks"] if r["rank"] == victim), signal.SIGKILL)
+
+    codes = {name: p.wait(timeout=200) for name, p in c.procs.items()}
+    assert codes == {"master": 0, "poller": 0, "a": 0, "b": 0}, {n: c.log(n)[-3000:] for n in codes}
+    result = c.result()
+    assert result["state"] == "SUCCEEDED", result["failure"]
+    assert result["attempt"] == 2, result
+    ranks = result["ranks"]
+    assert all(r["state"] == "SUCCEEDED" and r["step"] == 60 for r in ranks), ranks
+    # The second attempt's ranks are new processes, two on each host again.
+    assert not first_pids & {r["pid"] for r in ranks}, (first_pids, ranks)
+    assert Counter(r["host"] for r in ranks) == {net.a.hostname: 2, net.b.hostname: 2}
+    checksums = {r["param_checksum"] for r in ranks}
+    assert len(checksums) == 1 and "" not in checksums, checksums
+    kinds = [e["kind"] for e in result["events"]]
+    assert kinds.count("restart") == 1 and "attempt_failed" in kinds, kinds
+    # The attempt's root cause is the killed rank (first seen may be a peer its death broke: the
+    # master names the better explanation once it arrives).
+    said = [e["message"] for e in result["events"] if e["kind"] in ("attempt_failed", "root_cause")]
+    assert any(f"rank {victim} (" in m and "SIGKILL" in m for m in said), said
+    # Each host agent started its ranks twice; the run resumed from the checkpoint after step 10
+    # (or a later one), not from step 0: every rank's history is one unbroken 0..59.
+    for h in (net.a, net.b):
+        log = c.log(h.role)
+        assert "starting 2 ranks for attempt 1" in log and "starting 2 ranks for attempt 2" in log, log
+    history = orch.load_run(c.tmp / c.run_id).history()
+    for rank in range(4):
+        assert history["loss"][rank]["step"] == list(range(60)), rank
+        attempts = history["attempt"][rank]["value"]
+        resumed = attempts.index(2.0)
+        assert resumed >= 10 and resumed % 10 == 0 and set(attempts[resumed:]) == {2.0}, attempts
+    print(f"\nrank {victim} killed on {net.b.hostname}: both hosts restarted, resumed at step {resumed}")

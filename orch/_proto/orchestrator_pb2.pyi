@@ -34,6 +34,13 @@ class Command(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     CONTINUE: _ClassVar[Command]
     STOP: _ClassVar[Command]
     ABORT: _ClassVar[Command]
+
+class HostAction(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    HOST_CONTINUE: _ClassVar[HostAction]
+    HOST_START: _ClassVar[HostAction]
+    HOST_WAIT: _ClassVar[HostAction]
+    HOST_EXIT: _ClassVar[HostAction]
 RUN_STATE_UNSPECIFIED: RunState
 PENDING: RunState
 RUNNING: RunState
@@ -53,6 +60,10 @@ COMMAND_UNSPECIFIED: Command
 CONTINUE: Command
 STOP: Command
 ABORT: Command
+HOST_CONTINUE: HostAction
+HOST_START: HostAction
+HOST_WAIT: HostAction
+HOST_EXIT: HostAction
 
 class RegisterRequest(_message.Message):
     __slots__ = ("worker_id", "host", "pid", "address", "rendezvous_port", "local_rank", "backend", "run_id", "rank", "world_size")
@@ -184,6 +195,30 @@ class HostHeartbeatsResponse(_message.Message):
     replies: _containers.RepeatedCompositeFieldContainer[BeatReply]
     def __init__(self, replies: _Optional[_Iterable[_Union[BeatReply, _Mapping]]] = ...) -> None: ...
 
+class HostSyncRequest(_message.Message):
+    __slots__ = ("host", "attempt", "worker_ids", "running")
+    HOST_FIELD_NUMBER: _ClassVar[int]
+    ATTEMPT_FIELD_NUMBER: _ClassVar[int]
+    WORKER_IDS_FIELD_NUMBER: _ClassVar[int]
+    RUNNING_FIELD_NUMBER: _ClassVar[int]
+    host: str
+    attempt: int
+    worker_ids: _containers.RepeatedScalarFieldContainer[str]
+    running: bool
+    def __init__(self, host: _Optional[str] = ..., attempt: _Optional[int] = ..., worker_ids: _Optional[_Iterable[str]] = ..., running: _Optional[bool] = ...) -> None: ...
+
+class HostSyncResponse(_message.Message):
+    __slots__ = ("action", "attempt", "run_id", "restarts")
+    ACTION_FIELD_NUMBER: _ClassVar[int]
+    ATTEMPT_FIELD_NUMBER: _ClassVar[int]
+    RUN_ID_FIELD_NUMBER: _ClassVar[int]
+    RESTARTS_FIELD_NUMBER: _ClassVar[int]
+    action: HostAction
+    attempt: int
+    run_id: str
+    restarts: bool
+    def __init__(self, action: _Optional[_Union[HostAction, str]] = ..., attempt: _Optional[int] = ..., run_id: _Optional[str] = ..., restarts: _Optional[bool] = ...) -> None: ...
+
 class CompletionRequest(_message.Message):
     __slots__ = ("run_id", "worker_id", "outcome", "error", "param_checksum", "step", "exit_code")
     RUN_ID_FIELD_NUMBER: _ClassVar[int]
@@ -265,7 +300,7 @@ class Event(_message.Message):
     def __init__(self, time: _Optional[float] = ..., kind: _Optional[str] = ..., rank: _Optional[int] = ..., message: _Optional[str] = ...) -> None: ...
 
 class GetStateResponse(_message.Message):
-    __slots__ = ("run_id", "state", "world_size", "registered", "total_steps", "elapsed", "ranks", "series", "events", "failure", "cursor", "full", "root_cause_rank", "attempt", "max_attempts", "root_cause_error", "root_cause_exit_code", "rendezvous", "more")
+    __slots__ = ("run_id", "state", "world_size", "registered", "total_steps", "elapsed", "ranks", "series", "events", "failure", "cursor", "full", "root_cause_rank", "attempt", "max_attempts", "root_cause_error", "root_cause_exit_code", "rendezvous", "more", "job")
     RUN_ID_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
     WORLD_SIZE_FIELD_NUMBER: _ClassVar[int]
@@ -285,6 +320,7 @@ class GetStateResponse(_message.Message):
     ROOT_CAUSE_EXIT_CODE_FIELD_NUMBER: _ClassVar[int]
     RENDEZVOUS_FIELD_NUMBER: _ClassVar[int]
     MORE_FIELD_NUMBER: _ClassVar[int]
+    JOB_FIELD_NUMBER: _ClassVar[int]
     run_id: str
     state: RunState
     world_size: int
@@ -304,7 +340,22 @@ class GetStateResponse(_message.Message):
     root_cause_exit_code: int
     rendezvous: str
     more: bool
-    def __init__(self, run_id: _Optional[str] = ..., state: _Optional[_Union[RunState, str]] = ..., world_size: _Optional[int] = ..., registered: _Optional[int] = ..., total_steps: _Optional[int] = ..., elapsed: _Optional[float] = ..., ranks: _Optional[_Iterable[_Union[RankInfo, _Mapping]]] = ..., series: _Optional[_Iterable[_Union[Series, _Mapping]]] = ..., events: _Optional[_Iterable[_Union[Event, _Mapping]]] = ..., failure: _Optional[str] = ..., cursor: _Optional[bytes] = ..., full: _Optional[bool] = ..., root_cause_rank: _Optional[int] = ..., attempt: _Optional[int] = ..., max_attempts: _Optional[int] = ..., root_cause_error: _Optional[str] = ..., root_cause_exit_code: _Optional[int] = ..., rendezvous: _Optional[str] = ..., more: _Optional[bool] = ...) -> None: ...
+    job: ClusterJob
+    def __init__(self, run_id: _Optional[str] = ..., state: _Optional[_Union[RunState, str]] = ..., world_size: _Optional[int] = ..., registered: _Optional[int] = ..., total_steps: _Optional[int] = ..., elapsed: _Optional[float] = ..., ranks: _Optional[_Iterable[_Union[RankInfo, _Mapping]]] = ..., series: _Optional[_Iterable[_Union[Series, _Mapping]]] = ..., events: _Optional[_Iterable[_Union[Event, _Mapping]]] = ..., failure: _Optional[str] = ..., cursor: _Optional[bytes] = ..., full: _Optional[bool] = ..., root_cause_rank: _Optional[int] = ..., attempt: _Optional[int] = ..., max_attempts: _Optional[int] = ..., root_cause_error: _Optional[str] = ..., root_cause_exit_code: _Optional[int] = ..., rendezvous: _Optional[str] = ..., more: _Optional[bool] = ..., job: _Optional[_Union[ClusterJob, _Mapping]] = ...) -> None: ...
+
+class ClusterJob(_message.Message):
+    __slots__ = ("scheduler", "job_id", "state", "reason", "nodes")
+    SCHEDULER_FIELD_NUMBER: _ClassVar[int]
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    NODES_FIELD_NUMBER: _ClassVar[int]
+    scheduler: str
+    job_id: str
+    state: str
+    reason: str
+    nodes: str
+    def __init__(self, scheduler: _Optional[str] = ..., job_id: _Optional[str] = ..., state: _Optional[str] = ..., reason: _Optional[str] = ..., nodes: _Optional[str] = ...) -> None: ...
 
 class StopRunRequest(_message.Message):
     __slots__ = ("reason",)

@@ -69,6 +69,11 @@ class OrchestratorStub:
                 request_serializer=orchestrator__pb2.HostHeartbeatsRequest.SerializeToString,
                 response_deserializer=orchestrator__pb2.HostHeartbeatsResponse.FromString,
                 _registered_method=True)
+        self.SyncHost = channel.unary_unary(
+                '/orch.v1.Orchestrator/SyncHost',
+                request_serializer=orchestrator__pb2.HostSyncRequest.SerializeToString,
+                response_deserializer=orchestrator__pb2.HostSyncResponse.FromString,
+                _registered_method=True)
 
 
 class OrchestratorServicer:
@@ -118,6 +123,15 @@ class OrchestratorServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def SyncHost(self, request, context):
+        """A host agent's call while its ranks run and between attempts: it says which ranks it
+        started and whether they still run; the master says to go on, to start the ranks of the
+        next attempt (a restart across hosts), to wait, or to exit because the run ended.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_OrchestratorServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -155,6 +169,11 @@ def add_OrchestratorServicer_to_server(servicer, server):
                     servicer.SendHostHeartbeats,
                     request_deserializer=orchestrator__pb2.HostHeartbeatsRequest.FromString,
                     response_serializer=orchestrator__pb2.HostHeartbeatsResponse.SerializeToString,
+            ),
+            'SyncHost': grpc.unary_unary_rpc_method_handler(
+                    servicer.SyncHost,
+                    request_deserializer=orchestrator__pb2.HostSyncRequest.FromString,
+                    response_serializer=orchestrator__pb2.HostSyncResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -346,6 +365,33 @@ class Orchestrator:
             '/orch.v1.Orchestrator/SendHostHeartbeats',
             orchestrator__pb2.HostHeartbeatsRequest.SerializeToString,
             orchestrator__pb2.HostHeartbeatsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SyncHost(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/orch.v1.Orchestrator/SyncHost',
+            orchestrator__pb2.HostSyncRequest.SerializeToString,
+            orchestrator__pb2.HostSyncResponse.FromString,
             options,
             channel_credentials,
             insecure,

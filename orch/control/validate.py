@@ -116,3 +116,16 @@ def parse_cursor(cursor: bytes, max_points: int) -> pb.StateCursor:
         if len(prev.keys) != len(prev.offsets):
             raise Reject("invalid_argument", "cursor is not one this master returned")
     return prev
+
+
+def check_host_sync(req: pb.HostSyncRequest, world_size: int) -> None:
+    check_id("host", req.host)
+    if req.attempt < 0:
+        raise Reject("invalid_argument", f"attempt must be >= 0 (0: none started yet), got {req.attempt}")
+    if len(req.worker_ids) > world_size:
+        raise Reject(
+            "invalid_argument",
+            f"host {req.host} names {len(req.worker_ids)} workers; the run has only {world_size} ranks",
+        )
+    for worker_id in req.worker_ids:
+        check_id("worker_id", worker_id)

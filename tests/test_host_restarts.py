@@ -1,0 +1,162 @@
+"""Restarts across hosts, as the master decides them (no sockets, an injected clock).
+
+The host agents call ``SyncHost``; once the failed attempt's ranks ended on every host, the
+master opens the next attempt and tells each agent to start its ranks again. A host that falls
+silent, or a rank no agent started, ends the run instead, named.
+"""
+
+from __future__ import annotations
+
+import pytest
+from test_coordinator import Clock, beat, complete, reg
+
+from orch._proto import orchestrator_pb2 as pb
+from orch.client import StateMirror
+from orch.coordinator import Coordinator, Reject, RunState
+
+
+def sync(c: Coordinator, host: str, attempt: int, running: bool, *workers: str) -> pb.HostSyncResponse:
+    return c.sync_host(pb.HostSyncRequest(host=host, attempt=attempt, worker_ids=workers, running=running))
+
+
+def running_on_two_hosts(clock: Clock, max_attempts: int = 2) -> Coordinator:
+    """Four ranks, two on each of hosts a and b (their agents said so), past the barrier and at step 5."""
+    c = Coordinator(
+        4,
+        run_id="r1",
+        heartbeat_timeout=5.0,
+        max_attempts=max_attempts,
+        restart_through_hosts=True,
+        clock=clock,
+    )
+    for host, workers in (("a:1", ("a0", "a1")), ("b:2", ("b0", "b1"))):
+        first = sync(c, host, 0, False)
+        assert (first.action, first.attempt, first.restarts) == (pb.HOST_START, 1, max_attempts > 1)
+        assert sync(c, host, 1, True, *workers).action == pb.HOST_CONTINUE
+    for w in ("a0", "a1", "b0", "b1"):
+        reg(c, w, host=w[0])
+    for w in ("a0", "a1", "b0", "b1"):
+        assert c.can_start(pb.CanStartTrainingRequest(run_id="r1", worker_id=w)).ready
+        beat(c, w, step=5)
+    return c
+
+
+def test_a_failure_waits_for_every_host_then_opens_the_next_attempt() -> None:
+    clock = Clock()
+    c = running_on_two_hosts(clock)
+    complete(c, "b1", pb.RANK_FAILED, "boom")
+    assert c.state is RunState.RESTARTING
+    # Host b's ranks ended; a's are still being torn down: b waits, a goes on ending its own.
+    assert sync(c, "b:2", 1, False, "b0", "b1").action == pb.HOST_WAIT
+    assert sync(c, "a:1", 1, True, "a0", "a1").action == pb.HOST_WAIT
+    assert c.state is RunState.RESTARTING
+    clock.t += 1
+    reply = sync(c, "a:1", 1, False, "a0", "a1")
+    assert c.state is RunState.PENDING and c.attempt == 2
+    assert (reply.action, reply.attempt) == (pb.HOST_START, 2)
+    assert (sync(c, "b:2", 1, False, "b0", "b1").action, c.attempt) == (pb.HOST_START, 2)
+    # Once a host started the new attempt's ranks, it goes on.
+    assert sync(c, "a:1", 2, True, "a0-a2", "a1-a2").action == pb.HOST_CONTINUE
+    assert any(e.kind == "restart" for e in c.events)
+
+
+def test_a_silent_host_fails_the_run_with_its_name() -> None:
+    clock = Clock()
+    c = running_on_two_hosts(clock)
+    complete(c, "a0", pb.RANK_FAILED, "boom")
+    sync(c, "a:1", 1, False, "a0", "a1")
+    clock.t += 4.0
+    c.expire()
+    assert c.state is RunState.RESTARTING  # b's agent spoke 4 s ago: within the 5 s timeout
+    clock.t += 2.0
+    sync(c, "a:1", 1, False, "a0", "a1")
+    assert c.state is RunState.FAILED
+    failure = StateMirror.of(c).failure
+    assert failure.startswith("rank 0 (worker a0, host a") and "boom" in failure, failure
+    assert failure.endswith(
+        "(host b fell silent, no word from its agent for more than 5s: the group cannot restart without it)"
+    )
+    assert sync(c, "a:1", 1, False, "a0", "a1").action == pb.HOST_EXIT
+
+
+def test_a_rank_that_no_agent_started_cannot_be_restarted() -> None:
+    clock = Clock()
+    c = Coordinator(
+        2, run_id="r1", heartbeat_timeout=5.0, max_attempts=2, restart_through_hosts=True, clock=clock
+    )
+    sync(c, "a:1", 0, False)
+    sync(c, "a:1", 1, True, "a0")
+    reg(c, "a0", host="a")
+    reg(c, "lone", host="z")  # a plain `orch worker`, or one torchrun started
+    for w in ("a0", "lone"):
+        c.can_start(pb.CanStartTrainingRequest(run_id="r1", worker_id=w))
+        beat(c, w, step=3)
+    complete(c, "a0", pb.RANK_FAILED, "boom")
+    sync(c, "a:1", 1, False, "a0")
+    assert c.state is RunState.FAILED
+    assert "rank 1 (worker lone on z) was not started by a host agent" in StateMirror.of(c).failure
+
+
+def test_no_host_agent_at_all_gives_up_at_the_next_tick() -> None:
+    clock = Clock()
+    c = Coordinator(
+        1, run_id="r1", heartbeat_timeout=5.0, max_attempts=2, restart_through_hosts=True, clock=clock
+    )
+    reg(c, "w0")
+    c.can_start(pb.CanStartTrainingRequest(run_id="r1", worker_id="w0"))
+    beat(c, "w0", step=3)
+    complete(c, "w0", pb.RANK_FAILED, "boom")
+    c.expire()
+    assert c.state is RunState.FAILED
+    assert "not started by a host agent" in StateMirror.of(c).failure
+
+
+def test_a_stop_while_restarting_ends_the_run_stopped() -> None:
+    clock = Clock()
+    c = running_on_two_hosts(clock)
+    complete(c, "a0", pb.RANK_FAILED, "boom")
+    c.request_stop("user")
+    sync(c, "a:1", 1, False, "a0", "a1")
+    assert c.state is RunState.RESTARTING
+    assert sync(c, "b:2", 1, False, "b0", "b1").action == pb.HOST_EXIT
+    assert c.state is RunState.STOPPED and c.attempt == 1
+
+
+def test_the_last_attempt_fails_the_run_and_the_agents_exit() -> None:
+    clock = Clock()
+    c = running_on_two_hosts(clock, max_attempts=1)
+    complete(c, "a0", pb.RANK_FAILED, "boom")
+    assert c.state is RunState.FAILED
+    assert sync(c, "a:1", 1, False, "a0", "a1").action == pb.HOST_EXIT
+
+
+def test_without_host_restarts_the_launcher_decides() -> None:
+    """A run whose launcher restarts its own ranks (one machine) ignores the agents' idling."""
+    clock = Clock()
+    c = Coordinator(1, run_id="r1", heartbeat_timeout=5.0, max_attempts=2, clock=clock)
+    reply = sync(c, "a:1", 0, False)
+    assert not reply.restarts
+    reg(c, "w0")
+    c.can_start(pb.CanStartTrainingRequest(run_id="r1", worker_id="w0"))
+    beat(c, "w0", step=3)
+    complete(c, "w0", pb.RANK_FAILED, "boom")
+    sync(c, "a:1", 1, False, "w0")
+    c.expire()
+    assert c.state is RunState.RESTARTING
+
+
+@pytest.mark.parametrize(
+    ("fields", "says"),
+    [
+        ({"host": ""}, "host is empty"),
+        ({"host": "a:1", "attempt": -1}, "attempt must be >= 0"),
+        ({"host": "a:1", "worker_ids": ["w"] * 5}, "names 5 workers; the run has only 4 ranks"),
+        ({"host": "a:1", "worker_ids": [""]}, "worker_id is empty"),
+        ({"host": "h" * 300}, "the limit is 256"),
+    ],
+)
+def test_a_malformed_host_sync_is_invalid_argument(fields: dict[str, object], says: str) -> None:
+    c = Coordinator(4, run_id="r1")
+    with pytest.raises(Reject) as e:
+        c.sync_host(pb.HostSyncRequest(**fields))  # type: ignore[arg-type]
+    assert e.value.kind == "invalid_argument" and says in str(e.value), str(e.value)

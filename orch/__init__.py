@@ -19,6 +19,7 @@ from .errors import (
 )
 from .launcher import Run, RunResult
 from .rundir import LoadedRun, load_run
+from .slurm import Slurm, SlurmError
 from .states import RankState, RunState
 from .sweep import Sweep, SweepResults, Trial, grid, sweep
 
@@ -47,6 +48,8 @@ __all__ = [
     "RunResult",
     "RunState",
     "RunTable",
+    "Slurm",
+    "SlurmError",
     "StateMirror",
     "Sweep",
     "SweepResults",

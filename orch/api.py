@@ -14,6 +14,7 @@ from .catalog import live_notice
 from .client import MasterClient, StateMirror
 from .errors import ConfigError
 from .launcher import LaunchSpec, Run, failure_of, live_runs, still_running
+from .slurm import Slurm
 from .states import RunState
 
 if TYPE_CHECKING:
@@ -52,6 +53,7 @@ def launch(
     tls_ca: str | None = None,
     token: str | None = None,
     name: str | None = None,
+    cluster: Slurm | None = None,
     detach: Literal[False] = False,
 ) -> Run: ...
 
@@ -74,6 +76,7 @@ def launch(
     tls_ca: str | None = None,
     token: str | None = None,
     name: str | None = None,
+    cluster: Slurm | None = None,
     detach: Literal[True],
 ) -> DetachedRun: ...
 
@@ -96,6 +99,7 @@ def launch(
     tls_ca: str | None = None,
     token: str | None = None,
     name: str | None = None,
+    cluster: Slurm | None = None,
     detach: bool = ...,
 ) -> Run | DetachedRun: ...
 
@@ -117,6 +121,7 @@ def launch(
     tls_ca: str | None = None,
     token: str | None = None,
     name: str | None = None,
+    cluster: Slurm | None = None,
     detach: bool = False,
 ) -> Run | DetachedRun:
     """Start ``train(ctx)`` on ``world_size`` local worker processes; return the :class:`Run` at once.
@@ -142,6 +147,11 @@ def launch(
     session, which outlives the kernel; this returns an :class:`orch.detach.DetachedRun` once
     its master serves, and ``orch.attach("runs/<id>")`` reconnects from any later process.
     ``close()`` on it ends the run; ``disconnect()`` only lets go of it.
+
+    With ``cluster=orch.Slurm(nodes, tasks_per_node, ...)`` the ranks run on a Slurm cluster:
+    the master stays in this process, bound to the address the nodes reach, and one batch
+    job runs a host agent per node (see :mod:`orch.slurm`). The panel shows the job's queue
+    state and nodes; a stop, a failure, ``close()`` or this process's death ends the job.
     """
     spec = LaunchSpec(
         fn=train,
@@ -159,7 +169,13 @@ def launch(
         tls_ca=tls_ca,
         token=token,
         name=name,
+        cluster=cluster,
     )
+    if detach and cluster is not None:
+        raise ConfigError(
+            "detach=True with a cluster: a Slurm run's master lives in this process; "
+            "leave out detach (the job is cancelled when this process ends)"
+        )
     _check_ports(master_port, rdzv_port)
     notice = live_notice()  # a launch cell run twice: the first run is still training
     if notice:

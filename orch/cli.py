@@ -253,13 +253,22 @@ def cmd_worker(args: argparse.Namespace) -> int:
         )
     if args.fn is not None:
         resolve_fn(args.fn)  # a typo is an error here, before any process starts
+    fn: Any = args.fn
+    sources = None
+    if args.fn_file is not None:
+        if args.fn is not None:
+            raise ConfigError("pass --fn or --fn-file, not both")
+        from .slurm import read_function
+
+        # Checked against the run's token before anything in it is unpickled.
+        fn, sources = read_function(args.fn_file, token_from_env(_token(args)))
 
     nproc = args.nproc_per_node or 1
     specs = [
         WorkerSpec(
             run_root=args.run_root,
             master=master,
-            fn=args.fn,
+            fn=fn,
             advertise_addr=args.advertise_addr,
             register_timeout=args.timeout,
             threads=args.threads,
@@ -269,6 +278,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
             tls_ca=args.tls_ca,
             trust_master=args.trust_master,
             launched=launched,
+            **({"sources": sources} if sources is not None else {}),
         )
         for i in range(nproc)
     ]
@@ -477,7 +487,6 @@ def build_parser() -> argparse.ArgumentParser:
     common(m)
     m.set_defaults(func=cmd_master)
 
-
     w = sub.add_parser("worker", help="join the run of a master")
     w.add_argument(
         "--master",
@@ -494,6 +503,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="training function as package.module:function or path/to/train.py:function, found "
         "from the current folder (default: the one the master names, which runs only with "
         "--tls-ca or --trust-master, unless it is the built-in example)",
+    )
+    w.add_argument(
+        "--fn-file",
+        default=None,
+        help="the training function as a launch on a cluster wrote it into the run dir (function.pkl), "
+        "loaded only once its signature matches the run's token",
     )
     w.add_argument(
         "--trust-master",

@@ -107,6 +107,7 @@ def render(mirror: StateMirror, *, address: str = "") -> str:
         + (f"  attempt {mirror.attempt}/{mirror.max_attempts}" if mirror.max_attempts > 1 else "")
         + (f"  master {printable(address, one_line=True)}" if address else "")
         + (f"  rendezvous {printable(str(mirror.rendezvous), one_line=True)}" if mirror.rendezvous else ""),
+        *([printable(mirror.job.describe(), one_line=True)] if mirror.job is not None else []),
         _bar(done, total),
         "",
         f"{'rank':>4}  {'state':<10} {'step':>7} {'loss':>10} {'steps/s':>8} {'heartbeat':>9}  host/pid",
@@ -193,6 +194,8 @@ def run_table(mirror: StateMirror, *, address: str = "") -> RenderableType:
         where.append(f"master {printable(address, one_line=True)}")
     if m.rendezvous:
         where.append(f"rendezvous {printable(m.rendezvous, one_line=True)}")
+    if m.job is not None:  # the scheduler's job: its queue state while it waits, then its nodes
+        where.append(printable(m.job.describe(), one_line=True))
     if where:
         head.append("\n" + "  ".join(where))
 

@@ -41,6 +41,7 @@ from .errors import ConfigError, RunFailed
 from .group import LocalAgent, WorkerGroup
 from .master import MasterServer
 from .rundir import write_result
+from .slurm import JobStatus, Slurm, SlurmJob, cluster_master_host, follow_job, job_script, write_function
 from .states import RunState
 from .store import RunStore, private_dir
 from .worker import WorkerSpec
@@ -73,13 +74,17 @@ class LaunchSpec:
     name: str | None = None  # what the run is called in ``orch.runs()``
     sweep: str | None = None  # the sweep it belongs to, and its config's key there
     config_key: str | None = None
+    cluster: Slurm | None = None  # run on a Slurm cluster rather than on this machine
 
     workdir: str = field(default_factory=os.getcwd)  # where workers run and find ``fn``
 
     def __post_init__(self) -> None:
         _check_fn(self.fn, self.workdir)
         _check_int("world_size", self.world_size, 1)
-        _check_fits(self.world_size)
+        if self.cluster is None:
+            _check_fits(self.world_size)
+        else:
+            _check_cluster(self.cluster, self.world_size)
         if not isinstance(self.config, dict):
             raise ConfigError(
                 f"config must be a dict (it reaches the function as ctx.config), got "
@@ -122,6 +127,19 @@ class LaunchSpec:
 
 
 MAX_WORKERS_PER_CORE = 8
+
+
+def _check_cluster(cluster: Any, world_size: int) -> None:
+    from .slurm import Slurm, check_commands
+
+    if not isinstance(cluster, Slurm):
+        raise ConfigError(f"cluster must be an orch.Slurm(...), got {type(cluster).__name__}")
+    if cluster.world_size != world_size:
+        raise ConfigError(
+            f"world_size={world_size} but the cluster runs {cluster.describe()}, {cluster.world_size} "
+            f"ranks: pass world_size={cluster.world_size} or change nodes / tasks_per_node"
+        )
+    check_commands()
 
 
 def _check_int(name: str, value: Any, minimum: int, maximum: int | None = None, *, hint: str = "") -> None:
@@ -222,6 +240,8 @@ class Run(Viewable):
             total_steps=int(spec.config.get("steps", 0) or 0),
             heartbeat_timeout=spec.heartbeat_timeout,
             max_attempts=spec.max_restarts + 1,
+            # On a cluster each node's host agent starts its ranks again for a restart.
+            restart_through_hosts=spec.cluster is not None,
         )
         self.run_id = self.coordinator.run_id
         self.run_dir = Path(spec.run_root) / self.run_id
@@ -237,6 +257,8 @@ class Run(Viewable):
         # Where the function's code came from, for tracebacks that show it (notebook cells);
         # a detached run's supervisor gets them from the kernel that launched it.
         self._sources = sources if sources is not None else capture(spec.fn)
+        self.job: SlurmJob | None = None  # the batch job of a run on a Slurm cluster
+        self._meta: dict[str, Any] = {}
 
     # -- lifecycle --------------------------------------------------------------------
     def start(self) -> Run:
@@ -273,13 +295,14 @@ class Run(Viewable):
         self.coordinator.store = self.store
         self.server = MasterServer(
             self.coordinator,
-            host=spec.master_host,
+            host=spec.master_host if spec.cluster is None else cluster_master_host(spec.cluster),
             port=spec.master_port,
             token=self.token,
             tls_cert=spec.tls_cert,
             tls_key=spec.tls_key,
         ).start()
-        self.store.write_meta({**meta, "master": self.server.address})
+        self._meta = {**meta, "master": self.server.address}
+        self.store.write_meta(self._meta)
         if spec.rdzv_port:  # a port the user named must be free; otherwise rank 0 binds one
             self.coordinator.rendezvous_port = choose_port(
                 spec.rdzv_port,
@@ -287,6 +310,8 @@ class Run(Viewable):
                 what="torch.distributed rendezvous",
                 option="rdzv_port",
             )
+        if spec.cluster is not None:
+            self._submit(spec.cluster)
         # Workers start from the monitor thread: launch() returns at once, even while the
         # forkserver of the first launch is still importing torch.
         self._monitor = threading.Thread(target=self._supervise, name="orch-monitor", daemon=True)
@@ -373,6 +398,11 @@ class Run(Viewable):
         )
 
     def _supervise(self) -> None:
+        if self.job is not None:
+            follow_job(self.job, self.coordinator, self._closing, grace=self.spec.grace)
+            if not self._closing.is_set():
+                self._finish()
+            return
         agent = LocalAgent(
             self.coordinator,
             self.group,
@@ -383,6 +413,36 @@ class Run(Viewable):
         agent.run()
         if not self._closing.is_set():  # close() ends the run itself, then writes the record
             self._finish()
+
+    def _submit(self, cluster: Slurm) -> None:
+        """Submit the run's Slurm job; a refusal (no such partition, say) fails the launch."""
+        spec = self.spec
+        job = self.job = SlurmJob(cluster, {**os.environ, TOKEN_ENV: self.token})
+        if callable(spec.fn):
+            # The function reaches the nodes through the run dir, signed with the token.
+            fn_arg = [
+                "--fn-file",
+                str(write_function(self.run_dir.resolve(), spec.fn, self._sources, self.token)),
+            ]
+        else:
+            fn_arg = ["--fn", spec.fn_name]
+        assert self.server is not None and self.store is not None
+        script = job_script(
+            cluster,
+            run_id=self.run_id,
+            run_dir=self.run_dir.resolve(),
+            master=self.server.address,
+            run_root=str(Path(spec.run_root).resolve()),
+            workdir=spec.workdir,
+            fn_arg=fn_arg,
+            tls_ca=str(Path(self.tls_ca).resolve()) if self.tls_ca else None,
+            heartbeat_timeout=spec.heartbeat_timeout,
+        )
+        job.submit(script, self.run_dir)
+        self.coordinator.set_job(job.as_pb(JobStatus("PENDING")))
+        self._meta["slurm_job"] = job.job_id
+        self.store.write_meta(self._meta)
+        log.info("run %s: Slurm job %s submitted (%s)", self.run_id, job.job_id, cluster.describe())
 
     def _finish(self) -> None:
         with self._finish_lock:
@@ -464,6 +524,8 @@ class Run(Viewable):
                 "block, or the process exiting): its ranks were terminated"
             )
         self.group.terminate()
+        if self.job is not None:
+            self.job.cancel()  # the monitor cancels it too; a launch that failed early has none
         self._stop_server()
         self._finish()
         self._close_store()
@@ -485,6 +547,9 @@ class Run(Viewable):
 
     # -- the notebook panel -------------------------------------------------------------
     def log_files(self) -> dict[str, Path]:
+        if self.job is not None and self.job.output is not None:
+            # Every rank's output is in the job's, each line marked with its worker id.
+            return {r.worker_id: self.job.output for r in self.coordinator.ranks}
         return {wid: self.run_dir / "logs" / f"{wid}.log" for wid in self.worker_ids}
 
     def final_state(self) -> StateMirror | None:

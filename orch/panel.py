@@ -346,6 +346,8 @@ class Panel:
         else:
             done, total = m.progress()
             note += f" &middot; step {done}/{total}" if total else f" &middot; step {done}"
+        if m.job is not None:  # the scheduler's job: its queue state while it waits, then its nodes
+            note += f' &middot; <span class="orch-job">{html.escape(m.job.describe())}</span>'
         return (
             f'<div class="orch-header"><b>orch run {html.escape(m.run_id)}</b> &middot; '
             f'<span class="orch-state" data-state="{m.state.value}" style="color:{color};'

@@ -141,15 +141,16 @@ def orch_cli(
 
 
 @contextlib.contextmanager
-def notebook_kernel(cwd: Path) -> Iterator[tuple[Any, Any]]:
+def notebook_kernel(cwd: Path, env: dict[str, str] | None = None) -> Iterator[tuple[Any, Any]]:
     """A real IPython kernel started by jupyter_client, and a client connected to it.
 
     Yields ``(manager, client)``; the kernel is shut down afterwards (killed if it still runs).
+    ``env``: the kernel's whole environment (default: this process's).
     """
     from jupyter_client.manager import KernelManager
 
     km = KernelManager(kernel_name="python3")
-    km.start_kernel(cwd=str(cwd))
+    km.start_kernel(cwd=str(cwd), **({"env": env} if env is not None else {}))
     kc = km.client()
     try:
         kc.start_channels()

@@ -1,0 +1,188 @@
+"""The pieces of a Slurm run that need no cluster: the signed function file, the job script,
+the arguments, and what sbatch's refusals become. (Against a real Slurm: tests/test_slurm.py.)"""
+
+from __future__ import annotations
+
+import pickle
+import stat
+import subprocess
+from pathlib import Path
+
+import pytest
+
+import orch
+from conftest import ORCH
+from orch.slurm import FUNCTION_FILE, Slurm, _explain, job_script, read_function, write_function
+
+
+def train(ctx: object) -> int:
+    return 7
+
+
+def test_the_function_file_is_private_and_loads_with_the_runs_token(tmp_path: Path) -> None:
+    path = write_function(tmp_path, train, {"cell": "source"}, "secret-token")
+    assert path == tmp_path / FUNCTION_FILE
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    fn, sources = read_function(path, "secret-token")
+    assert fn(None) == 7 and sources == {"cell": "source"}
+
+
+class _Marks:
+    """Unpickling this writes a file: proof that a refused file was never unpickled."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    def __reduce__(self) -> tuple[object, tuple[str, str]]:
+        return (Path.write_text, (Path(self.path), "unpickled"))  # type: ignore[return-value]
+
+
+@pytest.mark.parametrize("how", ["another token", "changed after the launch", "no token"])
+def test_a_file_that_does_not_match_the_token_is_refused_before_unpickling(tmp_path: Path, how: str) -> None:
+    marker = tmp_path / "marker"
+    path = write_function(tmp_path, train, {}, "secret-token")
+    if how == "changed after the launch":
+        data = path.read_bytes()
+        head = data.index(b"\n") + 1 + 32
+        path.write_bytes(data[:head] + pickle.dumps({"fn": _Marks(str(marker)), "sources": {}}))
+    token = {"another token": "other-token", "changed after the launch": "secret-token", "no token": None}[
+        how
+    ]
+    with pytest.raises(orch.WorkerError) as e:
+        read_function(path, token)
+    said = str(e.value)
+    assert str(path) in said
+    assert ("ORCH_TOKEN" in said) if how == "no token" else ("does not carry this run's signature" in said)
+    assert not marker.exists()
+
+
+def test_a_file_that_is_not_a_function_file_or_is_missing_is_named(tmp_path: Path) -> None:
+    junk = tmp_path / "junk.pkl"
+    junk.write_bytes(b"\x80\x04hello")
+    with pytest.raises(orch.WorkerError, match="not an orch function file"):
+        read_function(junk, "t")
+    with pytest.raises(orch.WorkerError, match="shared file system"):
+        read_function(tmp_path / "absent.pkl", "t")
+
+
+def test_orch_worker_refuses_a_tampered_function_file(tmp_path: Path, subprocess_env: dict[str, str]) -> None:
+    marker = tmp_path / "marker"
+    path = write_function(tmp_path, train, {}, subprocess_env["ORCH_TOKEN"])
+    data = path.read_bytes()
+    head = data.index(b"\n") + 1 + 32
+    path.write_bytes(data[:head] + pickle.dumps({"fn": _Marks(str(marker)), "sources": {}}))
+    proc = subprocess.run(
+        [ORCH, "worker", "--master", "127.0.0.1:1", "--fn-file", str(path), "--timeout", "1"],
+        capture_output=True,
+        text=True,
+        env=subprocess_env,
+        timeout=120,
+    )
+    assert proc.returncode == 1, proc.stderr
+    assert "does not carry this run's signature" in proc.stderr, proc.stderr
+    assert not marker.exists()
+
+
+def test_the_job_script_runs_one_agent_per_node_and_never_holds_the_token(tmp_path: Path) -> None:
+    cluster = Slurm(
+        nodes=2,
+        tasks_per_node=4,
+        partition="gpu",
+        time="2:00:00",
+        gpus_per_node=4,
+        setup=("module load cuda",),
+        python="/shared/venv/bin/python",
+    )
+    script = job_script(
+        cluster,
+        run_id="abc123",
+        run_dir=tmp_path / "abc123",
+        master="10.0.0.5:50051",
+        run_root=str(tmp_path),
+        workdir="/home/me/project",
+        fn_arg=["--fn-file", str(tmp_path / "abc123" / FUNCTION_FILE)],
+    )
+    lines = script.splitlines()
+    assert lines[0] == "#!/bin/bash"
+    for option in (
+        "--job-name=orch-abc123", "--nodes=2", "--ntasks-per-node=1", "--cpus-per-task=4", "--time=2:00:00",
+        f"--output={tmp_path / 'abc123' / 'slurm-%j.out'}", "--chdir=/home/me/project", "--partition=gpu",
+        "--gpus-per-node=4",
+    ):  # fmt: skip
+        assert f"#SBATCH {option}" in lines, (option, script)
+    assert lines.index("module load cuda") > max(i for i, ln in enumerate(lines) if ln.startswith("#SBATCH"))
+    srun = lines[-1]
+    assert srun.startswith("exec srun --ntasks-per-node=1 --cpus-per-task=4 ")
+    assert "/shared/venv/bin/python -m orch.worker --master 10.0.0.5:50051 --launcher none" in srun
+    assert "--nproc-per-node 4" in srun and f"--fn-file {tmp_path / 'abc123' / FUNCTION_FILE}" in srun
+    assert "token" not in script.lower()
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "says"),
+    [
+        ({"nodes": 0}, "nodes=...) must be an integer >= 1"),
+        ({"tasks_per_node": 1.5}, "tasks_per_node=...) must be an integer >= 1"),
+        ({"time": "an hour"}, "is not a Slurm time limit"),
+        ({"sbatch_args": "--qos=high"}, "sbatch_args=...) must be a tuple of strings"),
+        ({"gpus_per_node": 0}, "gpus_per_node=...) must be an integer >= 1 or None"),
+        ({"partition": "a b"}, "is not a partition name"),
+    ],
+)
+def test_bad_cluster_arguments_are_config_errors(kwargs: dict[str, object], says: str) -> None:
+    with pytest.raises(orch.ConfigError) as e:
+        Slurm(**kwargs)  # type: ignore[arg-type]
+    assert says in str(e.value)
+
+
+@pytest.mark.parametrize("time", ["30", "1:00:00", "2-12", "1-00:00:00", "10:00", "UNLIMITED"])
+def test_slurm_time_limits_are_taken(time: str) -> None:
+    assert Slurm(time=time).time == time
+
+
+def test_a_world_size_the_cluster_does_not_run_is_refused_before_anything_starts(tmp_path: Path) -> None:
+    with pytest.raises(orch.ConfigError) as e:
+        orch.launch(train, world_size=4, cluster=Slurm(nodes=2, tasks_per_node=3), run_root=str(tmp_path))
+    assert "world_size=4 but the cluster runs 2 node(s) of 3 ranks, 6 ranks" in str(e.value)
+    assert not any(tmp_path.iterdir())
+    with pytest.raises(orch.ConfigError, match="a Slurm run's master lives in this process"):
+        orch.launch(train, world_size=2, cluster=Slurm(nodes=2), detach=True, run_root=str(tmp_path))
+
+
+def test_without_slurms_commands_the_launch_says_where_to_run(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("PATH", str(tmp_path))
+    with pytest.raises(orch.ConfigError, match=r"sbatch, squeue, scancel not found on PATH: .* login node"):
+        orch.launch(train, world_size=1, cluster=Slurm(), run_root=str(tmp_path))
+
+
+@pytest.mark.parametrize(
+    ("stderr", "says"),
+    [
+        ("sbatch: error: invalid partition specified: nope", "Slurm has no partition 'nope'"),
+        (
+            "sbatch: error: Batch job submission failed: Requested node configuration is not available",
+            "the cluster has no nodes for 2 node(s) of 4 ranks",
+        ),
+        ("sbatch: error: Invalid time limit specification", "Slurm refused time='1:00:00'"),
+        ("sbatch: error: Batch job submission failed: Unable to contact slurm controller", "scontrol ping"),
+        ("sbatch: error: something else", "sbatch refused the job: something else"),
+    ],
+)
+def test_sbatch_refusals_say_what_to_do(stderr: str, says: str) -> None:
+    assert says in _explain(stderr, Slurm(nodes=2, tasks_per_node=4, partition="nope"))
+
+
+def test_the_job_state_reads_as_people_say_it() -> None:
+    from orch.client import JobView
+
+    assert (
+        JobView("slurm", "41", "PENDING", "Resources").describe()
+        == "slurm job 41: PENDING in the queue: Resources"
+    )
+    assert JobView("slurm", "41", "PENDING", "None").describe() == "slurm job 41: PENDING in the queue"
+    assert (
+        JobView("slurm", "41", "RUNNING", "None", "node[1-2]").describe()
+        == "slurm job 41: RUNNING on node[1-2]"
+    )

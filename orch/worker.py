@@ -554,6 +554,9 @@ def _run_group(
         spec.owner = owner
         # The ranks dial the host agent, on this host: it verified the master (TLS) for them.
         spec.trust_master = spec.trust_master or spec.tls_ca is not None
+        # The address the other hosts' ranks reach this one on: the route to the master, found
+        # before the ranks are pointed at the agent on 127.0.0.1 (which would give loopback).
+        spec.advertise_addr = _advertised_address(spec)
         spec.master, spec.tls_ca, spec.tls_server_name = agent.address, None, None
         p = ctx.Process(target=spawn_main, args=(cloudpickle.dumps(spec),), name=f"orch-{spec.worker_id}")
         p.start()

@@ -1,0 +1,316 @@
+"""Runs on a real Slurm cluster (tests/slurmcluster.py: slurmctld and two slurmd nodes, each in
+its own network and hostname namespace), launched with ``orch.launch(..., cluster=orch.Slurm(...))``.
+
+The master runs in the launching process (a notebook kernel, or this test's process), bound to
+the bridge address the nodes reach; one batch job runs a host agent per node. What is checked
+is what a user sees and what is left behind: the ranks on both nodes with identical
+parameters, the job id and nodes in the panel, a stop that ends the job, a rank killed on node
+2 restarting the group on both nodes from the checkpoint, and a kernel killed alone leaving no
+job and no process. The cluster's jobs inherit this test's environment, so the autouse check
+of tests/conftest.py also finds any of their processes left on the nodes.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import psutil
+import pytest
+
+import orch
+from conftest import TESTS, notebook_kernel
+from orch.states import RunState
+from slurmcluster import SlurmCluster
+from slurmcluster import slurm_cluster as slurm_cluster
+
+pytestmark = pytest.mark.timeout(300)
+
+LIVE = "PENDING,RUNNING,COMPLETING,CONFIGURING,SUSPENDED"
+
+
+@pytest.fixture
+def on_cluster(slurm_cluster: SlurmCluster, monkeypatch: pytest.MonkeyPatch) -> SlurmCluster:
+    """This process talks to the cluster (sbatch finds it through SLURM_CONF), and its jobs
+    import the test jobs (tests/ on their PYTHONPATH: sbatch exports this environment)."""
+    for key, value in slurm_cluster.env.items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.setenv("PYTHONPATH", str(TESTS))
+    return slurm_cluster
+
+
+def until(predicate: Any, timeout: float, interval: float = 0.1) -> Any:
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"condition not met within {timeout}s")
+        time.sleep(interval)
+
+
+def live_jobs(c: SlurmCluster, name: str = "") -> list[dict[str, str]]:
+    return [j for j in c.squeue(states=LIVE) if name in j["name"]]
+
+
+def nothing_left(c: SlurmCluster) -> bool:
+    return not live_jobs(c) and not any(c.node_pids(n) for n in c.node_names)
+
+
+NOTEBOOK_CELL = """
+import json, time
+import torch
+import orch
+
+def fit(ctx):
+    # Defined in this cell: it reaches the nodes through the run dir, signed with the run's token.
+    model = ctx.ddp(torch.nn.Linear(4, 1))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    torch.manual_seed(ctx.rank)
+    x = torch.randn(32, 4)
+    y = x.sum(1, keepdim=True)
+    for step in ctx.steps(40):
+        loss = ((model(x) - y) ** 2).mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        ctx.log(step, loss=loss.item())
+        time.sleep(0.02)
+
+run = orch.launch(fit, world_size=4, cluster=orch.Slurm(nodes=2, tasks_per_node=2), run_root={root!r})
+panel = run.panel()
+headers = []
+while not run.done:
+    if panel.header.value not in headers:
+        headers.append(panel.header.value)
+    time.sleep(0.05)
+result = run.wait()
+panel.refresh()
+headers.append(panel.header.value)
+m = run.state()
+ranks = [{{"rank": r.rank, "host": r.host, "checksum": r.param_checksum, "step": r.step}} for r in m.ranks]
+print(json.dumps({{"state": result.state.value, "job": m.job.as_dict(), "headers": headers, "ranks": ranks}}))
+"""
+
+
+def test_a_notebook_kernel_runs_the_ranks_on_both_nodes(on_cluster: SlurmCluster, tmp_path: Path) -> None:
+    c = on_cluster
+    with notebook_kernel(tmp_path, env=dict(os.environ)) as (_, kc):
+        out: list[str] = []
+        reply = kc.execute_interactive(
+            NOTEBOOK_CELL.format(root=str(tmp_path)),
+            timeout=240,
+            output_hook=lambda msg: out.append(msg["content"].get("text", "")),
+        )
+        assert reply["content"]["status"] == "ok", (reply["content"], "".join(out))
+        said = json.loads("".join(out).strip().splitlines()[-1])
+    assert said["state"] == "SUCCEEDED", said
+    job = said["job"]
+    ranks = said["ranks"]
+    # Two ranks on each node, every one at the last step, the parameters identical everywhere.
+    assert Counter(r["host"] for r in ranks) == Counter({n: 2 for n in c.node_names}), ranks
+    assert all(r["step"] == 40 for r in ranks), ranks
+    checksums = {r["checksum"] for r in ranks}
+    assert len(checksums) == 1 and "" not in checksums, ranks
+    # The panel showed the job id, and the nodes once the job ran.
+    headers = "\n".join(said["headers"])
+    assert f"slurm job {job['job_id']}: PENDING in the queue" in headers or (
+        f"slurm job {job['job_id']}: RUNNING" in headers
+    ), headers
+    assert f"slurm job {job['job_id']}: RUNNING on {job['nodes']}" in headers, headers
+    assert set(job["nodes"].split(",")) == set(c.node_names), job
+    # The job ended with the run (it is over in squeue), and nothing of it runs on the nodes.
+    record = c.wait_job(int(job["job_id"]), 30)
+    assert record["state"] in ("COMPLETED", "GONE"), record
+    until(lambda: nothing_left(c), 20)
+
+
+def test_stop_ends_the_run_stopped_and_the_job_with_it(on_cluster: SlurmCluster, tmp_path: Path) -> None:
+    c = on_cluster
+    run = orch.launch(
+        "jobs:long_barriers",
+        world_size=4,
+        cluster=orch.Slurm(nodes=2, tasks_per_node=2),
+        run_root=str(tmp_path),
+    )
+    try:
+        until(
+            lambda: run.state().state is RunState.RUNNING and min(r.step for r in run.state().ranks) > 3, 120
+        )
+        job_id = run.job.job_id if run.job else ""
+        assert [j["job_id"] for j in live_jobs(c)] == [job_id]
+        run.stop()
+        result = run.wait(timeout=60)
+        assert result.state is RunState.STOPPED
+        # The stop was graceful: every rank stopped at the same step, then the job went.
+        assert len(set(result.steps)) == 1, result.steps
+        until(lambda: not live_jobs(c), 20)
+        assert c.wait_job(int(job_id), 5)["state"] in ("COMPLETED", "CANCELLED", "GONE")
+    finally:
+        run.close()
+    until(lambda: nothing_left(c), 20)
+
+
+def test_a_rank_killed_on_node2_restarts_the_group_on_both_nodes(
+    on_cluster: SlurmCluster, tmp_path: Path
+) -> None:
+    c = on_cluster
+    node2 = c.node_names[1]
+    run = orch.launch(
+        "jobs:checkpointed",
+        world_size=4,
+        cluster=orch.Slurm(nodes=2, tasks_per_node=2),
+        max_restarts=1,
+        run_root=str(tmp_path),
+        config={"steps": 60, "sleep": 0.05, "die_on_attempts": []},
+    )
+    try:
+
+        def past_checkpoint() -> Any:
+            m = run.state()
+            ok = m.state is RunState.RUNNING and len(m.ranks) == 4 and all(r.step > 14 for r in m.ranks)
+            return m if ok else None
+
+        m = until(past_checkpoint, 150)
+        victim = next(r for r in m.ranks if r.host == node2)
+        assert victim.pid in c.node_pids(node2)  # the rank's process runs on node 2
+        first_pids = {r.pid for r in m.ranks}
+        os.kill(victim.pid, signal.SIGKILL)
+        result = run.wait(timeout=200)
+        assert result.state is RunState.SUCCEEDED and result.steps == [60] * 4
+        final = run.state()
+        assert final.attempt == 2
+        assert Counter(r.host for r in final.ranks) == Counter({n: 2 for n in c.node_names})
+        assert not first_pids & {r.pid for r in final.ranks}  # new processes, on both nodes
+        assert len({r.param_checksum for r in final.ranks}) == 1
+        said = [e[3] for e in final.events if e[1] in ("attempt_failed", "root_cause")]
+        assert any(f"rank {victim.rank} (" in s and "SIGKILL" in s for s in said), said
+        # One job: the restart happened inside its allocation, without a second wait in the queue.
+        assert [j["name"] for j in c.squeue()].count(f"orch-{run.run_id}") == 1
+        history = run.history()
+        for rank in range(4):
+            assert history["loss"][rank]["step"] == list(range(60)), rank
+            attempts = history["attempt"][rank]["value"]
+            resumed = attempts.index(2.0)
+            assert resumed >= 10 and resumed % 10 == 0, attempts  # from a checkpoint, not from step 0
+    finally:
+        run.close()
+    until(lambda: nothing_left(c), 20)
+
+
+KERNEL_CELL = """
+import orch
+from orch.panel import wait_for
+run = orch.launch('jobs:long_barriers', world_size=4, cluster=orch.Slurm(nodes=2, tasks_per_node=2),
+                  run_root={root!r}, heartbeat_timeout={timeout})
+assert wait_for(lambda: run.state().state.value == 'RUNNING', 120)
+print(run.job.job_id)
+"""
+
+
+def test_a_kernel_killed_alone_leaves_no_job_and_no_process(on_cluster: SlurmCluster, tmp_path: Path) -> None:
+    c = on_cluster
+    timeout = 10.0
+    with notebook_kernel(tmp_path, env=dict(os.environ)) as (km, kc):
+        out: list[str] = []
+        reply = kc.execute_interactive(
+            KERNEL_CELL.format(root=str(tmp_path), timeout=timeout),
+            timeout=180,
+            output_hook=lambda msg: out.append(msg["content"].get("text", "")),
+        )
+        assert reply["content"]["status"] == "ok", (reply["content"], "".join(out))
+        job_id = "".join(out).split()[-1]
+        assert [j["job_id"] for j in live_jobs(c)] == [job_id]
+        pid = km.provisioner.pid  # type: ignore[union-attr]
+        t0 = time.monotonic()
+        psutil.Process(pid).kill()  # the kernel alone, as the OOM killer would
+        until(lambda: not live_jobs(c), timeout)
+        until(lambda: not any(c.node_pids(n) for n in c.node_names), timeout + 5)
+        gone = time.monotonic() - t0
+    print(f"\nkernel killed alone: job {job_id} and every process on both nodes gone {gone:.2f}s later")
+    assert gone < timeout + 5
+
+
+def test_a_job_waiting_in_the_queue_says_why(on_cluster: SlurmCluster, tmp_path: Path) -> None:
+    """All CPUs taken by another job: the run is PENDING and says the queue's reason; it runs
+    once the other job is gone."""
+    c = on_cluster
+    blocker = c.sbatch("-N2", "--exclusive", "--job-name=blocker", "--wrap", "sleep 120")
+    try:
+        until(lambda: any(j["state"] == "RUNNING" for j in live_jobs(c, "blocker")), 30)
+        run = orch.launch(
+            "jobs:allreduce_steps",
+            world_size=4,
+            cluster=orch.Slurm(nodes=2, tasks_per_node=2),
+            run_root=str(tmp_path),
+            config={"steps": 20},
+        )
+        try:
+
+            def waiting() -> Any:
+                m = run.state()
+                return m if m.job is not None and m.job.reason not in ("", "None") else None
+
+            m = until(waiting, 30)
+            assert m.state is RunState.PENDING
+            assert m.job is not None and m.job.describe().startswith(
+                f"slurm job {m.job.job_id}: PENDING in the queue: "
+            )
+            assert m.job.reason in ("Resources", "Priority"), m.job
+            c.run("scancel", str(blocker))
+            result = run.wait(timeout=120)
+            assert result.state is RunState.SUCCEEDED
+        finally:
+            run.close()
+    finally:
+        c.run("scancel", str(blocker), check=False)
+    until(lambda: nothing_left(c), 20)
+
+
+def test_a_partition_slurm_does_not_have_fails_the_launch_saying_so(
+    on_cluster: SlurmCluster, tmp_path: Path
+) -> None:
+    with pytest.raises(orch.SlurmError) as e:
+        orch.launch(
+            "jobs:allreduce_steps",
+            world_size=2,
+            cluster=orch.Slurm(nodes=1, tasks_per_node=2, partition="nosuch"),
+            run_root=str(tmp_path),
+        )
+    assert "Slurm has no partition 'nosuch'" in str(e.value) and "sinfo -s" in str(e.value)
+    (run_dir,) = tmp_path.iterdir()
+    record = json.loads((run_dir / "result.json").read_text())
+    assert record["state"] == "FAILED" and "no partition 'nosuch'" in record["failure"]
+    assert not live_jobs(on_cluster)
+
+
+def test_a_job_cancelled_behind_the_runs_back_fails_the_run_saying_so(
+    on_cluster: SlurmCluster, tmp_path: Path
+) -> None:
+    c = on_cluster
+    run = orch.launch(
+        "jobs:long_barriers",
+        world_size=2,
+        cluster=orch.Slurm(nodes=2, tasks_per_node=1),
+        run_root=str(tmp_path),
+    )
+    try:
+        until(lambda: run.state().state is RunState.RUNNING, 120)
+        assert run.job is not None
+        c.run("scancel", run.job.job_id)  # an administrator, or the time limit
+        with pytest.raises(orch.RunFailed) as e:
+            run.wait(timeout=60)
+        failure = str(e.value)
+        print(f"\nthe job cancelled behind the run's back: {failure}")
+        # Either the master saw the ranks go first, or the job's end: the job's state is named.
+        assert f"Slurm job {run.job.job_id} ended CANCELLED" in failure or "rank" in failure, failure
+        assert any(f"slurm job {run.job.job_id} CANCELLED" in ev[3] for ev in run.state().events)
+    finally:
+        run.close()
+    until(lambda: nothing_left(c), 20)

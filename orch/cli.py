@@ -125,10 +125,45 @@ def _interrupt_to_stop(stop: Any) -> None:
     signal.signal(signal.SIGTERM, handler)
 
 
+def _cluster(args: argparse.Namespace) -> Any:
+    """The Slurm cluster ``orch run --slurm`` asks for (None without --slurm)."""
+    slurm_only = {"nodes": args.nodes, "tasks_per_node": args.tasks_per_node, "partition": args.partition,
+                  "time": args.time, "gpus_per_node": args.gpus_per_node}  # fmt: skip
+    if not args.slurm:
+        given = [f"--{k.replace('_', '-')}" for k, v in slurm_only.items() if v is not None] + (
+            ["--sbatch-arg"] if args.sbatch_arg else []
+        )
+        if given:
+            raise ConfigError(f"{', '.join(given)} only apply to a Slurm run: add --slurm")
+        return None
+    if args.detach:
+        raise ConfigError(
+            "--detach with --slurm: a Slurm run's master lives in this command; leave out --detach"
+        )
+    from .slurm import Slurm
+
+    cluster = Slurm(
+        nodes=args.nodes or 1,
+        tasks_per_node=args.tasks_per_node or 1,
+        partition=args.partition,
+        time=args.time or "1:00:00",
+        gpus_per_node=args.gpus_per_node,
+        sbatch_args=tuple(args.sbatch_arg),
+    )
+    if args.workers is not None and args.workers != cluster.world_size:
+        raise ConfigError(
+            f"--workers {args.workers} but --nodes x --tasks-per-node is {cluster.world_size}: "
+            "leave out --workers with --slurm"
+        )
+    return cluster
+
+
 def cmd_run(args: argparse.Namespace) -> int:
+    cluster = _cluster(args)
     spec = LaunchSpec(
         fn=args.fn,
-        world_size=args.workers,
+        world_size=cluster.world_size if cluster is not None else (args.workers or 4),
+        cluster=cluster,
         config=_config(args.config),
         steps=args.steps,
         master_port=args.master_port,
@@ -153,11 +188,11 @@ def cmd_run(args: argparse.Namespace) -> int:
     with Run(spec) as run:
         run.start()
         rdzv = run.coordinator.rendezvous_port or "chosen by rank 0 (29500 when free)"
-        print(
-            f"orch: run {run.run_id}: master on {run.address}, rendezvous port {rdzv}, "
-            f"logs in {run.run_dir}/logs",
-            flush=True,
-        )
+        if run.job is not None:
+            where = f"Slurm job {run.job.job_id} ({cluster.describe()}), its output in {run.job.output}"
+        else:
+            where = f"logs in {run.run_dir}/logs"
+        print(f"orch: run {run.run_id}: master on {run.address}, rendezvous port {rdzv}, {where}", flush=True)
         _interrupt_to_stop(run.stop)
         client = run.connect()
         assert client is not None
@@ -439,7 +474,9 @@ def build_parser() -> argparse.ArgumentParser:
         sp.add_argument("--refresh", type=_seconds, default=0.5, help="dashboard refresh interval (s)")
 
     r = sub.add_parser("run", help="start a master and N local workers, with a live dashboard")
-    r.add_argument("--workers", "-n", type=_positive, default=4, help="number of worker processes")
+    r.add_argument(
+        "--workers", "-n", type=_positive, default=None, help="number of worker processes (default 4)"
+    )
     r.add_argument(
         "--master-port", type=_port, default=None, help="master gRPC port (default 50051, or a free one)"
     )
@@ -455,6 +492,19 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="start the run under a supervisor of its own and return: it outlives this command "
         "(attach with orch.attach(RUN_ID))",
+    )
+    sl = r.add_argument_group("on a Slurm cluster (from its login node)")
+    sl.add_argument("--slurm", action="store_true", help="run the ranks as one Slurm batch job")
+    sl.add_argument("--nodes", type=_positive, default=None, help="nodes (default 1)")
+    sl.add_argument("--tasks-per-node", type=_positive, default=None, help="ranks per node (default 1)")
+    sl.add_argument("--partition", default=None, help="Slurm partition (default: the cluster's)")
+    sl.add_argument("--time", default=None, help="the job's time limit (default 1:00:00)")
+    sl.add_argument("--gpus-per-node", type=_positive, default=None, help="GPUs per node (one rank each)")
+    sl.add_argument(
+        "--sbatch-arg",
+        action="append",
+        default=[],
+        help="one more sbatch option, e.g. --sbatch-arg=--qos=high",
     )
     common(r)
     r.set_defaults(func=cmd_run)

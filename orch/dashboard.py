@@ -416,6 +416,7 @@ class Dashboard:
         self._last_plain = -math.inf
         self._screen = _Screen(self.out)
         self._tty = self._screen.tty
+        self._job = ""  # the scheduler job's state last written (plain lines)
 
     def poll(self) -> StateMirror:
         return self.mirror.poll(self.client, skip_series=True)  # the table needs no points
@@ -424,6 +425,10 @@ class Dashboard:
         if self._tty:
             self._screen.frame(run_table(self.mirror, address=self.client.address))
             return
+        job = self.mirror.job.describe() if self.mirror.job is not None else ""
+        if job != self._job:  # a line each time the job's state changes: queued, running, over
+            self._job = job
+            self.out.write(printable(job, one_line=True) + "\n")
         now = time.monotonic()
         if now - self._last_plain < self.plain_every and not self.mirror.state.done:
             return

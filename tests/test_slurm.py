@@ -24,7 +24,7 @@ import psutil
 import pytest
 
 import orch
-from conftest import TESTS, notebook_kernel
+from conftest import TESTS, notebook_kernel, orch_cli
 from orch.states import RunState
 from slurmcluster import SlurmCluster
 from slurmcluster import slurm_cluster as slurm_cluster
@@ -314,3 +314,35 @@ def test_a_job_cancelled_behind_the_runs_back_fails_the_run_saying_so(
     finally:
         run.close()
     until(lambda: nothing_left(c), 20)
+
+
+def test_orch_run_slurm_shows_the_job_and_succeeds(
+    on_cluster: SlurmCluster, tmp_path: Path, subprocess_env: dict[str, str]
+) -> None:
+    env = on_cluster.environ(subprocess_env)
+    proc = orch_cli(
+        "run", "--slurm", "--nodes", "2", "--tasks-per-node", "2", "--fn", "jobs:allreduce_steps",
+        "--steps", "40", "--config", '{"sleep": 0.05}', "--run-root", str(tmp_path), "--refresh", "0.2",
+        env=env, cwd=tmp_path,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    out = proc.stdout
+    first = out.splitlines()[0]
+    assert "Slurm job " in first and "(2 node(s) of 2 ranks)" in first, first
+    job_id = first.split("Slurm job ")[1].split()[0]
+    # The dashboard's lines (plain text to a pipe) showed the job running on both nodes.
+    assert f"slurm job {job_id}: RUNNING on " in out, out[-3000:]
+    assert "SUCCEEDED" in out
+    assert not live_jobs(on_cluster)
+    until(lambda: nothing_left(on_cluster), 20)
+
+
+def test_orch_run_slurm_options_need_slurm(subprocess_env: dict[str, str]) -> None:
+    proc = orch_cli("run", "--nodes", "2", env=subprocess_env)
+    assert proc.returncode == 2 and "--nodes only apply to a Slurm run: add --slurm" in proc.stderr, (
+        proc.stderr
+    )
+    proc = orch_cli("run", "--slurm", "--nodes", "2", "--workers", "3", env=subprocess_env)
+    assert proc.returncode == 2 and "--workers 3 but --nodes x --tasks-per-node is 2" in proc.stderr, (
+        proc.stderr
+    )

@@ -85,7 +85,7 @@ def run_attempts(specs: list[WorkerSpec], agent: HostAgent, poll_interval: float
     if reply is None:  # a master without SyncHost: one attempt
         return run_group(specs, agent, poll_interval, None)
     code, attempt, worker_ids = 0, 0, [s.worker_id for s in specs]
-    patience = first.master_timeout or 30.0
+    patience = first.master_timeout or reply.heartbeat_timeout or 30.0
     while True:
         if reply.action == pb.HOST_EXIT:
             return code

@@ -54,6 +54,7 @@ def launch(
     token: str | None = None,
     name: str | None = None,
     cluster: Slurm | None = None,
+    min_world_size: int | None = None,
     detach: Literal[False] = False,
 ) -> Run: ...
 
@@ -77,6 +78,7 @@ def launch(
     token: str | None = None,
     name: str | None = None,
     cluster: Slurm | None = None,
+    min_world_size: int | None = None,
     detach: Literal[True],
 ) -> DetachedRun: ...
 
@@ -100,6 +102,7 @@ def launch(
     token: str | None = None,
     name: str | None = None,
     cluster: Slurm | None = None,
+    min_world_size: int | None = None,
     detach: bool = ...,
 ) -> Run | DetachedRun: ...
 
@@ -122,6 +125,7 @@ def launch(
     token: str | None = None,
     name: str | None = None,
     cluster: Slurm | None = None,
+    min_world_size: int | None = None,
     detach: bool = False,
 ) -> Run | DetachedRun:
     """Start ``train(ctx)`` on ``world_size`` local worker processes; return the :class:`Run` at once.
@@ -152,6 +156,8 @@ def launch(
     the master stays in this process, bound to the address the nodes reach, and one batch
     job runs a host agent per node (see :mod:`orch.slurm`). The panel shows the job's queue
     state and nodes; a stop, a failure, ``close()`` or this process's death ends the job.
+    A failure restarts every node's ranks (``max_restarts``); with ``min_world_size`` the
+    restart goes on without nodes that fell silent while that many ranks remain.
     """
     spec = LaunchSpec(
         fn=train,
@@ -170,6 +176,7 @@ def launch(
         token=token,
         name=name,
         cluster=cluster,
+        min_world_size=min_world_size,
     )
     if detach and cluster is not None:
         raise ConfigError(

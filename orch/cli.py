@@ -219,6 +219,7 @@ def cmd_master(args: argparse.Namespace) -> int:
         heartbeat_timeout=args.heartbeat_timeout,
         max_attempts=args.max_restarts + 1,
         restart_through_hosts=True,
+        min_world_size=_min_world_size(args.min_world_size, args.world_size, args.max_restarts),
     )
     run_dir = Path(args.run_root) / coord.run_id
     token = token_from_env(_token(args))
@@ -269,6 +270,16 @@ def cmd_master(args: argparse.Namespace) -> int:
     print(summary(StateMirror.of(coord)), flush=True)
     print(f"orch master: result in {path}", flush=True)
     return EXIT.get(coord.state, 1)
+
+
+def _min_world_size(value: int | None, world_size: int, max_restarts: int) -> int | None:
+    if value is None:
+        return None
+    if value > world_size:
+        raise ConfigError(f"--min-world-size {value} is above --world-size {world_size}")
+    if max_restarts < 1:
+        raise ConfigError("--min-world-size applies to restarts: add --max-restarts N")
+    return value
 
 
 def cmd_worker(args: argparse.Namespace) -> int:
@@ -533,6 +544,13 @@ def build_parser() -> argparse.ArgumentParser:
         default=0,
         help="on a failure, restart every host's ranks from the last checkpoint up to N times (the "
         "host agents of `orch worker --nproc-per-node K` start them again)",
+    )
+    m.add_argument(
+        "--min-world-size",
+        type=_positive,
+        default=None,
+        help="elastic restarts: a restart goes on without hosts that fell silent while at least M "
+        "ranks remain (default: every host must come back)",
     )
     common(m)
     m.set_defaults(func=cmd_master)

@@ -79,6 +79,7 @@ class Coordinator:
         heartbeat_timeout: float = 30.0,
         max_attempts: int = 1,
         restart_through_hosts: bool = False,
+        min_world_size: int | None = None,
         store: RunStore | None = None,
         max_points_in_memory: int = MAX_POINTS_IN_MEMORY,
         clock: Callable[[], float] = time.monotonic,
@@ -110,6 +111,8 @@ class Coordinator:
         # Across machines the host agents respawn the ranks of a restart (SyncHost); on one
         # machine the launcher does, and this is False.
         self.restart_through_hosts = restart_through_hosts
+        # Elastic: a restart goes on without hosts that fell silent while this many ranks remain.
+        self.min_world_size = min_world_size
         self.hosts = HostTable()
         self.job: pb.ClusterJob | None = None  # the scheduler's job the ranks run in
 
@@ -449,8 +452,9 @@ class Coordinator:
                 attempt=self.attempt,
                 run_id=self.run_id,
                 restarts=self.restart_through_hosts and self.max_attempts > 1,
+                heartbeat_timeout=self.heartbeat_timeout,
             )
-            if self.state.done:
+            if self.state.done or self.hosts.dropped(req.host):
                 reply.action = pb.HOST_EXIT
             elif self.state is RunState.RESTARTING:
                 reply.action = pb.HOST_WAIT
@@ -468,11 +472,21 @@ class Coordinator:
             return
         silent = self.hosts.silent(self.attempt, now, self.heartbeat_timeout)
         if silent:
-            self._give_up(
+            said = (
                 f"host {self.hosts.names(silent)} fell silent, no word from its agent for more than "
-                f"{self.heartbeat_timeout:g}s: the group cannot restart without it"
+                f"{self.heartbeat_timeout:g}s"
             )
-            return
+            left = sum(len(h.worker_ids) for h in self.hosts.of_attempt(self.attempt) if h not in silent)
+            if self.min_world_size is None or left < self.min_world_size:
+                floor = f" (the {left} ranks left are fewer than min_world_size {self.min_world_size})"
+                self._give_up(
+                    f"{said}: the group cannot restart without it{floor if self.min_world_size else ''}"
+                )
+                return
+            # Elastic: the next attempt runs on the hosts that are left.
+            self.hosts.drop(silent)
+            self._event("resized", -1, f"{said}: the next attempt runs on the {left} ranks left")
+            self.world_size = left
         if self.hosts.busy(self.attempt):
             return  # ranks of the failed attempt still run somewhere: they are being torn down
         if self.stop_requested:
@@ -480,7 +494,7 @@ class Coordinator:
             self._finish(RunState.STOPPED)
             return
         managed = self.hosts.managed(self.attempt)
-        orphans = [r for r in self.ranks if r.worker_id not in managed]
+        orphans = [r for r in self.ranks if r.worker_id not in managed | self.hosts.gone_workers]
         if orphans:
             named = ", ".join(f"rank {r.rank} (worker {r.worker_id} on {r.host})" for r in orphans[:4])
             self._give_up(

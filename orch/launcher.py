@@ -75,6 +75,7 @@ class LaunchSpec:
     sweep: str | None = None  # the sweep it belongs to, and its config's key there
     config_key: str | None = None
     cluster: Slurm | None = None  # run on a Slurm cluster rather than on this machine
+    min_world_size: int | None = None  # elastic restarts on a cluster: go on without lost nodes
 
     workdir: str = field(default_factory=os.getcwd)  # where workers run and find ``fn``
 
@@ -107,6 +108,13 @@ class LaunchSpec:
         if self.threads is not None:
             _check_int("threads", self.threads, 1)
         _check_int("max_restarts", self.max_restarts, 0)
+        if self.min_world_size is not None:
+            _check_int("min_world_size", self.min_world_size, 1, self.world_size)
+            if self.cluster is None or self.max_restarts < 1:
+                raise ConfigError(
+                    "min_world_size makes restarts across nodes elastic: it needs cluster=orch.Slurm(...) "
+                    "and max_restarts >= 1"
+                )
         _check_seconds("heartbeat_timeout", self.heartbeat_timeout)
         _check_seconds("heartbeat_interval", self.heartbeat_interval)
         if self.heartbeat_timeout <= self.heartbeat_interval * 2:
@@ -242,6 +250,7 @@ class Run(Viewable):
             max_attempts=spec.max_restarts + 1,
             # On a cluster each node's host agent starts its ranks again for a restart.
             restart_through_hosts=spec.cluster is not None,
+            min_world_size=spec.min_world_size,
         )
         self.run_id = self.coordinator.run_id
         self.run_dir = Path(spec.run_root) / self.run_id
@@ -437,6 +446,7 @@ class Run(Viewable):
             fn_arg=fn_arg,
             tls_ca=str(Path(self.tls_ca).resolve()) if self.tls_ca else None,
             heartbeat_timeout=spec.heartbeat_timeout,
+            elastic=spec.min_world_size is not None,
         )
         job.submit(script, self.run_dir)
         self.coordinator.set_job(job.as_pb(JobStatus("PENDING")))

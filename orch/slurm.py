@@ -244,6 +244,7 @@ def job_script(
     fn_arg: list[str],
     tls_ca: str | None = None,
     heartbeat_timeout: float = 30.0,
+    elastic: bool = False,
 ) -> str:
     """The batch script: Slurm's options, the user's set-up lines, then one host agent per node."""
     python = cluster.python or sys.executable
@@ -260,6 +261,8 @@ def job_script(
         options.append(f"--partition={cluster.partition}")
     if cluster.gpus_per_node:
         options.append(f"--gpus-per-node={cluster.gpus_per_node}")
+    if elastic:  # a node that fails leaves the job running on the others (orch restarts without it)
+        options.append("--no-kill")
     worker = [
         python, "-m", "orch.worker", "--master", master, "--launcher", "none",
         "--nproc-per-node", str(cluster.tasks_per_node), "--run-root", run_root,

@@ -160,3 +160,37 @@ def test_a_malformed_host_sync_is_invalid_argument(fields: dict[str, object], sa
     with pytest.raises(Reject) as e:
         c.sync_host(pb.HostSyncRequest(**fields))  # type: ignore[arg-type]
     assert e.value.kind == "invalid_argument" and says in str(e.value), str(e.value)
+
+
+def test_elastic_a_silent_host_is_left_out_while_enough_ranks_remain() -> None:
+    clock = Clock()
+    c = running_on_two_hosts(clock)
+    c.min_world_size = 2
+    complete(c, "b0", pb.RANK_FAILED, "boom")
+    sync(c, "a:1", 1, False, "a0", "a1")
+    clock.t += 6.0  # host b's agent is silent past the heartbeat timeout
+    reply = sync(c, "a:1", 1, False, "a0", "a1")
+    assert c.state is RunState.PENDING and c.attempt == 2 and c.world_size == 2
+    assert (reply.action, reply.attempt) == (pb.HOST_START, 2)
+    resized = [e.message for e in c.events if e.kind == "resized"]
+    assert resized == [
+        "host b fell silent, no word from its agent for more than 5s: "
+        "the next attempt runs on the 2 ranks left"
+    ]
+    # Host a's two ranks make the whole new world; host b, should it call again, is told to exit.
+    assert sync(c, "b:2", 1, False, "b0", "b1").action == pb.HOST_EXIT
+    for w in ("a0-a2", "a1-a2"):
+        reg(c, w, host="a")
+    assert c.state is RunState.RUNNING
+
+
+def test_elastic_gives_up_below_the_minimum_world_size() -> None:
+    clock = Clock()
+    c = running_on_two_hosts(clock)
+    c.min_world_size = 3
+    complete(c, "b0", pb.RANK_FAILED, "boom")
+    sync(c, "a:1", 1, False, "a0", "a1")
+    clock.t += 6.0
+    sync(c, "a:1", 1, False, "a0", "a1")
+    assert c.state is RunState.FAILED
+    assert "(the 2 ranks left are fewer than min_world_size 3)" in StateMirror.of(c).failure

@@ -537,3 +537,50 @@ def test_a_rank_killed_on_one_host_restarts_every_hosts_ranks(cluster: Cluster) 
         resumed = attempts.index(2.0)
         assert resumed >= 10 and resumed % 10 == 0 and set(attempts[resumed:]) == {2.0}, attempts
     print(f"\nrank {victim} killed on {net.b.hostname}: both hosts restarted, resumed at step {resumed}")
+
+
+@pytest.mark.timeout(300)
+def test_elastic_a_host_that_drops_off_is_left_out_of_the_next_attempt(cluster: Cluster) -> None:
+    """``--min-world-size 2``: host B drops off the LAN; the next attempt runs on host A's two
+    ranks alone, from the checkpoint, and succeeds; B's processes end on their own."""
+    c, net = cluster, cluster.net
+    timeout = 3.0
+    config = json.dumps({"steps": 80, "sleep": 0.05, "die_on_attempts": []})
+    c.start_master(
+        "--heartbeat-timeout", str(timeout), "--max-restarts", "1", "--min-world-size", "2",
+        "--fn", "jobs:checkpointed", "--config", config,
+    )  # fmt: skip
+    c.start_workers()
+
+    def past_checkpoint() -> dict[str, Any] | None:
+        latest = c.latest()
+        ranks = latest.get("ranks", [])
+        ok = latest.get("state") == "RUNNING" and len(ranks) == 4 and all(r["step"] > 14 for r in ranks)
+        return latest if ok else None
+
+    record = until(past_checkpoint, 120)
+    placed = hosts_of_ranks(c, record)
+    assert Counter(h.role for h in placed.values()) == {"a": 2, "b": 2}
+    c.ranks = {r["rank"]: r["pid"] for r in record["ranks"]}
+    _ip("-n", net.b.ns, "link", "set", net.b.ifname, "down")  # host B drops off the LAN
+
+    codes = {name: c.procs[name].wait(timeout=200) for name in ("master", "poller", "a")}
+    assert codes == {"master": 0, "poller": 0, "a": 0}, {n: c.log(n)[-3000:] for n in codes}
+    result = c.result()
+    assert result["state"] == "SUCCEEDED", result["failure"]
+    assert (result["attempt"], result["world_size"]) == (2, 2), result
+    ranks = result["ranks"]
+    assert {r["host"] for r in ranks} == {net.a.hostname} and all(r["step"] == 80 for r in ranks), ranks
+    assert len({r["param_checksum"] for r in ranks}) == 1
+    resized = [e["message"] for e in result["events"] if e["kind"] == "resized"]
+    assert len(resized) == 1 and f"host {net.b.hostname} fell silent" in resized[0], resized
+    assert "the next attempt runs on the 2 ranks left" in resized[0]
+    history = orch.load_run(c.tmp / c.run_id).history()
+    for rank in range(2):
+        attempts = history["attempt"][rank]["value"]
+        resumed = attempts.index(2.0)
+        assert resumed >= 10 and resumed % 10 == 0, attempts
+    # Host B's ranks and agent, cut off from the master, end on their own.
+    until(c.all_gone, timeout + GONE_GRACE + 40, 0.1)
+    assert c.procs["b"].returncode != 0
+    print(f"\nhost B dropped off: attempt 2 ran on host A's {len(ranks)} ranks, resumed at step {resumed}")

@@ -241,7 +241,7 @@ def test_a_job_waiting_in_the_queue_says_why(on_cluster: SlurmCluster, tmp_path:
     """All CPUs taken by another job: the run is PENDING and says the queue's reason; it runs
     once the other job is gone."""
     c = on_cluster
-    blocker = c.sbatch("-N2", "--exclusive", "--job-name=blocker", "--wrap", "sleep 120")
+    blocker = c.sbatch("-N2", "--exclusive", "--job-name=blocker", "-o", "/dev/null", "--wrap", "sleep 120")
     try:
         until(lambda: any(j["state"] == "RUNNING" for j in live_jobs(c, "blocker")), 30)
         run = orch.launch(

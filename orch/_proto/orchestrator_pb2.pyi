@@ -208,16 +208,18 @@ class HostSyncRequest(_message.Message):
     def __init__(self, host: _Optional[str] = ..., attempt: _Optional[int] = ..., worker_ids: _Optional[_Iterable[str]] = ..., running: _Optional[bool] = ...) -> None: ...
 
 class HostSyncResponse(_message.Message):
-    __slots__ = ("action", "attempt", "run_id", "restarts")
+    __slots__ = ("action", "attempt", "run_id", "restarts", "heartbeat_timeout")
     ACTION_FIELD_NUMBER: _ClassVar[int]
     ATTEMPT_FIELD_NUMBER: _ClassVar[int]
     RUN_ID_FIELD_NUMBER: _ClassVar[int]
     RESTARTS_FIELD_NUMBER: _ClassVar[int]
+    HEARTBEAT_TIMEOUT_FIELD_NUMBER: _ClassVar[int]
     action: HostAction
     attempt: int
     run_id: str
     restarts: bool
-    def __init__(self, action: _Optional[_Union[HostAction, str]] = ..., attempt: _Optional[int] = ..., run_id: _Optional[str] = ..., restarts: _Optional[bool] = ...) -> None: ...
+    heartbeat_timeout: float
+    def __init__(self, action: _Optional[_Union[HostAction, str]] = ..., attempt: _Optional[int] = ..., run_id: _Optional[str] = ..., restarts: _Optional[bool] = ..., heartbeat_timeout: _Optional[float] = ...) -> None: ...
 
 class CompletionRequest(_message.Message):
     __slots__ = ("run_id", "worker_id", "outcome", "error", "param_checksum", "step", "exit_code")

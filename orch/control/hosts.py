@@ -33,8 +33,21 @@ class HostTable:
 
     def __init__(self) -> None:
         self.hosts: dict[str, HostRecord] = {}
+        self.gone: set[str] = set()  # hosts left out of the run (elastic): told to exit if they call
+        self.gone_workers: set[str] = set()  # the ranks they had started
+
+    def drop(self, hosts: list[HostRecord]) -> None:
+        for h in hosts:
+            self.hosts.pop(h.host, None)
+            self.gone.add(h.host)
+            self.gone_workers |= h.worker_ids
+
+    def dropped(self, host: str) -> bool:
+        return host in self.gone
 
     def seen(self, host: str, now: float, attempt: int, running: bool, worker_ids: list[str]) -> HostRecord:
+        if host in self.gone:
+            return HostRecord(host, now, attempt, running, frozenset(worker_ids))  # not kept
         rec = self.hosts.get(host)
         if rec is None:
             rec = self.hosts[host] = HostRecord(host, now)

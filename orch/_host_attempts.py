@@ -54,11 +54,7 @@ class _Watch(threading.Thread):
     def run(self) -> None:
         while not self._done.is_set():
             try:
-                reply = self.agent.sync_host(
-                    pb.HostSyncRequest(
-                        host=self.host, attempt=self.attempt, worker_ids=self.worker_ids, running=self.running
-                    )
-                )
+                reply = _sync(self.agent, self.host, self.attempt, self.worker_ids, self.running)
             except (grpc.RpcError, TimeoutError, RuntimeError) as e:
                 log.debug("host sync failed: %s", e)  # the ranks' own heartbeats judge the master
             else:
@@ -88,7 +84,8 @@ def run_attempts(specs: list[WorkerSpec], agent: HostAgent, poll_interval: float
     patience = first.master_timeout or reply.heartbeat_timeout or 30.0
     while True:
         if reply.action == pb.HOST_EXIT:
-            return code
+            # The run's end is this host's: ranks ended after a stop or a success exit 0.
+            return 0 if reply.state in (pb.SUCCEEDED, pb.STOPPED) else code or 1
         if reply.action == pb.HOST_START:
             if attempt:  # fresh ids: each attempt's ranks have their own records and logs
                 renamed = zip(specs, worker_ids, strict=True)
@@ -109,6 +106,20 @@ def run_attempts(specs: list[WorkerSpec], agent: HostAgent, poll_interval: float
         if reply is None:
             log.warning("host %s: the master fell silent for %gs; exiting", host, patience)
             return code or EXIT_ABORTED
+
+
+def _sync(
+    agent: HostAgent, host: str, attempt: int, worker_ids: list[str], running: bool
+) -> pb.HostSyncResponse:
+    """One SyncHost call, carrying the deaths of ranks that never registered (once taken)."""
+    told = list(agent.unreported)
+    reply = agent.sync_host(
+        pb.HostSyncRequest(
+            host=host, attempt=attempt, worker_ids=worker_ids, running=running, failure="; ".join(told)
+        )
+    )
+    del agent.unreported[: len(told)]
+    return reply
 
 
 def _first_sync(agent: HostAgent, host: str, timeout: float, master: str) -> pb.HostSyncResponse | None:
@@ -137,9 +148,7 @@ def _wait_for_word(
     last_answer = time.monotonic()
     while True:
         try:
-            reply = agent.sync_host(
-                pb.HostSyncRequest(host=host, attempt=attempt, worker_ids=worker_ids, running=False)
-            )
+            reply = _sync(agent, host, attempt, worker_ids, False)
         except (grpc.RpcError, TimeoutError, RuntimeError) as e:
             if time.monotonic() - last_answer > patience:
                 return None

@@ -83,6 +83,8 @@ class HostAgent:
         self._arrived: asyncio.Event | None = None
         self._batching = True
         self._run_of: dict[str, str] = {}  # worker id -> the run id the master gave it
+        # Ranks that died before they registered: the master hears of them with the next SyncHost.
+        self.unreported: list[str] = []
 
     def start(self) -> str:
         """Start serving; returns the address the ranks dial."""
@@ -202,6 +204,10 @@ class HostAgent:
             log.warning("could not report the death of worker %s to the master: %s", worker_id, e)
             return False
         return True
+
+    def registered(self, worker_id: str) -> bool:
+        """The master gave ``worker_id`` a rank (through this agent)."""
+        return worker_id in self._run_of
 
     def sync_host(self, request: pb.HostSyncRequest, timeout: float = 5.0) -> pb.HostSyncResponse:
         """Tell the master which ranks this host runs; its answer says what to do next

@@ -159,6 +159,11 @@ def launch(
     A failure restarts every node's ranks (``max_restarts``); with ``min_world_size`` the
     restart goes on without nodes that fell silent while that many ranks remain.
     """
+    if detach and cluster is not None:
+        raise ConfigError(
+            "detach=True with a cluster: a Slurm run's master lives in this process; "
+            "leave out detach (the job is cancelled when this process ends)"
+        )
     spec = LaunchSpec(
         fn=train,
         world_size=world_size,
@@ -178,11 +183,6 @@ def launch(
         cluster=cluster,
         min_world_size=min_world_size,
     )
-    if detach and cluster is not None:
-        raise ConfigError(
-            "detach=True with a cluster: a Slurm run's master lives in this process; "
-            "leave out detach (the job is cancelled when this process ends)"
-        )
     _check_ports(master_port, rdzv_port)
     notice = live_notice()  # a launch cell run twice: the first run is still training
     if notice:

@@ -328,8 +328,9 @@ def cmd_worker(args: argparse.Namespace) -> int:
         )
         for i in range(nproc)
     ]
-    if nproc == 1:
+    if args.nproc_per_node is None:
         return run_worker(specs[0])
+    # A host agent, even for one rank: it reports a rank's death and restarts it (--max-restarts).
     return run_local_group(specs)
 
 

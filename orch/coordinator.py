@@ -445,14 +445,30 @@ class Coordinator:
         restart is under way) or to exit (the run ended)."""
         check_host_sync(req, self.world_size)
         with self._lock:
+            if req.attempt > self.attempt:
+                raise Reject(
+                    "failed_precondition",
+                    f"host {req.host} speaks of attempt {req.attempt}; the run is at {self.attempt}",
+                )
+            if req.host not in self.hosts.hosts and len(self.hosts.hosts) >= self.world_size:
+                # Every host runs a rank at least: more hosts than ranks is not a run's.
+                raise Reject(
+                    "resource_exhausted",
+                    f"{len(self.hosts.hosts)} hosts already joined a run of {self.world_size} ranks",
+                )
             now = self._clock()
             rec = self.hosts.seen(req.host, now, req.attempt, req.running, list(req.worker_ids))
+            if req.failure and req.attempt == self.attempt and not self.state.done and not self.state.failing:
+                self._fail_run(
+                    RootCause(CauseKind.OUTSIDE, f"host {rec.name}: {req.failure[:MAX_ERROR_LEN]}")
+                )
             self._settle_hosts(now)
             reply = pb.HostSyncResponse(
                 attempt=self.attempt,
                 run_id=self.run_id,
                 restarts=self.restart_through_hosts and self.max_attempts > 1,
                 heartbeat_timeout=self.heartbeat_timeout,
+                state=RUN_STATE_PB[self.state.value],
             )
             if self.state.done or self.hosts.dropped(req.host):
                 reply.action = pb.HOST_EXIT
@@ -471,6 +487,12 @@ class Coordinator:
         if self.state is not RunState.RESTARTING or not self.restart_through_hosts:
             return
         silent = self.hosts.silent(self.attempt, now, self.heartbeat_timeout)
+        if self.stop_requested:  # no next attempt: wait only for the hosts that still answer
+            if any(h not in silent for h in self.hosts.busy(self.attempt)):
+                return
+            self._event("closed", -1, "stopped while restarting: the next attempt was not started")
+            self._finish(RunState.STOPPED)
+            return
         if silent:
             said = (
                 f"host {self.hosts.names(silent)} fell silent, no word from its agent for more than "
@@ -489,10 +511,6 @@ class Coordinator:
             self.world_size = left
         if self.hosts.busy(self.attempt):
             return  # ranks of the failed attempt still run somewhere: they are being torn down
-        if self.stop_requested:
-            self._event("closed", -1, "stopped while restarting: the next attempt was not started")
-            self._finish(RunState.STOPPED)
-            return
         managed = self.hosts.managed(self.attempt)
         orphans = [r for r in self.ranks if r.worker_id not in managed | self.hosts.gone_workers]
         if orphans:

@@ -144,7 +144,7 @@ class WorkerGroup:
         """The end of a dead worker's log, when it left no error file."""
         if code == 0:
             return ""
-        from .panel import tail
+        from .store import tail
 
         return tail(self.run_dir / "logs" / f"{worker_id}.log", 30)
 

@@ -408,7 +408,11 @@ class Run(Viewable):
 
     def _supervise(self) -> None:
         if self.job is not None:
-            follow_job(self.job, self.coordinator, self._closing, grace=self.spec.grace)
+            try:
+                follow_job(self.job, self.coordinator, self._closing, grace=self.spec.grace)
+            except Exception as e:  # the run must still end, with its record, whatever broke here
+                log.exception("run %s: following Slurm job %s failed", self.run_id, self.job.job_id)
+                self.coordinator.fail(f"orch lost track of Slurm job {self.job.job_id}: {e}")
             if not self._closing.is_set():
                 self._finish()
             return
@@ -426,7 +430,7 @@ class Run(Viewable):
     def _submit(self, cluster: Slurm) -> None:
         """Submit the run's Slurm job; a refusal (no such partition, say) fails the launch."""
         spec = self.spec
-        job = self.job = SlurmJob(cluster, {**os.environ, TOKEN_ENV: self.token})
+        job = self.job = SlurmJob(cluster, {**os.environ, TOKEN_ENV: self.token}, self.run_id)
         if callable(spec.fn):
             # The function reaches the nodes through the run dir, signed with the token.
             fn_arg = [
@@ -558,7 +562,7 @@ class Run(Viewable):
     # -- the notebook panel -------------------------------------------------------------
     def log_files(self) -> dict[str, Path]:
         if self.job is not None and self.job.output is not None:
-            # Every rank's output is in the job's, each line marked with its worker id.
+            # Every rank's output is in the job's (its log lines marked with its worker id).
             return {r.worker_id: self.job.output for r in self.coordinator.ranks}
         return {wid: self.run_dir / "logs" / f"{wid}.log" for wid in self.worker_ids}
 

@@ -38,6 +38,7 @@ from .client import MasterClient, StateMirror
 from .dashboard import stragglers, summary
 from .errors import MasterUnavailable
 from .states import RankState, RunState
+from .store import tail
 
 log = logging.getLogger(__name__)
 
@@ -444,19 +445,6 @@ def _route_clicks_to_their_subshell(button: widgets.Button) -> None:
         return route(data, default)
 
     comm._reply_subshell_for = where
-
-
-def tail(path: Path, lines: int, max_bytes: int = 16384) -> str:
-    """The last ``lines`` lines of a file, reading at most ``max_bytes`` from its end."""
-    try:
-        with open(path, "rb") as f:
-            f.seek(0, 2)
-            size = f.tell()
-            f.seek(max(0, size - max_bytes))
-            data = f.read().decode(errors="replace")
-    except OSError:
-        return ""
-    return "\n".join(data.splitlines()[-lines:])
 
 
 def wait_for(predicate: Callable[[], bool], timeout: float, interval: float = 0.05) -> bool:

@@ -49,7 +49,9 @@ from typing import IO, TYPE_CHECKING, Any
 
 from ._net import address_towards, is_loopback
 from ._proto import orchestrator_pb2 as pb
+from .auth import TOKEN_ENV
 from .errors import ConfigError, OrchError, WorkerError
+from .store import tail
 
 if TYPE_CHECKING:
     from .coordinator import Coordinator
@@ -71,11 +73,17 @@ ENDED = frozenset(
         "OUT_OF_MEMORY",
         "PREEMPTED",
         "SPECIAL_EXIT",
+        "REVOKED",
         "TIMEOUT",
         "GONE",  # orch's word: squeue no longer knows the job
     }
 )
 _TIME = re.compile(r"^(\d+-)?\d+(:\d{1,2}){0,2}$|^\d+-\d+$|^(UNLIMITED|INFINITE|infinite|unlimited)$")
+
+
+def job_name(run_id: str) -> str:
+    """The name of a run's job: unique, so the job can be found (and cancelled) by it."""
+    return f"orch-{run_id}"
 
 
 class SlurmError(OrchError):
@@ -93,6 +101,8 @@ class Slurm:
     venv/bin/activate``); ``python`` is the interpreter on the nodes (default: this kernel's,
     which must then be on the shared file system too). ``master_addr`` is the address of
     this machine that the nodes reach (default: the one on the route to the Slurm controller).
+    ``cpus_per_rank`` CPUs are asked for each rank (its torch threads). The job's name is
+    ``orch-<run id>``: orch finds (and cancels) it by that name.
     """
 
     nodes: int = 1
@@ -104,11 +114,11 @@ class Slurm:
     setup: tuple[str, ...] = ()
     python: str | None = None
     master_addr: str | None = None
-    job_name: str | None = None
+    cpus_per_rank: int = 1
     poll_interval: float = 1.0
 
     def __post_init__(self) -> None:
-        for name in ("nodes", "tasks_per_node"):
+        for name in ("nodes", "tasks_per_node", "cpus_per_rank"):
             value = getattr(self, name)
             if type(value) is not int or value < 1:
                 raise ConfigError(f"Slurm({name}=...) must be an integer >= 1, got {value!r}")
@@ -196,7 +206,9 @@ def write_function(run_dir: Path, fn: Any, sources: Any, token: str) -> Path:
     digest = hmac.new(token.encode(), payload, hashlib.sha256).digest()
     path = run_dir / FUNCTION_FILE
     tmp = path.with_suffix(".tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with contextlib.suppress(FileNotFoundError):
+        tmp.unlink()  # a leftover (or someone's link): never written through
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
     with os.fdopen(fd, "wb") as f:
         f.write(SIGNATURE + digest + payload)
     os.replace(tmp, path)
@@ -248,11 +260,14 @@ def job_script(
 ) -> str:
     """The batch script: Slurm's options, the user's set-up lines, then one host agent per node."""
     python = cluster.python or sys.executable
+    cpus = cluster.tasks_per_node * cluster.cpus_per_rank
     options = [
-        f"--job-name={cluster.job_name or f'orch-{run_id}'}",
+        f"--job-name={job_name(run_id)}",
         f"--nodes={cluster.nodes}",
         "--ntasks-per-node=1",
-        f"--cpus-per-task={cluster.tasks_per_node}",
+        f"--cpus-per-task={cpus}",
+        # The token reaches the job in its environment: exported whatever SBATCH_EXPORT says.
+        "--export=ALL",
         f"--time={cluster.time}",
         f"--output={run_dir / 'slurm-%j.out'}",
         f"--chdir={workdir}",
@@ -276,7 +291,8 @@ def job_script(
     lines += [
         # The ranks of a node share its CPUs, as torchrun's do; srun's own binding would pin
         # each agent (and so all its ranks) to the one CPU of its task.
-        f"exec srun --ntasks-per-node=1 --cpus-per-task={cluster.tasks_per_node} --kill-on-bad-exit=0 "
+        f"exec srun --ntasks-per-node=1 --cpus-per-task={cpus} --kill-on-bad-exit=0 "
+        + ("--no-kill " if elastic else "")
         + " ".join(shlex.quote(a) for a in worker)
     ]
     return "\n".join(lines) + "\n"
@@ -314,14 +330,24 @@ def _explain(stderr: str, cluster: Slurm) -> str:
 
 
 class SlurmJob:
-    """One batch job: submitted, watched through squeue, cancelled."""
+    """One batch job: submitted, watched through squeue, cancelled.
 
-    def __init__(self, cluster: Slurm, env: dict[str, str]) -> None:
+    A watcher process (``python -m orch.slurm --cancel-when-orphaned``) starts before the
+    job is submitted and follows this process through a pidfd (a forked child holding a pipe
+    cannot fool it): should this process die before it released the watcher, the watcher
+    cancels the job, by id once it was told it, else by its unique name.
+    """
+
+    def __init__(self, cluster: Slurm, env: dict[str, str], run_id: str) -> None:
         self.cluster = cluster
         self.env = env
+        self.name = job_name(run_id)
         self.job_id = ""
         self.output: Path | None = None
+        self.unknown_since: float | None = None  # squeue has failed since then
+        self.last_error = ""
         self._watcher: subprocess.Popen[bytes] | None = None
+        self._lock = threading.Lock()
 
     def submit(self, script: str, run_dir: Path) -> str:
         """sbatch the script (kept as run_dir/job.sh); returns the job id."""
@@ -329,127 +355,219 @@ class SlurmJob:
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o700)
         with os.fdopen(fd, "w") as f:
             f.write(script)
+        self._watch()
         argv = ["sbatch", "--parsable", *self.cluster.sbatch_args, str(path)]
         try:
             proc = subprocess.run(argv, capture_output=True, text=True, timeout=COMMAND_TIMEOUT, env=self.env)
         except subprocess.TimeoutExpired as e:
+            self.cancel()  # the controller may have queued it all the same: by its name
             raise SlurmError(
                 f"sbatch did not answer in {COMMAND_TIMEOUT:g}s: is the Slurm controller up?"
             ) from e
+        except BaseException:
+            self.cancel()  # an interrupt (or no sbatch at all) while submitting
+            raise
         if proc.returncode != 0:
+            self.release()  # nothing was queued
             raise SlurmError(_explain(proc.stderr or proc.stdout, self.cluster))
         # --parsable prints "jobid" or "jobid;cluster"
-        self.job_id = proc.stdout.strip().split(";")[0]
-        if not self.job_id.isdigit():
+        job_id = proc.stdout.strip().split(";")[0]
+        if not job_id.isdigit():
+            self.cancel()
             raise SlurmError(f"sbatch printed {proc.stdout.strip()!r}, not a job id")
-        self.output = run_dir / f"slurm-{self.job_id}.out"
-        self._watch()
-        return self.job_id
+        self.job_id = job_id
+        self.output = run_dir / f"slurm-{job_id}.out"
+        self._tell(f"job {job_id}\n")
+        return job_id
 
     def _watch(self) -> None:
-        """Start the process that cancels the job should this one die without doing so."""
+        env = {k: v for k, v in self.env.items() if k != TOKEN_ENV}  # it needs no secret
         self._watcher = subprocess.Popen(
-            [sys.executable, "-m", "orch.slurm", "--cancel-when-orphaned", self.job_id],
+            [sys.executable, "-m", "orch.slurm", "--cancel-when-orphaned", str(os.getpid()), self.name],
             stdin=subprocess.PIPE,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
-            env=self.env,
+            env=env,
             start_new_session=True,  # an interrupt of the kernel's group is not for it
         )
 
+    def _tell(self, line: str) -> None:
+        watcher = self._watcher
+        if watcher is not None and watcher.stdin is not None:
+            with contextlib.suppress(OSError, ValueError):
+                watcher.stdin.write(line.encode())
+                watcher.stdin.flush()
+
     def status(self) -> JobStatus:
-        """What squeue says of the job now."""
+        """What squeue says of the job now (UNKNOWN, with the error kept, when it cannot say)."""
         argv = ["squeue", "-h", "--states=all", "-j", self.job_id, "-o", "%T|%r|%N"]
         try:
             proc = subprocess.run(argv, capture_output=True, text=True, timeout=COMMAND_TIMEOUT, env=self.env)
-        except subprocess.TimeoutExpired:
-            return JobStatus("UNKNOWN", "squeue did not answer")
+        except (OSError, subprocess.TimeoutExpired) as e:
+            return self._unknown(f"squeue failed: {e}")
         if proc.returncode != 0:
             if "invalid job id" in proc.stderr.lower():
-                return JobStatus("GONE")
-            return JobStatus("UNKNOWN", " ".join(proc.stderr.split())[:200])
+                return self._known(JobStatus("GONE"))
+            return self._unknown(f"squeue failed: {' '.join(proc.stderr.split())[:200]}")
         line = next((ln for ln in proc.stdout.splitlines() if ln.strip()), "")
         if not line:
-            return JobStatus("GONE")
+            return self._known(JobStatus("GONE"))
         state, reason, nodes = [*line.split("|"), "", ""][:3]
-        return JobStatus(state.strip(), reason.strip(), nodes.strip())
+        return self._known(JobStatus(state.strip(), reason.strip(), nodes.strip()))
 
-    def cancel(self) -> None:
-        """scancel the job (nothing happens to a job already over)."""
-        if self.job_id:
-            with contextlib.suppress(OSError, subprocess.TimeoutExpired):
-                subprocess.run(
-                    ["scancel", self.job_id], capture_output=True, timeout=COMMAND_TIMEOUT, env=self.env
+    def _known(self, status: JobStatus) -> JobStatus:
+        self.unknown_since, self.last_error = None, ""
+        return status
+
+    def _unknown(self, error: str) -> JobStatus:
+        if self.unknown_since is None:
+            self.unknown_since = time.monotonic()
+        self.last_error = error
+        return JobStatus("UNKNOWN", error)
+
+    def cancel(self) -> bool:
+        """scancel the job (by id, else by its name); True once nothing of it is left queued or
+        running. Only then is the watcher released: should scancel fail, it stays, and cancels
+        the job when this process ends."""
+        target = [self.job_id] if self.job_id else [f"--name={self.name}"]
+        for _ in range(3):
+            try:
+                argv = ["scancel", *target]
+                proc = subprocess.run(
+                    argv, capture_output=True, text=True, timeout=COMMAND_TIMEOUT, env=self.env
                 )
-        self.release()
+            except (OSError, subprocess.TimeoutExpired):
+                continue
+            # "already completing or completed" / "invalid job id": nothing left to cancel
+            said = proc.stderr.lower()
+            if proc.returncode == 0 or "already" in said or "invalid job id" in said:
+                self.release()
+                return True
+        return False
 
     def release(self) -> None:
         """The job is over or cancelled: the watcher exits without cancelling anything."""
-        watcher, self._watcher = self._watcher, None
-        if watcher is not None and watcher.stdin is not None:
-            with contextlib.suppress(OSError):
+        with self._lock:
+            watcher, self._watcher = self._watcher, None
+        if watcher is None:
+            return
+        if watcher.stdin is not None:
+            with contextlib.suppress(OSError, ValueError):
                 watcher.stdin.write(b"done\n")
                 watcher.stdin.close()
-            try:
-                watcher.wait(5.0)
-            except subprocess.TimeoutExpired:
-                watcher.kill()
-                watcher.wait()
+        try:
+            watcher.wait(5.0)
+        except subprocess.TimeoutExpired:
+            watcher.kill()
+            watcher.wait()
 
     def output_tail(self, lines: int = 20) -> str:
-        if self.output is None:
-            return ""
-        try:
-            text = self.output.read_text(errors="replace")
-        except OSError:
-            return ""
-        return "\n".join(text.splitlines()[-lines:])
+        return tail(self.output, lines) if self.output is not None else ""
 
     def as_pb(self, status: JobStatus) -> pb.ClusterJob:
-        return pb.ClusterJob(
-            scheduler=SCHEDULER,
-            job_id=self.job_id,
-            state=status.state,
-            reason=status.reason,
-            nodes=status.nodes,
-        )
+        said = {"state": status.state, "reason": status.reason, "nodes": status.nodes}
+        return pb.ClusterJob(scheduler=SCHEDULER, job_id=self.job_id, **said)
 
 
-def _cancel_when_orphaned(job_id: str, stdin: IO[bytes]) -> int:
-    """Block until the launching process writes "done" or dies (its pipe closes); on its
-    death, scancel the job."""
-    said = stdin.read()  # EOF: the launcher closed it, on purpose or by dying
-    if b"done" not in said:
-        subprocess.run(["scancel", job_id], capture_output=True, timeout=COMMAND_TIMEOUT, check=False)
+def _cancel_when_orphaned(launcher: int, name: str, stdin: IO[bytes]) -> int:
+    """Follow the launching process (a pidfd) and its word on stdin ("job ID", then "done");
+    should it die before "done", scancel its job: by id once known, else by name."""
+    import select
+
+    job_id = ""
+    try:
+        pidfd = os.pidfd_open(launcher)
+    except (OSError, AttributeError):
+        pidfd = -1
+    poller = select.poll()
+    poller.register(stdin.fileno(), select.POLLIN)
+    if pidfd >= 0:
+        poller.register(pidfd, select.POLLIN)
+    buffer = b""
+    while True:
+        events = poller.poll(None if pidfd >= 0 else 200)
+        if pidfd < 0 and not _owner_alive(launcher):
+            break
+        fds = {fd for fd, _ in events}
+        if pidfd in fds:
+            break  # the launcher is gone
+        if stdin.fileno() in fds:
+            chunk = os.read(stdin.fileno(), 4096)
+            if not chunk:  # closed: only the pidfd can tell now
+                poller.unregister(stdin.fileno())
+                if pidfd < 0 and not _owner_alive(launcher):
+                    break
+                continue
+            buffer += chunk
+            for line in buffer.decode(errors="replace").splitlines():
+                if line == "done":
+                    return 0
+                if line.startswith("job "):
+                    job_id = line.split()[1]
+            buffer = b""
+    target = [job_id] if job_id else [f"--name={name}"]
+    for _ in range(3):
+        with contextlib.suppress(OSError, subprocess.TimeoutExpired):
+            proc = subprocess.run(["scancel", *target], capture_output=True, timeout=COMMAND_TIMEOUT)
+            if proc.returncode == 0:
+                break
+        time.sleep(1.0)
     return 0
+
+
+def _owner_alive(pid: int) -> bool:
+    from ._owner import process_alive
+
+    return process_alive(pid)
+
+
+RUNNING_POLL = 10.0  # seconds between squeue calls once the job runs (a controller is shared)
+UNKNOWN_LIMIT = 300.0  # a queued job squeue cannot tell of for this long fails the run
 
 
 def follow_job(job: SlurmJob, coordinator: Coordinator, closing: threading.Event, *, grace: float) -> None:
     """Show the job's state in the run's until the run ends, fail the run if the job ends
     first, then end the job: let it finish by itself (its host agents exit once told the run
-    ended) for a few seconds, then ``scancel`` it. ``closing`` (the run's close()) cancels at once."""
+    ended) for a few seconds, then ``scancel`` it. ``closing`` (the run's close()) cancels at once.
+
+    squeue is asked every ``poll_interval`` while the job waits, every RUNNING_POLL seconds
+    once it runs (the ranks' heartbeats tell of them meanwhile), and once when the run ends.
+    """
     ended_since: float | None = None
+    next_poll, poll = 0.0, job.cluster.poll_interval
     try:
         while not closing.is_set() and not coordinator.state.done:
-            status = job.status()
-            if status.state != "UNKNOWN":
-                coordinator.set_job(job.as_pb(status))
-            if status.ended:
-                # Over before the run: give its last reports a moment to arrive, then fail the run.
-                ended_since = ended_since or time.monotonic()
-                if time.monotonic() - ended_since > JOB_END_GRACE:
-                    why = f" ({status.reason})" if status.reason not in ("", "None") else ""
-                    coordinator.fail(
-                        f"Slurm job {job.job_id} ended {status.state}{why} before the run did; the end of "
-                        f"its output ({job.output}):\n{job.output_tail()}"
-                    )
-                    break
-            coordinator.wait_changed(job.cluster.poll_interval)
+            now = time.monotonic()
+            if now >= next_poll:
+                status = job.status()
+                if status.state != "UNKNOWN":
+                    coordinator.set_job(job.as_pb(status))
+                elif job.unknown_since is not None and now - job.unknown_since > 5 * poll:
+                    coordinator.set_job(job.as_pb(status))  # squeue keeps failing: say so
+                    if now - job.unknown_since > UNKNOWN_LIMIT and coordinator.state.value == "PENDING":
+                        coordinator.fail(f"Slurm job {job.job_id}: {job.last_error} for {UNKNOWN_LIMIT:g}s")
+                        break
+                if status.ended:
+                    # Over before the run: give its last reports a moment to arrive, then fail the run.
+                    ended_since = ended_since or now
+                    if now - ended_since > JOB_END_GRACE:
+                        why = f" ({status.reason})" if status.reason not in ("", "None") else ""
+                        coordinator.fail(
+                            f"Slurm job {job.job_id} ended {status.state}{why} before the run did; the end "
+                            f"of its output ({job.output}):\n{job.output_tail()}"
+                        )
+                        break
+                    next_poll = now + 0.5
+                else:
+                    ended_since = None
+                    running = status.state in ("RUNNING", "COMPLETING")
+                    next_poll = now + (max(poll, RUNNING_POLL) if running else poll)
+            coordinator.wait_changed(0.25)  # the run's end is seen at once; squeue only as above
         if not closing.is_set():
             wait_gone(job, grace + JOB_END_GRACE)
     finally:
         job.cancel()
-        status = job.status()
+        status = wait_gone(job, JOB_END_GRACE)  # the state it ended in, for the panel and the record
         if status.state != "UNKNOWN":
             coordinator.set_job(job.as_pb(status))
 
@@ -465,6 +583,6 @@ def wait_gone(job: SlurmJob, timeout: float, interval: float = 0.25) -> JobStatu
 
 
 if __name__ == "__main__":
-    if sys.argv[1:2] == ["--cancel-when-orphaned"] and len(sys.argv) == 3:
-        sys.exit(_cancel_when_orphaned(sys.argv[2], sys.stdin.buffer))
-    sys.exit("usage: python -m orch.slurm --cancel-when-orphaned JOB_ID")
+    if sys.argv[1:2] == ["--cancel-when-orphaned"] and len(sys.argv) == 4:
+        sys.exit(_cancel_when_orphaned(int(sys.argv[2]), sys.argv[3], sys.stdin.buffer))
+    sys.exit("usage: python -m orch.slurm --cancel-when-orphaned LAUNCHER_PID JOB_NAME")

@@ -357,3 +357,16 @@ def _event(path: Path, number: int, line: bytes) -> dict[str, Any]:
                 f"{' or '.join(t.__name__ for t in types)}, not {type(value[key]).__name__}"
             )
     return value
+
+
+def tail(path: Path, lines: int, max_bytes: int = 16384) -> str:
+    """The last ``lines`` lines of a file, reading at most ``max_bytes`` from its end."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, 2)
+            size = f.tell()
+            f.seek(max(0, size - max_bytes))
+            data = f.read().decode(errors="replace")
+    except OSError:
+        return ""
+    return "\n".join(data.splitlines()[-lines:])

@@ -46,7 +46,7 @@ from ._source import SourceMap, install, label_cells
 from ._target import EXAMPLE, TrainFn, resolve_fn
 from .auth import open_channel, token_from_env
 from .errors import ConfigError, PortInUseError, StopTraining, WorkerError
-from .states import EXIT_ABORTED
+from .states import EXIT_ABORTED, describe_exit
 from .store import private_dir, write_json_atomic
 
 if TYPE_CHECKING:
@@ -111,7 +111,9 @@ def _set_threads(spec: WorkerSpec) -> None:
     import torch
 
     # As torchrun does: N processes on one host share its cores instead of each taking all.
-    n = spec.threads or max(1, (os.cpu_count() or 1) // spec.local_world_size)
+    # The CPUs this process may run on (a Slurm step or taskset gives fewer than the host has).
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    n = spec.threads or max(1, cpus // spec.local_world_size)
     torch.set_num_threads(n)
     with contextlib.suppress(RuntimeError):  # only settable before the first parallel op
         torch.set_num_interop_threads(max(1, min(n, 2)))
@@ -529,6 +531,8 @@ def run_local_group(specs: list[WorkerSpec], poll_interval: float = 0.1) -> int:
     agent.start()
     try:
         return run_attempts(specs, agent, poll_interval, _run_group)
+    except HostInterrupted as e:
+        return e.code
     finally:
         agent.stop()
         log.info("host agent: %d heartbeats in %d calls to the master", agent.beats, agent.batches)
@@ -537,12 +541,26 @@ def run_local_group(specs: list[WorkerSpec], poll_interval: float = 0.1) -> int:
 REPORT_TIMEOUT = 10.0  # seconds to tell the master of ranks that died without a word
 
 
+KILL_GRACE = 5.0  # seconds ranks told to end (SIGTERM) get before SIGKILL
+
+
+class HostInterrupted(Exception):
+    """SIGTERM or Ctrl-C ended this host's ranks: the host agent exits, whatever the master says."""
+
+    def __init__(self, code: int) -> None:
+        super().__init__(f"interrupted (exit {code})")
+        self.code = code
+
+
 def _run_group(
     specs: list[WorkerSpec],
     agent: HostAgent,
     poll_interval: float,
     should_end: Callable[[], bool] | None = None,
 ) -> int:
+    """Spawn one attempt's ranks and watch them until all have exited; returns the first
+    non-zero exit code as a shell shows it (0: all succeeded). Raises HostInterrupted on
+    SIGTERM or Ctrl-C, once the ranks are gone."""
     import multiprocessing as mp
 
     import cloudpickle
@@ -561,48 +579,79 @@ def _run_group(
         p = ctx.Process(target=spawn_main, args=(cloudpickle.dumps(spec),), name=f"orch-{spec.worker_id}")
         p.start()
         procs.append(p)
-    ended = False  # this process ended the ranks: their deaths after that are its own doing
+    ended_at: float | None = None  # when this process ended the ranks: their deaths are its doing
+    interrupted = 0
 
-    def end_all(*_: object) -> None:
-        nonlocal ended
-        ended = True
+    def end_all() -> None:
+        nonlocal ended_at
+        if ended_at is None:
+            ended_at = time.monotonic()
         for p in procs:
             if p.exitcode is None:
                 p.terminate()
 
-    signal.signal(signal.SIGTERM, end_all)
+    def on_sigterm(*_: object) -> None:
+        nonlocal interrupted
+        interrupted = interrupted or 143
+        end_all()
+
+    previous = signal.signal(signal.SIGTERM, on_sigterm)
     code = 0
     try:
         while True:
-            # Exits are read before the loop may end: a killed rank and the peer its death broke
-            # can both be gone within one poll, and the killed one must still be reported.
-            running = any(p.exitcode is None for p in procs)
-            failed = [(spec, p.exitcode) for spec, p in zip(specs, procs, strict=True) if p.exitcode]
-            if failed and code == 0:
-                code = _shell_status(failed[0][1])
-                if not ended:
-                    # One deadline for them all: a master that cannot be reached costs it once.
-                    deadline = time.monotonic() + REPORT_TIMEOUT
-                    for spec, exitcode in failed:  # a rank that reported itself keeps its own report
-                        if exitcode == EXIT_ABORTED:
-                            continue  # it ended itself: its master aborted it or went silent
-                        agent.report_exit(spec.worker_id, exitcode, max(0.5, deadline - time.monotonic()))
+            try:
+                # Exits are read before the loop may end: a killed rank and the peer its death
+                # broke can both be gone within one poll, and the killed one must be reported.
+                running = any(p.exitcode is None for p in procs)
+                failed = [(spec, p.exitcode) for spec, p in zip(specs, procs, strict=True) if p.exitcode]
+                if failed and code == 0:
+                    code = _shell_status(failed[0][1])
+                    if ended_at is None:
+                        _report_deaths(agent, failed)
+                    end_all()
+                if not running:
+                    break
+                if should_end is not None and ended_at is None and should_end():
+                    log.warning("the master has moved past this attempt: ending this host's ranks")
+                    end_all()
+                if ended_at is not None and time.monotonic() - ended_at > KILL_GRACE:
+                    for p in procs:  # a rank stopped, or deaf to SIGTERM: it must not hold up the run
+                        if p.exitcode is None and p.pid is not None:
+                            with contextlib.suppress(ProcessLookupError):
+                                os.kill(p.pid, signal.SIGCONT)
+                            p.kill()
+                time.sleep(poll_interval)
+            except KeyboardInterrupt:
+                interrupted = interrupted or 130
                 end_all()
-            if not running:
-                break
-            if should_end is not None and not ended and should_end():
-                log.warning("the master has moved past this attempt: ending this host's ranks")
-                end_all()
-            time.sleep(poll_interval)
-    except KeyboardInterrupt:
-        end_all()
-        code = code or 130
-    for p in procs:
-        p.join(5.0)
-        if p.exitcode is None:
-            p.kill()
-            p.join()
-    return code or next((_shell_status(p.exitcode) for p in procs if p.exitcode), 0)
+    finally:
+        for p in procs:
+            p.join(KILL_GRACE)
+            if p.exitcode is None:
+                p.kill()
+                p.join()
+        signal.signal(signal.SIGTERM, previous)
+    code = code or next((_shell_status(p.exitcode) for p in procs if p.exitcode), 0)
+    if interrupted:
+        raise HostInterrupted(code or interrupted)
+    return code
+
+
+def _report_deaths(agent: HostAgent, failed: list[tuple[WorkerSpec, int]]) -> None:
+    """Tell the master of ranks that died without a word; one deadline for them all (a master
+    that cannot be reached costs it once). A rank that never registered is left for the
+    agent's next SyncHost to report (``agent.unreported``)."""
+    deadline = time.monotonic() + REPORT_TIMEOUT
+    for spec, exitcode in failed:  # a rank that reported itself keeps its own report
+        if exitcode == EXIT_ABORTED:
+            continue  # it ended itself: its master aborted it or went silent
+        if not agent.report_exit(spec.worker_id, exitcode, max(0.5, deadline - time.monotonic())):
+            if agent.registered(spec.worker_id):
+                continue  # the master could not be reached: its heartbeat timeout will tell
+            agent.unreported.append(
+                f"the process of worker {spec.worker_id} on {socket.gethostname()} exited with "
+                f"{describe_exit(exitcode)} before it registered"
+            )
 
 
 def _shell_status(exitcode: int) -> int:

@@ -194,3 +194,46 @@ def test_elastic_gives_up_below_the_minimum_world_size() -> None:
     sync(c, "a:1", 1, False, "a0", "a1")
     assert c.state is RunState.FAILED
     assert "(the 2 ranks left are fewer than min_world_size 3)" in StateMirror.of(c).failure
+
+
+def test_a_stop_while_a_host_is_silent_still_ends_stopped() -> None:
+    clock = Clock()
+    c = running_on_two_hosts(clock)
+    complete(c, "a0", pb.RANK_FAILED, "boom")
+    c.request_stop("user")
+    clock.t += 6.0  # host b silent past the timeout: no next attempt, so not waited for
+    sync(c, "a:1", 1, False, "a0", "a1")
+    assert c.state is RunState.STOPPED
+
+
+def test_a_rank_that_died_before_registering_fails_the_attempt_naming_its_host() -> None:
+    clock = Clock()
+    c = running_on_two_hosts(clock)
+    complete(c, "a0", pb.RANK_FAILED, "boom")
+    sync(c, "a:1", 1, False, "a0", "a1")
+    sync(c, "b:2", 1, False, "b0", "b1")
+    assert c.state is RunState.PENDING and c.attempt == 2
+    sync(c, "a:1", 2, True, "a0-a2", "a1-a2")
+    reply = c.sync_host(
+        pb.HostSyncRequest(
+            host="b:2",
+            attempt=2,
+            worker_ids=["b0-a2", "b1-a2"],
+            running=False,
+            failure="the process of worker b0-a2 on b exited with signal SIGKILL before it registered",
+        )
+    )
+    assert c.state is RunState.FAILED and reply.action == pb.HOST_EXIT and reply.state == pb.FAILED
+    assert "host b: the process of worker b0-a2 on b exited with signal SIGKILL" in StateMirror.of(c).failure
+
+
+def test_hosts_beyond_the_world_size_and_attempts_ahead_are_refused() -> None:
+    c = Coordinator(2, run_id="r1", max_attempts=2, restart_through_hosts=True)
+    sync(c, "a:1", 0, False)
+    sync(c, "b:2", 0, False)
+    with pytest.raises(Reject) as e:
+        sync(c, "c:3", 0, False)
+    assert e.value.kind == "resource_exhausted" and "2 hosts already joined a run of 2 ranks" in str(e.value)
+    with pytest.raises(Reject) as e:
+        sync(c, "a:1", 5, False)
+    assert e.value.kind == "failed_precondition" and "attempt 5; the run is at 1" in str(e.value)

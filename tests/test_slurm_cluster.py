@@ -58,7 +58,7 @@ def test_a_job_runs_on_both_nodes_each_its_own_host(slurm_cluster: SlurmCluster,
     assert path.read_text().splitlines()[1:] == [f"0: {node1}", f"1: {node2}"], path.read_text()
     # Measured ~0.9 s: slurmctld starts a job on its next 1-second tick. The bound is what a
     # loaded 2-core machine keeps; the default batch_sched_delay alone would add ~3 s.
-    assert took < 10.0, f"sbatch took {took:.2f}s to the job's first line"
+    assert took < 60.0, f"sbatch took {took:.2f}s to the job's first line"
     # The daemons do not carry the test's tag (they outlive the test); the job's processes did.
     for name, daemon in c.daemons.items():
         assert "ORCH_TEST_TAG" not in psutil.Process(daemon.pid).environ(), name

@@ -196,30 +196,34 @@ class HostHeartbeatsResponse(_message.Message):
     def __init__(self, replies: _Optional[_Iterable[_Union[BeatReply, _Mapping]]] = ...) -> None: ...
 
 class HostSyncRequest(_message.Message):
-    __slots__ = ("host", "attempt", "worker_ids", "running")
+    __slots__ = ("host", "attempt", "worker_ids", "running", "failure")
     HOST_FIELD_NUMBER: _ClassVar[int]
     ATTEMPT_FIELD_NUMBER: _ClassVar[int]
     WORKER_IDS_FIELD_NUMBER: _ClassVar[int]
     RUNNING_FIELD_NUMBER: _ClassVar[int]
+    FAILURE_FIELD_NUMBER: _ClassVar[int]
     host: str
     attempt: int
     worker_ids: _containers.RepeatedScalarFieldContainer[str]
     running: bool
-    def __init__(self, host: _Optional[str] = ..., attempt: _Optional[int] = ..., worker_ids: _Optional[_Iterable[str]] = ..., running: _Optional[bool] = ...) -> None: ...
+    failure: str
+    def __init__(self, host: _Optional[str] = ..., attempt: _Optional[int] = ..., worker_ids: _Optional[_Iterable[str]] = ..., running: _Optional[bool] = ..., failure: _Optional[str] = ...) -> None: ...
 
 class HostSyncResponse(_message.Message):
-    __slots__ = ("action", "attempt", "run_id", "restarts", "heartbeat_timeout")
+    __slots__ = ("action", "attempt", "run_id", "restarts", "heartbeat_timeout", "state")
     ACTION_FIELD_NUMBER: _ClassVar[int]
     ATTEMPT_FIELD_NUMBER: _ClassVar[int]
     RUN_ID_FIELD_NUMBER: _ClassVar[int]
     RESTARTS_FIELD_NUMBER: _ClassVar[int]
     HEARTBEAT_TIMEOUT_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
     action: HostAction
     attempt: int
     run_id: str
     restarts: bool
     heartbeat_timeout: float
-    def __init__(self, action: _Optional[_Union[HostAction, str]] = ..., attempt: _Optional[int] = ..., run_id: _Optional[str] = ..., restarts: _Optional[bool] = ..., heartbeat_timeout: _Optional[float] = ...) -> None: ...
+    state: RunState
+    def __init__(self, action: _Optional[_Union[HostAction, str]] = ..., attempt: _Optional[int] = ..., run_id: _Optional[str] = ..., restarts: _Optional[bool] = ..., heartbeat_timeout: _Optional[float] = ..., state: _Optional[_Union[RunState, str]] = ...) -> None: ...
 
 class CompletionRequest(_message.Message):
     __slots__ = ("run_id", "worker_id", "outcome", "error", "param_checksum", "step", "exit_code")

@@ -129,3 +129,7 @@ def check_host_sync(req: pb.HostSyncRequest, world_size: int) -> None:
         )
     for worker_id in req.worker_ids:
         check_id("worker_id", worker_id)
+    if len(req.failure) > MAX_ERROR_LEN:
+        raise Reject(
+            "invalid_argument", f"failure is {len(req.failure)} characters; the limit is {MAX_ERROR_LEN}"
+        )

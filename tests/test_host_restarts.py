@@ -7,9 +7,21 @@ silent, or a rank no agent started, ends the run instead, named.
 
 from __future__ import annotations
 
+import json
+import os
+import re
+import signal
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+import psutil
 import pytest
 from test_coordinator import Clock, beat, complete, reg
 
+import orch
+from conftest import ORCH
 from orch._proto import orchestrator_pb2 as pb
 from orch.client import StateMirror
 from orch.coordinator import Coordinator, Reject, RunState
@@ -237,3 +249,93 @@ def test_hosts_beyond_the_world_size_and_attempts_ahead_are_refused() -> None:
     with pytest.raises(Reject) as e:
         sync(c, "a:1", 5, False)
     assert e.value.kind == "failed_precondition" and "attempt 5; the run is at 1" in str(e.value)
+
+
+# -- real processes on loopback: `orch master --max-restarts 1` and host agents -----------------
+def _master(tmp_path: Path, env: dict[str, str], *args: str) -> tuple[subprocess.Popen[str], str]:
+    proc = subprocess.Popen(
+        [ORCH, "master", "--port", "0", "--no-dashboard", "--linger", "0.5", "--run-root", str(tmp_path),
+         "--heartbeat-timeout", "5", "--max-restarts", "1", *args],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, cwd=tmp_path,
+    )  # fmt: skip
+    assert proc.stdout is not None
+    line = proc.stdout.readline()
+    m = re.search(r"serving on (\S+);", line)
+    assert m, line + proc.stdout.read()
+    return proc, m.group(1)
+
+
+def _agent(tmp_path: Path, env: dict[str, str], address: str, name: str, nproc: int) -> subprocess.Popen[str]:
+    with open(tmp_path / f"{name}.log", "w") as out:  # the child keeps its own descriptor
+        return subprocess.Popen(
+            [ORCH, "worker", "--master", address, "--nproc-per-node", str(nproc), "--fn", "jobs:checkpointed",
+             "--run-root", str(tmp_path)],
+            stdout=out, stderr=subprocess.STDOUT, text=True, env=env, cwd=tmp_path,
+        )  # fmt: skip
+
+
+def _ranks(address: str, env: dict[str, str], count: int) -> list[orch.client.RankView]:
+    def ready() -> list[Any] | None:
+        with orch.MasterClient(address, token=env["ORCH_TOKEN"], timeout=5) as client:
+            m = orch.StateMirror().poll(client)
+        ok = m.state is RunState.RUNNING and len(m.ranks) == count and all(r.step > 14 for r in m.ranks)
+        return m.ranks if ok else None
+
+    return until_value(ready, 120)
+
+
+def until_value(predicate: Any, timeout: float) -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.2)
+    raise AssertionError(f"condition not met within {timeout}s")
+
+
+def test_one_rank_per_host_agents_restart_the_group(tmp_path: Path, subprocess_env: dict[str, str]) -> None:
+    """`--nproc-per-node 1` still runs a host agent: a rank killed on one host restarts both."""
+    config = json.dumps({"steps": 60, "sleep": 0.05, "die_on_attempts": []})
+    master, address = _master(tmp_path, subprocess_env, "--world-size", "2", "--fn", "jobs:checkpointed",
+                              "--config", config)  # fmt: skip
+    agents = [_agent(tmp_path, subprocess_env, address, name, 1) for name in ("a", "b")]
+    try:
+        ranks = _ranks(address, subprocess_env, 2)
+        os.kill(ranks[1].pid, signal.SIGKILL)
+        out, _ = master.communicate(timeout=180)
+        assert master.returncode == 0, out
+        assert [a.wait(timeout=60) for a in agents] == [0, 0]
+        result = json.loads(next(tmp_path.glob("*/result.json")).read_text())
+        assert (result["state"], result["attempt"]) == ("SUCCEEDED", 2)
+    finally:
+        for p in [master, *agents]:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+
+
+def test_a_host_agent_told_to_end_exits_and_starts_no_next_attempt(
+    tmp_path: Path, subprocess_env: dict[str, str]
+) -> None:
+    """SIGTERM to an agent (scancel, a supervisor) ends its ranks and the agent, even with
+    restarts on: it does not wait for the master's next attempt."""
+    config = json.dumps({"steps": 100000, "sleep": 0.05, "die_on_attempts": []})
+    master, address = _master(tmp_path, subprocess_env, "--world-size", "2", "--fn", "jobs:checkpointed",
+                              "--config", config)  # fmt: skip
+    agent = _agent(tmp_path, subprocess_env, address, "a", 2)
+    try:
+        ranks = _ranks(address, subprocess_env, 2)
+        agent.send_signal(signal.SIGTERM)
+        assert agent.wait(timeout=30) == 143
+        log = (tmp_path / "a.log").read_text()
+        assert "attempt 2" not in log, log
+        assert not any(psutil.pid_exists(r.pid) and psutil.Process(r.pid).status() != psutil.STATUS_ZOMBIE
+                       for r in ranks)  # fmt: skip
+        out, _ = master.communicate(timeout=60)  # its ranks lost: restart refused, run FAILED
+        assert master.returncode == 1, out
+    finally:
+        for p in (master, agent):
+            if p.poll() is None:
+                p.kill()
+                p.wait()

@@ -59,6 +59,7 @@ class HeartbeatSender:
         self.logged = 0  # steps done by what ctx.log() was given: its highest step + 1
         self.total_steps = 0
         self.dropped = 0
+        self.timing: Callable[[], pb.StepTiming | None] | None = None  # ctx's step times, taken per beat
         self._closing = threading.Event()
         self._beat_lock = threading.Lock()  # one heartbeat at a time: the thread's or a flush's
         self._obey = True
@@ -146,7 +147,7 @@ class HeartbeatSender:
                 series.append(pb.Series(name=name, steps=steps, values=column, times=times))
             except (TypeError, ValueError):  # ctx.log checks its input: only a direct caller gets here
                 series.append(self._salvage(name, steps, column, times))
-        return pb.HeartbeatRequest(
+        request = pb.HeartbeatRequest(
             run_id=self.run_id,
             worker_id=self.worker_id,
             step=self.progress,
@@ -154,6 +155,10 @@ class HeartbeatSender:
             dropped_points=self.dropped,
             series=series,
         )
+        timing = self.timing() if self.timing is not None else None
+        if timing is not None:
+            request.timing.CopyFrom(timing)
+        return request
 
     def _salvage(self, name: str, steps: list[int], values: list[float], times: list[float]) -> pb.Series:
         """The good points of a series that held a bad one; the bad ones count as dropped."""

@@ -182,6 +182,10 @@ class StateMirror:
     max_attempts: int = 1
     rendezvous: str = ""
     job: JobView | None = None  # the scheduler's job (a Slurm run)
+    stragglers_judged: bool = False  # False: the note says why stragglers cannot be judged
+    straggler_rank: int = -1
+    straggler_section: str = ""
+    straggler_note: str = ""
     ranks: list[RankView] = field(default_factory=list)
     series: dict[tuple[int, str], SeriesBuffer] = field(default_factory=dict)
     events: list[tuple[float, str, int, str]] = field(default_factory=list)
@@ -209,6 +213,10 @@ class StateMirror:
         has_job = reply.HasField("job")
         self.job = JobView(j.scheduler, j.job_id, j.state, j.reason, j.nodes) if has_job else None
         self.ranks = [RankView.from_pb(r) for r in reply.ranks]
+        self.stragglers_judged, self.straggler_note = reply.stragglers_judged, reply.straggler_note
+        judged = reply.stragglers_judged
+        self.straggler_rank = reply.straggler_rank if judged and reply.straggler_note else -1
+        self.straggler_section = reply.straggler_section if self.straggler_rank >= 0 else ""
         self.last_points = 0
         for s in reply.series:
             buf = self.series.get((s.rank, s.name))
@@ -267,6 +275,12 @@ class StateMirror:
             "attempt": self.attempt,
             "max_attempts": self.max_attempts,
             "job": self.job.as_dict() if self.job is not None else None,
+            "stragglers": {
+                "judged": self.stragglers_judged,
+                "rank": self.straggler_rank,
+                "section": self.straggler_section,
+                "note": self.straggler_note,
+            },
             "ranks": [r.as_dict() for r in self.ranks],
             "points": {f"{rank}/{name}": len(s) for (rank, name), s in sorted(self.series.items())},
         }

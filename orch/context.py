@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import numbers
 import operator
@@ -9,9 +10,9 @@ import os
 import pickle
 import re
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 import torch
@@ -19,8 +20,11 @@ import torch.distributed as dist
 from torch import nn
 
 from ._sender import HeartbeatSender
+from ._timing import StepTimes, TimedHook, clock, enabled
 from .errors import OrchError, StopTraining
 from .store import private_dir, private_opener
+
+T = TypeVar("T")
 
 
 class Context:
@@ -63,6 +67,10 @@ class Context:
         self._step = -1
         self._stop_at = 0  # with a stop: the step count a loop without ctx.steps ends at
         self._uses_steps = False  # ctx.steps() drives the loop: it handles stops itself
+        # Where each step's time goes (data, collectives, sections): see orch._timing.
+        self.times: StepTimes | None = StepTimes() if enabled() else None
+        if sender is not None and self.times is not None:
+            sender.timing = self.times.take
 
     @property
     def is_main(self) -> bool:
@@ -92,7 +100,43 @@ class Context:
             return model
         if self.device.type == "cuda":
             kwargs.setdefault("device_ids", [self.device.index])
-        return nn.parallel.DistributedDataParallel(model, **kwargs)
+        wrapped = nn.parallel.DistributedDataParallel(model, **kwargs)
+        if self.times is not None:
+            # Time the gradient all-reduce: how long this rank waits for its peers. A hook the
+            # user registers later is called by this one (DDP takes only one).
+            hook = TimedHook(self.times, kwargs.get("process_group"))
+            wrapped.register_comm_hook(None, hook.hook())
+            wrapped.register_comm_hook = hook.replace  # type: ignore[method-assign]
+            self.times.collectives = True
+        return wrapped
+
+    def data(self, batches: Iterable[T]) -> Iterator[T]:
+        """Iterate ``batches`` (a DataLoader, any iterable), timing the wait for each one:
+        ``for x, y in ctx.data(loader):``. The panel shows it as the step's "data" time."""
+        times = self.times
+        it = iter(batches)
+        while True:
+            start = clock()
+            try:
+                batch = next(it)
+            except StopIteration:
+                return
+            if times is not None:
+                times.data(clock() - start)
+            yield batch
+
+    @contextlib.contextmanager
+    def section(self, name: str) -> Iterator[None]:
+        """Time a part of the step: ``with ctx.section("augment"): ...``. A straggler slow in
+        it is named by it."""
+        if not isinstance(name, str) or not name or len(name) > 64:
+            raise ValueError(f"ctx.section(name) needs a name of 1 to 64 characters, got {name!r}")
+        start = clock()
+        try:
+            yield
+        finally:
+            if self.times is not None:
+                self.times.section(name, clock() - start)
 
     def steps(self, n: int, *, checkpoint: Callable[[], Any] | None = None, every: int = 0) -> Iterator[int]:
         """Yield the step numbers ``resume_step .. n-1``; end early, on every rank at once, on a stop.
@@ -112,6 +156,8 @@ class Context:
             self._sender.total_steps = n
         pending: Any = None
         flag = torch.zeros(1)
+        times = self.times
+        started = resumed = 0.0  # the current step's start; when the user's body handed back
         try:
             for step in range(self.resume_step, n):
                 if self._control_group is not None:
@@ -140,7 +186,14 @@ class Context:
                 self._step = step
                 if self._sender is not None:
                     self._sender.step = step
+                if times is not None:
+                    now = clock()
+                    if started:  # the step before: body, then orch's own work until now
+                        times.step(now - started, now - resumed)
+                    started = now
                 yield step
+                if times is not None:
+                    resumed = clock()
                 if every and (step + 1) % every == 0:
                     self.save_checkpoint(checkpoint())  # type: ignore[misc]
             if self._sender is not None:

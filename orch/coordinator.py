@@ -25,6 +25,7 @@ from .control.judge import CauseKind, FailureJudge, RootCause, reported_kind
 from .control.lifecycle import Lifecycle
 from .control.registry import RankRecord, Registry
 from .control.series import MAX_POINTS_IN_MEMORY, MAX_POINTS_PER_REPLY, SeriesLog
+from .control.stragglers import Verdict, judge, scores
 from .control.validate import (
     MAX_BEATS_PER_BATCH,
     MAX_ERROR_LEN,
@@ -115,6 +116,8 @@ class Coordinator:
         self.min_world_size = min_world_size
         self.hosts = HostTable()
         self.job: pb.ClusterJob | None = None  # the scheduler's job the ranks run in
+        self.verdict = Verdict(False, note="stragglers are judged once every rank runs")
+        self._straggler_said: tuple[int, str] = (-1, "")  # the straggler last put in the event log
 
     # -- what the parts hold, by the names callers use -------------------------------------
     @property
@@ -272,7 +275,10 @@ class Coordinator:
                 "poll CanStartTraining until ready first",
             )
         self.points.check_names(rec.rank, req.series)
-        rec.beat(self._clock(), req.step, req.total_steps, req.dropped_points)
+        now = self._clock()
+        rec.beat(now, req.step, req.total_steps, req.dropped_points)
+        if req.HasField("timing"):
+            rec.timing.add(now, req.timing)
         loss = self.points.add(rec.rank, req.series, self.attempt, self._wall())
         if loss is not None:
             rec.loss, rec.has_loss = loss, True
@@ -396,11 +402,12 @@ class Coordinator:
                 self.judge.outside(message)
                 self._finish(RunState.FAILED)
 
-    def fail(self, message: str) -> None:
-        """Fail the run from outside, for good (the launcher gave up on it)."""
+    def fail(self, message: str, detail: str = "") -> None:
+        """Fail the run from outside, for good (the launcher gave up on it); ``detail`` is
+        shown as the root cause's traceback (a job's output)."""
         with self._lock:
             if not self.state.done:
-                self.judge.outside(message)
+                self.judge.outside(message, detail)
                 self._finish(RunState.FAILED)
 
     def give_up(self, reason: str = "") -> None:
@@ -417,6 +424,7 @@ class Coordinator:
         with self._lock:
             now = self._clock()
             self._settle_hosts(now)
+            self._judge_stragglers(now)
             lost = self.registry.silent(now, self.heartbeat_timeout)
             for rec in lost:
                 assert rec.last_heartbeat is not None
@@ -526,6 +534,29 @@ class Coordinator:
             return
         self._restart()
 
+    def _judge_stragglers(self, now: float) -> None:
+        """Judge which rank holds the others back (see :mod:`orch.control.stragglers`), show
+        each rank's step split, and put a new straggler in the event log."""
+        if self.state not in (RunState.RUNNING, RunState.STOPPING):
+            return
+        running = [r for r in self.ranks if r.state is RankState.RUNNING]
+        for r in running:
+            r.timing.trim(now)
+        means = {r.rank: r.timing.means() for r in running}
+        self.verdict = judge(means, self.world_size)
+        scored = scores(means, {r.rank: r.timing for r in running})
+        for r in running:
+            m = means[r.rank]
+            r.timed = m is not None
+            if m is not None:
+                r.step_ms, r.data_ms, r.compute_ms = m.step * 1000, m.data * 1000, m.compute * 1000
+                r.collective_ms, r.other_ms = m.collective * 1000, m.other * 1000
+                r.relative_score, r.individual_score = scored.get(r.rank, (0.0, 0.0))
+            r.slow_in = self.verdict.section if r.rank == self.verdict.rank else ""
+        if self.verdict.rank >= 0 and self.verdict.key != self._straggler_said:
+            self._event("straggler", self.verdict.rank, self.verdict.note)
+        self._straggler_said = self.verdict.key
+
     def _give_up(self, reason: str) -> None:
         self._finish(RunState.FAILED)
         self.judge.final(self.attempt, reason)
@@ -599,6 +630,9 @@ class Coordinator:
             )
             if self.job is not None:
                 reply.job.CopyFrom(self.job)
+            v = self.verdict
+            reply.stragglers_judged, reply.straggler_rank = v.judged, v.rank
+            reply.straggler_section, reply.straggler_note = v.section, v.note
             # An ended run's ages stand still at its end (a finished rank beats no more).
             at = self.ended_at if self.ended_at is not None else now
             reply.ranks.extend(rec.published(at) for rec in self.ranks)

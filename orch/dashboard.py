@@ -35,9 +35,8 @@ from rich.text import Text
 
 from .client import MasterClient, StateMirror
 from .errors import MasterUnavailable
-from .states import RankState
+from .ranks import RankView
 
-STRAGGLER_FRACTION = 0.8  # a rank below this share of the median steps/s is marked slow
 TRACEBACK_LINES = 8  # of the root cause's traceback, the live view shows the last lines
 
 # The colour of a state, run or rank, by its name (a sweep's rows name theirs as strings).
@@ -88,13 +87,36 @@ def _bar(done: int, total: int, width: int = 30) -> str:
 
 
 def stragglers(mirror: StateMirror) -> set[int]:
-    """Ranks still running clearly slower than the others."""
-    running = [r for r in mirror.ranks if r.state is RankState.RUNNING and r.steps_per_sec > 0]
-    if len(running) < 2:
-        return set()
-    rates = sorted(r.steps_per_sec for r in running)
-    median = rates[len(rates) // 2]
-    return {r.rank for r in running if r.steps_per_sec < STRAGGLER_FRACTION * median}
+    """The rank the master judged to hold the others back (see orch.control.stragglers)."""
+    return {mirror.straggler_rank} if mirror.straggler_rank >= 0 else set()
+
+
+# Each rank's step, split (ms per step over the last seconds), and its compute against the
+# fastest rank's: "data/compute/wait/other x1.00".
+SPLIT_HEADER = "ms data/comp/wait/oth  rel"
+SPLIT_WIDTH = len(SPLIT_HEADER)
+PARTS = (("data", "blue"), ("compute", "yellow"), ("wait", "bright_black"), ("other", "magenta"))
+
+
+def split_text(r: RankView) -> str:
+    """``2/33/5/1 x1.25``: a rank's step split in ms, and its relative score ("-": not timed)."""
+    if not r.timed:
+        return "-"
+    parts = "/".join(f"{v:.0f}" for v in (r.data_ms, r.compute_ms, r.collective_ms, r.other_ms))
+    return f"{parts} x{r.relative_score:.2f}"
+
+
+def split_bar(r: RankView, width: int = 8, scale_ms: float = 0.0) -> Text:
+    """A rank's step as a stacked bar of ``width`` cells (data, compute, wait, other), scaled
+    to ``scale_ms`` (the longest step shown), then its text."""
+    if not r.timed:
+        return Text("-")
+    values = (r.data_ms, r.compute_ms, r.collective_ms, r.other_ms)
+    total = scale_ms or sum(values) or 1.0
+    bar = Text()
+    for (_, style), v in zip(PARTS, values, strict=True):
+        bar.append("█" * round(width * v / total), style=style)
+    return bar + Text(" " + split_text(r))
 
 
 # -- one run: plain text ----------------------------------------------------------------------
@@ -110,13 +132,14 @@ def render(mirror: StateMirror, *, address: str = "") -> str:
         *([printable(mirror.job.describe(), one_line=True)] if mirror.job is not None else []),
         _bar(done, total),
         "",
-        f"{'rank':>4}  {'state':<10} {'step':>7} {'loss':>10} {'steps/s':>8} {'heartbeat':>9}  host/pid",
+        f"{'rank':>4}  {'state':<10} {'step':>7} {'loss':>10} {'steps/s':>8} {'heartbeat':>9}  "
+        f"{SPLIT_HEADER:<{SPLIT_WIDTH}}  host/pid",
     ]
     slow = stragglers(mirror)
     for r in mirror.ranks:
         marks = []
         if r.rank in slow:
-            marks.append("SLOW")
+            marks.append(f"straggler: {printable(mirror.straggler_section, one_line=True)}")
         if r.diverged:
             marks.append("NaN/inf loss")
         if r.dropped_points:
@@ -124,9 +147,12 @@ def render(mirror: StateMirror, *, address: str = "") -> str:
         host = printable(r.host, one_line=True)  # what the worker says its host is called
         lines.append(
             f"{r.rank:>4}  {r.state.value:<10} {r.step:>7} {r.loss_text():>10} "
-            f"{r.steps_per_sec:>8.1f} {_fmt_age(r.heartbeat_age):>9}  {host}/{r.pid}"
+            f"{r.steps_per_sec:>8.1f} {_fmt_age(r.heartbeat_age):>9}  "
+            f"{split_text(r):<{SPLIT_WIDTH}}  {host}/{r.pid}"
             + (f"  <- {', '.join(marks)}" if marks else "")
         )
+    if mirror.straggler_note:
+        lines += ["", f"stragglers: {printable(mirror.straggler_note, one_line=True)}"]
     if mirror.failure:
         lines += ["", f"FAILED: {printable(mirror.failure)}"]
     return "\n".join(lines)
@@ -208,15 +234,17 @@ def run_table(mirror: StateMirror, *, address: str = "") -> RenderableType:
     table.add_column("loss", justify="right")
     table.add_column("steps/s", justify="right")
     table.add_column("heartbeat", justify="right")
+    table.add_column("d/c/w/o ms", no_wrap=True, overflow="ellipsis")
     table.add_column("host/pid", no_wrap=True, overflow="ellipsis")
     table.add_column("marks", no_wrap=True, overflow="ellipsis")
     slow = stragglers(m)
+    longest = max((r.step_ms for r in m.ranks if r.timed), default=0.0)
     for r in m.ranks:
         marks = []
         if m.failure and r.rank == m.root_cause_rank:
             marks.append(("root cause", "bold red"))
         if r.rank in slow:
-            marks.append(("SLOW", "yellow"))
+            marks.append((f"straggler: {printable(m.straggler_section, one_line=True)}", "bold yellow"))
         if r.diverged:
             marks.append(("NaN/inf loss", "bold red"))
         if r.dropped_points:
@@ -228,10 +256,16 @@ def run_table(mirror: StateMirror, *, address: str = "") -> RenderableType:
             Text(r.loss_text(), style="red" if r.diverged else ""),
             Text(f"{r.steps_per_sec:.1f}"),
             Text(_fmt_age(r.heartbeat_age)),
+            split_bar(r, scale_ms=longest),
             Text(f"{printable(r.host, one_line=True)}/{r.pid}"),  # what the worker says its host is
             _marks(marks),
         )
     parts: list[RenderableType] = [head, _progress(*m.progress(), m.state.value), table]
+    if m.straggler_note:
+        style = "yellow" if m.straggler_rank >= 0 else ("" if m.stragglers_judged else "dim")
+        parts.append(
+            Text.assemble(("stragglers: ", "bold"), (printable(m.straggler_note, one_line=True), style))
+        )
     if m.failure:
         parts.append(Text.assemble(("root cause: ", "bold red"), printable(m.failure)))
         if m.root_cause_error:

@@ -37,10 +37,51 @@ from ._static import IMAGE, Record
 from .client import MasterClient, StateMirror
 from .dashboard import stragglers, summary
 from .errors import MasterUnavailable
+from .ranks import RankView
 from .states import RankState, RunState
 from .store import tail
 
 log = logging.getLogger(__name__)
+
+# The parts of a step, as the rank table's stacked bar draws them.
+SPLIT_COLORS = (
+    ("data", "#54aeff"),
+    ("compute", "#d4a72c"),
+    ("collective wait", "#afb8c1"),
+    ("other", "#a475f9"),
+)
+SPLIT_WIDTH_PX = 120
+
+
+def _split_html(r: RankView, longest_ms: float) -> str:
+    """A rank's step as a stacked bar (data, compute, collective wait, other), its length the
+    step's against the longest shown, with the milliseconds on hover and beside it."""
+    if not r.timed:
+        return "-"
+    values = (r.data_ms, r.compute_ms, r.collective_ms, r.other_ms)
+    scale = SPLIT_WIDTH_PX / (longest_ms or sum(values) or 1.0)
+    cells = "".join(
+        f'<span class="orch-part" data-part="{name}" title="{name}: {v:.1f} ms" style="display:inline-block;'
+        f'height:.9em;width:{max(0.0, v * scale):.1f}px;background:{color}"></span>'
+        for (name, color), v in zip(SPLIT_COLORS, values, strict=True)
+    )
+    return (
+        f'<span class="orch-split" style="display:inline-block;width:{SPLIT_WIDTH_PX}px;text-align:left;'
+        f'white-space:nowrap">{cells}</span> {r.step_ms:.1f} ms'
+    )
+
+
+def _scores_html(r: RankView) -> str:
+    """Compute against the fastest rank's and against the rank's own best."""
+    if not r.timed:
+        return "-"
+    return (
+        f'<span title="compute against the fastest rank\'s">x{r.relative_score:.2f}</span> / '
+        f'<span title="compute against its own best">x{r.individual_score:.2f}</span>'
+    )
+
+
+FINISH_WAIT = 15.0  # seconds a panel keeps polling a run that ended until its source is done
 
 STATE_COLORS = {
     RunState.PENDING: "#777",
@@ -250,9 +291,24 @@ class Panel:
 
     # -- polling --------------------------------------------------------------------------
     def _loop(self) -> None:
-        while not self.mirror.state.done and not self._closed.wait(self.interval):
+        ended_at: float | None = None
+        while not self.mirror.state.done or not self._finished(ended_at):
+            if self._closed.wait(self.interval):
+                break
+            finished = self._finished(ended_at)  # read before the poll, which then sees all of it
             self._tick()
+            if self.mirror.state.done:
+                ended_at = ended_at or time.monotonic()
+                if finished:
+                    break
         self.stop_button.disabled = True
+
+    def _finished(self, ended_at: float | None) -> bool:
+        """The run's source is done too: a run that ended may still be finishing (its Slurm job's
+        last state, its record), which the final drawing shows; at most FINISH_WAIT seconds."""
+        if ended_at is not None and time.monotonic() - ended_at > FINISH_WAIT:
+            return True
+        return bool(getattr(self.source, "done", True))
 
     def refresh(self) -> None:
         """Poll and redraw now, from the calling thread (``run.wait()`` does it as the run ends,
@@ -370,11 +426,16 @@ class Panel:
     @staticmethod
     def _table_html(m: StateMirror) -> str:
         slow = stragglers(m)
+        longest = max((r.step_ms for r in m.ranks if r.timed), default=0.0)
         rows = []
         for r in m.ranks:
             marks = []
             if r.rank in slow:
-                marks.append('<span class="orch-slow" title="slower than the others">straggler</span>')
+                section = html.escape(m.straggler_section)
+                marks.append(
+                    f'<span class="orch-slow" title="{html.escape(m.straggler_note)}" '
+                    f'style="color:#9a6700;font-weight:bold">straggler: {section}</span>'
+                )
             if r.diverged:
                 marks.append('<span class="orch-nan" title="the loss is not finite">NaN/inf loss</span>')
             if r.dropped_points:
@@ -387,16 +448,39 @@ class Panel:
             rows.append(
                 f'<tr class="orch-rank" data-rank="{r.rank}" style="color:{color}">'
                 f"<td>{r.rank}</td><td>{r.state.value}</td><td>{r.step}</td><td>{r.loss_text()}</td>"
-                f"<td>{r.steps_per_sec:.1f}</td><td>{age}</td>"
+                f"<td>{r.steps_per_sec:.1f}</td><td>{age}</td><td>{_split_html(r, longest)}</td>"
+                f"<td>{_scores_html(r)}</td>"
                 f"<td>{html.escape(r.host)}/{r.pid}</td><td>{' '.join(marks)}</td></tr>"
             )
         head = "".join(
-            f"<th>{h}</th>" for h in ("rank", "state", "step", "loss", "steps/s", "heartbeat", "host/pid", "")
+            f"<th>{h}</th>"
+            for h in (
+                "rank",
+                "state",
+                "step",
+                "loss",
+                "steps/s",
+                "heartbeat",
+                "step time",
+                "vs best",
+                "host/pid",
+                "",
+            )
         )
+        legend = "".join(
+            f'<span style="display:inline-block;width:.8em;height:.8em;background:{c};margin:0 .2em 0 .8em">'
+            f"</span>{name}"
+            for name, c in SPLIT_COLORS
+        )
+        note = ""
+        if m.straggler_note:
+            style = "color:#9a6700;font-weight:bold" if m.straggler_rank >= 0 else "color:#57606a"
+            note = f'<div class="orch-stragglers" style="{style}">{html.escape(m.straggler_note)}</div>'
         return (
             "<style>.orch-ranks td, .orch-ranks th {padding: 0 .6em}</style>"
             '<table class="orch-ranks" style="border-collapse:collapse;text-align:right">'
             f"<thead><tr>{head}</tr></thead><tbody>{''.join(rows)}</tbody></table>"
+            f'<div class="orch-legend" style="font-size:85%;color:#57606a">step time:{legend}</div>{note}'
         )
 
     @staticmethod

@@ -44,6 +44,16 @@ class RankView:
     address: str = ""
     has_loss: bool = False
     dropped_points: int = 0  # points ctx.log dropped: its queue was full (the master unreachable)
+    # Where a step's time goes, per step over the last few seconds (live; on disk, the last seen).
+    timed: bool = False
+    step_ms: float = 0.0
+    data_ms: float = 0.0
+    compute_ms: float = 0.0
+    collective_ms: float = 0.0
+    other_ms: float = 0.0
+    relative_score: float = 0.0  # compute against the fastest rank's (1.0: the fastest)
+    individual_score: float = 0.0  # compute against this rank's own best (1.0: its best)
+    slow_in: str = ""  # the part of the step it is slow in, when it is the straggler
 
     @property
     def diverged(self) -> bool:

@@ -311,7 +311,7 @@ class JobStatus:
 
 def _explain(stderr: str, cluster: Slurm) -> str:
     """sbatch's refusal, with what to do about it."""
-    said = " ".join(stderr.split()).removeprefix("sbatch: error: ")
+    said = " ".join(stderr.replace("sbatch: error: ", "").split())
     low = said.lower()
     if "invalid partition" in low:
         return (
@@ -553,8 +553,9 @@ def follow_job(job: SlurmJob, coordinator: Coordinator, closing: threading.Event
                     if now - ended_since > JOB_END_GRACE:
                         why = f" ({status.reason})" if status.reason not in ("", "None") else ""
                         coordinator.fail(
-                            f"Slurm job {job.job_id} ended {status.state}{why} before the run did; the end "
-                            f"of its output ({job.output}):\n{job.output_tail()}"
+                            f"Slurm job {job.job_id} ended {status.state}{why} before the run did; "
+                            f"its output: {job.output}",
+                            detail=job.output_tail(40),
                         )
                         break
                     next_poll = now + 0.5

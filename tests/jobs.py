@@ -207,3 +207,45 @@ def launcher_ranks(ctx: Any) -> None:
         loss.backward()
         opt.step()
         ctx.log(step, loss=loss.item(), **seen)
+
+
+def straggler(ctx: Any) -> None:
+    """DDP on a small model, every rank sleeping ``base`` s per step; rank ``slow_rank`` sleeps
+    ``delay`` s more, in its compute, in its wait for data (``where="data"``, through ctx.data)
+    or in a marked section (``where="augment"``)."""
+    model = ctx.ddp(torch.nn.Linear(16, 1))
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    slow = int(ctx.config.get("slow_rank", -1))
+    where = str(ctx.config.get("where", "compute"))
+    delay = float(ctx.config.get("delay", 0.03)) if ctx.rank == slow else 0.0
+    base = float(ctx.config.get("base", 0.01))
+
+    def batches() -> Any:
+        while True:
+            if where == "data":
+                time.sleep(delay)
+            yield torch.randn(32, 16)
+
+    data = ctx.data(batches())
+    for step in ctx.steps(int(ctx.config.get("steps", 1_000_000))):
+        x = next(data)
+        time.sleep(base)
+        if where == "compute":
+            time.sleep(delay)
+        elif where == "augment":
+            with ctx.section("augment"):
+                time.sleep(delay)
+        loss = model(x).pow(2).mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        ctx.log(step, loss=loss.item())
+
+
+def untimed_loop(ctx: Any) -> None:
+    """A loop without ctx.steps or ctx.ddp (it logs, and all-reduces by hand)."""
+    for step in range(int(ctx.config.get("steps", 1_000_000))):
+        t = torch.ones(1)
+        dist.all_reduce(t)
+        ctx.log(step, loss=1.0 / (step + 1))
+        time.sleep(0.01)

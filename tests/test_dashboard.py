@@ -44,8 +44,14 @@ def mirror_of(losses: dict[int, list[float]], rates: dict[int, int]) -> StateMir
         clock[0] += 1.0
         for i in range(3):
             series = [pb.Series(name="loss", steps=[t], values=[losses[i][t]])] if i in losses else []
+            # Rank 2 computes longest and so waits least in the collectives: the straggler.
+            timing = pb.StepTiming(
+                steps=10, step_seconds=1.0, collective_seconds=0.01 if i == 2 else 0.6, collectives=True
+            )
             c.heartbeat(
-                pb.HeartbeatRequest(run_id="run-x", worker_id=f"w{i}", step=rates[i] * t, series=series)
+                pb.HeartbeatRequest(
+                    run_id="run-x", worker_id=f"w{i}", step=rates[i] * t, series=series, timing=timing
+                )
             )
     m = StateMirror()
     m.apply(c.snapshot())
@@ -60,8 +66,13 @@ def test_rows_mark_no_loss_yet_divergence_and_stragglers() -> None:
     rows = dict(enumerate(lines[4:7]))
     assert "1.2500" in rows[0] and "<-" not in rows[0]
     assert "nan" in rows[1] and "NaN/inf loss" in rows[1]
-    assert rows[2].split()[3] == "-" and "SLOW" in rows[2]  # no loss logged yet; a third of the others' pace
-    assert "h2/102" in rows[2]
+    assert rows[2].split()[3] == "-" and "straggler: compute" in rows[2]  # no loss logged yet
+    assert "straggler" not in rows[0] + rows[1]
+    # Each rank's step split, in ms per step, and its compute against the fastest rank's.
+    assert "0/40/60/0 x1.00" in rows[0] and "0/99/1/0 x2.47" in rows[2] and "h2/102" in rows[2]
+    assert any(
+        ln.startswith("stragglers: rank 2 is the straggler, slow in compute: 99.0 ms") for ln in lines
+    ), lines
 
 
 def test_summary_names_the_root_cause_with_its_traceback() -> None:
@@ -144,7 +155,11 @@ def test_run_table_colours_the_states_and_marks_the_ranks() -> None:
     rows = {line.split()[0]: line for line in plain.splitlines() if line[:4].strip().isdigit()}
     assert "1.2500" in rows["0"] and "h0/100" in rows["0"]
     assert "NaN/inf loss" in rows["1"] and "\x1b[1;31mNaN/inf loss" in text
-    assert "SLOW" in rows["2"] and "\x1b[33mSLOW" in text and "h2/102" in rows["2"]
+    assert (
+        "straggler: compute" in rows["2"] and "\x1b[1;33mstraggler: compute" in text and "h2/102" in rows["2"]
+    )
+    assert "█" in rows["2"] and "0/99/1/0 x2.47" in rows["2"]
+    assert "stragglers: rank 2 is the straggler, slow in compute" in plain
 
 
 def test_run_table_of_a_failed_run_names_the_root_cause_in_red() -> None:

@@ -211,12 +211,16 @@ def test_table_marks_nan_losses_and_stragglers(widget_messages: list[Any]) -> No
     for t in range(3):
         for i, rate in enumerate((10, 10, 2)):
             loss = [math.nan] if i == 1 else [1.0]
+            # Rank 2 computes longest and waits least in the collectives: the straggler.
+            wait = 0.01 if i == 2 else 0.6
+            timing = pb.StepTiming(steps=10, step_seconds=1.0, collective_seconds=wait, collectives=True)
             coord.heartbeat(
                 pb.HeartbeatRequest(
                     run_id="r",
                     worker_id=f"w{i}",
                     step=rate * t,
                     series=[pb.Series(name="loss", steps=[rate * t], values=loss)],
+                    timing=timing,
                 )
             )
         clock[0] += 1.0

@@ -150,20 +150,47 @@ class Series(_message.Message):
     def __init__(self, rank: _Optional[int] = ..., name: _Optional[str] = ..., steps: _Optional[_Iterable[int]] = ..., values: _Optional[_Iterable[float]] = ..., times: _Optional[_Iterable[float]] = ...) -> None: ...
 
 class HeartbeatRequest(_message.Message):
-    __slots__ = ("run_id", "worker_id", "step", "total_steps", "series", "dropped_points")
+    __slots__ = ("run_id", "worker_id", "step", "total_steps", "series", "dropped_points", "timing")
     RUN_ID_FIELD_NUMBER: _ClassVar[int]
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     STEP_FIELD_NUMBER: _ClassVar[int]
     TOTAL_STEPS_FIELD_NUMBER: _ClassVar[int]
     SERIES_FIELD_NUMBER: _ClassVar[int]
     DROPPED_POINTS_FIELD_NUMBER: _ClassVar[int]
+    TIMING_FIELD_NUMBER: _ClassVar[int]
     run_id: str
     worker_id: str
     step: int
     total_steps: int
     series: _containers.RepeatedCompositeFieldContainer[Series]
     dropped_points: int
-    def __init__(self, run_id: _Optional[str] = ..., worker_id: _Optional[str] = ..., step: _Optional[int] = ..., total_steps: _Optional[int] = ..., series: _Optional[_Iterable[_Union[Series, _Mapping]]] = ..., dropped_points: _Optional[int] = ...) -> None: ...
+    timing: StepTiming
+    def __init__(self, run_id: _Optional[str] = ..., worker_id: _Optional[str] = ..., step: _Optional[int] = ..., total_steps: _Optional[int] = ..., series: _Optional[_Iterable[_Union[Series, _Mapping]]] = ..., dropped_points: _Optional[int] = ..., timing: _Optional[_Union[StepTiming, _Mapping]] = ...) -> None: ...
+
+class StepTiming(_message.Message):
+    __slots__ = ("steps", "step_seconds", "data_seconds", "collective_seconds", "other_seconds", "sections", "collectives")
+    class SectionsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: float
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[float] = ...) -> None: ...
+    STEPS_FIELD_NUMBER: _ClassVar[int]
+    STEP_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    DATA_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    COLLECTIVE_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    OTHER_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    SECTIONS_FIELD_NUMBER: _ClassVar[int]
+    COLLECTIVES_FIELD_NUMBER: _ClassVar[int]
+    steps: int
+    step_seconds: float
+    data_seconds: float
+    collective_seconds: float
+    other_seconds: float
+    sections: _containers.ScalarMap[str, float]
+    collectives: bool
+    def __init__(self, steps: _Optional[int] = ..., step_seconds: _Optional[float] = ..., data_seconds: _Optional[float] = ..., collective_seconds: _Optional[float] = ..., other_seconds: _Optional[float] = ..., sections: _Optional[_Mapping[str, float]] = ..., collectives: _Optional[bool] = ...) -> None: ...
 
 class HeartbeatResponse(_message.Message):
     __slots__ = ("command", "stop_at_step")
@@ -258,7 +285,7 @@ class GetStateRequest(_message.Message):
     def __init__(self, cursor: _Optional[bytes] = ..., skip_series: _Optional[bool] = ..., max_points: _Optional[int] = ...) -> None: ...
 
 class RankInfo(_message.Message):
-    __slots__ = ("rank", "worker_id", "host", "pid", "state", "step", "total_steps", "steps_per_sec", "heartbeat_age", "loss", "param_checksum", "error", "exit_code", "dropped_points", "address", "has_loss")
+    __slots__ = ("rank", "worker_id", "host", "pid", "state", "step", "total_steps", "steps_per_sec", "heartbeat_age", "loss", "param_checksum", "error", "exit_code", "dropped_points", "address", "has_loss", "timed", "step_ms", "data_ms", "compute_ms", "collective_ms", "other_ms", "relative_score", "individual_score", "slow_in")
     RANK_FIELD_NUMBER: _ClassVar[int]
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     HOST_FIELD_NUMBER: _ClassVar[int]
@@ -275,6 +302,15 @@ class RankInfo(_message.Message):
     DROPPED_POINTS_FIELD_NUMBER: _ClassVar[int]
     ADDRESS_FIELD_NUMBER: _ClassVar[int]
     HAS_LOSS_FIELD_NUMBER: _ClassVar[int]
+    TIMED_FIELD_NUMBER: _ClassVar[int]
+    STEP_MS_FIELD_NUMBER: _ClassVar[int]
+    DATA_MS_FIELD_NUMBER: _ClassVar[int]
+    COMPUTE_MS_FIELD_NUMBER: _ClassVar[int]
+    COLLECTIVE_MS_FIELD_NUMBER: _ClassVar[int]
+    OTHER_MS_FIELD_NUMBER: _ClassVar[int]
+    RELATIVE_SCORE_FIELD_NUMBER: _ClassVar[int]
+    INDIVIDUAL_SCORE_FIELD_NUMBER: _ClassVar[int]
+    SLOW_IN_FIELD_NUMBER: _ClassVar[int]
     rank: int
     worker_id: str
     host: str
@@ -291,7 +327,16 @@ class RankInfo(_message.Message):
     dropped_points: int
     address: str
     has_loss: bool
-    def __init__(self, rank: _Optional[int] = ..., worker_id: _Optional[str] = ..., host: _Optional[str] = ..., pid: _Optional[int] = ..., state: _Optional[_Union[RankState, str]] = ..., step: _Optional[int] = ..., total_steps: _Optional[int] = ..., steps_per_sec: _Optional[float] = ..., heartbeat_age: _Optional[float] = ..., loss: _Optional[float] = ..., param_checksum: _Optional[str] = ..., error: _Optional[str] = ..., exit_code: _Optional[int] = ..., dropped_points: _Optional[int] = ..., address: _Optional[str] = ..., has_loss: _Optional[bool] = ...) -> None: ...
+    timed: bool
+    step_ms: float
+    data_ms: float
+    compute_ms: float
+    collective_ms: float
+    other_ms: float
+    relative_score: float
+    individual_score: float
+    slow_in: str
+    def __init__(self, rank: _Optional[int] = ..., worker_id: _Optional[str] = ..., host: _Optional[str] = ..., pid: _Optional[int] = ..., state: _Optional[_Union[RankState, str]] = ..., step: _Optional[int] = ..., total_steps: _Optional[int] = ..., steps_per_sec: _Optional[float] = ..., heartbeat_age: _Optional[float] = ..., loss: _Optional[float] = ..., param_checksum: _Optional[str] = ..., error: _Optional[str] = ..., exit_code: _Optional[int] = ..., dropped_points: _Optional[int] = ..., address: _Optional[str] = ..., has_loss: _Optional[bool] = ..., timed: _Optional[bool] = ..., step_ms: _Optional[float] = ..., data_ms: _Optional[float] = ..., compute_ms: _Optional[float] = ..., collective_ms: _Optional[float] = ..., other_ms: _Optional[float] = ..., relative_score: _Optional[float] = ..., individual_score: _Optional[float] = ..., slow_in: _Optional[str] = ...) -> None: ...
 
 class Event(_message.Message):
     __slots__ = ("time", "kind", "rank", "message")
@@ -306,7 +351,7 @@ class Event(_message.Message):
     def __init__(self, time: _Optional[float] = ..., kind: _Optional[str] = ..., rank: _Optional[int] = ..., message: _Optional[str] = ...) -> None: ...
 
 class GetStateResponse(_message.Message):
-    __slots__ = ("run_id", "state", "world_size", "registered", "total_steps", "elapsed", "ranks", "series", "events", "failure", "cursor", "full", "root_cause_rank", "attempt", "max_attempts", "root_cause_error", "root_cause_exit_code", "rendezvous", "more", "job")
+    __slots__ = ("run_id", "state", "world_size", "registered", "total_steps", "elapsed", "ranks", "series", "events", "failure", "cursor", "full", "root_cause_rank", "attempt", "max_attempts", "root_cause_error", "root_cause_exit_code", "rendezvous", "more", "job", "stragglers_judged", "straggler_rank", "straggler_section", "straggler_note")
     RUN_ID_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
     WORLD_SIZE_FIELD_NUMBER: _ClassVar[int]
@@ -327,6 +372,10 @@ class GetStateResponse(_message.Message):
     RENDEZVOUS_FIELD_NUMBER: _ClassVar[int]
     MORE_FIELD_NUMBER: _ClassVar[int]
     JOB_FIELD_NUMBER: _ClassVar[int]
+    STRAGGLERS_JUDGED_FIELD_NUMBER: _ClassVar[int]
+    STRAGGLER_RANK_FIELD_NUMBER: _ClassVar[int]
+    STRAGGLER_SECTION_FIELD_NUMBER: _ClassVar[int]
+    STRAGGLER_NOTE_FIELD_NUMBER: _ClassVar[int]
     run_id: str
     state: RunState
     world_size: int
@@ -347,7 +396,11 @@ class GetStateResponse(_message.Message):
     rendezvous: str
     more: bool
     job: ClusterJob
-    def __init__(self, run_id: _Optional[str] = ..., state: _Optional[_Union[RunState, str]] = ..., world_size: _Optional[int] = ..., registered: _Optional[int] = ..., total_steps: _Optional[int] = ..., elapsed: _Optional[float] = ..., ranks: _Optional[_Iterable[_Union[RankInfo, _Mapping]]] = ..., series: _Optional[_Iterable[_Union[Series, _Mapping]]] = ..., events: _Optional[_Iterable[_Union[Event, _Mapping]]] = ..., failure: _Optional[str] = ..., cursor: _Optional[bytes] = ..., full: _Optional[bool] = ..., root_cause_rank: _Optional[int] = ..., attempt: _Optional[int] = ..., max_attempts: _Optional[int] = ..., root_cause_error: _Optional[str] = ..., root_cause_exit_code: _Optional[int] = ..., rendezvous: _Optional[str] = ..., more: _Optional[bool] = ..., job: _Optional[_Union[ClusterJob, _Mapping]] = ...) -> None: ...
+    stragglers_judged: bool
+    straggler_rank: int
+    straggler_section: str
+    straggler_note: str
+    def __init__(self, run_id: _Optional[str] = ..., state: _Optional[_Union[RunState, str]] = ..., world_size: _Optional[int] = ..., registered: _Optional[int] = ..., total_steps: _Optional[int] = ..., elapsed: _Optional[float] = ..., ranks: _Optional[_Iterable[_Union[RankInfo, _Mapping]]] = ..., series: _Optional[_Iterable[_Union[Series, _Mapping]]] = ..., events: _Optional[_Iterable[_Union[Event, _Mapping]]] = ..., failure: _Optional[str] = ..., cursor: _Optional[bytes] = ..., full: _Optional[bool] = ..., root_cause_rank: _Optional[int] = ..., attempt: _Optional[int] = ..., max_attempts: _Optional[int] = ..., root_cause_error: _Optional[str] = ..., root_cause_exit_code: _Optional[int] = ..., rendezvous: _Optional[str] = ..., more: _Optional[bool] = ..., job: _Optional[_Union[ClusterJob, _Mapping]] = ..., stragglers_judged: _Optional[bool] = ..., straggler_rank: _Optional[int] = ..., straggler_section: _Optional[str] = ..., straggler_note: _Optional[str] = ...) -> None: ...
 
 class ClusterJob(_message.Message):
     __slots__ = ("scheduler", "job_id", "state", "reason", "nodes")

@@ -51,6 +51,7 @@ class RootCause:
     together: list[RankRecord] = field(default_factory=list)  # ranks lost at the same time
     attempts: int = 1  # attempts made when the run ended on this cause (after restarts)
     reason: str = ""  # why no restart followed, when that is news
+    detail: str = ""  # for a failure from outside: what it left to read (a job's output)
 
     @property
     def rank(self) -> int | None:
@@ -62,7 +63,7 @@ class RootCause:
 
     @property
     def error(self) -> str:
-        return self.record.error if self.record is not None else ""
+        return self.record.error if self.record is not None else self.detail
 
     def describe(self) -> str:
         text = self.message
@@ -112,9 +113,9 @@ class FailureJudge:
             if root in lost or abs(r.last_heartbeat - root.last_heartbeat) <= window:
                 cause.together.append(r)
 
-    def outside(self, message: str) -> None:
+    def outside(self, message: str, detail: str = "") -> None:
         """The run fails from outside any rank (the launcher, close(), a launch that failed)."""
-        self.cause = RootCause(CauseKind.OUTSIDE, message)
+        self.cause = RootCause(CauseKind.OUTSIDE, message, detail=detail)
 
     def new_attempt(self) -> None:
         if self.first is None:

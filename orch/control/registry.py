@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from .._proto import orchestrator_pb2 as pb
 from ..ranks import RankView
 from ..states import RankState
+from .stragglers import TimingWindow
 from .validate import Reject
 
 
@@ -26,6 +27,7 @@ class RankRecord(RankView):
     ended_at: float | None = None
     beats: int = 0
     progress: deque[tuple[float, int]] = field(default_factory=lambda: deque(maxlen=16))
+    timing: TimingWindow = field(default_factory=TimingWindow)
 
     def steps_per_second(self) -> float:
         if len(self.progress) < 2:

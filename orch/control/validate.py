@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import math
 from typing import Literal
 
 from .._proto import orchestrator_pb2 as pb
@@ -67,6 +68,8 @@ def check_heartbeat(req: pb.HeartbeatRequest) -> None:
             "invalid_argument",
             f"a heartbeat carries {len(req.series)} series; the limit is {MAX_METRICS_PER_RANK}",
         )
+    if req.HasField("timing"):
+        check_timing(req.timing)
     for s in req.series:
         if not s.name or len(s.name) > MAX_ID_LEN:
             raise Reject("invalid_argument", f"every series needs a name of 1-{MAX_ID_LEN} characters")
@@ -75,6 +78,20 @@ def check_heartbeat(req: pb.HeartbeatRequest) -> None:
                 "invalid_argument",
                 f"series {s.name!r}: steps, values and times must have the same length",
             )
+
+
+MAX_SECTIONS = 32  # ctx.section names per heartbeat
+
+
+def check_timing(t: pb.StepTiming) -> None:
+    """A heartbeat's step times: counts and durations that can be real."""
+    values = [t.step_seconds, t.data_seconds, t.collective_seconds, t.other_seconds, *t.sections.values()]
+    if t.steps < 0 or not all(math.isfinite(v) and v >= 0 for v in values):
+        raise Reject("invalid_argument", "timing: steps and seconds must be finite and >= 0")
+    if len(t.sections) > MAX_SECTIONS or any(not 0 < len(n) <= 64 for n in t.sections):
+        raise Reject(
+            "invalid_argument", f"timing: at most {MAX_SECTIONS} sections, each named in 1-64 characters"
+        )
 
 
 def check_completion(req: pb.CompletionRequest) -> RankState:

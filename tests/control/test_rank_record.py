@@ -42,6 +42,15 @@ def full_view(state: RankState = RankState.FAILED, loss: float = 0.25) -> RankVi
         address="10.1.2.3",
         has_loss=True,
         dropped_points=17,
+        timed=True,
+        step_ms=41.5,
+        data_ms=2.25,
+        compute_ms=33.0,
+        collective_ms=4.75,
+        other_ms=1.5,
+        relative_score=1.25,
+        individual_score=1.125,
+        slow_in="compute",
     )
 
 
@@ -164,6 +173,15 @@ def test_from_fields_reads_each_field_by_its_type() -> None:
         "address": "text",
         "has_loss": "flag",
         "dropped_points": "integer",
+        "timed": "flag",
+        "step_ms": "number",
+        "data_ms": "number",
+        "compute_ms": "number",
+        "collective_ms": "number",
+        "other_ms": "number",
+        "relative_score": "number",
+        "individual_score": "number",
+        "slow_in": "text",
     }
 
 

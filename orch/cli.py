@@ -324,6 +324,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
             tls_ca=args.tls_ca,
             trust_master=args.trust_master,
             launched=launched,
+            log_dir=args.log_dir,
             **({"sources": sources} if sources is not None else {}),
         )
         for i in range(nproc)
@@ -604,6 +605,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="where this worker's rank comes from: auto (torchrun's RANK/WORLD_SIZE when "
         "TORCHELASTIC_RUN_ID is set, else Slurm's SLURM_PROCID/SLURM_NTASKS in an srun task, "
         "else the master's next free rank), torchrun or slurm (read those variables), none (the master's)",
+    )
+    w.add_argument(
+        "--log-dir",
+        default=None,
+        help="write each rank's output to LOG_DIR/<worker id>.log (with --nproc-per-node; default: "
+        "this command's output)",
     )
     w.add_argument("--threads", type=_positive, default=None, help="torch threads for each worker")
     w.add_argument("--timeout", type=_seconds, default=60.0, help="seconds to wait for the master")

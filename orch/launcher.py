@@ -431,6 +431,7 @@ class Run(Viewable):
         """Submit the run's Slurm job; a refusal (no such partition, say) fails the launch."""
         spec = self.spec
         job = self.job = SlurmJob(cluster, {**os.environ, TOKEN_ENV: self.token}, self.run_id)
+        private_dir(self.run_dir / "logs")  # the ranks' logs, written on the nodes
         if callable(spec.fn):
             # The function reaches the nodes through the run dir, signed with the token.
             fn_arg = [
@@ -561,9 +562,8 @@ class Run(Viewable):
 
     # -- the notebook panel -------------------------------------------------------------
     def log_files(self) -> dict[str, Path]:
-        if self.job is not None and self.job.output is not None:
-            # Every rank's output is in the job's (its log lines marked with its worker id).
-            return {r.worker_id: self.job.output for r in self.coordinator.ranks}
+        if self.job is not None:  # each rank writes its own, in the shared run dir
+            return {r.worker_id: self.run_dir / "logs" / f"{r.worker_id}.log" for r in self.coordinator.ranks}
         return {wid: self.run_dir / "logs" / f"{wid}.log" for wid in self.worker_ids}
 
     def final_state(self) -> StateMirror | None:

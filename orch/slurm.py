@@ -281,6 +281,7 @@ def job_script(
     worker = [
         python, "-m", "orch.worker", "--master", master, "--launcher", "none",
         "--nproc-per-node", str(cluster.tasks_per_node), "--run-root", run_root,
+        "--log-dir", str(run_dir / "logs"),
         "--timeout", f"{max(60.0, heartbeat_timeout):g}", *fn_arg,
     ]  # fmt: skip
     if tls_ca:

@@ -90,6 +90,7 @@ class WorkerSpec:
     # with ``tls_ca`` (the built-in example runs either way).
     trust_master: bool = False
     log_file: str | None = None
+    log_dir: str | None = None  # without log_file: write to log_dir/<worker id>.log
     env: dict[str, str] = field(default_factory=dict)
     workdir: str | None = None  # the folder to run in and to find ``fn`` from (default: this one)
     sources: SourceMap = field(default_factory=SourceMap)  # where ``fn``'s code came from
@@ -668,6 +669,8 @@ def spawn_main(payload: bytes) -> None:
     # process group: they are meant for the launcher, which stops the run as asked (or not
     # at all). A worker ends through its launcher (SIGTERM) or its master, never on SIGINT.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    if spec.log_dir and not spec.log_file:
+        spec.log_file = str(Path(spec.log_dir) / f"{spec.worker_id}.log")
     if spec.log_file:
         fd = os.open(spec.log_file, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
         sys.stdout.flush()

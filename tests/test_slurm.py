@@ -198,6 +198,9 @@ def test_a_rank_killed_on_node2_restarts_the_group_on_both_nodes(
         assert any(f"rank {victim.rank} (" in s and "SIGKILL" in s for s in said), said
         # One job: the restart happened inside its allocation, without a second wait in the queue.
         assert [j["name"] for j in c.squeue()].count(f"orch-{run.run_id}") == 1
+        # Each rank's log, written on its node into the shared run dir, is the panel's log tail.
+        logs = run.log_files()
+        assert all("process group up" in logs[r.worker_id].read_text() for r in final.ranks), logs
         history = run.history()
         for rank in range(4):
             assert history["loss"][rank]["step"] == list(range(60)), rank

@@ -10,6 +10,9 @@ median per rank, then the median over ranks. Runs are interleaved (torchrun, orc
 orch-range, torchrun, ...); the ratio is orch / torchrun of the medians over repeats.
 "orch-range" is the same orch job iterating ``range(n)`` instead of ``ctx.steps(n)``:
 it separates the cost of ctx.steps' per-step stop all-reduce from the rest of orch.
+"orch" times each step's parts (ctx.steps, the DDP communication hook ctx.ddp registers: the
+straggler judgement's input, on by default); "orch-untimed" is the same with
+``ORCH_STEP_TIMING=0``, so orch / orch-untimed is what the timing costs.
 
     .venv/bin/python benchmarks/step_overhead.py            # full run, writes RESULTS.md
     .venv/bin/python benchmarks/step_overhead.py --quick    # tiny, prints only
@@ -45,11 +48,16 @@ def run_torchrun(tmp: Path, cfg: dict[str, Any], world: int, tag: str, attempt: 
     return _collect(out, world)
 
 
-def run_orch(tmp: Path, cfg: dict[str, Any], world: int, tag: str, loop: str) -> tuple[float, float]:
+def run_orch(
+    tmp: Path, cfg: dict[str, Any], world: int, tag: str, loop: str, timing: bool = True
+) -> tuple[float, float]:
+    import os
+
     import orch
 
     out = tmp / tag
     out.mkdir()
+    os.environ["ORCH_STEP_TIMING"] = "1" if timing else "0"  # the workers get this environment
     run = orch.launch(
         "_jobs:ddp_loop",
         world_size=world,
@@ -85,7 +93,7 @@ def main() -> None:
         "hidden": args.hidden,
         "batch": args.batch,
     }
-    variants = ["torchrun", "orch"] + ([] if args.no_range or args.quick else ["orch-range"])
+    variants = ["torchrun", "orch", "orch-untimed"] + ([] if args.no_range or args.quick else ["orch-range"])
     wall: dict[str, list[float]] = {v: [] for v in variants}
     cpu: dict[str, list[float]] = {v: [] for v in variants}
     torchrun_retries = 0
@@ -101,7 +109,8 @@ def main() -> None:
                         )
                         torchrun_retries += retried
                     else:
-                        w, u = run_orch(tmp, cfg, world, tag, "steps" if v == "orch" else "range")
+                        loop = "range" if v == "orch-range" else "steps"
+                        w, u = run_orch(tmp, cfg, world, tag, loop, timing=v != "orch-untimed")
                     wall[v].append(w)
                     cpu[v].append(u)
                     print(
@@ -158,6 +167,17 @@ def main() -> None:
             None,
         ),
     ]
+    untimed = med["orch-untimed"] / med["torchrun"]
+    cost = med["orch"] / med["orch-untimed"]
+    c.emit(NAME, "timing_cost", f"{cost:.4f}", untimed_ratio=f"{untimed:.4f}")
+    rows.append(
+        c.Row(
+            "  step timing off (ORCH_STEP_TIMING=0) / torchrun; timing on / off",
+            "- ; <= 1.01",
+            f"{untimed:.3f}; {cost:.3f} ({(med['orch'] - med['orch-untimed']) * 1e6:+.0f} µs/step)",
+            cost <= 1.01,
+        )
+    )
     if "orch-range" in med:
         r2 = med["orch-range"] / med["torchrun"]
         c2 = med_cpu["orch-range"] / med_cpu["torchrun"]

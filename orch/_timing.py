@@ -6,9 +6,8 @@ does: the slow rank waits least in the collectives, while the others wait for it
 rank splits its step time:
 
 - ``ctx.steps`` times each step, from its start to the next one's;
-- ``ctx.ddp`` wraps the gradient all-reduce in a communication hook that times each bucket
-  from its launch to its completion (the union of those intervals: the time a collective was
-  in flight, which a rank spends waiting for its peers);
+- ``ctx.ddp`` asks DDP's reducer for its runtime statistics every iteration: the gradient
+  communication not overlapped with the rank's own backward compute is its wait for peers;
 - ``ctx.data(loader)`` times the wait for the next batch;
 - ``with ctx.section("name"):`` times a part the user marks;
 - what orch does between steps (the stop check, checkpoints) is "other";
@@ -18,12 +17,11 @@ The sums go to the master with the next heartbeat (a few numbers per rank, not p
 the master judges (:mod:`orch.control.stragglers`). ``ORCH_STEP_TIMING=0`` turns it off.
 """
 
-# No ``from __future__ import annotations`` here: DDP checks a hook's annotations by identity
-# (the bucket a dist.GradBucket, the result a Future of a Tensor), not as strings.
+from __future__ import annotations
+
 import os
 import threading
 import time
-from collections.abc import Callable
 from typing import Any
 
 from ._proto import orchestrator_pb2 as pb
@@ -38,14 +36,12 @@ def enabled() -> bool:
 class StepTimes:
     """Sums of one rank's step time, split, since the last :meth:`take` (the heartbeat's).
 
-    The training thread adds steps, data waits and sections; the collectives' completion
-    callbacks add from their own thread; the heartbeat thread takes: one short lock."""
+    The training thread adds; the heartbeat thread takes: one short lock."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self.collectives = False  # a hook times the gradient collectives (ctx.ddp)
         self._reset()
-        self._in_flight_until = 0.0  # the end of the collective time counted so far
 
     def _reset(self) -> None:
         self.steps = 0
@@ -70,13 +66,10 @@ class StepTimes:
         with self._lock:
             self.sections[name] = self.sections.get(name, 0.0) + seconds
 
-    def collective(self, start: float, end: float) -> None:
-        """A collective was in flight from ``start`` to ``end``; overlapping ones count once."""
+    def collective(self, seconds: float) -> None:
+        """Time this rank waited for its peers in gradient collectives."""
         with self._lock:
-            begin = max(start, self._in_flight_until)
-            if end > begin:
-                self.collective_s += end - begin
-            self._in_flight_until = max(self._in_flight_until, end)
+            self.collective_s += seconds
 
     def take(self) -> pb.StepTiming | None:
         """The sums since the last take (None when no step was timed), and start again."""
@@ -96,36 +89,39 @@ class StepTimes:
             return timing
 
 
-class TimedHook:
-    """The DDP communication hook ``ctx.ddp`` registers: the gradient all-reduce (DDP's own,
-    or the hook the user registers later, which this one then calls), timed per bucket."""
+class CollectiveWait:
+    """How long a rank waited for its gradient collectives, from DDP's own runtime statistics.
 
-    def __init__(self, times: StepTimes, group: Any = None) -> None:
-        from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+    DDP's reducer times each iteration's backward in C++ (its compute, its communication, and
+    their overlap), sampled every iteration once asked; the wait is the communication not
+    overlapped with this rank's own backward compute: what it spent waiting for the slowest
+    peer. Read once per step (a few µs); a Python communication hook would cost ~0.3 ms/step.
+    """
 
-        self.times = times
-        self.inner: Callable[[Any, Any], Any] = default_hooks.allreduce_hook
-        self.inner_state: Any = group
+    def __init__(self, models: list[Any]) -> None:
+        self.models = models
+        self._seen: dict[int, int] = {}  # model index -> the last iteration counted
 
-    def hook(self) -> Callable[..., Any]:
-        """The function to register (DDP reads its annotations)."""
-        import torch
-        import torch.distributed as dist
+    @staticmethod
+    def watch(model: Any) -> bool:
+        """Ask ``model`` (a DistributedDataParallel) for statistics every iteration; False
+        where this torch cannot."""
+        setter = getattr(model, "_set_ddp_runtime_logging_sample_rate", None)
+        if setter is None or not hasattr(model, "_get_ddp_logging_data"):
+            return False
+        setter(1)
+        return True
 
-        def timed(state: object, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:  # type: ignore[name-defined]
-            start = clock()
-            future = self.inner(self.inner_state, bucket)
-            times = self.times
-
-            def done(f: torch.futures.Future[torch.Tensor]) -> torch.Tensor:
-                times.collective(start, clock())
-                return f.value()
-
-            return future.then(done)  # type: ignore[no-any-return]
-
-        return timed
-
-    def replace(self, state: Any, hook: Callable[[Any, Any], Any]) -> None:
-        """What ``model.register_comm_hook(state, hook)`` does on a model from ``ctx.ddp``:
-        DDP takes one hook, and this one stays, calling the user's."""
-        self.inner, self.inner_state = hook, state
+    def take(self) -> float:
+        """Seconds waited in the iterations since the last call."""
+        waited = 0.0
+        for i, model in enumerate(self.models):
+            data = model._get_ddp_logging_data()
+            iteration = int(data.get("iteration", 0))
+            if iteration == self._seen.get(i, -1) or "backward_comm_time" not in data:
+                continue
+            self._seen[i] = iteration
+            comm = float(data["backward_comm_time"])
+            overlap = float(data.get("backward_compute_comm_overlap_time", 0))
+            waited += max(0.0, comm - overlap) / 1e9
+        return waited

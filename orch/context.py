@@ -20,7 +20,7 @@ import torch.distributed as dist
 from torch import nn
 
 from ._sender import HeartbeatSender
-from ._timing import StepTimes, TimedHook, clock, enabled
+from ._timing import CollectiveWait, StepTimes, clock, enabled
 from .errors import OrchError, StopTraining
 from .store import private_dir, private_opener
 
@@ -69,6 +69,8 @@ class Context:
         self._uses_steps = False  # ctx.steps() drives the loop: it handles stops itself
         # Where each step's time goes (data, collectives, sections): see orch._timing.
         self.times: StepTimes | None = StepTimes() if enabled() else None
+        self._ddp_models: list[nn.Module] = []
+        self._waits = CollectiveWait(self._ddp_models)
         if sender is not None and self.times is not None:
             sender.timing = self.times.take
 
@@ -101,12 +103,9 @@ class Context:
         if self.device.type == "cuda":
             kwargs.setdefault("device_ids", [self.device.index])
         wrapped = nn.parallel.DistributedDataParallel(model, **kwargs)
-        if self.times is not None:
-            # Time the gradient all-reduce: how long this rank waits for its peers. A hook the
-            # user registers later is called by this one (DDP takes only one).
-            hook = TimedHook(self.times, kwargs.get("process_group"))
-            wrapped.register_comm_hook(None, hook.hook())
-            wrapped.register_comm_hook = hook.replace  # type: ignore[method-assign]
+        if self.times is not None and CollectiveWait.watch(wrapped):
+            # How long this rank waits for its peers in the gradient all-reduce (DDP's own timers).
+            self._ddp_models.append(wrapped)
             self.times.collectives = True
         return wrapped
 
@@ -189,6 +188,8 @@ class Context:
                 if times is not None:
                     now = clock()
                     if started:  # the step before: body, then orch's own work until now
+                        if self._ddp_models:
+                            times.collective(self._waits.take())
                         times.step(now - started, now - resumed)
                     started = now
                 yield step

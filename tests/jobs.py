@@ -249,3 +249,29 @@ def untimed_loop(ctx: Any) -> None:
         dist.all_reduce(t)
         ctx.log(step, loss=1.0 / (step + 1))
         time.sleep(0.01)
+
+
+def own_comm_hook(ctx: Any) -> None:
+    """A model from ctx.ddp given a communication hook of the user's (fp16 compression, counting
+    its calls): it must run, and the step timing must still see the collectives."""
+    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+
+    model = ctx.ddp(torch.nn.Linear(16, 1))
+    calls = [0]
+
+    def count() -> None:
+        calls[0] += 1
+
+    # A lambda: DDP checks a hook's annotations, and this module's are strings.
+    model.register_comm_hook(
+        None, lambda state, bucket: (count(), default_hooks.fp16_compress_hook(state, bucket))[1]
+    )
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    torch.manual_seed(ctx.rank)
+    for step in ctx.steps(int(ctx.config.get("steps", 30))):
+        loss = model(torch.randn(8, 16)).pow(2).mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        ctx.log(step, loss=loss.item(), hook_calls=float(calls[0]))
+        time.sleep(0.01)

@@ -540,3 +540,67 @@ def test_sweep_panel_in_jupyterlab(tmp_path: Path) -> None:
             with contextlib.suppress(Exception):
                 page.screenshot(path=str(ARTIFACTS / "sweep-failure.png"), full_page=True)
             raise
+
+
+def write_straggler_notebook(path: Path, run_root: Path) -> None:
+    """4 ranks under DDP, rank 2 sleeping 30 ms per step in its compute; its panel."""
+    cells = [
+        _code_cell(1, f"import sys\nsys.path.insert(0, {str(TESTS)!r})\nimport orch"),
+        _code_cell(
+            2,
+            'run = orch.launch("jobs:straggler", world_size=4, config={"slow_rank": 2, "delay": 0.03},\n'
+            f"                  run_root={str(run_root)!r})\n"
+            "run.panel(interval=0.3)",
+        ),
+    ]
+    nb = nbformat.v4.new_notebook(cells=[nbformat.from_dict(c) for c in cells])
+    nb.metadata = {
+        "kernelspec": {"display_name": "Python 3 (ipykernel)", "language": "python", "name": "python3"},
+        "language_info": {"name": "python"},
+    }
+    nbformat.write(nb, path)
+
+
+@pytest.mark.timeout(300)
+def test_the_straggler_in_the_panel(tmp_path: Path) -> None:
+    """The panel as a page: each rank's step as a stacked bar, rank 2 marked the straggler in
+    compute, and the judgement in words; then Stop."""
+    from playwright.sync_api import expect
+
+    root, home, run_root = tmp_path / "lab", tmp_path / "home", tmp_path / "runs"
+    root.mkdir()
+    home.mkdir()
+    write_straggler_notebook(root / "straggler.ipynb", run_root)
+    ARTIFACTS.mkdir(exist_ok=True)
+    with lab_browser(tmp_path, root, home, run_root, 1200) as (lab, ctx):
+        try:
+            page = ctx.pages[0] if ctx.pages else ctx.new_page()
+            page.set_default_timeout(60_000)
+            page.goto(f"{lab.base}/lab/tree/straggler.ipynb?token={lab.token}")
+            run_all_cells(page, lab)
+            panel = page.locator(".orch-panel")
+            rows = panel.locator("tr.orch-rank")
+            expect(rows).to_have_count(4, timeout=120_000)
+            expect(rows.nth(2).locator(".orch-slow")).to_have_text("straggler: compute", timeout=60_000)
+            for i in (0, 1, 3):
+                expect(rows.nth(i).locator(".orch-slow")).to_have_count(0)
+            # Every rank's bar has its four parts; rank 2's compute is the widest of the four ranks'.
+            expect(rows.nth(0).locator(".orch-split .orch-part")).to_have_count(4)
+            widths = [
+                rows.nth(i)
+                .locator('.orch-part[data-part="compute"]')
+                .evaluate("e => e.getBoundingClientRect().width")
+                for i in range(4)
+            ]
+            assert widths[2] == max(widths) and widths[2] > 1.3 * min(widths), widths
+            expect(panel.locator(".orch-stragglers")).to_contain_text(
+                "rank 2 is the straggler, slow in compute"
+            )
+            page.screenshot(path=str(ARTIFACTS / "panel-straggler.png"), full_page=True)
+            panel.get_by_role("button", name="Stop").click()
+            record = page.locator(".jp-Notebook .jp-Cell").nth(1).locator(".orch-record")
+            expect(record.locator(".orch-state")).to_have_attribute("data-state", "STOPPED", timeout=60_000)
+        except BaseException:
+            with contextlib.suppress(Exception):
+                page.screenshot(path=str(ARTIFACTS / "panel-straggler-failure.png"), full_page=True)
+            raise

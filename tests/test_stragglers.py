@@ -121,3 +121,16 @@ def test_without_ctx_steps_it_says_stragglers_cannot_be_judged(tmp_path: Path) -
         assert not any(r.timed for r in m.ranks)
     finally:
         run.close()
+
+
+def test_a_comm_hook_of_the_users_runs_and_the_wait_is_still_timed(tmp_path: Path) -> None:
+    run = orch.launch("jobs:own_comm_hook", world_size=2, run_root=str(tmp_path), config={"steps": 40})
+    try:
+        result = run.wait(timeout=180)
+        assert result.state is RunState.SUCCEEDED and len(set(result.param_checksums)) == 1
+        calls = run.history()["hook_calls"]
+        assert all(calls[r]["value"][-1] >= 40 for r in range(2)), calls  # the user's hook ran every step
+        m = run.state()
+        assert all(r.timed for r in m.ranks)  # and the wait was still timed
+    finally:
+        run.close()

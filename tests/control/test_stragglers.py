@@ -1,0 +1,107 @@
+"""The straggler judgement on per-step means (no processes): who is slow, in what, and when
+it cannot be told."""
+
+from __future__ import annotations
+
+import pytest
+
+from orch._proto import orchestrator_pb2 as pb
+from orch.control.stragglers import WINDOW, Means, TimingWindow, judge, scores
+
+
+def means(step: float, wait: float, data: float = 0.0, other: float = 0.0, **sections: float) -> Means:
+    return Means(
+        steps=10, step=step, data=data, collective=wait, other=other, sections=sections, collectives=True
+    )
+
+
+EVEN = means(0.040, 0.010)
+
+
+def test_a_rank_that_computes_longest_and_waits_least_is_the_straggler() -> None:
+    v = judge({0: EVEN, 1: EVEN, 2: means(0.040, 0.001), 3: EVEN}, 4)
+    # rank 2: compute 39 ms against the others' 30 ms; waits 1 ms, the others 10 ms
+    assert (v.judged, v.rank, v.section) == (True, 2, "compute")
+    assert v.note == (
+        "rank 2 is the straggler, slow in compute: 39.0 ms per step against 30.0 ms on the others; "
+        "it waits 1.0 ms in collectives, the others 10.0 ms"
+    )
+
+
+def test_slow_data_is_named_data() -> None:
+    slow = means(0.040, 0.001, data=0.012)
+    v = judge({0: EVEN, 1: slow, 2: EVEN, 3: EVEN}, 4)
+    assert (v.rank, v.section) == (1, "data")
+
+
+def test_a_marked_section_that_holds_the_excess_names_it() -> None:
+    others = means(0.040, 0.020, augment=0.001)
+    slow = means(0.040, 0.001, augment=0.020)
+    v = judge({0: others, 1: others, 2: slow}, 3)
+    assert (v.rank, v.section) == (2, "augment")
+
+
+def test_an_even_run_has_no_straggler_and_says_so() -> None:
+    v = judge({r: means(0.040 + r * 0.0005, 0.010) for r in range(4)}, 4)
+    assert (v.judged, v.rank) == (True, -1) and v.note.startswith("no straggler")
+
+
+def test_a_rank_slower_but_waiting_as_long_as_the_others_is_not_marked() -> None:
+    # Longer compute but no shorter wait: the others are not waiting for it (noise, or a
+    # collective-bound step), so no mark.
+    v = judge({0: EVEN, 1: EVEN, 2: means(0.060, 0.010)}, 3)
+    assert v.rank == -1
+
+
+@pytest.mark.parametrize(
+    ("ranks", "says"),
+    [
+        (
+            {0: None, 1: None},
+            "stragglers cannot be judged: no rank times its steps (drive the loop with ctx.steps)",
+        ),
+        ({0: EVEN, 1: None}, "stragglers cannot be judged yet: no step times from rank 1"),
+        ({0: EVEN}, "1 of 2 ranks running: stragglers are judged once all run"),
+    ],
+)
+def test_what_cannot_be_judged_is_said_never_a_false_no_straggler(
+    ranks: dict[int, Means | None], says: str
+) -> None:
+    v = judge(ranks, 2)
+    assert (v.judged, v.rank, v.note) == (False, -1, says)
+
+
+def test_without_timed_collectives_it_cannot_be_judged() -> None:
+    untimed = Means(steps=10, step=0.04, data=0, collective=0, other=0, sections={}, collectives=False)
+    v = judge({0: untimed, 1: untimed}, 2)
+    assert not v.judged and "wrap the model with ctx.ddp" in v.note
+
+
+def test_one_rank_has_no_straggler() -> None:
+    v = judge({0: EVEN}, 1)
+    assert v.judged and v.rank == -1 and "one rank" in v.note
+
+
+def test_the_window_keeps_the_last_seconds_and_the_best_compute() -> None:
+    w = TimingWindow()
+    slow = pb.StepTiming(steps=10, step_seconds=0.5, collective_seconds=0.1, collectives=True)
+    fast = pb.StepTiming(steps=10, step_seconds=0.3, collective_seconds=0.1, collectives=True)
+    w.add(0.0, fast)
+    m = w.means()
+    assert m is not None and round(m.compute, 6) == 0.02 and round(w.best_compute, 6) == 0.02
+    w.add(WINDOW + 1.0, slow)  # the fast beat left the window
+    m = w.means()
+    assert m is not None and round(m.compute, 6) == 0.04
+    assert round(w.best_compute, 6) == 0.02  # the best stays
+    w.add(WINDOW + 1.5, pb.StepTiming(steps=0))  # a beat with no step adds nothing
+    assert w.means() == m
+    (relative, individual) = scores({0: m, 1: means(0.02, 0.01)}, {0: w})[0]
+    assert (round(relative, 2), round(individual, 2)) == (4.0, 2.0)
+
+
+def test_30_ms_more_on_a_long_step_is_still_found() -> None:
+    # 200 ms of compute each; one rank takes 30 ms more, and the others wait those 30 ms.
+    others = means(0.240, 0.035)
+    slow = means(0.240, 0.005)
+    v = judge({0: others, 1: slow, 2: others, 3: others}, 4)
+    assert (v.rank, v.section) == (1, "compute"), v.note

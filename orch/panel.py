@@ -50,7 +50,7 @@ SPLIT_COLORS = (
     ("collective wait", "#afb8c1"),
     ("other", "#a475f9"),
 )
-SPLIT_WIDTH_PX = 120
+SPLIT_WIDTH_PX = 90
 
 
 def _split_html(r: RankView, longest_ms: float) -> str:
@@ -450,7 +450,7 @@ class Panel:
                 f"<td>{r.rank}</td><td>{r.state.value}</td><td>{r.step}</td><td>{r.loss_text()}</td>"
                 f"<td>{r.steps_per_sec:.1f}</td><td>{age}</td><td>{_split_html(r, longest)}</td>"
                 f"<td>{_scores_html(r)}</td>"
-                f"<td>{html.escape(r.host)}/{r.pid}</td><td>{' '.join(marks)}</td></tr>"
+                f'<td>{html.escape(r.host)}/{r.pid}</td><td class="orch-marks">{" ".join(marks)}</td></tr>'
             )
         head = "".join(
             f"<th>{h}</th>"
@@ -477,7 +477,8 @@ class Panel:
             style = "color:#9a6700;font-weight:bold" if m.straggler_rank >= 0 else "color:#57606a"
             note = f'<div class="orch-stragglers" style="{style}">{html.escape(m.straggler_note)}</div>'
         return (
-            "<style>.orch-ranks td, .orch-ranks th {padding: 0 .6em}</style>"
+            "<style>.orch-ranks td, .orch-ranks th {padding: 0 .6em; white-space: nowrap} "
+            ".orch-ranks td.orch-marks {white-space: normal; text-align: left}</style>"
             '<table class="orch-ranks" style="border-collapse:collapse;text-align:right">'
             f"<thead><tr>{head}</tr></thead><tbody>{''.join(rows)}</tbody></table>"
             f'<div class="orch-legend" style="font-size:85%;color:#57606a">step time:{legend}</div>{note}'

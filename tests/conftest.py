@@ -113,6 +113,18 @@ def until(predicate: Callable[[], bool], timeout: float, interval: float = 0.02)
     return time.monotonic() - start
 
 
+def until_value(predicate: Callable[[], Any], timeout: float, interval: float = 0.1) -> Any:
+    """The first truthy value of ``predicate()``; fails the test after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"condition not met within {timeout}s")
+        time.sleep(interval)
+
+
 @contextlib.contextmanager
 def guarded_master(coord: Coordinator) -> Iterator[MasterServer]:
     """``coord`` served by a real gRPC master on a free loopback port, with TOKEN."""

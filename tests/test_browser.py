@@ -82,6 +82,16 @@ def _code_cell(n: int, source: str) -> dict[str, Any]:
     }
 
 
+def write_cells(path: Path, cells: list[dict[str, Any]]) -> None:
+    """A notebook of ``cells`` for the python3 kernel."""
+    nb = nbformat.v4.new_notebook(cells=[nbformat.from_dict(c) for c in cells])
+    nb.metadata = {
+        "kernelspec": {"display_name": "Python 3 (ipykernel)", "language": "python", "name": "python3"},
+        "language_info": {"name": "python"},
+    }
+    nbformat.write(nb, path)
+
+
 def write_notebook(path: Path, run_root: Path) -> None:
     """The notebook under test: launch 4 workers on a long run, then show its panel."""
     cells = [
@@ -484,12 +494,7 @@ def write_sweep_notebook(path: Path, run_root: Path) -> None:
         ),
         _code_cell(3, 'results = sweep.wait()\nprint("SWEPT", [r["state"] for r in results])'),
     ]
-    nb = nbformat.v4.new_notebook(cells=[nbformat.from_dict(c) for c in cells])
-    nb.metadata = {
-        "kernelspec": {"display_name": "Python 3 (ipykernel)", "language": "python", "name": "python3"},
-        "language_info": {"name": "python"},
-    }
-    nbformat.write(nb, path)
+    write_cells(path, cells)
 
 
 @pytest.mark.timeout(300)
@@ -553,12 +558,7 @@ def write_straggler_notebook(path: Path, run_root: Path) -> None:
             "run.panel(interval=0.3)",
         ),
     ]
-    nb = nbformat.v4.new_notebook(cells=[nbformat.from_dict(c) for c in cells])
-    nb.metadata = {
-        "kernelspec": {"display_name": "Python 3 (ipykernel)", "language": "python", "name": "python3"},
-        "language_info": {"name": "python"},
-    }
-    nbformat.write(nb, path)
+    write_cells(path, cells)
 
 
 @pytest.mark.timeout(300)

@@ -12,7 +12,6 @@ import os
 import re
 import signal
 import subprocess
-import time
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +20,7 @@ import pytest
 from test_coordinator import Clock, beat, complete, reg
 
 import orch
-from conftest import ORCH
+from conftest import ORCH, until_value
 from orch._proto import orchestrator_pb2 as pb
 from orch.client import StateMirror
 from orch.coordinator import Coordinator, Reject, RunState
@@ -282,16 +281,6 @@ def _ranks(address: str, env: dict[str, str], count: int) -> list[orch.client.Ra
         return m.ranks if ok else None
 
     return until_value(ready, 120)
-
-
-def until_value(predicate: Any, timeout: float) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.2)
-    raise AssertionError(f"condition not met within {timeout}s")
 
 
 def test_one_rank_per_host_agents_restart_the_group(tmp_path: Path, subprocess_env: dict[str, str]) -> None:

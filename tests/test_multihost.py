@@ -28,7 +28,7 @@ import subprocess
 import sys
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any, NoReturn
@@ -37,6 +37,7 @@ import pytest
 
 import orch
 from conftest import ORCH
+from conftest import until_value as until
 
 # Bounds a loaded 2-core machine keeps. What they guard: nothing waits for gloo's collective
 # timeout (30 minutes); which mechanism acted is checked by the messages, not by the times.
@@ -210,18 +211,6 @@ def net() -> Iterator[Net]:
             subprocess.run(["ip", "netns", "del", ns], capture_output=True, timeout=30, check=False)
 
 
-def until(predicate: Callable[[], Any], timeout: float, interval: float = 0.05) -> Any:
-    """The first truthy value of ``predicate()``; fails the test after ``timeout`` seconds."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"condition not met within {timeout}s")
-        time.sleep(interval)
-
-
 @dataclass
 class Cluster:
     """The processes of one multi-host run, with their output in files under ``tmp``."""
@@ -314,6 +303,13 @@ class Cluster:
             p.wait()
         for f in self.files:
             f.close()
+
+    def past(self, step: int) -> dict[str, Any] | None:
+        """The latest record once the run is RUNNING with all 4 ranks beyond ``step`` (a checkpoint)."""
+        latest = self.latest()
+        ranks = latest.get("ranks", [])
+        ok = latest.get("state") == "RUNNING" and len(ranks) == 4 and all(r["step"] > step for r in ranks)
+        return latest if ok else None
 
     def result(self) -> dict[str, Any]:
         value: dict[str, Any] = json.loads((self.tmp / self.run_id / "result.json").read_text())
@@ -495,13 +491,7 @@ def test_a_rank_killed_on_one_host_restarts_every_hosts_ranks(cluster: Cluster) 
     )  # fmt: skip
     c.start_workers()
 
-    def past_checkpoint() -> dict[str, Any] | None:
-        latest = c.latest()
-        ranks = latest.get("ranks", [])
-        ok = latest.get("state") == "RUNNING" and len(ranks) == 4 and all(r["step"] > 14 for r in ranks)
-        return latest if ok else None
-
-    record = until(past_checkpoint, 120)
+    record = until(lambda: c.past(14), 120)
     placed = hosts_of_ranks(c, record)
     victim = min(rank for rank, h in placed.items() if h is net.b)
     first_pids = {r["pid"] for r in record["ranks"]}
@@ -552,13 +542,7 @@ def test_elastic_a_host_that_drops_off_is_left_out_of_the_next_attempt(cluster: 
     )  # fmt: skip
     c.start_workers()
 
-    def past_checkpoint() -> dict[str, Any] | None:
-        latest = c.latest()
-        ranks = latest.get("ranks", [])
-        ok = latest.get("state") == "RUNNING" and len(ranks) == 4 and all(r["step"] > 14 for r in ranks)
-        return latest if ok else None
-
-    record = until(past_checkpoint, 120)
+    record = until(lambda: c.past(14), 120)
     placed = hosts_of_ranks(c, record)
     assert Counter(h.role for h in placed.values()) == {"a": 2, "b": 2}
     c.ranks = {r["rank"]: r["pid"] for r in record["ranks"]}

@@ -25,6 +25,7 @@ import pytest
 
 import orch
 from conftest import TESTS, notebook_kernel, orch_cli
+from conftest import until_value as until
 from orch.states import RunState
 from slurmcluster import SlurmCluster
 from slurmcluster import slurm_cluster as slurm_cluster
@@ -43,17 +44,6 @@ def on_cluster(slurm_cluster: SlurmCluster, monkeypatch: pytest.MonkeyPatch, tmp
     monkeypatch.setenv("PYTHONPATH", str(TESTS))
     monkeypatch.chdir(tmp_path)  # the launches' folder (their jobs' too): nothing lands in the repo
     return slurm_cluster
-
-
-def until(predicate: Any, timeout: float, interval: float = 0.1) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"condition not met within {timeout}s")
-        time.sleep(interval)
 
 
 def live_jobs(c: SlurmCluster, name: str = "") -> list[dict[str, str]]:

@@ -6,8 +6,9 @@ does: the slow rank waits least in the collectives, while the others wait for it
 rank splits its step time:
 
 - ``ctx.steps`` times each step, from its start to the next one's;
-- ``ctx.ddp`` asks DDP's reducer for its runtime statistics every iteration: the gradient
-  communication not overlapped with the rank's own backward compute is its wait for peers;
+- ``ctx.ddp`` asks DDP's reducer for its runtime statistics every iteration (read once per
+  step): the gradient communication not overlapped with the rank's own backward compute is
+  its wait for its peers;
 - ``ctx.data(loader)`` times the wait for the next batch;
 - ``with ctx.section("name"):`` times a part the user marks;
 - what orch does between steps (the stop check, checkpoints) is "other";
@@ -27,6 +28,9 @@ from typing import Any
 from ._proto import orchestrator_pb2 as pb
 
 clock = time.perf_counter
+MAX_SECTIONS = 32  # distinct ctx.section names per heartbeat (the master's limit) ...
+MORE_SECTIONS = "(other sections)"  # ... beyond which they are summed under this one
+RESERVED = frozenset({"data", "compute", "other", "collective wait", MORE_SECTIONS})  # the step's own parts
 
 
 def enabled() -> bool:
@@ -64,6 +68,8 @@ class StepTimes:
 
     def section(self, name: str, seconds: float) -> None:
         with self._lock:
+            if name not in self.sections and len(self.sections) >= MAX_SECTIONS - 1:
+                name = MORE_SECTIONS  # the master takes at most MAX_SECTIONS names a heartbeat
             self.sections[name] = self.sections.get(name, 0.0) + seconds
 
     def collective(self, seconds: float) -> None:
@@ -112,9 +118,11 @@ class CollectiveWait:
         setter(1)
         return True
 
-    def take(self) -> float:
-        """Seconds waited in the iterations since the last call."""
-        waited = 0.0
+    def take(self) -> float | None:
+        """Seconds waited in the iterations since the last call; None until DDP's statistics
+        said anything (a reducer that keeps none: the Python reducer, several devices per
+        process), so that no wait is ever reported as zero for want of a measurement."""
+        waited: float | None = None
         for i, model in enumerate(self.models):
             data = model._get_ddp_logging_data()
             iteration = int(data.get("iteration", 0))
@@ -123,5 +131,5 @@ class CollectiveWait:
             self._seen[i] = iteration
             comm = float(data["backward_comm_time"])
             overlap = float(data.get("backward_compute_comm_overlap_time", 0))
-            waited += max(0.0, comm - overlap) / 1e9
+            waited = (waited or 0.0) + max(0.0, comm - overlap) / 1e9
         return waited

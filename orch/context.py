@@ -20,7 +20,7 @@ import torch.distributed as dist
 from torch import nn
 
 from ._sender import HeartbeatSender
-from ._timing import CollectiveWait, StepTimes, clock, enabled
+from ._timing import RESERVED, CollectiveWait, StepTimes, clock, enabled
 from .errors import OrchError, StopTraining
 from .store import private_dir, private_opener
 
@@ -104,9 +104,9 @@ class Context:
             kwargs.setdefault("device_ids", [self.device.index])
         wrapped = nn.parallel.DistributedDataParallel(model, **kwargs)
         if self.times is not None and CollectiveWait.watch(wrapped):
-            # How long this rank waits for its peers in the gradient all-reduce (DDP's own timers).
+            # How long this rank waits for its peers in the gradient all-reduce (DDP's own timers);
+            # the collectives count as timed once a reading came (see CollectiveWait.take).
             self._ddp_models.append(wrapped)
-            self.times.collectives = True
         return wrapped
 
     def data(self, batches: Iterable[T]) -> Iterator[T]:
@@ -128,8 +128,11 @@ class Context:
     def section(self, name: str) -> Iterator[None]:
         """Time a part of the step: ``with ctx.section("augment"): ...``. A straggler slow in
         it is named by it."""
-        if not isinstance(name, str) or not name or len(name) > 64:
-            raise ValueError(f"ctx.section(name) needs a name of 1 to 64 characters, got {name!r}")
+        if not isinstance(name, str) or not 0 < len(name) <= 64 or not name.isprintable():
+            raise ValueError(f"ctx.section(name) needs a printable name of 1 to 64 characters, got {name!r}")
+        if name in RESERVED:
+            raise ValueError(f"ctx.section({name!r}): that name is a part of every step; choose another")
+        name.encode()  # a lone surrogate cannot travel: UnicodeEncodeError here, not in the heartbeat
         start = clock()
         try:
             yield
@@ -188,8 +191,10 @@ class Context:
                 if times is not None:
                     now = clock()
                     if started:  # the step before: body, then orch's own work until now
-                        if self._ddp_models:
-                            times.collective(self._waits.take())
+                        waited = self._waits.take() if self._ddp_models else None
+                        if waited is not None:
+                            times.collectives = True
+                            times.collective(waited)
                         times.step(now - started, now - resumed)
                     started = now
                 yield step
@@ -364,8 +369,10 @@ def _one_real(value: Any) -> bool:
     if isinstance(value, torch.Tensor):
         return value.numel() == 1 and not value.is_complex()
     if isinstance(value, np.ndarray):
-        return value.size == 1 and (np.issubdtype(value.dtype, np.number) or value.dtype == np.bool_) and (
-            not np.iscomplexobj(value)
+        return (
+            value.size == 1
+            and (np.issubdtype(value.dtype, np.number) or value.dtype == np.bool_)
+            and (not np.iscomplexobj(value))
         )
     return False
 

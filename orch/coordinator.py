@@ -56,6 +56,7 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
+JUDGE_EVERY = 1.0  # seconds between straggler judgements
 STOP_LEAD_SECONDS = 2.0  # how far ahead of the ranks a stop step is set (see _stop_step)
 
 
@@ -118,6 +119,8 @@ class Coordinator:
         self.job: pb.ClusterJob | None = None  # the scheduler's job the ranks run in
         self.verdict = Verdict(False, note="stragglers are judged once every rank runs")
         self._straggler_said: tuple[int, str] = (-1, "")  # the straggler last put in the event log
+        self._last_verdict: tuple[int, str] = (-1, "")  # the judgement before the last
+        self._judged_at = -math.inf
 
     # -- what the parts hold, by the names callers use -------------------------------------
     @property
@@ -383,6 +386,8 @@ class Coordinator:
 
     def _restart(self) -> int:
         self.judge.new_attempt()
+        self.verdict = Verdict(False, note="stragglers are judged once every rank runs")
+        self._straggler_said = self._last_verdict = (-1, "")
         self.registry = Registry(self.world_size)
         self.stop_at_step = 0
         self.lifecycle.to(RunState.PENDING, self._clock())
@@ -535,15 +540,23 @@ class Coordinator:
         self._restart()
 
     def _judge_stragglers(self, now: float) -> None:
-        """Judge which rank holds the others back (see :mod:`orch.control.stragglers`), show
-        each rank's step split, and put a new straggler in the event log."""
-        if self.state not in (RunState.RUNNING, RunState.STOPPING):
+        """Judge which rank holds the others back (see :mod:`orch.control.stragglers`), at most
+        once a second, while every rank trains; show each rank's step split. A straggler is
+        shown once two judgements in a row agree, and a new one goes into the event log."""
+        if self.state not in (RunState.RUNNING, RunState.STOPPING) or now - self._judged_at < JUDGE_EVERY:
             return
-        running = [r for r in self.ranks if r.state is RankState.RUNNING]
+        if any(r.state.done for r in self.ranks):
+            return  # ranks are ending: the last judgement stands
+        self._judged_at = now
+        running = self.ranks
         for r in running:
             r.timing.trim(now)
         means = {r.rank: r.timing.means() for r in running}
-        self.verdict = judge(means, self.world_size)
+        verdict = judge(means, self.world_size)
+        seen, self._last_verdict = self._last_verdict, verdict.key
+        if verdict.key != self.verdict.key and verdict.key != seen:
+            verdict = self.verdict  # one judgement alone does not move the mark
+        self.verdict = verdict
         scored = scores(means, {r.rank: r.timing for r in running})
         for r in running:
             m = means[r.rank]
@@ -554,8 +567,8 @@ class Coordinator:
                 r.relative_score, r.individual_score = scored.get(r.rank, (0.0, 0.0))
             r.slow_in = self.verdict.section if r.rank == self.verdict.rank else ""
         if self.verdict.rank >= 0 and self.verdict.key != self._straggler_said:
+            self._straggler_said = self.verdict.key  # each straggler (and part) is told once
             self._event("straggler", self.verdict.rank, self.verdict.note)
-        self._straggler_said = self.verdict.key
 
     def _give_up(self, reason: str) -> None:
         self._finish(RunState.FAILED)

@@ -112,7 +112,7 @@ def split_bar(r: RankView, width: int = 8, scale_ms: float = 0.0) -> Text:
     if not r.timed:
         return Text("-")
     values = (r.data_ms, r.compute_ms, r.collective_ms, r.other_ms)
-    total = scale_ms or sum(values) or 1.0
+    total = max(scale_ms, sum(values)) or 1.0
     bar = Text()
     for (_, style), v in zip(PARTS, values, strict=True):
         bar.append("█" * round(width * v / total), style=style)

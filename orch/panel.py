@@ -59,7 +59,7 @@ def _split_html(r: RankView, longest_ms: float) -> str:
     if not r.timed:
         return "-"
     values = (r.data_ms, r.compute_ms, r.collective_ms, r.other_ms)
-    scale = SPLIT_WIDTH_PX / (longest_ms or sum(values) or 1.0)
+    scale = SPLIT_WIDTH_PX / (max(longest_ms, sum(values)) or 1.0)
     cells = "".join(
         f'<span class="orch-part" data-part="{name}" title="{name}: {v:.1f} ms" style="display:inline-block;'
         f'height:.9em;width:{max(0.0, v * scale):.1f}px;background:{color}"></span>'

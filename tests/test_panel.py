@@ -223,6 +223,7 @@ def test_table_marks_nan_losses_and_stragglers(widget_messages: list[Any]) -> No
                     timing=timing,
                 )
             )
+        coord.expire()  # a judgement a second: a straggler shows once two agree
         clock[0] += 1.0
     with MasterServer(coord, port=0) as server:
         panel = Panel(_Source(server.address), interval=0.05)

@@ -136,7 +136,9 @@ def test_a_restarted_run_writes_each_step_once(tmp_path: Path) -> None:
         world_size=2,
         max_restarts=1,
         run_root=str(tmp_path),
-        config={"steps": 30, "die_at": 15, "die_on_attempts": [1]},
+        # 50 ms a step: the 5 steps after the checkpoint at 10 span more than a heartbeat, so
+        # attempt 1's points for them reach the run dir before rank 1 dies at 15 (and replay).
+        config={"steps": 30, "die_at": 15, "die_on_attempts": [1], "sleep": 0.05},
     )
     try:
         assert run.wait(timeout=180).state is RunState.SUCCEEDED

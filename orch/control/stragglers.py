@@ -14,13 +14,16 @@ stragglers cannot be judged, and why, rather than "no straggler".
 
 from __future__ import annotations
 
+import bisect
 import statistics
 from collections import deque
 from dataclasses import dataclass, field
 
 from .._proto import orchestrator_pb2 as pb
 
-WINDOW = 3.0  # seconds of heartbeats a rank's per-step means cover
+WINDOW = 3.0  # seconds of heartbeats a rank's per-step means cover ...
+MIN_BEATS = 4  # ... or its last beats that carried steps, when its steps are longer than that
+MAX_BEATS = 256  # beats kept per rank, however fast they come
 # A rank is the straggler in a part of the step when it spends at least this much more there
 # than the median of the others (a share of the median step, and at least a few ms) ...
 MIN_EXCESS_SHARE = 0.10
@@ -56,36 +59,44 @@ class Means:
 
 @dataclass
 class TimingWindow:
-    """The step times a rank sent over the last WINDOW seconds, and its best compute so far."""
+    """The step times a rank sent over the last WINDOW seconds (at least its last MIN_BEATS
+    beats, for steps longer than the window), and its best compute so far."""
 
-    beats: deque[tuple[float, pb.StepTiming]] = field(default_factory=deque)
+    # (time, steps, step, data, collective, other, sections, collectives): copies, so that no
+    # request is kept alive by its parts
+    beats: deque[tuple[float, int, float, float, float, float, dict[str, float], bool]] = field(
+        default_factory=lambda: deque(maxlen=MAX_BEATS)
+    )
     best_compute: float = 0.0
 
-    def add(self, now: float, timing: pb.StepTiming) -> None:
-        if timing.steps > 0:
-            self.beats.append((now, timing))
+    def add(self, now: float, t: pb.StepTiming) -> None:
+        if t.steps > 0:
+            self.beats.append(
+                (now, t.steps, t.step_seconds, t.data_seconds, t.collective_seconds, t.other_seconds,
+                 dict(t.sections), t.collectives)
+            )  # fmt: skip
         self.trim(now)
 
     def trim(self, now: float) -> None:
-        while self.beats and now - self.beats[0][0] > WINDOW:
+        while len(self.beats) > MIN_BEATS and now - self.beats[0][0] > WINDOW:
             self.beats.popleft()
 
     def means(self) -> Means | None:
-        steps = sum(t.steps for _, t in self.beats)
+        steps = sum(b[1] for b in self.beats)
         if not steps:
             return None
         sections: dict[str, float] = {}
-        for _, t in self.beats:
-            for name, seconds in t.sections.items():
+        for b in self.beats:
+            for name, seconds in b[6].items():
                 sections[name] = sections.get(name, 0.0) + seconds
         m = Means(
             steps=steps,
-            step=sum(t.step_seconds for _, t in self.beats) / steps,
-            data=sum(t.data_seconds for _, t in self.beats) / steps,
-            collective=sum(t.collective_seconds for _, t in self.beats) / steps,
-            other=sum(t.other_seconds for _, t in self.beats) / steps,
+            step=sum(b[2] for b in self.beats) / steps,
+            data=sum(b[3] for b in self.beats) / steps,
+            collective=sum(b[4] for b in self.beats) / steps,
+            other=sum(b[5] for b in self.beats) / steps,
             sections={k: v / steps for k, v in sections.items()},
-            collectives=all(t.collectives for _, t in self.beats),
+            collectives=any(b[7] for b in self.beats),
         )
         if m.compute > 0 and (not self.best_compute or m.compute < self.best_compute):
             self.best_compute = m.compute
@@ -131,22 +142,21 @@ def judge(means: dict[int, Means | None], world_size: int) -> Verdict:
     step = statistics.median(m.step for m in timed.values())
     floor = max(MIN_EXCESS_SHARE * step, MIN_EXCESS_SECONDS)
     sections = sorted({name for m in timed.values() for name in m.sections})
+    # Each part's values sorted once: the median of the others is read off without copying.
+    ranked = {part: sorted(m.part(part) for m in timed.values()) for part in ("compute", "data", *sections)}
+    waits = sorted(m.collective for m in timed.values())
     found: list[tuple[float, int, str]] = []
     for rank, m in timed.items():
-        others = [o for r, o in timed.items() if r != rank]
-        waits = statistics.median(o.collective for o in others)
+        their_wait = _median_without(waits, m.collective)
         for part in ("compute", "data"):
-            excess = _excess(m, others, part)
-            if excess < floor or m.collective > waits - WAIT_SHARE * excess:
+            excess = m.part(part) - _median_without(ranked[part], m.part(part))
+            if excess < floor or m.collective > their_wait - WAIT_SHARE * excess:
                 continue  # not slow enough there, or it waits as long as the others
-            # A marked section that holds most of a compute excess names it better.
-            named = (
-                max(sections, key=lambda name: _excess(m, others, name), default="")
-                if part == "compute"
-                else ""
-            )
-            if named and _excess(m, others, named) >= 0.5 * excess:
-                part = named
+            if part == "compute" and sections:
+                # A marked section that holds most of a compute excess names it better.
+                named = max(sections, key=lambda n: m.part(n) - _median_without(ranked[n], m.part(n)))
+                if m.part(named) - _median_without(ranked[named], m.part(named)) >= 0.5 * excess:
+                    part = named
             found.append((excess, rank, part))
     if not found:
         return Verdict(
@@ -154,19 +164,23 @@ def judge(means: dict[int, Means | None], world_size: int) -> Verdict:
         )
     _, rank, part = max(found)
     m = timed[rank]
-    others = [o for r, o in timed.items() if r != rank]
-    theirs = statistics.median(o.part(part) for o in others)
-    waits = statistics.median(o.collective for o in others)
     note = (
-        f"rank {rank} is the straggler, slow in {part}: {_ms(m.part(part))} per step against {_ms(theirs)} "
-        f"on the others; it waits {_ms(m.collective)} in collectives, the others {_ms(waits)}"
+        f"rank {rank} is the straggler, slow in {part}: {_ms(m.part(part))} per step against "
+        f"{_ms(_median_without(ranked[part], m.part(part)))} on the others; it waits {_ms(m.collective)} in "
+        f"collectives, the others {_ms(_median_without(waits, m.collective))}"
     )
     return Verdict(True, rank, part, note)
 
 
-def _excess(m: Means, others: list[Means], part: str) -> float:
-    """How much longer ``m`` spends in ``part`` than the others' median."""
-    return m.part(part) - statistics.median(o.part(part) for o in others)
+def _median_without(ordered: list[float], value: float) -> float:
+    """The median of sorted ``ordered`` with one occurrence of ``value`` taken out."""
+    skip = bisect.bisect_left(ordered, value)
+    n = len(ordered) - 1
+
+    def at(k: int) -> float:
+        return ordered[k if k < skip else k + 1]
+
+    return at(n // 2) if n % 2 else (at(n // 2 - 1) + at(n // 2)) / 2
 
 
 def _ms(seconds: float) -> str:

@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import math
 from typing import Literal
 
 from .._proto import orchestrator_pb2 as pb
@@ -81,13 +80,14 @@ def check_heartbeat(req: pb.HeartbeatRequest) -> None:
 
 
 MAX_SECTIONS = 32  # ctx.section names per heartbeat
+MAX_SECONDS = 1e6  # any one duration a heartbeat reports (NaN is not in range either)
 
 
 def check_timing(t: pb.StepTiming) -> None:
     """A heartbeat's step times: counts and durations that can be real."""
     values = [t.step_seconds, t.data_seconds, t.collective_seconds, t.other_seconds, *t.sections.values()]
-    if t.steps < 0 or not all(math.isfinite(v) and v >= 0 for v in values):
-        raise Reject("invalid_argument", "timing: steps and seconds must be finite and >= 0")
+    if t.steps < 0 or not all(0 <= v <= MAX_SECONDS for v in values):
+        raise Reject("invalid_argument", f"timing: steps must be >= 0 and seconds from 0 to {MAX_SECONDS:g}")
     if len(t.sections) > MAX_SECTIONS or any(not 0 < len(n) <= 64 for n in t.sections):
         raise Reject(
             "invalid_argument", f"timing: at most {MAX_SECTIONS} sections, each named in 1-64 characters"

@@ -89,7 +89,8 @@ def test_the_window_keeps_the_last_seconds_and_the_best_compute() -> None:
     w.add(0.0, fast)
     m = w.means()
     assert m is not None and round(m.compute, 6) == 0.02 and round(w.best_compute, 6) == 0.02
-    w.add(WINDOW + 1.0, slow)  # the fast beat left the window
+    for k in range(4):
+        w.add(WINDOW + 1.0 + k / 10, slow)  # the fast beat leaves the window
     m = w.means()
     assert m is not None and round(m.compute, 6) == 0.04
     assert round(w.best_compute, 6) == 0.02  # the best stays
@@ -99,9 +100,52 @@ def test_the_window_keeps_the_last_seconds_and_the_best_compute() -> None:
     assert (round(relative, 2), round(individual, 2)) == (4.0, 2.0)
 
 
+def test_steps_longer_than_the_window_keep_their_last_beats() -> None:
+    w = TimingWindow()
+    for k in range(3):  # one 10 s step per beat
+        w.add(10.0 * k, pb.StepTiming(steps=1, step_seconds=10.0, collective_seconds=1.0, collectives=True))
+    m = w.means()
+    assert m is not None and m.steps == 3 and m.step == 10.0
+
+
+def test_the_median_of_the_others_at_many_ranks() -> None:
+    # 1,023 even ranks and one straggler: found, with the others' medians read off sorted lists.
+    ranks: dict[int, Means | None] = {r: means(0.040 + (r % 7) * 0.0001, 0.010) for r in range(1024)}
+    ranks[517] = means(0.040, 0.001)
+    v = judge(ranks, 1024)
+    assert (v.rank, v.section) == (517, "compute"), v.note
+
+
 def test_30_ms_more_on_a_long_step_is_still_found() -> None:
     # 200 ms of compute each; one rank takes 30 ms more, and the others wait those 30 ms.
     others = means(0.240, 0.035)
     slow = means(0.240, 0.005)
     v = judge({0: others, 1: slow, 2: others, 3: others}, 4)
     assert (v.rank, v.section) == (1, "compute"), v.note
+
+
+def test_sections_beyond_the_masters_limit_are_summed_not_refused() -> None:
+    from orch._timing import MAX_SECTIONS, MORE_SECTIONS, StepTimes
+    from orch.control.validate import check_timing
+
+    times = StepTimes()
+    times.step(1.0, 0.0)
+    for i in range(48):  # ctx.section(f"block{i}"): more names than a heartbeat may carry
+        times.section(f"block{i}", 0.01)
+    taken = times.take()
+    assert taken is not None and len(taken.sections) == MAX_SECTIONS
+    assert round(taken.sections[MORE_SECTIONS], 6) == round(0.01 * (48 - MAX_SECTIONS + 1), 6)
+    check_timing(taken)  # the master takes it
+
+
+@pytest.mark.parametrize("name", ["data", "compute", "", "x" * 65, "bad\nname", "\ud800"])
+def test_a_section_name_that_cannot_be_shown_or_sent_is_refused_at_once(name: str) -> None:
+    import torch
+
+    from orch.context import Context
+
+    ctx = Context(
+        rank=0, world_size=1, local_rank=0, device=torch.device("cpu"), config={}, run_id="r", sender=None
+    )
+    with pytest.raises((ValueError, UnicodeEncodeError)), ctx.section(name):
+        pass

@@ -23,6 +23,7 @@ from ._proto import orchestrator_pb2_grpc as pb_grpc
 log = logging.getLogger(__name__)
 
 Point = tuple[int, float, dict[str, float]]
+ABORT_FLUSH = 1.0  # seconds an aborted rank spends sending the points it logged
 
 
 class HeartbeatSender:
@@ -220,5 +221,23 @@ class HeartbeatSender:
         elif reply.command == pb.STOP:
             self._on_stop(reply.stop_at_step)
         elif reply.command == pb.ABORT:
+            self._deliver_logged()
             self._on_abort("the master aborted the run (another rank failed)")
         return True
+
+    def _deliver_logged(self) -> None:
+        """Before an abort ends this process: send the points logged so far (at most
+        ABORT_FLUSH seconds), so that the steps before the run's last checkpoint, which a
+        restart does not replay, stay in its history."""
+        deadline = time.monotonic() + ABORT_FLUSH
+        left = len(self._queue)  # what was logged before the abort; the loop may log on
+        while left > 0 and time.monotonic() < deadline:
+            q = self._queue
+            points = [q.popleft() for _ in range(min(left, self.max_batch, len(q)))]
+            if not points:
+                return
+            left -= len(points)
+            try:
+                self._stub.SendHeartbeat(self._request(points), timeout=max(0.2, deadline - time.monotonic()))
+            except grpc.RpcError:
+                return

@@ -210,3 +210,36 @@ def test_a_dataloader_loop_stops_on_every_rank_at_the_same_step(tmp_path: Path) 
     assert result.steps[0] == result.steps[1] > 10
     assert len(set(result.param_checksums)) == 1 and result.param_checksums[0]
     assert [r.state.value for r in run.state().ranks] == ["STOPPED", "STOPPED"]
+
+
+class _AbortingMaster:
+    """A stub whose first heartbeat reply is ABORT; it keeps every request it gets."""
+
+    def __init__(self) -> None:
+        self.requests: list[pb.HeartbeatRequest] = []
+
+    def SendHeartbeat(self, request: pb.HeartbeatRequest, timeout: float) -> pb.HeartbeatResponse:
+        self.requests.append(request)
+        return pb.HeartbeatResponse(command=pb.ABORT)
+
+
+def test_an_aborted_rank_sends_the_points_it_logged_before_it_ends() -> None:
+    """A restart resumes after the checkpoint: points logged before the abort and not yet sent
+    would be a hole in the history, so they go out before the rank exits."""
+    master = _AbortingMaster()
+    aborted: list[str] = []
+    sender = HeartbeatSender(
+        master,  # type: ignore[arg-type]
+        run_id="r",
+        worker_id="w",
+        max_batch=2,
+        on_stop=lambda at_step: None,
+        on_abort=aborted.append,
+    )
+    for step in range(5):
+        sender.log(step, {"loss": 1.0})
+    assert sender._beat()  # the first batch (steps 0, 1) is answered ABORT: the rest go out, then it ends
+    sent = [[step for s in r.series for step in s.steps] for r in master.requests]
+    assert sent == [[0, 1], [2, 3], [4]], sent
+    assert aborted == ["the master aborted the run (another rank failed)"]
+    assert not sender._queue

@@ -214,8 +214,8 @@ class StateMirror:
         self.job = JobView(j.scheduler, j.job_id, j.state, j.reason, j.nodes) if has_job else None
         self.ranks = [RankView.from_pb(r) for r in reply.ranks]
         self.stragglers_judged, self.straggler_note = reply.stragglers_judged, reply.straggler_note
-        judged = reply.stragglers_judged
-        self.straggler_rank = reply.straggler_rank if judged and reply.straggler_note else -1
+        # A master without the judgement leaves these unset: no rank is marked.
+        self.straggler_rank = reply.straggler_rank if reply.stragglers_judged else -1
         self.straggler_section = reply.straggler_section if self.straggler_rank >= 0 else ""
         self.last_points = 0
         for s in reply.series:

@@ -57,6 +57,7 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 JUDGE_EVERY = 1.0  # seconds between straggler judgements
+NOT_YET_JUDGED = Verdict(False, note="stragglers are judged once every rank runs")
 STOP_LEAD_SECONDS = 2.0  # how far ahead of the ranks a stop step is set (see _stop_step)
 
 
@@ -117,7 +118,7 @@ class Coordinator:
         self.min_world_size = min_world_size
         self.hosts = HostTable()
         self.job: pb.ClusterJob | None = None  # the scheduler's job the ranks run in
-        self.verdict = Verdict(False, note="stragglers are judged once every rank runs")
+        self.verdict = NOT_YET_JUDGED
         self._straggler_said: tuple[int, str] = (-1, "")  # the straggler last put in the event log
         self._last_verdict: tuple[int, str] = (-1, "")  # the judgement before the last
         self._judged_at = -math.inf
@@ -386,7 +387,7 @@ class Coordinator:
 
     def _restart(self) -> int:
         self.judge.new_attempt()
-        self.verdict = Verdict(False, note="stragglers are judged once every rank runs")
+        self.verdict = NOT_YET_JUDGED
         self._straggler_said = self._last_verdict = (-1, "")
         self.registry = Registry(self.world_size)
         self.stop_at_step = 0

@@ -1,6 +1,6 @@
 """Cost of ``ctx.log(step, loss=x, acc=y)`` in the training thread, in µs per call.
 
-A real :class:`orch.context.Context` over a real :class:`orch._sender.HeartbeatSender`
+A real :class:`orch.runtime.context.Context` over a real :class:`orch.runtime._sender.HeartbeatSender`
 (its heartbeat thread running, every 0.25 s, as in a worker) in three cases:
 
 - healthy: an in-process ``MasterServer`` + ``Coordinator`` with the worker registered
@@ -82,8 +82,8 @@ def _closed_port() -> int:
 def _slow_server(delay: float) -> tuple[Any, str]:
     import grpc
 
-    from orch._proto import orchestrator_pb2 as pb
-    from orch._proto import orchestrator_pb2_grpc as pb_grpc
+    from orch.wire._proto import orchestrator_pb2 as pb
+    from orch.wire._proto import orchestrator_pb2_grpc as pb_grpc
 
     class Slow(pb_grpc.OrchestratorServicer):  # type: ignore[misc]
         def SendHeartbeat(self, request: Any, context: Any) -> Any:
@@ -112,9 +112,9 @@ def measure(
     import grpc
     import torch
 
-    from orch._proto import orchestrator_pb2_grpc as pb_grpc
-    from orch._sender import HeartbeatSender
-    from orch.context import Context
+    from orch.runtime._sender import HeartbeatSender
+    from orch.runtime.context import Context
+    from orch.wire._proto import orchestrator_pb2_grpc as pb_grpc
 
     channel = grpc.insecure_channel(address)
     sender = HeartbeatSender(
@@ -173,9 +173,9 @@ def main() -> None:
     if args.quick:
         args.seconds = 0.4
     started = c.start()
-    from orch._proto import orchestrator_pb2 as pb
-    from orch.coordinator import Coordinator
-    from orch.master import MasterServer
+    from orch.master.coordinator import Coordinator
+    from orch.master.server import MasterServer
+    from orch.wire._proto import orchestrator_pb2 as pb
 
     cases: list[Case] = []
     coord = Coordinator(1, run_id="bench-log", heartbeat_timeout=600.0)

@@ -44,8 +44,8 @@ import _common as c
 import grpc
 import psutil
 
-from orch._proto import orchestrator_pb2 as pb
-from orch._proto import orchestrator_pb2_grpc as pb_grpc
+from orch.wire._proto import orchestrator_pb2 as pb
+from orch.wire._proto import orchestrator_pb2_grpc as pb_grpc
 
 NAME = "master_ingest"
 TARGET_POINTS = 100_000
@@ -342,7 +342,7 @@ def _catchup_figures(res: Result, out: str) -> None:
 
 CATCHUP_CLIENT = """
 import sys, time, grpc
-from orch._proto import orchestrator_pb2 as pb, orchestrator_pb2_grpc as pb_grpc
+from orch.wire._proto import orchestrator_pb2 as pb, orchestrator_pb2_grpc as pb_grpc
 address, token, seconds, every = sys.argv[1], sys.argv[2], float(sys.argv[3]), float(sys.argv[4])
 stub = pb_grpc.OrchestratorStub(grpc.insecure_channel(address, options=[
     ("grpc.max_receive_message_length", 64 << 20)]))

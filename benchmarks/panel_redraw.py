@@ -1,9 +1,9 @@
 """The notebook panel: time per poll and per redraw, and bytes per poll, against history length.
 
-A :class:`~orch.coordinator.Coordinator` served by a real ``MasterServer`` in this
+A :class:`~orch.master.coordinator.Coordinator` served by a real ``MasterServer`` in this
 process holds 8 ranks' ``loss`` series, fed with ``coordinator.heartbeat`` calls
 (chunks of 50k points), grown to 1k, 100k and 1M points per rank. At each length a new
-:class:`orch.panel.Panel` (real widgets, no kernel attached) attaches over gRPC:
+:class:`orch.views.panel.Panel` (real widgets, no kernel attached) attaches over gRPC:
 
 - initial poll: the full ``GetState`` a panel makes when it opens (time and size; a
   reply above the master's 16 MiB message limit fails, and the panel then gets the state
@@ -57,12 +57,12 @@ class Source:
         self.address = address
 
     def connect(self) -> Any:
-        from orch.client import MasterClient
+        from orch.wire.client import MasterClient
 
         return MasterClient(self.address, timeout=60.0)
 
     def stop(self, reason: str = "") -> Any:
-        from orch.coordinator import RunState
+        from orch.master.coordinator import RunState
 
         return RunState.RUNNING
 
@@ -77,7 +77,7 @@ def _feed(coord: Any, start: int, end: int, chunk: int = 50_000) -> None:
     """Append steps ``start..end-1`` of every rank's loss series."""
     import numpy as np
 
-    from orch._proto import orchestrator_pb2 as pb
+    from orch.wire._proto import orchestrator_pb2 as pb
 
     t0 = time.time()
     for lo in range(start, end, chunk):
@@ -94,7 +94,7 @@ def _feed(coord: Any, start: int, end: int, chunk: int = 50_000) -> None:
 
 def _in_process(coord: Any) -> Any:
     """The whole state of the coordinator, without RPCs (in as many replies as it takes)."""
-    from orch.client import StateMirror
+    from orch.wire.client import StateMirror
 
     mirror = StateMirror()
     while True:
@@ -106,7 +106,7 @@ def _in_process(coord: Any) -> Any:
 
 def _state_bytes(coord: Any) -> int:
     """Bytes of all the replies that carry the coordinator's whole state."""
-    from orch.client import StateMirror
+    from orch.wire.client import StateMirror
 
     mirror, total = StateMirror(), 0
     while True:
@@ -120,7 +120,7 @@ def _state_bytes(coord: Any) -> int:
 def measure(level: Level, coord: Any, address: str, iterations: int, have: int) -> int:
     import numpy as np
 
-    from orch.panel import Panel, downsample, wait_for
+    from orch.views.panel import Panel, downsample, wait_for
 
     source = Source(address)
     client = source.connect()
@@ -131,7 +131,7 @@ def measure(level: Level, coord: Any, address: str, iterations: int, have: int) 
         time.sleep(0.2)
         # Time the initial catch-up separately, with the same client: every GetState reply a
         # panel opening now needs (orch may split the history over several bounded replies).
-        from orch.client import StateMirror
+        from orch.wire.client import StateMirror
 
         probe = StateMirror()
         t = time.perf_counter()
@@ -190,9 +190,9 @@ def main() -> None:
     import matplotlib
 
     matplotlib.use("Agg")
-    from orch._proto import orchestrator_pb2 as pb
-    from orch.coordinator import Coordinator
-    from orch.master import MasterServer
+    from orch.master.coordinator import Coordinator
+    from orch.master.server import MasterServer
+    from orch.wire._proto import orchestrator_pb2 as pb
 
     coord = Coordinator(RANKS, run_id="bench-panel", heartbeat_timeout=1e6)
     for i in range(RANKS):

@@ -1,34 +1,88 @@
-"""orch: run and watch distributed PyTorch (DDP) training from a notebook or a terminal."""
+"""orch: run and watch distributed PyTorch (DDP) training from a notebook or a terminal.
+
+The public names are re-exported here and imported on first use: a worker process (which
+imports this package before its own module) loads only the worker runtime and the wire,
+``orch status`` never imports torch, and only a notebook that shows a panel pays for
+ipywidgets and matplotlib. The layers under this face, each importing only those below it
+(held by the import-linter contract in pyproject.toml)::
+
+    orch (api, cli)        the face: launch, attach, sweep, runs, the command line
+    orch.views             panels, comparison, terminal dashboard, static records
+    orch.experiments       sweeps, the runs on disk
+    orch.launchers         a run started here, detached or on Slurm; the run contract
+    orch.master | orch.runtime   the coordinator and gRPC server | the worker and host agent
+    orch.record            the run dir: store, reader, TensorBoard export
+    orch.wire              protocol, auth, addresses, the client
+    orch.errors, orch.wire.states, orch._version, orch._viewable
+"""
 
 from __future__ import annotations
 
+import importlib
 from typing import TYPE_CHECKING, Any
 
-from .api import AttachedRun, attach, launch
-from .catalog import RunTable, close_all, runs
-from .client import MasterClient, StateMirror
-from .detach import DetachedRun
-from .errors import (
-    AuthError,
-    ConfigError,
-    MasterUnavailable,
-    OrchError,
-    PortInUseError,
-    RunFailed,
-    WorkerError,
-)
-from .launcher import Run, RunResult
-from .rundir import LoadedRun, load_run
-from .slurm import Slurm, SlurmError
-from .states import RankState, RunState
-from .sweep import Sweep, SweepResults, Trial, grid, sweep
+from orch import _viewable
+from orch._version import __version__ as __version__
 
 if TYPE_CHECKING:
-    from .comparison import compare
-    from .context import Context
-    from .panel import Panel
+    from orch.api import attach, launch
+    from orch.errors import (
+        AuthError,
+        ConfigError,
+        MasterUnavailable,
+        OrchError,
+        PortInUseError,
+        RunFailed,
+        WorkerError,
+    )
+    from orch.experiments.catalog import RunTable, close_all, runs
+    from orch.experiments.sweep import Sweep, SweepResults, Trial, grid, sweep
+    from orch.launchers.attached import AttachedRun
+    from orch.launchers.detach import DetachedRun
+    from orch.launchers.run import Run, RunResult
+    from orch.launchers.slurm import Slurm, SlurmError
+    from orch.record.rundir import LoadedRun, load_run
+    from orch.runtime.context import Context
+    from orch.views.comparison import compare
+    from orch.views.panel import Panel
+    from orch.wire.client import MasterClient, StateMirror
+    from orch.wire.states import RankState, RunState
 
-__version__ = "0.1.0"
+# Each public name and the module it lives in.
+_EXPORTS = {
+    "AttachedRun": "orch.launchers.attached",
+    "AuthError": "orch.errors",
+    "ConfigError": "orch.errors",
+    "Context": "orch.runtime.context",
+    "DetachedRun": "orch.launchers.detach",
+    "LoadedRun": "orch.record.rundir",
+    "MasterClient": "orch.wire.client",
+    "MasterUnavailable": "orch.errors",
+    "OrchError": "orch.errors",
+    "Panel": "orch.views.panel",
+    "PortInUseError": "orch.errors",
+    "RankState": "orch.wire.states",
+    "Run": "orch.launchers.run",
+    "RunFailed": "orch.errors",
+    "RunResult": "orch.launchers.run",
+    "RunState": "orch.wire.states",
+    "RunTable": "orch.experiments.catalog",
+    "Slurm": "orch.launchers.slurm",
+    "SlurmError": "orch.launchers.slurm",
+    "StateMirror": "orch.wire.client",
+    "Sweep": "orch.experiments.sweep",
+    "SweepResults": "orch.experiments.sweep",
+    "Trial": "orch.experiments.sweep",
+    "WorkerError": "orch.errors",
+    "attach": "orch.api",
+    "close_all": "orch.experiments.catalog",
+    "compare": "orch.views.comparison",
+    "grid": "orch.experiments.sweep",
+    "launch": "orch.api",
+    "load_run": "orch.record.rundir",
+    "runs": "orch.experiments.catalog",
+    "sweep": "orch.experiments.sweep",
+}
 
 __all__ = [
     "AttachedRun",
@@ -67,18 +121,28 @@ __all__ = [
 
 
 def __getattr__(name: str) -> Any:
-    # The panel pulls in ipywidgets and matplotlib: only notebooks pay for that, not workers;
-    # the context pulls in torch: `orch status` and `orch.attach` never need it.
-    if name == "Panel":
-        from .panel import Panel
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'orch' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value  # the next lookup is a plain attribute
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *_EXPORTS])
+
+
+def _panel_for(kind: str) -> Any:
+    # The face wires the views into the runs and sweeps below it, which cannot import them:
+    # ipywidgets and matplotlib load only when a panel is first wanted.
+    if kind == "run":
+        from orch.views.panel import Panel
 
         return Panel
-    if name == "compare":  # the comparison panel: ipywidgets and matplotlib, as Panel
-        from .comparison import compare
+    from orch.views.sweep_panel import SweepPanel
 
-        return compare
-    if name == "Context":
-        from .context import Context
+    return SweepPanel
 
-        return Context
-    raise AttributeError(f"module 'orch' has no attribute {name!r}")
+
+_viewable.set_panel_factory(_panel_for)

@@ -9,10 +9,10 @@ import sys
 import threading
 from typing import Any
 
-from .dashboard import SweepDashboard
-from .errors import ConfigError
-from .states import RunState
-from .sweep import Sweep, _Options, grid
+from orch.errors import ConfigError
+from orch.experiments.sweep import Sweep, _Options, grid
+from orch.views.dashboard import SweepDashboard
+from orch.wire.states import RunState
 
 
 def configs_from(args: argparse.Namespace) -> list[dict[str, Any]]:

@@ -2,23 +2,17 @@
 
 from __future__ import annotations
 
-import os
-import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal, overload
+from typing import Any, Literal, overload
 
-from ._target import TrainFn
-from ._viewable import Viewable
-from .auth import token_from_env
-from .catalog import live_notice
-from .client import MasterClient, StateMirror
-from .errors import ConfigError
-from .launcher import LaunchSpec, Run, failure_of, live_runs, still_running
-from .slurm import Slurm
-from .states import RunState
-
-if TYPE_CHECKING:
-    from .detach import DetachedRun
+from orch.errors import ConfigError
+from orch.experiments.catalog import live_notice
+from orch.launchers.attached import AttachedRun, run_dir_of
+from orch.launchers.detach import DetachedRun, start_detached
+from orch.launchers.run import LaunchSpec, Run, live_runs
+from orch.launchers.slurm import Slurm
+from orch.runtime._target import TrainFn
+from orch.wire._net import split_address
 
 
 def _check_ports(master_port: int | None, rdzv_port: int | None) -> None:
@@ -148,13 +142,13 @@ def launch(
 
     By default the run ends with this process (the kernel): its workers watch it. With
     ``detach=True`` the master and the workers run under a supervisor process of their own
-    session, which outlives the kernel; this returns an :class:`orch.detach.DetachedRun` once
+    session, which outlives the kernel; this returns an :class:`orch.launchers.detach.DetachedRun` once
     its master serves, and ``orch.attach("runs/<id>")`` reconnects from any later process.
     ``close()`` on it ends the run; ``disconnect()`` only lets go of it.
 
     With ``cluster=orch.Slurm(nodes, tasks_per_node, ...)`` the ranks run on a Slurm cluster:
     the master stays in this process, bound to the address the nodes reach, and one batch
-    job runs a host agent per node (see :mod:`orch.slurm`). The panel shows the job's queue
+    job runs a host agent per node (see :mod:`orch.launchers.slurm`). The panel shows the job's queue
     state and nodes; a stop, a failure, ``close()`` or this process's death ends the job.
     A failure restarts every node's ranks (``max_restarts``); with ``min_world_size`` the
     restart goes on without nodes that fell silent while that many ranks remain.
@@ -188,72 +182,8 @@ def launch(
     if notice:
         print(notice, flush=True)
     if detach:
-        from .detach import start_detached
-
         return start_detached(spec)
     return Run(spec).start()
-
-
-class AttachedRun(Viewable):
-    """A run whose master was started elsewhere (``orch master``), read over gRPC."""
-
-    def __init__(
-        self,
-        address: str,
-        *,
-        timeout: float = 10.0,
-        token: str | None = None,
-        tls_ca: str | Path | None = None,
-    ) -> None:
-        self.address = address
-        self.token = token_from_env(token)
-        self.tls_ca = tls_ca
-        self.client = self.connect()
-        self._mirror = StateMirror()
-        self.client.wait_ready(timeout)
-        self.client.get_state()  # a wrong token or a server that is not orch fails here, clearly
-
-    def connect(self) -> MasterClient:
-        return MasterClient(self.address, token=self.token, tls_ca=self.tls_ca)
-
-    def state(self) -> StateMirror:
-        """The run's state, brought up to date with only what changed since the last call."""
-        return self._mirror.poll(self.client)
-
-    def history(self) -> dict[str, dict[int, dict[str, list[float]]]]:
-        return self.state().history()
-
-    def stop(self, reason: str = "stopped from a notebook") -> RunState:
-        return self.client.stop_run(reason)
-
-    def wait(self, timeout: float | None = None, interval: float = 0.5) -> StateMirror:
-        """Poll until the run ends; raise :class:`orch.RunFailed` if it failed."""
-        deadline = None if timeout is None else time.monotonic() + timeout
-        mirror = self.state()
-        while not mirror.state.done:
-            if deadline is not None and time.monotonic() > deadline:
-                raise TimeoutError(f"run {mirror.run_id} still {mirror.state.value} after {timeout}s")
-            try:
-                time.sleep(interval)
-            except KeyboardInterrupt:
-                raise KeyboardInterrupt(still_running(mirror.run_id, mirror.state.value)) from None
-            mirror = self.state()
-        if self._panel is not None:
-            self._panel.refresh()  # the final state is drawn before the waiting cell goes on
-        if mirror.state is RunState.FAILED:
-            raise failure_of(mirror)
-        return mirror
-
-    def log_files(self) -> dict[str, Path]:
-        return {}
-
-    def final_state(self) -> StateMirror | None:
-        return None
-
-    def close(self) -> None:
-        if self._panel is not None:
-            self._panel.close()
-        self.client.close()
 
 
 def attach(
@@ -269,22 +199,18 @@ def attach(
     ``attach("runs/<id>")`` or ``attach("<id>")`` (under ``run_root``) reconnects to a run
     launched with ``detach=True``, reading its master's address and token from
     ``runs/<id>/attach.json`` (refused unless only you can read it); a run that ended shows
-    its final state, read from the run dir. It returns an :class:`orch.detach.DetachedRun`.
+    its final state, read from the run dir. It returns an :class:`orch.launchers.detach.DetachedRun`.
     ``attach("HOST:PORT", token=...)`` watches any master (``orch master``) and returns an
     :class:`AttachedRun`; ``token`` defaults to ``$ORCH_TOKEN``, ``tls_ca`` verifies a
     master serving TLS.
     """
-    from ._net import split_address
-
-    run_dir = _run_dir_of(target, Path(run_root))
+    run_dir = run_dir_of(target, Path(run_root))
     if run_dir is not None:
         if token is not None or tls_ca is not None:
             raise ConfigError(
                 f"{target} is a run dir: its token and TLS CA are read from its attach.json; "
                 "leave token= and tls_ca= out (they are for attaching by HOST:PORT)"
             )
-        from .detach import DetachedRun
-
         return DetachedRun(run_dir, timeout=timeout)
     address = str(target)
     try:
@@ -296,16 +222,3 @@ def attach(
             "or orch.attach('HOST:PORT', token=...)"
         ) from e
     return AttachedRun(address, timeout=timeout, token=token, tls_ca=tls_ca)
-
-
-def _run_dir_of(target: str | Path, run_root: Path) -> Path | None:
-    """The run dir ``target`` names (a folder, or a run id under ``run_root``), else None."""
-    path = Path(target)
-    if path.is_dir():
-        return path
-    text = str(target)
-    if text and "/" not in text and os.sep not in text and text not in (".", ".."):
-        candidate = run_root / text
-        if candidate.is_dir():
-            return candidate
-    return None

@@ -1,5 +1,5 @@
 """The ``orch`` command: ``run``, ``sweep``, ``master``, ``worker`` and ``status``; ``runs``,
-``show`` and ``logs`` read the run dirs (see :mod:`orch.catalog`).
+``show`` and ``logs`` read the run dirs (see :mod:`orch.experiments.catalog`).
 
 Exit codes: 0 the run succeeded, 1 it failed, 2 bad usage, 3 it was stopped.
 """
@@ -19,20 +19,27 @@ import time
 from pathlib import Path
 from typing import Any, NoReturn
 
-from . import _sweep_cli
-from ._launcher_env import LAUNCHER_CHOICES
-from ._net import split_address
-from ._target import EXAMPLE, resolve_fn, split_target
-from .auth import certificate_name, new_token, token_from_env
-from .client import MasterClient, StateMirror
-from .coordinator import Coordinator
-from .dashboard import Dashboard, printable, show, summary
-from .errors import ConfigError, MasterUnavailable, OrchError, RunFailed
-from .launcher import LaunchSpec, Run
-from .master import MasterServer
-from .rundir import write_result
-from .states import RunState
-from .store import RunStore
+from orch import _sweep_cli
+from orch._text import printable
+from orch.errors import ConfigError, MasterUnavailable, OrchError, RunFailed
+from orch.experiments import catalog
+from orch.launchers.detach import start_detached
+from orch.launchers.run import LaunchSpec, Run
+from orch.launchers.slurm import Slurm, read_function
+from orch.master.coordinator import Coordinator
+from orch.master.server import MasterServer
+from orch.record.rundir import write_result
+from orch.record.store import RunStore
+from orch.runtime._launcher_env import LAUNCHER_CHOICES, launched_as
+from orch.runtime._target import EXAMPLE, resolve_fn, split_target
+from orch.runtime.host import run_local_group
+from orch.runtime.spec import WorkerSpec
+from orch.runtime.worker import run_worker
+from orch.views.dashboard import Dashboard, show, summary
+from orch.wire._net import split_address
+from orch.wire.auth import certificate_name, new_token, token_from_env
+from orch.wire.client import MasterClient, StateMirror
+from orch.wire.states import RunState
 
 EXIT = {RunState.SUCCEEDED: 0, RunState.FAILED: 1, RunState.STOPPED: 3}
 
@@ -140,7 +147,6 @@ def _cluster(args: argparse.Namespace) -> Any:
         raise ConfigError(
             "--detach with --slurm: a Slurm run's master lives in this command; leave out --detach"
         )
-    from .slurm import Slurm
 
     cluster = Slurm(
         nodes=args.nodes or 1,
@@ -173,8 +179,6 @@ def cmd_run(args: argparse.Namespace) -> int:
         max_restarts=args.max_restarts,
     )
     if args.detach:
-        from .detach import start_detached
-
         detached = start_detached(spec)
         print(
             f"orch: run {detached.run_id} goes on detached (supervisor pid {detached.supervisor_pid}): "
@@ -283,9 +287,6 @@ def _min_world_size(value: int | None, world_size: int, max_restarts: int) -> in
 
 
 def cmd_worker(args: argparse.Namespace) -> int:
-    from ._launcher_env import launched_as
-    from .worker import WorkerSpec, run_local_group, run_worker
-
     master = args.master or os.environ.get("ORCH_MASTER", "")
     if not master:
         raise ConfigError("pass --master HOST:PORT (the address orch master printed), or set ORCH_MASTER")
@@ -304,7 +305,6 @@ def cmd_worker(args: argparse.Namespace) -> int:
     if args.fn_file is not None:
         if args.fn is not None:
             raise ConfigError("pass --fn or --fn-file, not both")
-        from .slurm import read_function
 
         # Checked against the run's token before anything in it is unpickled.
         fn, sources = read_function(args.fn_file, token_from_env(_token(args)))
@@ -347,8 +347,6 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 
 def cmd_runs(args: argparse.Namespace) -> int:
-    from . import catalog
-
     table = catalog.runs(args.run_root).filter(state=args.state, sweep=args.sweep)
     if args.json:
         print(json.dumps(table.as_dicts(), indent=2))
@@ -358,15 +356,11 @@ def cmd_runs(args: argparse.Namespace) -> int:
 
 
 def cmd_show(args: argparse.Namespace) -> int:
-    from . import catalog
-
     print(catalog.describe(catalog.read_row(catalog.find_run(args.run, args.run_root))))
     return 0
 
 
 def cmd_logs(args: argparse.Namespace) -> int:
-    from . import catalog
-
     run_dir = catalog.find_run(args.run, args.run_root)
     if args.follow:
         return _follow_log(run_dir, args.rank)
@@ -391,8 +385,6 @@ def _follow_log(run_dir: Path, rank: int, interval: float = 0.25) -> int:
     A restart gives the rank a new worker and log: the newest registration is followed.
     Lines are printed whole, so that no escape sequence is split between two reads.
     """
-    from . import catalog
-
     current: Path | None = None
     position, partial, events_size = 0, b"", -1
 

@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
-# Regenerate orch/_proto/ from protos/orchestrator.proto (needs grpcio-tools: pip install -e '.[dev]').
-# Usage: scripts/generate_proto.sh [OUT_DIR]   (default: orch/_proto; the staleness test passes a temp dir)
+# Regenerate orch/wire/_proto/ from protos/orchestrator.proto (needs grpcio-tools: pip install -e '.[dev]').
+# Usage: scripts/generate_proto.sh [OUT_DIR]   (default: orch/wire/_proto; the staleness test passes a temp dir)
 set -euo pipefail
 cd "$(dirname "$0")/.."
-out="${1:-orch/_proto}"
+out="${1:-orch/wire/_proto}"
 py="${PYTHON:-python}"
 [ -x .venv/bin/python ] && [ -z "${PYTHON:-}" ] && py=.venv/bin/python
 mkdir -p "$out"

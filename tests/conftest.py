@@ -24,8 +24,8 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
-from orch.coordinator import Coordinator
-from orch.master import MasterServer
+from orch.master.coordinator import Coordinator
+from orch.master.server import MasterServer
 
 ROOT = Path(__file__).resolve().parent.parent
 TESTS = Path(__file__).resolve().parent
@@ -52,7 +52,7 @@ def _resource_tracker() -> None:
     # pytest process, by design; start them before any test so that they carry no test's tag.
     from multiprocessing import forkserver, resource_tracker
 
-    from orch.group import worker_context
+    from orch.launchers.group import worker_context
 
     resource_tracker.ensure_running()
     worker_context()  # sets the preload; the forkserver, too, lives as long as pytest
@@ -230,3 +230,34 @@ def widget_messages(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[tuple[str,
 def images_sent(sent: list[tuple[str, dict[str, Any]]], widget: Any) -> int:
     """How many new images an ``Image`` widget sent to the browser (they travel as buffers)."""
     return sum(1 for cid, m in list(sent) if cid == widget.comm.comm_id and m["buffers"])
+
+
+# Under pytest-xdist (scripts/test.sh runs the suite on several workers), the tests that share
+# one expensive set-up run on one worker, so it is made once: the Slurm cluster (a session
+# fixture). Each group still runs in parallel with the rest.
+_GROUPS = {"test_slurm.py": "slurm", "test_slurm_cluster.py": "slurm"}
+
+# Tests whose verdict rests on how fast ranks run against each other (the straggler
+# judgement, a restart's replay across hosts): scripts/test.sh runs them after the parallel
+# part, alone on the machine, where a rank is slow only because the test made it so.
+_SERIAL = {"test_stragglers.py", "test_multihost.py", "test_host_restarts.py"}
+
+# Unit tests, with no real process and no network namespace: `scripts/test.sh --quick`.
+_UNIT = {
+    "test_coordinator.py",
+    "test_coordinator_budgets.py",
+    "test_layers.py",
+    "test_master_rpc.py",
+    "test_proto.py",
+}
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        name = item.path.name
+        if name in _GROUPS:
+            item.add_marker(pytest.mark.xdist_group(_GROUPS[name]))
+        if name in _SERIAL:
+            item.add_marker(pytest.mark.serial)
+        if name in _UNIT or item.path.parent.name == "control":
+            item.add_marker(pytest.mark.unit)

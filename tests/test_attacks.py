@@ -24,13 +24,13 @@ import pytest
 
 import orch
 from conftest import TESTS, TOKEN
-from orch import coordinator as coordinator_module
-from orch._proto import orchestrator_pb2 as pb
-from orch._proto import orchestrator_pb2_grpc as pb_grpc
-from orch.auth import MAX_AUTH_HEADER_BYTES, open_channel
-from orch.coordinator import MAX_EVENTS_IN_MEMORY, MAX_POINTS_IN_MEMORY, Coordinator, RunState
-from orch.master import MAX_MESSAGE_BYTES, SERVICE_NAME, MasterServer
-from orch.panel import wait_for
+from orch.master import coordinator as coordinator_module
+from orch.master.coordinator import MAX_EVENTS_IN_MEMORY, MAX_POINTS_IN_MEMORY, Coordinator, RunState
+from orch.master.server import MAX_MESSAGE_BYTES, SERVICE_NAME, MasterServer
+from orch.views.panel import wait_for
+from orch.wire._proto import orchestrator_pb2 as pb
+from orch.wire._proto import orchestrator_pb2_grpc as pb_grpc
+from orch.wire.auth import MAX_AUTH_HEADER_BYTES, open_channel
 
 sys.path.insert(0, str(TESTS))
 pytestmark = pytest.mark.timeout(400)
@@ -267,7 +267,7 @@ def test_repeated_stops_and_a_flood_of_points_stay_within_the_budgets(
 
 
 def test_each_method_has_its_own_budget_and_a_silent_call_is_cut_off(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr("orch.master.REQUEST_READ_TIMEOUT", 3.0)
+    monkeypatch.setattr("orch.master.server.REQUEST_READ_TIMEOUT", 3.0)
     coord = Coordinator(2, run_id="r")
     limits = {f"/{SERVICE_NAME}/GetState": 4, HEARTBEAT: 64}
     server = MasterServer(coord, port=0, token=TOKEN, call_limits=limits).start()

@@ -1,4 +1,4 @@
-"""The run catalog: ``orch.catalog.runs()`` and ``orch runs / show / logs`` over real run dirs.
+"""The run catalog: ``orch.experiments.catalog.runs()`` and ``orch runs / show / logs`` over real run dirs.
 
 One run root is made once for the module with real runs (succeeded, failed, stopped) and run
 dirs made from copies of them as a crash or a hand edit leaves them; the tests that need a
@@ -21,11 +21,11 @@ from typing import Any
 import pytest
 
 import orch
-import orch.rundir
-import orch.store
+import orch.record.rundir
+import orch.record.store
 from conftest import ORCH, orch_cli, until
-from orch import catalog
-from orch.launcher import LaunchSpec, Run
+from orch.experiments import catalog
+from orch.launchers.run import LaunchSpec, Run
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -152,8 +152,8 @@ def test_the_table_has_every_run_in_its_state_without_reading_metrics(
             raise AssertionError("the table read metrics.pb")
 
         with monkeypatch.context() as m:
-            m.setattr(orch.store, "read_metrics", no_metrics)
-            m.setattr(orch.rundir, "read_metrics", no_metrics)
+            m.setattr(orch.record.store, "read_metrics", no_metrics)
+            m.setattr(orch.record.rundir, "read_metrics", no_metrics)
             table = catalog.runs(run_root)
         states = {row.run_id: row.state for row in table}
         assert states == {**root.states, live.run_id: "RUNNING"}

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import re
 import subprocess
 import sys
 import threading
@@ -61,7 +62,7 @@ def main(ctx):
         ({"train": 42}, "train must be a function"),
         ({"train": lambda ctx, lock=LOCK: None}, "cannot be sent to the worker"),
     ],
-    ids=lambda v: repr(v)[:40] if isinstance(v, dict) else None,
+    ids=lambda v: re.sub(r" at 0x[0-9a-f]+", "", repr(v))[:40] if isinstance(v, dict) else None,
 )
 def test_bad_launch_arguments(tmp_path: Path, kwargs: dict[str, Any], says: str) -> None:
     args = {"train": "jobs:allreduce_steps", "world_size": 2, "run_root": str(tmp_path / "runs"), **kwargs}

@@ -6,9 +6,9 @@ import math
 
 import pytest
 
-from orch._proto import orchestrator_pb2 as pb
-from orch.client import StateMirror
-from orch.coordinator import Coordinator, RankState, Reject, RunState
+from orch.master.coordinator import Coordinator, RankState, Reject, RunState
+from orch.wire._proto import orchestrator_pb2 as pb
+from orch.wire.client import StateMirror
 
 
 class Clock:

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from orch._proto import orchestrator_pb2 as pb
-from orch.client import StateMirror
-from orch.control import events as events_module
-from orch.control.series import water_level
-from orch.coordinator import Coordinator, RunState
+from orch.master.control import events as events_module
+from orch.master.control.series import water_level
+from orch.master.coordinator import Coordinator, RunState
+from orch.wire._proto import orchestrator_pb2 as pb
+from orch.wire.client import StateMirror
 
 
 class Clock:

@@ -18,10 +18,8 @@ import pytest
 from rich.console import Console
 
 from conftest import ORCH
-from orch._proto import orchestrator_pb2 as pb
-from orch.client import StateMirror
-from orch.coordinator import Coordinator
-from orch.dashboard import (
+from orch.master.coordinator import Coordinator
+from orch.views.dashboard import (
     Dashboard,
     SweepDashboard,
     render,
@@ -31,6 +29,8 @@ from orch.dashboard import (
     summary,
     sweep_table,
 )
+from orch.wire._proto import orchestrator_pb2 as pb
+from orch.wire.client import StateMirror
 
 
 def mirror_of(losses: dict[int, list[float]], rates: dict[int, int]) -> StateMirror:
@@ -96,7 +96,7 @@ def test_summary_names_the_root_cause_with_its_traceback() -> None:
 
 
 def test_dropped_points_are_shown_in_the_dashboard_and_the_panel() -> None:
-    from orch.panel import Panel
+    from orch.views.panel import Panel
 
     m = mirror_of({0: [1.0, 1.0, 1.0]}, {0: 1, 1: 1, 2: 1})
     assert not any("dropped" in line for line in render(m).splitlines())

@@ -26,8 +26,8 @@ from comm.base_comm import BaseComm
 
 import orch
 from conftest import TESTS, notebook_kernel, tagged_processes, until
-from orch.detach import ATTACH_FILE, DetachedRun
-from orch.states import RunState
+from orch.launchers.detach import ATTACH_FILE, DetachedRun
+from orch.wire.states import RunState
 
 pytestmark = pytest.mark.timeout(300)
 sys.path.insert(0, str(TESTS))

@@ -13,12 +13,12 @@ import grpc
 import pytest
 
 from conftest import ORCH, TESTS, TOKEN, guarded_master, until
-from orch._proto import orchestrator_pb2 as pb
-from orch._proto import orchestrator_pb2_grpc as pb_grpc
-from orch.agent import HostAgent
-from orch.auth import open_channel
-from orch.coordinator import Coordinator, RankState, RunState
-from orch.master import SERVICE_NAME, MasterServer
+from orch.master.coordinator import Coordinator, RankState, RunState
+from orch.master.server import SERVICE_NAME, MasterServer
+from orch.runtime.agent import HostAgent
+from orch.wire._proto import orchestrator_pb2 as pb
+from orch.wire._proto import orchestrator_pb2_grpc as pb_grpc
+from orch.wire.auth import open_channel
 
 BATCH = f"/{SERVICE_NAME}/SendHostHeartbeats"
 SINGLE = f"/{SERVICE_NAME}/SendHeartbeat"
@@ -147,7 +147,7 @@ def test_a_master_that_takes_no_batches_gets_the_beats_one_by_one(monkeypatch: p
     async def unimplemented(self: object, request: object, context: grpc.aio.ServicerContext) -> None:  # type: ignore[type-arg]
         await context.abort(grpc.StatusCode.UNIMPLEMENTED, "Method not implemented!")
 
-    monkeypatch.setattr("orch.master.OrchestratorServicer.SendHostHeartbeats", unimplemented)
+    monkeypatch.setattr("orch.master.server.OrchestratorServicer.SendHostHeartbeats", unimplemented)
     with (
         guarded_master(Coordinator(4, run_id="r")) as old,
         HostAgent(old.address, ranks=2, window=5.0, token=TOKEN) as agent,

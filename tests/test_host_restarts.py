@@ -21,9 +21,9 @@ from test_coordinator import Clock, beat, complete, reg
 
 import orch
 from conftest import ORCH, until_value
-from orch._proto import orchestrator_pb2 as pb
-from orch.client import StateMirror
-from orch.coordinator import Coordinator, Reject, RunState
+from orch.master.coordinator import Coordinator, Reject, RunState
+from orch.wire._proto import orchestrator_pb2 as pb
+from orch.wire.client import StateMirror
 
 
 def sync(c: Coordinator, host: str, attempt: int, running: bool, *workers: str) -> pb.HostSyncResponse:
@@ -273,7 +273,7 @@ def _agent(tmp_path: Path, env: dict[str, str], address: str, name: str, nproc: 
         )  # fmt: skip
 
 
-def _ranks(address: str, env: dict[str, str], count: int) -> list[orch.client.RankView]:
+def _ranks(address: str, env: dict[str, str], count: int) -> list[orch.wire.client.RankView]:
     def ready() -> list[Any] | None:
         with orch.MasterClient(address, token=env["ORCH_TOKEN"], timeout=5) as client:
             m = orch.StateMirror().poll(client)

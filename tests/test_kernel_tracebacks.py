@@ -65,7 +65,7 @@ def test_source_travels_with_a_function_pickled_by_value() -> None:
 
     import cloudpickle
 
-    from orch._source import capture, install, label_cells
+    from orch.runtime._source import capture, install, label_cells
 
     cell = "/tmp/ipykernel_0/not-on-disk-42.py"
     source = "def helper(x):\n    return 1 / x  # divides\n\ndef train(ctx):\n    return helper(ctx)\n"
@@ -94,7 +94,7 @@ def test_interrupting_wait_returns_and_says_the_run_goes_on(tmp_path: Path) -> N
     with notebook_kernel(tmp_path) as (km, kc):
         setup = (
             f"import sys; sys.path.insert(0, {str(Path(__file__).parent)!r})\n"
-            "import orch\nfrom orch.panel import wait_for\n"
+            "import orch\nfrom orch.views.panel import wait_for\n"
             f"run = orch.launch('jobs:long_barriers', world_size=2, run_root={str(tmp_path)!r})\n"
             "assert wait_for(lambda: run.state().state.value == 'RUNNING', 90)\n"
         )

@@ -20,15 +20,16 @@ import pytest
 
 import orch
 from conftest import ORCH, orch_cli, until
-from orch._launcher_env import LaunchedAs, launched_as
-from orch._proto import orchestrator_pb2 as pb
-from orch._proto import orchestrator_pb2_grpc as pb_grpc
-from orch.auth import open_channel
-from orch.client import MasterClient, StateMirror
-from orch.coordinator import Coordinator, Reject
 from orch.errors import ConfigError, WorkerError
-from orch.master import MasterServer
-from orch.worker import WorkerSpec, _check_launched
+from orch.master.coordinator import Coordinator, Reject
+from orch.master.server import MasterServer
+from orch.runtime._launcher_env import LaunchedAs, launched_as
+from orch.runtime.spec import WorkerSpec
+from orch.runtime.worker import _check_launched
+from orch.wire._proto import orchestrator_pb2 as pb
+from orch.wire._proto import orchestrator_pb2_grpc as pb_grpc
+from orch.wire.auth import open_channel
+from orch.wire.client import MasterClient, StateMirror
 
 pytestmark = pytest.mark.timeout(240)
 

@@ -13,12 +13,12 @@ import torch
 
 import orch
 from conftest import ROOT
-from orch._proto import orchestrator_pb2 as pb
-from orch._sender import HeartbeatSender
-from orch.context import Context
-from orch.coordinator import RunState
 from orch.errors import StopTraining
-from orch.panel import wait_for
+from orch.master.coordinator import RunState
+from orch.runtime._sender import HeartbeatSender
+from orch.runtime.context import Context
+from orch.views.panel import wait_for
+from orch.wire._proto import orchestrator_pb2 as pb
 
 pytestmark = pytest.mark.timeout(240)
 

@@ -11,11 +11,11 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
 from orch import PortInUseError
-from orch._proto import orchestrator_pb2 as pb
-from orch._proto import orchestrator_pb2_grpc as pb_grpc
-from orch.client import MasterClient, StateMirror
-from orch.coordinator import Coordinator, RunState
-from orch.master import SERVICE_NAME, MasterServer
+from orch.master.coordinator import Coordinator, RunState
+from orch.master.server import SERVICE_NAME, MasterServer
+from orch.wire._proto import orchestrator_pb2 as pb
+from orch.wire._proto import orchestrator_pb2_grpc as pb_grpc
+from orch.wire.client import MasterClient, StateMirror
 
 # The deadline of an RPC that is answered at once: generous, for a loaded 2-core machine.
 RPC_DEADLINE = 30.0
@@ -144,3 +144,25 @@ def test_default_port_falls_back_to_a_free_one_when_taken() -> None:
             assert server.port != 50051 and server.port > 0
         finally:
             server.stop(grace=0.1)
+
+
+def test_default_port_taken_between_the_look_and_the_bind_falls_back(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Two launches at the same moment both see the default port free; the one that binds
+    # second must still serve (on any free port), as it would have had it looked later.
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        taken = holder.getsockname()[1]
+        monkeypatch.setattr("orch.master.server.choose_port", lambda *a, **k: taken)
+        server = MasterServer(Coordinator(1), host="127.0.0.1").start()
+        try:
+            assert server.port not in (taken, 0)
+            client = MasterClient(server.address)
+            client.wait_ready(5.0)  # it serves there
+            client.close()
+        finally:
+            server.stop(grace=0.1)
+        with pytest.raises(PortInUseError):  # a port the user named is never swapped
+            MasterServer(Coordinator(1), host="127.0.0.1", port=taken).start()

@@ -16,13 +16,13 @@ import pytest
 
 import orch
 from conftest import TESTS, images_sent, notebook_kernel
-from orch._proto import orchestrator_pb2 as pb
-from orch._proto import orchestrator_pb2_grpc as pb_grpc
-from orch._static import WIDGET_VIEW
-from orch.client import StateMirror
-from orch.coordinator import Coordinator, RunState
-from orch.master import MasterServer
-from orch.panel import Panel, downsample, wait_for
+from orch.master.coordinator import Coordinator, RunState
+from orch.master.server import MasterServer
+from orch.views._static import WIDGET_VIEW
+from orch.views.panel import Panel, downsample, wait_for
+from orch.wire._proto import orchestrator_pb2 as pb
+from orch.wire._proto import orchestrator_pb2_grpc as pb_grpc
+from orch.wire.client import StateMirror
 
 pytestmark = pytest.mark.timeout(180)
 sys.path.insert(0, str(TESTS))
@@ -158,7 +158,7 @@ def test_a_record_replaces_its_output_from_any_thread(tmp_path: Path) -> None:
             return [m for m in seen if m["msg_type"] in ("display_data", "update_display_data")]
 
         cell(
-            "import threading\nimport ipywidgets\nfrom orch._static import IMAGE, Record\n"
+            "import threading\nimport ipywidgets\nfrom orch.views._static import IMAGE, Record\n"
             "record = Record(ipywidgets.HTML('live'), text='a live view')"
         )
         [shown] = cell("record")
@@ -325,7 +325,7 @@ def test_launch_refuses_bad_input_before_starting_anything(tmp_path: Path) -> No
 
 
 def test_a_second_launch_on_the_same_named_port_is_refused(tmp_path: Path) -> None:
-    from orch._net import free_port
+    from orch.wire._net import free_port
 
     port = free_port()
     with orch.launch(
@@ -371,7 +371,7 @@ def test_live_runs_are_torn_down_when_the_interpreter_exits(tmp_path: Path) -> N
         f"sys.path.insert(0, {str(TESTS)!r})\n"
         f"run = orch.launch('jobs:allreduce_steps', world_size=2, run_root={str(tmp_path)!r},\n"
         "                  config={'steps': 100000, 'sleep': 0.02})\n"
-        "from orch.panel import wait_for\n"
+        "from orch.views.panel import wait_for\n"
         "assert wait_for(lambda: run.state().state.value == 'RUNNING', 60)\n"
         "print('pids', *[p.pid for p in run.procs], flush=True)\n"
         # the interpreter exits here without closing the run

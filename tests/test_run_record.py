@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 import orch
-from orch.coordinator import RunState
-from orch.panel import wait_for
+from orch.master.coordinator import RunState
+from orch.views.panel import wait_for
 
 pytestmark = pytest.mark.timeout(240)
 

@@ -22,12 +22,13 @@ from hypothesis import strategies as st
 
 import orch
 from conftest import ORCH, TESTS, TOKEN, make_certificate, orch_cli
-from orch._proto import orchestrator_pb2 as pb
-from orch._proto import orchestrator_pb2_grpc as pb_grpc
-from orch.auth import open_channel
-from orch.coordinator import Coordinator, RunState
-from orch.master import MasterServer
-from orch.worker import WorkerSpec, run_worker
+from orch.master.coordinator import Coordinator, RunState
+from orch.master.server import MasterServer
+from orch.runtime.spec import WorkerSpec
+from orch.runtime.worker import run_worker
+from orch.wire._proto import orchestrator_pb2 as pb
+from orch.wire._proto import orchestrator_pb2_grpc as pb_grpc
+from orch.wire.auth import open_channel
 
 sys.path.insert(0, str(TESTS))
 pytestmark = pytest.mark.timeout(300)

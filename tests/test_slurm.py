@@ -26,7 +26,7 @@ import pytest
 import orch
 from conftest import TESTS, notebook_kernel, orch_cli
 from conftest import until_value as until
-from orch.states import RunState
+from orch.wire.states import RunState
 from slurmcluster import SlurmCluster
 from slurmcluster import slurm_cluster as slurm_cluster
 
@@ -136,8 +136,8 @@ def test_stop_ends_the_run_stopped_and_the_job_with_it(on_cluster: SlurmCluster,
         # The token travels in the environment only: not in the job script, nor in the
         # watcher's command line or environment.
         assert run.token not in (run.run_dir / "job.sh").read_text()
-        (watcher,) = [p for p in psutil.process_iter() if "--cancel-when-orphaned" in " ".join(p.cmdline())
-                      and f"orch-{run.run_id}" in p.cmdline()]  # fmt: skip
+        (watcher,) = [p for p in psutil.process_iter() if "--cancel-when-orphaned" in " ".join(_argv(p))
+                      and f"orch-{run.run_id}" in _argv(p)]  # fmt: skip
         assert run.token not in " ".join(watcher.cmdline())
         assert run.token not in "".join(watcher.environ().values())
         run.stop()
@@ -204,7 +204,7 @@ def test_a_rank_killed_on_node2_restarts_the_group_on_both_nodes(
 
 KERNEL_CELL = """
 import orch
-from orch.panel import wait_for
+from orch.views.panel import wait_for
 run = orch.launch('jobs:long_barriers', world_size=4, cluster=orch.Slurm(nodes=2, tasks_per_node=2),
                   run_root={root!r}, heartbeat_timeout={timeout})
 assert wait_for(lambda: run.state().state.value == 'RUNNING', 120)
@@ -348,3 +348,12 @@ def test_orch_run_slurm_options_need_slurm(subprocess_env: dict[str, str]) -> No
     assert proc.returncode == 2 and "--workers 3 but --nodes x --tasks-per-node is 2" in proc.stderr, (
         proc.stderr
     )
+
+
+def _argv(process: psutil.Process) -> list[str]:
+    """A process's command line; empty for one that ended or is a zombie meanwhile (the other
+    tests running beside this one start and reap processes of their own)."""
+    try:
+        return process.cmdline()
+    except (psutil.NoSuchProcess, psutil.ZombieProcess, psutil.AccessDenied):
+        return []

@@ -12,7 +12,7 @@ import pytest
 
 import orch
 from conftest import ORCH
-from orch.slurm import FUNCTION_FILE, Slurm, _explain, job_script, read_function, write_function
+from orch.launchers.slurm import FUNCTION_FILE, Slurm, _explain, job_script, read_function, write_function
 
 
 def train(ctx: object) -> int:
@@ -175,7 +175,7 @@ def test_sbatch_refusals_say_what_to_do(stderr: str, says: str) -> None:
 
 
 def test_the_job_state_reads_as_people_say_it() -> None:
-    from orch.client import JobView
+    from orch.wire.client import JobView
 
     assert (
         JobView("slurm", "41", "PENDING", "Resources").describe()

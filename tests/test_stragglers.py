@@ -1,5 +1,5 @@
 """The slow rank, found live under DDP (4 ranks on gloo, real processes): where each rank's step
-time goes (orch._timing), and the master's judgement of it (orch.control.stragglers).
+time goes (orch.runtime._timing), and the master's judgement of it (orch.master.control.stragglers).
 
 A rank that sleeps 30 ms per step in its compute slows every rank to its pace, so steps/s
 are equal everywhere; the split of the step tells it apart: it computes longest and waits
@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 import orch
-from orch.states import RunState
+from orch.wire.states import RunState
 
 pytestmark = pytest.mark.timeout(240)
 

@@ -20,11 +20,11 @@ import pytest
 
 import orch
 from conftest import TESTS, until
-from orch.client import StateMirror
-from orch.comparison import curve
+from orch.views.comparison import curve
+from orch.wire.client import StateMirror
 
 pytestmark = pytest.mark.timeout(240)
-sweep_module = importlib.import_module("orch.sweep")  # the module; orch.sweep is the function
+sweep_module = importlib.import_module("orch.experiments.sweep")
 sys.path.insert(0, str(TESTS))
 
 FOUR = [{"lr": 0.01}, {"lr": 0.05}, {"lr": 0.1, "fail": True}, {"lr": 0.2}]
@@ -209,7 +209,7 @@ def test_close_ends_every_run_now(tmp_path: Path) -> None:
 
 
 def test_curve_is_the_mean_over_ranks_with_its_band() -> None:
-    from orch.client import SeriesBuffer
+    from orch.wire.client import SeriesBuffer
 
     m = StateMirror()
     for rank, (steps, values, times) in enumerate(

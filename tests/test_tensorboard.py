@@ -23,11 +23,11 @@ from tensorboard.util import tensor_util
 
 import orch
 from conftest import TESTS
-from orch._proto import orchestrator_pb2 as pb
-from orch.coordinator import RunState
 from orch.errors import ConfigError
-from orch.store import HEADER, MetricsDamage, RunStore, read_metrics, write_json_atomic
-from orch.tensorboard import export_runs
+from orch.master.coordinator import RunState
+from orch.record.store import HEADER, MetricsDamage, RunStore, read_metrics, write_json_atomic
+from orch.record.tensorboard import export_runs
+from orch.wire._proto import orchestrator_pb2 as pb
 
 pytestmark = pytest.mark.timeout(240)
 sys.path.insert(0, str(TESTS))
@@ -245,7 +245,7 @@ def test_a_sweep_shows_its_runs_side_by_side(tmp_path: Path) -> None:
         [(r, 1, [loss([0, 1, 2], [2.0, 1.0, 0.5 * (r + 1)], [101.0, 102.0, 103.0])]) for r in range(2)],
         "FAILED",
     )
-    logdir = export_runs([("lr=0.1", a), ("lr=0.01", orch.load_run(b))], tmp_path / "tb")
+    logdir = export_runs([("lr=0.1", a), ("lr=0.01", orch.load_run(b))], tmp_path / "tb", load=orch.load_run)
     assert sorted(p.name for p in logdir.iterdir()) == ["lr=0.01", "lr=0.1"]
     assert scalars(logdir / "lr=0.1" / "rank1") == {"loss": [(0, 2.0, 101.0), (1, 1.5, 102.0)]}
     rows = hparams_tab(logdir)

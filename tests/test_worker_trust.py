@@ -28,13 +28,15 @@ import torch
 
 import orch
 from conftest import ORCH, orch_cli
-from orch._proto import orchestrator_pb2 as pb
-from orch._proto import orchestrator_pb2_grpc as pb_grpc
-from orch.context import Context
-from orch.coordinator import Coordinator, RunState
-from orch.dashboard import printable, render, summary
-from orch.master import MasterServer
-from orch.worker import WorkerSpec, run_worker
+from orch._text import printable
+from orch.master.coordinator import Coordinator, RunState
+from orch.master.server import MasterServer
+from orch.runtime.context import Context
+from orch.runtime.spec import WorkerSpec
+from orch.runtime.worker import run_worker
+from orch.views.dashboard import render, summary
+from orch.wire._proto import orchestrator_pb2 as pb
+from orch.wire._proto import orchestrator_pb2_grpc as pb_grpc
 
 pytestmark = pytest.mark.timeout(300)
 

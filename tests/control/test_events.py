@@ -1,4 +1,4 @@
-"""orch.control.events: the run's event log, bounded in count and bytes, read by absolute index.
+"""orch.master.control.events: the run's event log, bounded in count and bytes, read by absolute index.
 
 The bounds are module constants; the tests shrink them with ``monkeypatch``.
 """
@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import pytest
 
-from orch._proto import orchestrator_pb2 as pb
-from orch.control import events
-from orch.control.events import EVENT_OVERHEAD, EventLog
+from orch.master.control import events
+from orch.master.control.events import EVENT_OVERHEAD, EventLog
+from orch.wire._proto import orchestrator_pb2 as pb
 
 
 def event(i: int, size: int = 10) -> pb.Event:

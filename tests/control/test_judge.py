@@ -1,4 +1,4 @@
-"""orch.control.judge: which failure is the root cause of a failed run, and how it is described.
+"""orch.master.control.judge: which failure is the root cause of a failed run, and how it is described.
 
 Times are plain floats passed in; the ranks are bare :class:`RankRecord` objects.
 """
@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from orch.control.judge import (
+from orch.master.control.judge import (
     LOST_TOGETHER,
     SETTLE_SECONDS,
     CauseKind,
@@ -15,8 +15,8 @@ from orch.control.judge import (
     RootCause,
     reported_kind,
 )
-from orch.control.registry import RankRecord
-from orch.states import RankState
+from orch.master.control.registry import RankRecord
+from orch.wire.states import RankState
 
 
 def rank(n: int, *, beat: float | None = None, address: str = "") -> RankRecord:

@@ -1,4 +1,4 @@
-"""orch.control.lifecycle: the run's state machine (the TRANSITIONS table), attempts and timing."""
+"""orch.master.control.lifecycle: the run's state machine (the TRANSITIONS table), attempts and timing."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ import itertools
 
 import pytest
 
-from orch.control.lifecycle import TRANSITIONS, IllegalTransition, Lifecycle
-from orch.states import RunState
+from orch.master.control.lifecycle import TRANSITIONS, IllegalTransition, Lifecycle
+from orch.wire.states import RunState
 
 S = RunState
 

@@ -1,4 +1,4 @@
-"""orch.ranks: the one rank record, mapped to the protocol's RankInfo and to the run dir's JSON.
+"""orch.wire.ranks: the one rank record, mapped to the protocol's RankInfo and to the run dir's JSON.
 
 The mappings walk the record's fields, so these tests fill *every* field with a value other than
 its default: a field that a mapping lost would read back as its default and fail the test.
@@ -13,11 +13,11 @@ from typing import Any
 
 import pytest
 
-from orch._proto import orchestrator_pb2 as pb
 from orch.errors import OrchError
-from orch.ranks import RankView
-from orch.rundir import _Fields
-from orch.states import RANK_STATE_PB, RankState
+from orch.record.rundir import _Fields
+from orch.wire._proto import orchestrator_pb2 as pb
+from orch.wire.ranks import RankView
+from orch.wire.states import RANK_STATE_PB, RankState
 
 FIELD_NAMES = [f.name for f in dataclasses.fields(RankView)]
 LIVE_ONLY = {"steps_per_sec": 0.0, "heartbeat_age": -1.0}  # what a record on disk reads back as

@@ -1,4 +1,4 @@
-"""orch.control.registry: the rank records of one attempt, registration and the start barrier.
+"""orch.master.control.registry: the rank records of one attempt, registration and the start barrier.
 
 Times are plain floats (the master's clock), passed in.
 """
@@ -9,10 +9,10 @@ from typing import Any
 
 import pytest
 
-from orch._proto import orchestrator_pb2 as pb
-from orch.control.registry import RankRecord, Registry
-from orch.control.validate import Reject
-from orch.states import RankState
+from orch.master.control.registry import RankRecord, Registry
+from orch.master.control.validate import Reject
+from orch.wire._proto import orchestrator_pb2 as pb
+from orch.wire.states import RankState
 
 
 def req(worker_id: str, **fields: Any) -> pb.RegisterRequest:

@@ -1,4 +1,4 @@
-"""orch.control.series: the metric points of a run, read through cursors, under one memory budget.
+"""orch.master.control.series: the metric points of a run, read through cursors, under one memory budget.
 
 Covers :class:`Series` (appends, the rewind of a restarted attempt, trims and copies by absolute
 index), :func:`water_level`, and :class:`SeriesLog` (the metric limit, the budget, the epoch, and
@@ -12,9 +12,10 @@ from collections.abc import Sequence
 
 import pytest
 
-from orch._proto import orchestrator_pb2 as pb
-from orch.control.series import Series, SeriesLog, Slice, water_level
-from orch.control.validate import MAX_METRICS_PER_RANK, Reject
+from orch.master.control.series import Series, SeriesLog, Slice, water_level
+from orch.master.control.validate import Reject
+from orch.wire._proto import orchestrator_pb2 as pb
+from orch.wire.limits import MAX_METRICS_PER_RANK
 
 
 def points(name: str, steps: Sequence[int], times: Sequence[float] = ()) -> pb.Series:

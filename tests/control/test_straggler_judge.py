@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from orch._proto import orchestrator_pb2 as pb
-from orch.control.stragglers import WINDOW, Means, TimingWindow, judge, scores
+from orch.master.control.stragglers import WINDOW, Means, TimingWindow, judge, scores
+from orch.wire._proto import orchestrator_pb2 as pb
 
 
 def means(step: float, wait: float, data: float = 0.0, other: float = 0.0, **sections: float) -> Means:
@@ -125,8 +125,8 @@ def test_30_ms_more_on_a_long_step_is_still_found() -> None:
 
 
 def test_sections_beyond_the_masters_limit_are_summed_not_refused() -> None:
-    from orch._timing import MAX_SECTIONS, MORE_SECTIONS, StepTimes
-    from orch.control.validate import check_timing
+    from orch.master.control.validate import check_timing
+    from orch.runtime._timing import MAX_SECTIONS, MORE_SECTIONS, StepTimes
 
     times = StepTimes()
     times.step(1.0, 0.0)
@@ -142,7 +142,7 @@ def test_sections_beyond_the_masters_limit_are_summed_not_refused() -> None:
 def test_a_section_name_that_cannot_be_shown_or_sent_is_refused_at_once(name: str) -> None:
     import torch
 
-    from orch.context import Context
+    from orch.runtime.context import Context
 
     ctx = Context(
         rank=0, world_size=1, local_rank=0, device=torch.device("cpu"), config={}, run_id="r", sender=None

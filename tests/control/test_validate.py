@@ -1,4 +1,4 @@
-"""orch.control.validate: the checks every request passes before it touches the master's state.
+"""orch.master.control.validate: the checks every request passes before it touches the master's state.
 
 Each check is a pure function that raises :class:`Reject`; these tests pin the ``kind`` (the
 gRPC status it maps to) and that the message names the field that was wrong.
@@ -10,10 +10,7 @@ from typing import Any
 
 import pytest
 
-from orch._proto import orchestrator_pb2 as pb
-from orch.control.validate import (
-    MAX_ID_LEN,
-    MAX_METRICS_PER_RANK,
+from orch.master.control.validate import (
     Reject,
     check_completion,
     check_heartbeat,
@@ -22,7 +19,9 @@ from orch.control.validate import (
     check_run_id,
     parse_cursor,
 )
-from orch.states import RankState
+from orch.wire._proto import orchestrator_pb2 as pb
+from orch.wire.limits import MAX_ID_LEN, MAX_METRICS_PER_RANK
+from orch.wire.states import RankState
 
 
 def rejected(fn: Any, *args: Any) -> Reject:

@@ -1,0 +1,1 @@
+"""Experiments: many runs at once. Sweeps (``sweep``) and the runs on disk (``catalog``)."""

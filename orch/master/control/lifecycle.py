@@ -1,0 +1,52 @@
+"""The run's state machine: every transition declared here, and made only through :meth:`Lifecycle.to`."""
+
+from __future__ import annotations
+
+from orch.wire.states import RunState
+
+S = RunState
+TRANSITIONS: dict[RunState, frozenset[RunState]] = {
+    S.PENDING: frozenset({S.RUNNING, S.FAILED, S.STOPPED}),  # barrier opened; launch failed; stopped early
+    S.RUNNING: frozenset({S.STOPPING, S.SUCCEEDED, S.FAILED, S.STOPPED, S.RESTARTING}),
+    S.STOPPING: frozenset({S.STOPPED, S.FAILED}),  # every rank ended; a rank failed on the way
+    S.RESTARTING: frozenset({S.PENDING, S.FAILED, S.STOPPED}),  # next attempt; gave up; stop pressed
+    S.SUCCEEDED: frozenset(),
+    S.FAILED: frozenset(),
+    S.STOPPED: frozenset(),
+}
+
+
+class IllegalTransition(RuntimeError):
+    pass
+
+
+class Lifecycle:
+    """State, attempt and timing of one run; times come from the caller's clock."""
+
+    def __init__(self, max_attempts: int = 1) -> None:
+        self.state = RunState.PENDING
+        self.attempt = 1
+        self.max_attempts = max_attempts
+        self.started_at: float | None = None  # this attempt's barrier opened
+        self.ended_at: float | None = None
+
+    def to(self, new: RunState, now: float) -> None:
+        if new not in TRANSITIONS[self.state]:
+            raise IllegalTransition(f"a run cannot go from {self.state.value} to {new.value}")
+        self.state = new
+        if new is RunState.RUNNING:
+            self.started_at = now
+        elif new is RunState.PENDING:  # the next attempt
+            self.attempt += 1
+            self.ended_at = None
+        elif new.done:
+            self.ended_at = now
+
+    @property
+    def restarts_left(self) -> bool:
+        return self.attempt < self.max_attempts
+
+    def elapsed(self, now: float) -> float:
+        if self.started_at is None:
+            return 0.0
+        return (self.ended_at if self.ended_at is not None else now) - self.started_at

@@ -1,0 +1,181 @@
+"""The ranks of one attempt: who registered, in which order, and the start barrier."""
+
+from __future__ import annotations
+
+from bisect import insort
+from collections import deque
+from dataclasses import dataclass, field
+
+from orch.master.control.stragglers import TimingWindow
+from orch.master.control.validate import Reject
+from orch.wire._proto import orchestrator_pb2 as pb
+from orch.wire.ranks import RankView
+from orch.wire.states import RankState
+
+
+@dataclass(eq=False)
+class RankRecord(RankView):
+    """A live rank as the master keeps it: the shared record plus what only the master uses.
+    Records are compared by identity: two ranks are never the same rank."""
+
+    __eq__ = object.__eq__
+    __hash__ = object.__hash__
+
+    rendezvous_port: int = 0  # where rank 0's torch.distributed store listens
+    backend: str = ""
+    last_heartbeat: float | None = None  # the master's clock
+    ended_at: float | None = None
+    beats: int = 0
+    progress: deque[tuple[float, int]] = field(default_factory=lambda: deque(maxlen=16))
+    timing: TimingWindow = field(default_factory=TimingWindow)
+
+    def steps_per_second(self) -> float:
+        if len(self.progress) < 2:
+            return 0.0
+        (t0, s0), (t1, s1) = self.progress[0], self.progress[-1]
+        return (s1 - s0) / (t1 - t0) if t1 > t0 else 0.0
+
+    def published(self, now: float) -> pb.RankInfo:
+        """The record as clients see it at ``now``."""
+        self.steps_per_sec = self.steps_per_second() if not self.state.done else 0.0
+        self.heartbeat_age = -1.0 if self.last_heartbeat is None else max(0.0, now - self.last_heartbeat)
+        return self.to_pb()
+
+    def beat(self, now: float, step: int, total_steps: int, dropped_points: int) -> None:
+        """A heartbeat arrived. An ended rank may still deliver the points it logged before
+        it ended: they count as steps it did, but not towards its rate."""
+        self.last_heartbeat = now
+        self.beats += 1
+        self.step = max(self.step, step)
+        if not self.state.done:
+            if total_steps:
+                self.total_steps = total_steps
+            self.progress.append((now, self.step))
+        self.dropped_points = dropped_points
+
+
+class Registry:
+    """The ranks of the current attempt, in rank order.
+
+    A worker started by a launcher (torchrun, srun) asks for the rank its launcher gave it
+    and gets that one or a refusal; any other worker gets the lowest free rank, so that
+    without requests the rank is the registration order.
+    """
+
+    def __init__(self, world_size: int) -> None:
+        self.world_size = world_size
+        self.ranks: list[RankRecord] = []
+        self._by_worker: dict[str, RankRecord] = {}
+        self._by_rank: dict[int, RankRecord] = {}
+
+    @property
+    def full(self) -> bool:
+        return len(self.ranks) == self.world_size
+
+    def get(self, worker_id: str) -> RankRecord | None:
+        return self._by_worker.get(worker_id)
+
+    def known(self, worker_id: str, run_id: str) -> RankRecord:
+        rec = self._by_worker.get(worker_id)
+        if rec is None:
+            raise Reject("not_found", f"no worker {worker_id!r} is registered in run {run_id}")
+        return rec
+
+    def add(self, req: pb.RegisterRequest, run_id: str) -> tuple[RankRecord, bool]:
+        """The worker's record, and True when it is new (a retried Register gets the same rank)."""
+        rec = self._by_worker.get(req.worker_id)
+        if rec is not None:
+            if req.rendezvous_port:
+                rec.rendezvous_port = req.rendezvous_port  # rank 0 tells where its store listens
+            return rec, False
+        if req.world_size and req.world_size != self.world_size:
+            raise Reject(
+                "failed_precondition",
+                f"worker {req.worker_id} was started with world size {req.world_size} (by its "
+                f"launcher) but run {run_id} has world size {self.world_size}: start as many tasks as "
+                "the master's --world-size, or start the master with the launcher's world size",
+            )
+        if req.HasField("rank"):
+            rank = self._requested(req, run_id)
+        elif self.full:
+            raise Reject(
+                "resource_exhausted", f"run {run_id} already has all {self.world_size} ranks registered"
+            )
+        else:
+            rank = next(r for r in range(self.world_size) if r not in self._by_rank)
+        rec = RankRecord(
+            rank=rank,
+            worker_id=req.worker_id,
+            host=req.host,
+            pid=req.pid,
+            address=req.address or req.host,
+            rendezvous_port=req.rendezvous_port,
+            backend=req.backend,
+        )
+        insort(self.ranks, rec, key=lambda r: r.rank)
+        self._by_worker[req.worker_id] = rec
+        self._by_rank[rank] = rec
+        return rec, True
+
+    def _requested(self, req: pb.RegisterRequest, run_id: str) -> int:
+        """The rank the worker asked for, if it is free and in range."""
+        rank = req.rank
+        if rank >= self.world_size:
+            raise Reject(
+                "invalid_argument",
+                f"worker {req.worker_id} asked for rank {rank}, but run {run_id} has world size "
+                f"{self.world_size} (ranks 0-{self.world_size - 1})",
+            )
+        holder = self._by_rank.get(rank)
+        if holder is not None:
+            raise Reject(
+                "already_exists",
+                f"worker {req.worker_id} asked for rank {rank}, which worker {holder.worker_id} "
+                f"(host {holder.host}, pid {holder.pid}) already holds in run {run_id}: each "
+                "launcher task needs its own rank, and each run its own master",
+            )
+        return rank
+
+    @property
+    def rank0(self) -> RankRecord | None:
+        """Rank 0's record (it serves the rendezvous), once it registered."""
+        return self._by_rank.get(0)
+
+    def rendezvous_port(self, fixed: int) -> int:
+        """The rendezvous port in use: the fixed one, or the one rank 0 bound (0: not yet)."""
+        rank0 = self.rank0
+        return fixed or (rank0.rendezvous_port if rank0 is not None else 0)
+
+    def barrier(
+        self, rec: RankRecord, *, open_: bool, fixed_port: int, backend: str, now: float
+    ) -> pb.CanStartTrainingResponse:
+        """The start barrier, as ``rec`` sees it: open once every rank registered, the run
+        is RUNNING (``open_``) and rank 0 said where its store listens."""
+        port = self.rendezvous_port(fixed_port)
+        ready = open_ and self.full and port > 0
+        reply = pb.CanStartTrainingResponse(
+            ready=ready, registered=len(self.ranks), world_size=self.world_size
+        )
+        if ready:
+            reply.master_addr = self.ranks[0].address  # rank 0: the ranks are in rank order
+            reply.master_port = port
+            reply.backend = backend or ("nccl" if all(r.backend == "nccl" for r in self.ranks) else "gloo")
+            if rec.state is RankState.REGISTERED:
+                rec.state = RankState.RUNNING
+                rec.last_heartbeat = now
+        return reply
+
+    def silent(self, now: float, timeout: float) -> list[RankRecord]:
+        """Running ranks whose last heartbeat is older than ``timeout``."""
+        return [
+            r
+            for r in self.ranks
+            if r.state is RankState.RUNNING
+            and r.last_heartbeat is not None
+            and now - r.last_heartbeat > timeout
+        ]
+
+    def reported(self, worker_id: str) -> bool:
+        """True when the worker's rank reported its end (or its process exited), unlike a LOST one."""
+        rec = self._by_worker.get(worker_id)
+        return rec is not None and rec.state.done and rec.state is not RankState.LOST

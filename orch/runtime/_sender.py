@@ -1,0 +1,243 @@
+"""The worker's heartbeat thread: batches logged points into heartbeats, obeys commands.
+
+``log()`` runs in the training thread and only appends to a bounded deque (no lock, no
+I/O), so it never waits on the network. The thread wakes every ``interval`` seconds,
+drains the deque into one columnar ``HeartbeatRequest`` and keeps points it could not
+send for the next try. When the master has not answered for ``master_timeout`` seconds
+the worker is ended: an orphaned rank must not train on alone.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+
+import grpc
+
+from orch.wire._proto import orchestrator_pb2 as pb
+from orch.wire._proto import orchestrator_pb2_grpc as pb_grpc
+
+log = logging.getLogger(__name__)
+
+Point = tuple[int, float, dict[str, float]]
+ABORT_FLUSH = 1.0  # seconds an aborted rank spends sending the points it logged
+
+
+class HeartbeatSender:
+    def __init__(
+        self,
+        stub: pb_grpc.OrchestratorStub,
+        *,
+        run_id: str,
+        worker_id: str,
+        interval: float = 0.25,
+        master_timeout: float = 10.0,
+        max_queue: int = 1_000_000,
+        max_batch: int = 100_000,
+        on_stop: Callable[[int], None],
+        on_abort: Callable[[str], None],
+        local_master: bool = False,
+    ) -> None:
+        self._stub = stub
+        self.run_id = run_id
+        self.worker_id = worker_id
+        self.interval = interval
+        self.master_timeout = master_timeout
+        self.max_queue = max_queue
+        self.max_batch = max_batch
+        self._on_stop = on_stop
+        self._on_abort = on_abort
+        # A master on this host whose port refuses connections is gone for good: its
+        # workers end at once instead of waiting out master_timeout.
+        self.local_master = local_master
+        self._refused = 0
+        self._queue: deque[Point] = deque()
+        self._retry: pb.HeartbeatRequest | None = None  # built once, sent again until acknowledged
+        self.step = 0  # set by ctx.steps()
+        self.logged = 0  # steps done by what ctx.log() was given: its highest step + 1
+        self.total_steps = 0
+        self.dropped = 0
+        self.timing: Callable[[], pb.StepTiming | None] | None = None  # ctx's step times, taken per beat
+        self._closing = threading.Event()
+        self._beat_lock = threading.Lock()  # one heartbeat at a time: the thread's or a flush's
+        self._obey = True
+        self._last_ok = time.monotonic()
+        self._thread = threading.Thread(target=self._loop, name="orch-heartbeat", daemon=True)
+
+    def start(self) -> HeartbeatSender:
+        self._last_ok = time.monotonic()
+        self._thread.start()
+        return self
+
+    def log(self, step: int, values: dict[str, float]) -> None:
+        """Queue one point; called from the training thread, never blocks."""
+        if step >= self.logged:
+            self.logged = step + 1
+        if len(self._queue) >= self.max_queue:
+            self.dropped += 1
+            return
+        self._queue.append((step, time.time(), values))
+
+    @property
+    def progress(self) -> int:
+        """The steps this rank has done: ``ctx.steps``' count, or one past the last step logged.
+
+        Both count the same way: ``ctx.steps(n)`` ends at ``n`` having yielded ``0 .. n-1``,
+        and a loop that logged steps ``0 .. n-1`` has done ``n`` too.
+        """
+        return max(self.step, self.logged)
+
+    @property
+    def pending(self) -> int:
+        """Logged points still queued, plus the values of the batch awaiting a retry."""
+        retry = self._retry
+        waiting = sum(len(s.steps) for s in retry.series) if retry is not None else 0
+        return len(self._queue) + waiting
+
+    def ignore_commands(self) -> None:
+        """Keep sending, but no longer act on STOP/ABORT or on the master going silent."""
+        self._obey = False
+
+    def flush(self, timeout: float = 10.0) -> bool:
+        """Send everything queued so far, from the calling thread; True when the master has it all."""
+        deadline = time.monotonic() + timeout
+        while self._queue or self._retry is not None:
+            if time.monotonic() > deadline:
+                return False
+            if not self._beat():
+                time.sleep(0.05)
+        return True
+
+    def close(self, timeout: float = 5.0) -> bool:
+        """Send what is queued and stop the thread; True when everything went out."""
+        self._closing.set()
+        self._thread.join(timeout)
+        return not self._queue and self._retry is None
+
+    def _loop(self) -> None:
+        while not self._closing.wait(self.interval):
+            self._beat()
+        deadline = time.monotonic() + self.interval * 4 + 2.0
+        while (self._queue or self._retry is not None) and time.monotonic() < deadline:
+            if not self._beat():
+                time.sleep(0.05)
+
+    def _drain(self) -> list[Point]:
+        points: list[Point] = []
+        q = self._queue
+        while q and len(points) < self.max_batch:
+            points.append(q.popleft())
+        return points
+
+    def _request(self, points: list[Point]) -> pb.HeartbeatRequest:
+        columns: dict[str, tuple[list[int], list[float], list[float]]] = {}
+        for step, t, values in points:
+            for name, value in values.items():
+                col = columns.get(name)
+                if col is None:
+                    col = columns[name] = ([], [], [])
+                col[0].append(step)
+                col[1].append(value)
+                col[2].append(t)
+        series = []
+        for name, (steps, column, times) in columns.items():
+            try:
+                series.append(pb.Series(name=name, steps=steps, values=column, times=times))
+            except (TypeError, ValueError):  # ctx.log checks its input: only a direct caller gets here
+                series.append(self._salvage(name, steps, column, times))
+        request = pb.HeartbeatRequest(
+            run_id=self.run_id,
+            worker_id=self.worker_id,
+            step=self.progress,
+            total_steps=self.total_steps,
+            dropped_points=self.dropped,
+            series=series,
+        )
+        timing = self.timing() if self.timing is not None else None
+        if timing is not None:
+            request.timing.CopyFrom(timing)
+        return request
+
+    def _salvage(self, name: str, steps: list[int], values: list[float], times: list[float]) -> pb.Series:
+        """The good points of a series that held a bad one; the bad ones count as dropped."""
+        kept = pb.Series(name=name)
+        for step, value, t in zip(steps, values, times, strict=True):
+            try:
+                point = pb.Series(steps=[step], values=[value], times=[t])
+            except (TypeError, ValueError):
+                self.dropped += 1
+                log.warning("dropped a point of %r at step %r: %r is not a real number", name, step, value)
+                continue
+            kept.MergeFrom(point)
+        return kept
+
+    def _master_gone(self, e: grpc.RpcError) -> bool:
+        """Twice in a row "connection refused" from a master on this host: nothing listens there now."""
+        if not self.local_master or e.code() is not grpc.StatusCode.UNAVAILABLE:
+            return False
+        if "refused" not in (e.details() or "").lower():
+            self._refused = 0
+            return False
+        self._refused += 1
+        return self._refused >= 2
+
+    def _beat(self) -> bool:
+        with self._beat_lock:
+            return self._beat_locked()
+
+    def _beat_locked(self) -> bool:
+        request = self._retry if self._retry is not None else self._request(self._drain())
+        try:
+            reply = self._stub.SendHeartbeat(request, timeout=max(1.0, self.interval * 4))
+        except grpc.RpcError as e:
+            self._retry = request  # the same points go again, in order, without rebuilding them
+            silent = time.monotonic() - self._last_ok
+            code = e.code()
+            if not self._obey:
+                pass
+            elif code in (grpc.StatusCode.FAILED_PRECONDITION, grpc.StatusCode.NOT_FOUND):
+                self._on_abort(f"the master refused this worker's heartbeat: {e.details()}")
+            elif self._master_gone(e):
+                self._on_abort(
+                    "the master's port on this host refuses connections: the master is gone, "
+                    "so this worker ends instead of training on alone"
+                )
+            elif silent > self.master_timeout:
+                self._on_abort(
+                    f"the master has not answered for {silent:.1f}s ({code.name}): "
+                    "it is gone, so this worker ends instead of training on alone"
+                )
+            else:
+                log.debug("heartbeat failed (%s), retrying", code.name)
+            return False
+        self._retry = None
+        self._refused = 0
+        self._last_ok = time.monotonic()
+        if not self._obey:
+            pass
+        elif reply.command == pb.STOP:
+            self._on_stop(reply.stop_at_step)
+        elif reply.command == pb.ABORT:
+            self._deliver_logged()
+            self._on_abort("the master aborted the run (another rank failed)")
+        return True
+
+    def _deliver_logged(self) -> None:
+        """Before an abort ends this process: send the points logged so far (at most
+        ABORT_FLUSH seconds), so that the steps before the run's last checkpoint, which a
+        restart does not replay, stay in its history."""
+        deadline = time.monotonic() + ABORT_FLUSH
+        left = len(self._queue)  # what was logged before the abort; the loop may log on
+        while left > 0 and time.monotonic() < deadline:
+            q = self._queue
+            points = [q.popleft() for _ in range(min(left, self.max_batch, len(q)))]
+            if not points:
+                return
+            left -= len(points)
+            try:
+                self._stub.SendHeartbeat(self._request(points), timeout=max(0.2, deadline - time.monotonic()))
+            except grpc.RpcError:
+                return

@@ -1,0 +1,135 @@
+"""Where a rank's step time goes, measured in the rank with no change to the user's loop.
+
+Under DDP every rank waits for the slowest one in each gradient all-reduce, so all ranks run
+at the same steps/s and the rate alone never shows which rank holds the others back. What
+does: the slow rank waits least in the collectives, while the others wait for it. So each
+rank splits its step time:
+
+- ``ctx.steps`` times each step, from its start to the next one's;
+- ``ctx.ddp`` asks DDP's reducer for its runtime statistics every iteration (read once per
+  step): the gradient communication not overlapped with the rank's own backward compute is
+  its wait for its peers;
+- ``ctx.data(loader)`` times the wait for the next batch;
+- ``with ctx.section("name"):`` times a part the user marks;
+- what orch does between steps (the stop check, checkpoints) is "other";
+- compute is the rest.
+
+The sums go to the master with the next heartbeat (a few numbers per rank, not per step);
+the master judges (:mod:`orch.master.control.stragglers`). ``ORCH_STEP_TIMING=0`` turns it off.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from typing import Any
+
+from orch.wire._proto import orchestrator_pb2 as pb
+
+clock = time.perf_counter
+MAX_SECTIONS = 32  # distinct ctx.section names per heartbeat (the master's limit) ...
+MORE_SECTIONS = "(other sections)"  # ... beyond which they are summed under this one
+RESERVED = frozenset({"data", "compute", "other", "collective wait", MORE_SECTIONS})  # the step's own parts
+
+
+def enabled() -> bool:
+    return os.environ.get("ORCH_STEP_TIMING", "1") not in ("0", "false", "no", "off")
+
+
+class StepTimes:
+    """Sums of one rank's step time, split, since the last :meth:`take` (the heartbeat's).
+
+    The training thread adds; the heartbeat thread takes: one short lock."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.collectives = False  # a hook times the gradient collectives (ctx.ddp)
+        self._reset()
+
+    def _reset(self) -> None:
+        self.steps = 0
+        self.step_s = 0.0
+        self.data_s = 0.0
+        self.collective_s = 0.0
+        self.other_s = 0.0
+        self.sections: dict[str, float] = {}
+
+    def step(self, seconds: float, own: float) -> None:
+        """One step done: its wall time, and how much of it was orch's own work."""
+        with self._lock:
+            self.steps += 1
+            self.step_s += seconds
+            self.other_s += own
+
+    def data(self, seconds: float) -> None:
+        with self._lock:
+            self.data_s += seconds
+
+    def section(self, name: str, seconds: float) -> None:
+        with self._lock:
+            if name not in self.sections and len(self.sections) >= MAX_SECTIONS - 1:
+                name = MORE_SECTIONS  # the master takes at most MAX_SECTIONS names a heartbeat
+            self.sections[name] = self.sections.get(name, 0.0) + seconds
+
+    def collective(self, seconds: float) -> None:
+        """Time this rank waited for its peers in gradient collectives."""
+        with self._lock:
+            self.collective_s += seconds
+
+    def take(self) -> pb.StepTiming | None:
+        """The sums since the last take (None when no step was timed), and start again."""
+        with self._lock:
+            if not self.steps:
+                return None
+            timing = pb.StepTiming(
+                steps=self.steps,
+                step_seconds=self.step_s,
+                data_seconds=self.data_s,
+                collective_seconds=self.collective_s,
+                other_seconds=self.other_s,
+                sections=self.sections,
+                collectives=self.collectives,
+            )
+            self._reset()
+            return timing
+
+
+class CollectiveWait:
+    """How long a rank waited for its gradient collectives, from DDP's own runtime statistics.
+
+    DDP's reducer times each iteration's backward in C++ (its compute, its communication, and
+    their overlap), sampled every iteration once asked; the wait is the communication not
+    overlapped with this rank's own backward compute: what it spent waiting for the slowest
+    peer. Read once per step (a few µs); a Python communication hook would cost ~0.3 ms/step.
+    """
+
+    def __init__(self, models: list[Any]) -> None:
+        self.models = models
+        self._seen: dict[int, int] = {}  # model index -> the last iteration counted
+
+    @staticmethod
+    def watch(model: Any) -> bool:
+        """Ask ``model`` (a DistributedDataParallel) for statistics every iteration; False
+        where this torch cannot."""
+        setter = getattr(model, "_set_ddp_runtime_logging_sample_rate", None)
+        if setter is None or not hasattr(model, "_get_ddp_logging_data"):
+            return False
+        setter(1)
+        return True
+
+    def take(self) -> float | None:
+        """Seconds waited in the iterations since the last call; None until DDP's statistics
+        said anything (a reducer that keeps none: the Python reducer, several devices per
+        process), so that no wait is ever reported as zero for want of a measurement."""
+        waited: float | None = None
+        for i, model in enumerate(self.models):
+            data = model._get_ddp_logging_data()
+            iteration = int(data.get("iteration", 0))
+            if iteration == self._seen.get(i, -1) or "backward_comm_time" not in data:
+                continue
+            self._seen[i] = iteration
+            comm = float(data["backward_comm_time"])
+            overlap = float(data.get("backward_compute_comm_overlap_time", 0))
+            waited = (waited or 0.0) + max(0.0, comm - overlap) / 1e9
+        return waited

@@ -1,0 +1,389 @@
+"""What a training function receives: its rank, device, config, and the orch hooks."""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import numbers
+import operator
+import os
+import pickle
+import re
+import threading
+from collections.abc import Callable, Iterable, Iterator
+from pathlib import Path
+from typing import Any, TypeVar
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from orch.errors import OrchError, StopTraining
+from orch.record.store import private_dir, private_opener
+from orch.runtime._sender import HeartbeatSender
+from orch.runtime._timing import RESERVED, CollectiveWait, StepTimes, clock, enabled
+
+T = TypeVar("T")
+
+
+class Context:
+    """Passed to the training function as ``ctx``.
+
+    ``ctx.rank``, ``ctx.world_size``, ``ctx.local_rank``, ``ctx.device`` and
+    ``ctx.config`` describe this rank; ``ctx.ddp(model)`` wraps a model,
+    ``ctx.steps(n)`` drives the loop and ``ctx.log(step, loss=..., **scalars)``
+    reports progress without blocking.
+    """
+
+    def __init__(
+        self,
+        *,
+        rank: int,
+        world_size: int,
+        local_rank: int,
+        device: torch.device,
+        config: dict[str, Any],
+        run_id: str,
+        sender: HeartbeatSender | None,
+        control_group: Any = None,
+        checkpoint_dir: Path | None = None,
+        attempt: int = 1,
+    ) -> None:
+        self.rank = rank
+        self.world_size = world_size
+        self.local_rank = local_rank
+        self.device = device
+        self.config = config
+        self.run_id = run_id
+        self._sender = sender
+        self._control_group = control_group
+        self._stop = threading.Event()
+        self._models: list[nn.Module] = []
+        self.stopped = False  # True once ctx.steps() ended early because of a stop request
+        self.attempt = attempt  # 1, then one more after each restart of the group
+        self.checkpoint_dir = checkpoint_dir
+        self.resume_step = 0  # the first step ctx.steps() yields (after a loaded checkpoint)
+        self._step = -1
+        self._stop_at = 0  # with a stop: the step count a loop without ctx.steps ends at
+        self._uses_steps = False  # ctx.steps() drives the loop: it handles stops itself
+        # Where each step's time goes (data, collectives, sections): see orch.runtime._timing.
+        self.times: StepTimes | None = StepTimes() if enabled() else None
+        self._ddp_models: list[nn.Module] = []
+        self._waits = CollectiveWait(self._ddp_models)
+        if sender is not None and self.times is not None:
+            sender.timing = self.times.take
+
+    @property
+    def is_main(self) -> bool:
+        """True on rank 0: the one rank that should print or write shared files."""
+        return self.rank == 0
+
+    @property
+    def stop_requested(self) -> bool:
+        return self._stop.is_set()
+
+    def request_stop(self, at_step: int = 0) -> None:
+        """Stop: ``ctx.steps`` ends at the next step on every rank; a loop without it ends when
+        ``ctx.log`` is given step ``at_step - 1`` (the same on every rank; 0: unknown)."""
+        if at_step > 0 and not self._stop_at:
+            self._stop_at = at_step
+        self._stop.set()
+
+    def ddp(self, model: nn.Module, **kwargs: Any) -> nn.Module:
+        """Move ``model`` to this rank's device and wrap it in DistributedDataParallel.
+
+        At every world size, 1 included (a process group of one), so ``model.module`` and
+        the rest of the code written for several ranks run unchanged on one.
+        """
+        model = model.to(self.device)
+        self._models.append(model)
+        if not dist.is_initialized():  # only a Context made outside a worker has no group
+            return model
+        if self.device.type == "cuda":
+            kwargs.setdefault("device_ids", [self.device.index])
+        wrapped = nn.parallel.DistributedDataParallel(model, **kwargs)
+        if self.times is not None and CollectiveWait.watch(wrapped):
+            # How long this rank waits for its peers in the gradient all-reduce (DDP's own timers);
+            # the collectives count as timed once a reading came (see CollectiveWait.take).
+            self._ddp_models.append(wrapped)
+        return wrapped
+
+    def data(self, batches: Iterable[T]) -> Iterator[T]:
+        """Iterate ``batches`` (a DataLoader, any iterable), timing the wait for each one:
+        ``for x, y in ctx.data(loader):``. The panel shows it as the step's "data" time."""
+        times = self.times
+        it = iter(batches)
+        while True:
+            start = clock()
+            try:
+                batch = next(it)
+            except StopIteration:
+                return
+            if times is not None:
+                times.data(clock() - start)
+            yield batch
+
+    @contextlib.contextmanager
+    def section(self, name: str) -> Iterator[None]:
+        """Time a part of the step: ``with ctx.section("augment"): ...``. A straggler slow in
+        it is named by it."""
+        if not isinstance(name, str) or not 0 < len(name) <= 64 or not name.isprintable():
+            raise ValueError(f"ctx.section(name) needs a printable name of 1 to 64 characters, got {name!r}")
+        if name in RESERVED:
+            raise ValueError(f"ctx.section({name!r}): that name is a part of every step; choose another")
+        name.encode()  # a lone surrogate cannot travel: UnicodeEncodeError here, not in the heartbeat
+        start = clock()
+        try:
+            yield
+        finally:
+            if self.times is not None:
+                self.times.section(name, clock() - start)
+
+    def steps(self, n: int, *, checkpoint: Callable[[], Any] | None = None, every: int = 0) -> Iterator[int]:
+        """Yield the step numbers ``resume_step .. n-1``; end early, on every rank at once, on a stop.
+
+        ``resume_step`` is 0, or the step after the checkpoint :meth:`load_checkpoint`
+        loaded. With ``checkpoint`` (a function returning the state to save) the state is
+        saved every ``every`` steps and when a stop ends the loop. The stop decision is
+        shared with an asynchronous all-reduce launched one step ahead, so every rank
+        leaves the loop at the same step without a blocking collective in each step.
+        """
+        if n < 0:
+            raise ValueError(f"ctx.steps(n) needs n >= 0, got {n}")
+        if every < 0 or (every and checkpoint is None):
+            raise ValueError("ctx.steps(every=k) needs k >= 0 and a checkpoint function")
+        self._uses_steps = True
+        if self._sender is not None:
+            self._sender.total_steps = n
+        pending: Any = None
+        flag = torch.zeros(1)
+        times = self.times
+        started = resumed = 0.0  # the current step's start; when the user's body handed back
+        try:
+            for step in range(self.resume_step, n):
+                if self._control_group is not None:
+                    if pending is not None:
+                        pending.wait()
+                        stop = flag.item() > 0
+                    else:
+                        stop = False
+                    flag = torch.ones(1) if self._stop.is_set() else torch.zeros(1)
+                    pending = (
+                        None
+                        if stop
+                        else dist.all_reduce(
+                            flag, op=dist.ReduceOp.MAX, group=self._control_group, async_op=True
+                        )
+                    )
+                else:
+                    stop = self._stop.is_set()
+                if stop:
+                    self.stopped = True
+                    if self._sender is not None:
+                        self._sender.step = self._step + 1  # steps done: the last one finished
+                    if checkpoint is not None and self._step >= 0:
+                        self.save_checkpoint(checkpoint())
+                    return
+                self._step = step
+                if self._sender is not None:
+                    self._sender.step = step
+                if times is not None:
+                    now = clock()
+                    if started:  # the step before: body, then orch's own work until now
+                        waited = self._waits.take() if self._ddp_models else None
+                        if waited is not None:
+                            times.collectives = True
+                            times.collective(waited)
+                        times.step(now - started, now - resumed)
+                    started = now
+                yield step
+                if times is not None:
+                    resumed = clock()
+                if every and (step + 1) % every == 0:
+                    self.save_checkpoint(checkpoint())  # type: ignore[misc]
+            if self._sender is not None:
+                self._sender.step = n
+        finally:
+            if pending is not None and not pending.is_completed():
+                pending.wait()
+
+    def save_checkpoint(self, state: Any, *, step: int | None = None) -> Path | None:
+        """Save ``state`` (anything ``torch.save`` takes) as of ``step`` (default: the current one).
+
+        Rank 0 writes it, atomically, to the run dir's ``checkpoints/``; the other ranks
+        hold the same DDP state and write nothing. Every rank first hands the master all the
+        points it logged so far, so that a restart from this checkpoint finds the history
+        up to it complete. Returns the file on rank 0.
+        """
+        if self.checkpoint_dir is None:
+            raise RuntimeError("this worker has no run dir to keep checkpoints in")
+        step = self._step if step is None else step
+        if self._sender is not None:
+            self._sender.flush()
+        if self.rank != 0:
+            return None
+        private_dir(self.checkpoint_dir.parent)  # the run dir, 0700 like everything in it
+        private_dir(self.checkpoint_dir)
+        path = self.checkpoint_dir / f"step-{step:09d}.pt"
+        tmp = path.with_name(path.name + ".tmp")
+        with open(tmp, "wb", opener=private_opener) as f:
+            torch.save({"step": step, "attempt": self.attempt, "state": state}, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+        latest = self.checkpoint_dir / "latest"
+        latest_tmp = self.checkpoint_dir / "latest.tmp"
+        with open(latest_tmp, "w", opener=private_opener) as f:
+            f.write(path.name)
+        os.replace(latest_tmp, latest)
+        for old in sorted(self.checkpoint_dir.glob("step-*.pt"))[:-2]:
+            old.unlink(missing_ok=True)  # keep the newest two
+        return path
+
+    def load_checkpoint(self, *, weights_only: bool = True) -> Any:
+        """The state of the newest checkpoint, or None; ``ctx.steps()`` then resumes after it.
+
+        The file is loaded with ``torch.load(weights_only=True)``: tensors, numbers, strings
+        and the lists, tuples and dicts of them (model and optimizer state dicts) load, and
+        nothing in the file can run code. A state that holds other objects needs
+        ``ctx.load_checkpoint(weights_only=False)``: only for checkpoint dirs nobody else can
+        write, since unpickling such a file runs whatever it names. ``checkpoints/latest``
+        must name a file :meth:`save_checkpoint` writes (``step-<9+ digits>.pt``), in that dir.
+        """
+        if self.checkpoint_dir is None:
+            return None
+        try:
+            name = (self.checkpoint_dir / "latest").read_text().strip()
+        except FileNotFoundError:
+            return None
+        if not _CHECKPOINT_NAME.fullmatch(name):
+            raise OrchError(
+                f"{self.checkpoint_dir / 'latest'} names {name[:200]!r}, not a checkpoint this run "
+                "wrote (step-<digits>.pt in the same folder): move the folder aside to start afresh"
+            )
+        path = self.checkpoint_dir / name
+        try:
+            saved = torch.load(path, map_location=self.device, weights_only=weights_only)
+        except pickle.UnpicklingError as e:
+            raise OrchError(
+                f"{path} holds objects that a weights-only load refuses ({e}); if the file is your "
+                "own and nobody else can write its folder, load it with "
+                "ctx.load_checkpoint(weights_only=False)"
+            ) from e
+        self.resume_step = int(saved["step"]) + 1
+        self._step = int(saved["step"])
+        return saved["state"]
+
+    def log(self, step: int, loss: float | None = None, **scalars: Any) -> None:
+        """Record ``loss`` and any other scalars at ``step``; returns at once.
+
+        ``step`` is an integer >= 0 (a counter of optimizer steps: with a DataLoader,
+        ``epoch * len(loader) + i``). Values are real numbers: ``float``, ``int``, ``bool``,
+        numpy scalars and one-element tensors (``.item()`` is taken: on a GPU that waits
+        for the value). ``None`` logs nothing for that key. Anything else raises
+        ``TypeError`` here, naming the key, so one bad value never costs the other points.
+
+        In a loop without ``ctx.steps``, once the run is asked to stop, the call that logs
+        the step every rank agreed to stop at raises :class:`orch.errors.StopTraining` after
+        recording it: the function ends there, on every rank, and the rank is STOPPED.
+        """
+        if type(step) is not int:
+            step = _as_step(step)
+        if step < 0 or step > MAX_STEP:
+            raise ValueError(f"ctx.log: step must be between 0 and {MAX_STEP}, got {step}")
+        if loss is not None:
+            scalars["loss"] = loss
+        # The common case, plain floats, costs one type check per value.
+        for value in scalars.values():
+            if type(value) is not float:
+                scalars = _as_reals(scalars)
+                break
+        if self._sender is not None:
+            self._sender.log(step, scalars)
+        if self._stop_at and step + 1 >= self._stop_at and not self._uses_steps:
+            self.stopped = True
+            raise StopTraining(f"the run was asked to stop; every rank stops after step {step}")
+
+    @property
+    def total_steps(self) -> int:
+        """The run's length in steps, for its progress bar (0: unknown)."""
+        return self._sender.total_steps if self._sender is not None else 0
+
+    @total_steps.setter
+    def total_steps(self, n: int) -> None:
+        """Say how many steps the run takes when the loop is not ``ctx.steps(n)``."""
+        if type(n) is not int or n < 0:
+            raise TypeError(f"ctx.total_steps must be an integer >= 0, got {n!r}")
+        if self._sender is not None:
+            self._sender.total_steps = n
+
+    def param_checksum(self) -> str:
+        """sha256 of every parameter of the models passed to :meth:`ddp`, in order."""
+        h = hashlib.sha256()
+        for model in self._models:
+            for p in model.parameters():
+                h.update(p.detach().to("cpu", torch.float64).contiguous().numpy().tobytes())
+        return h.hexdigest() if self._models else ""
+
+
+MAX_STEP = 2**63 - 1
+_CHECKPOINT_NAME = re.compile(r"step-[0-9]{9,19}\.pt")  # the names save_checkpoint writes (int64 steps)
+
+
+def _as_step(step: Any) -> int:
+    if not isinstance(step, bool):
+        try:
+            return operator.index(step)  # numpy integers, integer tensors with one element
+        except TypeError:
+            pass
+    raise TypeError(
+        f"ctx.log: step must be an integer (count optimizer steps, e.g. epoch * len(loader) + i), "
+        f"got {type(step).__name__} {step!r}"
+    )
+
+
+def _as_reals(scalars: dict[str, Any]) -> dict[str, Any]:
+    """``scalars`` with every value a float or int, ``None`` dropped; TypeError names a bad key."""
+    out: dict[str, Any] = {}
+    for key, value in scalars.items():
+        if value is None:
+            continue
+        t = type(value)
+        if t is float or t is int:
+            out[key] = value
+        elif t is bool or t is np.bool_ or isinstance(value, numbers.Real):  # numpy scalars are Real
+            out[key] = float(value)
+        elif _one_real(value):
+            out[key] = float(value.item())
+        else:
+            raise TypeError(
+                f"ctx.log: {key}={_short(value)} is {_kind(value)}, not a real number: log floats, ints, "
+                "numpy scalars or one-element tensors (use .item() on a loss tensor's value)"
+            )
+    return out
+
+
+def _one_real(value: Any) -> bool:
+    """A tensor or numpy array holding exactly one real (or bool) value."""
+    if isinstance(value, torch.Tensor):
+        return value.numel() == 1 and not value.is_complex()
+    if isinstance(value, np.ndarray):
+        return (
+            value.size == 1
+            and (np.issubdtype(value.dtype, np.number) or value.dtype == np.bool_)
+            and (not np.iscomplexobj(value))
+        )
+    return False
+
+
+def _kind(value: Any) -> str:
+    if isinstance(value, (torch.Tensor, np.ndarray)):
+        shape = tuple(value.shape)
+        return f"a {type(value).__name__} of shape {shape} and dtype {value.dtype}"
+    return f"a {type(value).__name__}"
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."

@@ -1,0 +1,446 @@
+"""Runs side by side: ``orch.compare([run_a, "runs/<id>", sweep], metric="loss")``.
+
+Each run is drawn as one curve, the mean of a metric over its ranks, with a band from the
+least to the greatest rank's value at each step, in the run's own colour; curves line up
+by step or by wall time since the run's first point. Live runs are followed as they go
+(a run of this process is read from its master in memory, an attached one over gRPC, a
+run on disk once); polling stops when every run has ended. :class:`RunsView` is the part
+the sweep panel shares.
+"""
+
+from __future__ import annotations
+
+import html
+import io
+import logging
+import re
+import threading
+import traceback
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal, Protocol
+
+import ipywidgets as widgets
+import numpy as np
+import numpy.typing as npt
+
+from orch.errors import ConfigError, OrchError
+from orch.experiments.sweep import Sweep, Trial, default_mode
+from orch.launchers.attached import open_run
+from orch.views._static import IMAGE, Record
+from orch.views.panel import STATE_COLORS, choose, default_metric, downsample
+from orch.wire.client import SeriesBuffer, StateMirror
+
+log = logging.getLogger(__name__)
+
+XAxis = Literal["step", "time"]
+
+
+@dataclass
+class Curve:
+    """One run's metric over its ranks: x (step, or seconds since its first point), mean, band."""
+
+    x: npt.NDArray[Any]
+    mean: npt.NDArray[np.float64]
+    lo: npt.NDArray[np.float64]
+    hi: npt.NDArray[np.float64]
+
+
+def curve(mirror: StateMirror, metric: str, x: XAxis = "step") -> Curve:
+    """The mean of ``metric`` over the ranks at each step, with its min and max; NaN/inf left out."""
+    bufs: list[SeriesBuffer] = [b for (_, name), b in mirror.series.items() if name == metric]
+    if not bufs:
+        empty = np.empty(0)
+        return Curve(empty, empty, empty, empty)
+    steps = np.concatenate([b.steps for b in bufs])
+    values = np.concatenate([b.values for b in bufs])
+    times = np.concatenate([b.times for b in bufs])
+    keep = np.isfinite(values)
+    steps, values, times = steps[keep], values[keep], times[keep]
+    if len(steps) == 0:
+        empty = np.empty(0)
+        return Curve(empty, empty, empty, empty)
+    order = np.argsort(steps, kind="stable")
+    steps, values, times = steps[order], values[order], times[order]
+    unique, start = np.unique(steps, return_index=True)
+    counts = np.diff(np.append(start, len(values)))
+    mean = np.add.reduceat(values, start) / counts
+    lo, hi = np.minimum.reduceat(values, start), np.maximum.reduceat(values, start)
+    if x == "step":
+        return Curve(unique, mean, lo, hi)
+    # Wall time: when the step's last rank logged it, from the run's first point of any metric.
+    with np.errstate(all="ignore"):
+        first = min((np.nanmin(b.times) for b in mirror.series.values() if len(b)), default=np.nan)
+    when = np.maximum.reduceat(np.where(np.isfinite(times), times, -np.inf), start) - first
+    ok = np.isfinite(when)
+    return Curve(when[ok], mean[ok], lo[ok], hi[ok])
+
+
+class _Follower(Protocol):
+    @property
+    def label(self) -> str: ...
+
+    @property
+    def ended(self) -> bool:
+        """Nothing more will change: the last poll read the run's final state."""
+
+    def poll(self) -> StateMirror: ...
+
+
+class _Mirrored:
+    """A run of this process, a run attached over gRPC, or one on disk: its state, kept current."""
+
+    def __init__(self, source: Any, label: str) -> None:
+        self.source = source
+        self.label = label
+        self._mirror = StateMirror()
+        self._ended = False
+
+    @property
+    def ended(self) -> bool:
+        return self._ended
+
+    def poll(self) -> StateMirror:
+        if self._ended:
+            return self._mirror
+        coordinator = getattr(self.source, "coordinator", None)
+        if coordinator is not None:  # orch.Run: its master is in this process, read without RPC
+            # A failed rank's last points may come after the run's state is final; none come
+            # after its record is written (``done``), so that is when following ends.
+            recorded = bool(self.source.done)
+            while True:
+                reply = coordinator.snapshot(self._mirror.cursor)
+                self._mirror.apply(reply)
+                if not reply.more:
+                    break
+            self._ended = recorded
+        else:  # an AttachedRun polls its master; a LoadedRun is what it read
+            self._mirror = self.source.state()
+            self._ended = self._mirror.state.done
+        return self._mirror
+
+
+class _TrialFollower:
+    """A config of a sweep: nothing until its run starts, then that run, then its record."""
+
+    def __init__(self, trial: Trial) -> None:
+        self.trial = trial
+        self._inner: _Mirrored | None = None
+        self._queued = StateMirror()
+
+    @property
+    def ended(self) -> bool:
+        if not self.trial.done:
+            return False
+        if self._inner is None:  # never started (cancelled), or not polled since it ended
+            return self.trial.run_dir is None
+        return self._inner.ended
+
+    @property
+    def label(self) -> str:
+        return f"#{self.trial.index} " + ", ".join(f"{k}={v}" for k, v in self.trial.config.items())
+
+    def poll(self) -> StateMirror:
+        source = self.trial.run if self.trial.run is not None else None
+        if source is None and self.trial.run_dir is not None and self.trial.done:
+            if self._inner is None:
+                self._inner = _Mirrored(self.trial.load(), self.label)
+            return self._inner.poll()
+        if source is None:
+            return self._queued
+        if self._inner is None or self._inner.source is not source:
+            self._inner = _Mirrored(source, self.label)
+        return self._inner.poll()
+
+
+def followers(runs: Any, run_root: str = "runs") -> list[_Follower]:
+    """What ``orch.compare`` takes, as things to follow: runs, run ids or dirs, a sweep."""
+    if isinstance(runs, Sweep):
+        return [_TrialFollower(t) for t in runs.trials]
+    if isinstance(runs, (str, Path)) or not isinstance(runs, Iterable):
+        runs = [runs]
+    out: list[_Follower] = []
+    for item in runs:
+        if isinstance(item, Sweep):
+            out.extend(_TrialFollower(t) for t in item.trials)
+        elif isinstance(item, Trial):
+            out.append(_TrialFollower(item))
+        elif isinstance(item, (str, Path)):
+            source = open_run(item, run_root)
+            out.append(_Mirrored(source, source.run_id))
+        elif callable(getattr(item, "state", None)) and hasattr(item, "run_id"):
+            out.append(_Mirrored(item, str(item.run_id)))
+        else:
+            raise ConfigError(
+                f"compare() takes runs (orch.Run, an attached or loaded run), run ids, run dirs or "
+                f"a sweep; got {type(item).__name__} {item!r:.60}"
+            )
+    if not out:
+        raise ConfigError("compare() needs at least one run")
+    return out
+
+
+def _best_of(values: Any, metric: str) -> float:
+    return float(values.max() if default_mode(metric) == "max" else values.min())
+
+
+class _RunsPlot:
+    """One matplotlib figure, redrawn with a curve and a band per run."""
+
+    def __init__(self, width_px: int, height_px: int) -> None:
+        from matplotlib.backends.backend_agg import FigureCanvasAgg
+        from matplotlib.figure import Figure
+
+        self.width_px = width_px
+        self.fig = Figure(figsize=(width_px / 100, height_px / 100), dpi=100)
+        FigureCanvasAgg(self.fig)
+        self.ax = self.fig.add_subplot(1, 1, 1)
+        self.fig.subplots_adjust(left=0.1, right=0.98, top=0.92, bottom=0.15)
+
+    def draw(
+        self,
+        curves: list[tuple[str, int, Curve, bool]],
+        metric: str,
+        x: XAxis,
+        log_scale: bool,
+    ) -> bytes:
+        """``curves``: (label, colour index, curve, marked) per run; a marked run is drawn bold."""
+        ax = self.ax
+        ax.clear()
+        ax.grid(True, alpha=0.3)
+        ax.set_xlabel("step" if x == "step" else "seconds since the run's first point")
+        ax.set_ylabel(metric)
+        drawn = 0
+        for label, color_index, c, marked in curves:
+            if len(c.x) == 0:
+                continue
+            color = f"C{color_index % 10}"
+            px, mean = downsample(c.x, c.mean, self.width_px // 2)
+            ax.plot(
+                px, mean, color=color, lw=2.4 if marked else 1.3, label=label + (" (best)" if marked else "")
+            )
+            if len(c.x) <= 4 * self.width_px and np.any(c.hi > c.lo):
+                ax.fill_between(c.x, c.lo, c.hi, color=color, alpha=0.18, lw=0)
+            drawn += 1
+        ax.set_title(metric if drawn else f"{metric}: waiting for the first points", fontsize=10)
+        if drawn:
+            ax.legend(loc="upper right", fontsize=7)
+            ax.set_yscale("log" if log_scale else "linear")
+        return self.png(compress_level=1)  # speed over size: it only crosses a local socket
+
+    def png(self, compress_level: int = 6) -> bytes:
+        """The figure as last drawn (the record a notebook keeps is compressed harder)."""
+        out = io.BytesIO()
+        self.fig.savefig(out, format="png", pil_kwargs={"compress_level": compress_level})
+        return out.getvalue()
+
+
+class RunsView:
+    """Runs' curves on one plot, kept current by a polling thread until every run ended."""
+
+    def __init__(
+        self,
+        runs: list[_Follower],
+        *,
+        metric: str = "loss",
+        x: XAxis = "step",
+        interval: float = 0.5,
+        width_px: int = 720,
+        height_px: int = 340,
+    ) -> None:
+        if x not in ("step", "time"):
+            raise ConfigError(f"x must be 'step' or 'time', got {x!r}")
+        self.runs = runs
+        self.interval = interval
+        self.mirrors: list[StateMirror] = [StateMirror() for _ in runs]
+        self.polls = 0
+        self.redraws = 0
+        self.last_error = ""
+        self._plot = _RunsPlot(width_px, height_px)
+        self._drawn: tuple[Any, ...] = ()
+        self._closed = threading.Event()
+        # The poller and the widgets' callbacks (on the kernel's thread) draw one figure.
+        self._lock = threading.RLock()
+        self.metric = widgets.Dropdown(options=[metric], value=metric, description="metric")
+        self.x_axis = widgets.ToggleButtons(
+            options=["step", "time"],
+            value=x,
+            tooltips=["line runs up by step", "by seconds since each began"],
+        )
+        self.x_axis.style.button_width = "60px"
+        self.log_scale = widgets.Checkbox(value=False, description="log scale", indent=False)
+        self.plot = widgets.Image(format="png", layout=widgets.Layout(width=f"{width_px}px"))
+        self.header = widgets.HTML(layout=widgets.Layout(width="100%"))
+        self._choosing = False
+        for w in (self.metric, self.x_axis, self.log_scale):
+            w.observe(lambda _c: None if self._choosing else self._redraw_now(), names="value")
+        self.widget = widgets.VBox()
+        self._layout()
+        # Live while a run goes; once every run ended, a static record that a saved notebook keeps.
+        self.record = Record(self.widget, text=f"{type(self).__name__}: live until its runs end")
+        self._tick()
+        self._thread = threading.Thread(target=self._loop, name="orch-compare", daemon=True)
+        self._thread.start()
+
+    def _layout(self) -> None:
+        self.widget.children = [
+            self.header,
+            widgets.HBox([self.metric, self.x_axis, self.log_scale]),
+            self.plot,
+        ]
+
+    def _ipython_display_(self) -> None:
+        self.record._ipython_display_()
+
+    def _repr_mimebundle_(self, **kwargs: Any) -> Any:
+        return self.record._repr_mimebundle_(**kwargs)
+
+    # -- polling ----------------------------------------------------------------------------
+    @property
+    def done(self) -> bool:
+        return all(f.ended for f in self.runs)
+
+    def _loop(self) -> None:
+        while not self.done and not self._closed.wait(self.interval):
+            self._tick()
+        self._tick()  # the last state, drawn once every run ended
+
+    def refresh(self) -> None:
+        self._tick()
+
+    def _tick(self) -> None:
+        with self._lock:
+            errors = []
+            for i, follower in enumerate(self.runs):
+                try:  # one run that cannot be reached leaves the others followed
+                    self.mirrors[i] = follower.poll()
+                except (OrchError, OSError) as e:
+                    errors.append(f"{follower.label}: {e}")
+            self.polls += 1
+            self.last_error = "; ".join(errors)
+            try:
+                self._redraw()
+                if self.done:  # each time: wait()'s refresh sends it from the waiting cell
+                    self.record.publish(self._plot.png(), self._record_html(), self._record_text())
+            except Exception:  # a drawing bug must not kill the poller; show it instead
+                self.last_error = traceback.format_exc()
+                log.exception("orch: redraw of the runs view failed")
+
+    def close(self) -> None:
+        self._closed.set()
+        if self._thread is not threading.current_thread():
+            self._thread.join(5.0)
+
+    def wait_done(self, timeout: float | None = None) -> bool:
+        self._thread.join(timeout)
+        return not self._thread.is_alive()
+
+    # -- drawing ----------------------------------------------------------------------------
+    def marked(self) -> int | None:
+        """The run drawn bold (the sweep's best), if any."""
+        return None
+
+    def curves(self) -> list[tuple[str, int, Curve, bool]]:
+        metric = self.metric.value or "loss"
+        best = self.marked()
+        return [
+            (f.label, i, curve(m, metric, self.x_axis.value), i == best)
+            for i, (f, m) in enumerate(zip(self.runs, self.mirrors, strict=True))
+        ]
+
+    def _redraw_now(self) -> None:
+        with self._lock:
+            self._redraw(force=True)
+
+    def _redraw(self, force: bool = False) -> None:
+        names = sorted({name for m in self.mirrors for _, name in m.series})
+        with self.widget.hold_sync():
+            if names and list(self.metric.options) != names:
+                current = self.metric.value if self.metric.value in names else default_metric(names)
+                choose(self, self.metric, names, current)
+            self._draw_parts()
+            points = tuple(sum(len(b) for b in m.series.values()) for m in self.mirrors)
+            key = (points, self.marked(), tuple(m.state for m in self.mirrors))
+            if force or key != self._drawn:
+                self.plot.value = self._plot.draw(
+                    self.curves(), self.metric.value or "loss", self.x_axis.value, self.log_scale.value
+                )
+                self._drawn = key
+                self.redraws += 1
+
+    def _draw_parts(self) -> None:
+        """The header and whatever a subclass shows beside the plot."""
+        self.header.value = self._header_html()
+
+    def _record_html(self) -> str:
+        """The ended view as a saved notebook shows it (:data:`~orch.views._static.IMAGE`: the plot)."""
+        return self._header_html() + IMAGE
+
+    def _record_text(self) -> str:
+        lines = [re.sub(r"<[^>]+>", "", self._header_html()).replace("&middot;", "-")]
+        for f, m in zip(self.runs, self.mirrors, strict=True):
+            c = curve(m, self.metric.value or "loss")
+            last = f"{c.mean[-1]:.4g}" if len(c.mean) else "-"
+            lines.append(f"{f.label}: {m.state.value}, step {m.progress()[0]}, {self.metric.value} {last}")
+        return "\n".join(lines)
+
+    def _header_html(self) -> str:
+        states = [m.state for m in self.mirrors]
+        live = sum(not s.done for s in states)
+        note = f" &middot; <i>{html.escape(self.last_error)}</i>" if self.last_error else ""
+        return f"<b>orch compare</b> &middot; {len(states)} runs, {live} live{note}"
+
+
+class ComparePanel(RunsView):
+    """:func:`compare`: the runs' curves and a legend table of their state and last value."""
+
+    def _record_html(self) -> str:
+        return super()._record_html() + str(self.legend.value)
+
+    def _layout(self) -> None:
+        self.legend = widgets.HTML()
+        super()._layout()
+        self.widget.children = (*self.widget.children, self.legend)
+        self.widget.add_class("orch-compare")
+
+    def _draw_parts(self) -> None:
+        super()._draw_parts()
+        metric = self.metric.value or "loss"
+        rows = []
+        for i, (f, m) in enumerate(zip(self.runs, self.mirrors, strict=True)):
+            c = curve(m, metric)
+            last = f"{c.mean[-1]:.4g}" if len(c.mean) else "-"
+            best = f"{_best_of(c.mean, metric):.4g}" if len(c.mean) else "-"
+            color = STATE_COLORS.get(m.state, "#777")
+            rows.append(
+                f'<tr class="orch-compared" data-run="{html.escape(m.run_id)}">'
+                f'<td><span style="color:{_swatch(i)}">&#9632;</span> {html.escape(f.label)}</td>'
+                f'<td style="color:{color}">{m.state.value}</td><td>{m.progress()[0]}</td>'
+                f"<td>{last}</td><td>{best}</td></tr>"
+            )
+        self.legend.value = (
+            '<table class="orch-compare-runs" style="border-collapse:collapse">'
+            f"<thead><tr><th>run</th><th>state</th><th>step</th><th>{html.escape(metric)} last</th>"
+            f"<th>{html.escape(metric)} best</th></tr></thead><tbody>{''.join(rows)}</tbody></table>"
+        )
+
+
+def _swatch(i: int) -> str:
+    """The hex colour of matplotlib's ``C{i}``, for HTML beside the plot."""
+    from matplotlib import colors, rcParams
+
+    cycle = rcParams["axes.prop_cycle"].by_key()["color"]
+    return str(colors.to_hex(cycle[i % len(cycle)]))
+
+
+def compare(
+    runs: Any, metric: str = "loss", x: XAxis = "step", *, run_root: str = "runs", interval: float = 0.5
+) -> ComparePanel:
+    """Overlay runs in one panel: each run's ``metric`` (mean over ranks, min-max band).
+
+    ``runs`` is a list of runs (``orch.Run``, ``orch.attach(...)``, ``orch.load_run(...)``),
+    run ids (under ``run_root``) or run dirs, or a sweep. Live runs are followed as they go.
+    ``x="time"`` lines runs up by seconds since each run's first point instead of by step.
+    """
+    return ComparePanel(followers(runs, run_root), metric=metric, x=x, interval=interval)

@@ -1,0 +1,226 @@
+"""The live panel of a sweep: a curve per run, a row per run, Stop, and each run's own panel.
+
+The plot is :class:`~orch.views.comparison.RunsView`'s: each run's metric as its mean over ranks
+with a min-max band, in the run's colour, the best succeeded run drawn bold. Below it a
+row per config (its values, state, progress, last and best value of the metric), in
+config order or sorted by the metric; the best run is marked, and a click on a row's
+button opens that run's per-rank panel under the table.
+"""
+
+from __future__ import annotations
+
+import html
+import math
+from typing import TYPE_CHECKING, Any
+
+import ipywidgets as widgets
+
+from orch.experiments.sweep import default_mode
+from orch.views.comparison import RunsView, _swatch, _TrialFollower, curve
+from orch.views.panel import STATE_COLORS, _route_clicks_to_their_subshell
+from orch.wire.states import RunState
+
+if TYPE_CHECKING:
+    from orch.experiments.sweep import Sweep, Trial
+
+SORTS = [("config order", ""), ("metric, least first", "min"), ("metric, greatest first", "max")]
+
+
+class SweepPanel(RunsView):
+    """The view of one sweep. Display it (``sweep.panel()`` as the last value of a cell)."""
+
+    def __init__(self, sweep: Sweep, **options: Any) -> None:
+        self.sweep = sweep
+        self.opened: int | None = None  # the config whose per-rank panel is shown
+        super().__init__([_TrialFollower(t) for t in sweep.trials], **options)
+
+    def _layout(self) -> None:
+        self.progress = widgets.IntProgress(
+            value=0, min=0, max=len(self.sweep.trials), description="runs", layout=widgets.Layout(width="60%")
+        )
+        self.progress_label = widgets.Label()
+        self.sort = widgets.Dropdown(options=SORTS, value="", description="sort")
+        self.sort.observe(lambda _c: self._redraw_now(), names="value")
+        self.stop_button = widgets.Button(
+            description="Stop all",
+            button_style="warning",
+            icon="stop",
+            tooltip="stop every run; start no more",
+        )
+        self.stop_button.on_click(self._on_stop)
+        _route_clicks_to_their_subshell(self.stop_button)
+        self.table_head = widgets.HTML()
+        self.rows: list[tuple[widgets.Button, widgets.HTML]] = []
+        for trial in self.sweep.trials:
+            button = widgets.Button(
+                description=f"#{trial.index}",
+                tooltip="open this run's per-rank panel",
+                layout=widgets.Layout(width="52px"),
+            )
+            button.on_click(lambda _b, i=trial.index: self.open(i))
+            _route_clicks_to_their_subshell(button)
+            cells = widgets.HTML()
+            cells.add_class("orch-trial-row")
+            self.rows.append((button, cells))
+        self.table = widgets.VBox()
+        self.detail = widgets.VBox()
+        self.widget.children = [
+            self.header,
+            widgets.HBox([self.progress, self.progress_label]),
+            widgets.HBox([self.metric, self.x_axis, self.log_scale]),
+            widgets.HBox([self.sort, self.stop_button]),
+            self.plot,
+            self.table_head,
+            self.table,
+            self.detail,
+        ]
+        self.widget.add_class("orch-sweep-panel")
+
+    # -- actions ----------------------------------------------------------------------------
+    def _on_stop(self, _button: Any) -> None:
+        self.stop_button.disabled = True
+        self.stop_button.description = "Stopping…"
+        try:
+            self.sweep.stop(reason="Stop pressed in the sweep panel")
+        except Exception as e:  # say so on the button; the runs keep their own state
+            self.stop_button.description = f"Stop failed: {e}"[:60]
+
+    def open(self, index: int) -> None:
+        """Show config ``index``'s per-rank panel under the table (a row's button does this)."""
+        trial = self.sweep.trials[index]
+        source = trial.source()
+        if source is None:
+            self.detail.children = [widgets.HTML(f"<i>run #{index} has not started yet</i>")]
+            return
+        self.opened = index
+        title = widgets.HTML(
+            f'<b class="orch-opened" data-index="{index}">run #{index}</b> '
+            f"{html.escape(_config_text(trial.config))}"
+        )
+        self.detail.children = [title, source.panel().widget]
+
+    # -- drawing ----------------------------------------------------------------------------
+    @property
+    def done(self) -> bool:
+        # The sweep's own end too: the record must not say "running" for the gap between its
+        # last run's end and the scheduler's.
+        return super().done and self.sweep.done
+
+    def marked(self) -> int | None:
+        """The succeeded run whose metric ended best (least; greatest for an accuracy or a score)."""
+        metric = self.metric.value or "loss"
+        sign = -1.0 if default_mode(metric) == "max" else 1.0
+        best: tuple[float, int] | None = None
+        for i, m in enumerate(self.mirrors):
+            if m.state is not RunState.SUCCEEDED:
+                continue
+            c = curve(m, metric)
+            if len(c.mean) and math.isfinite(c.mean[-1]) and (best is None or sign * c.mean[-1] < best[0]):
+                best = (sign * float(c.mean[-1]), i)
+        return best[1] if best else None
+
+    def _header_html(self) -> str:
+        trials = self.sweep.trials
+        failed = sum(t.state == RunState.FAILED.value for t in trials)
+        running = sum(not t.done and t.run is not None for t in trials)
+        state = "done" if self.sweep.done else "running"
+        note = f" &middot; <i>{html.escape(self.last_error)}</i>" if self.last_error else ""
+        return (
+            f'<div class="orch-header"><b>orch sweep {html.escape(self.sweep.name)}</b> &middot; '
+            f'<span class="orch-sweep-state" data-state="{state}">{state}</span> &middot; '
+            f"{len(trials)} configs &middot; {running} in progress &middot; {failed} failed{note}</div>"
+        )
+
+    def _record_html(self) -> str:
+        """The ended sweep as a saved notebook keeps it: header, curves, the results table."""
+        metric = self.metric.value or "loss"
+        best = self.marked()
+        note = ""
+        if best is not None:
+            trial = self.sweep.trials[best]
+            note = (
+                f'<div class="orch-best">best by final {html.escape(metric)}: #{best} '
+                f"{html.escape(_config_text(trial.config))} (run {html.escape(trial.run_id)})</div>"
+            )
+        return super()._record_html() + note + self.sweep.results()._repr_html_()
+
+    def _draw_parts(self) -> None:
+        trials = self.sweep.trials
+        ended = sum(t.done for t in trials)
+        failed = sum(t.state == RunState.FAILED.value for t in trials)
+        self.header.value = self._header_html()
+        self.progress.value = ended
+        self.progress.bar_style = "danger" if failed else ("success" if self.sweep.done else "info")
+        self.progress_label.value = f"{ended}/{len(trials)} runs ended"
+        if self.sweep.done:
+            self.stop_button.disabled = True
+            self.stop_button.description = "Done"
+            self.stop_button.button_style = ""
+        self._draw_rows()
+
+    def _draw_rows(self) -> None:
+        metric = self.metric.value or "loss"
+        best = self.marked()
+        keys = sorted({k for t in self.sweep.trials for k in t.config})
+        widths = [max(8, len(k) + 1) for k in keys]
+        head = [*(f"{k}" for k in keys), "state", "step", f"{metric} last", f"{metric} best", ""]
+        self.table_head.value = _cells(head, [*widths, 11, 9, 11, 11, 8], header=True)
+        order = list(range(len(self.sweep.trials)))
+        finals: dict[int, float] = {}
+        for i, m in enumerate(self.mirrors):
+            c = curve(m, metric)
+            if len(c.mean):
+                finals[i] = float(c.mean[-1])
+            trial: Trial = self.sweep.trials[i]
+            done, total = m.progress()
+            cells = [
+                *(str(trial.config.get(k, "")) for k in keys),
+                _state_html(trial),
+                f"{done}/{total}" if total else str(done),
+                f"{c.mean[-1]:.4g}" if len(c.mean) else "-",
+                f"{_best_of(c.mean, metric):.4g}" if len(c.mean) else "-",
+                '<b class="orch-best" style="color:#1a7f37">&#9733; best</b>' if i == best else "",
+            ]
+            button, html_cells = self.rows[i]
+            button.style.button_color = _swatch(i)
+            html_cells.value = _cells(cells, [*widths, 11, 9, 11, 11, 8], raw={len(keys), len(keys) + 4})
+            if trial.failure and trial.state != RunState.SUCCEEDED.value:
+                html_cells.value += (
+                    f'<div class="orch-trial-failure" style="color:#cf222e;font-size:85%">'
+                    f"{html.escape(trial.failure)[:300]}</div>"
+                )
+        if self.sort.value:
+            sign = -1.0 if self.sort.value == "max" else 1.0
+            order.sort(key=lambda i: (i not in finals, sign * finals.get(i, 0.0), i))
+        children = tuple(widgets.HBox([self.rows[i][0], self.rows[i][1]]) for i in order)
+        if [c.children for c in self.table.children] != [c.children for c in children]:
+            self.table.children = children
+
+
+def _best_of(values: Any, metric: str) -> float:
+    return float(values.max() if default_mode(metric) == "max" else values.min())
+
+
+def _state_html(trial: Trial) -> str:
+    try:
+        color = STATE_COLORS[RunState(trial.state)]
+    except ValueError:  # QUEUED, CANCELLED: the sweep's own
+        color = "#777"
+    earlier = " (earlier)" if trial.reused else ""
+    return f'<span class="orch-trial-state" style="color:{color}">{html.escape(trial.state)}{earlier}</span>'
+
+
+def _cells(values: list[str], widths: list[int], *, header: bool = False, raw: set[int] | None = None) -> str:
+    """One row as fixed-width cells (``ch`` units), so rows line up under the header."""
+    spans = []
+    for i, (v, w) in enumerate(zip(values, widths, strict=True)):
+        text = v if raw and i in raw else html.escape(v)
+        if header:
+            text = f"<b>{text}</b>"
+        spans.append(f'<span style="display:inline-block;min-width:{w}ch;padding-right:1ch">{text}</span>')
+    pad = '<span style="display:inline-block;width:56px"></span>' if header else ""
+    return f'<div style="white-space:nowrap;font-family:monospace">{pad}{"".join(spans)}</div>'
+
+
+def _config_text(config: dict[str, Any]) -> str:
+    return ", ".join(f"{k}={v}" for k, v in config.items())

@@ -1,0 +1,107 @@
+"""Ports and addresses: pick free ports, name taken ones."""
+
+from __future__ import annotations
+
+import contextlib
+import ipaddress
+import socket
+
+from orch.errors import ConfigError, PortInUseError
+
+DEFAULT_MASTER_PORT = 50051
+DEFAULT_RENDEZVOUS_PORT = 29500
+
+
+def port_is_free(port: int, host: str = "127.0.0.1") -> bool:
+    """True when nothing listens on ``host:port`` and we could bind it."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        # Like the servers that will bind it: a port held only by TIME_WAIT connections is free.
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host, port))
+        except OSError:
+            return False
+    return True
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A port the kernel just handed out as free."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+def choose_port(
+    requested: int | None, default: int, *, what: str, option: str, host: str = "127.0.0.1"
+) -> int:
+    """Resolve a port option.
+
+    ``None`` means "the default if it is free, else any free port"; ``0`` means any free
+    port; any other number must be free, else :class:`PortInUseError` names it.
+    """
+    if requested is None:
+        return default if port_is_free(default, host) else free_port(host)
+    if requested == 0:
+        return free_port(host)
+    if not 0 < requested < 65536:
+        raise ConfigError(f"{option}={requested} is not a port: use 1-65535, or 0 for any free one")
+    if not port_is_free(requested, host):
+        raise PortInUseError(requested, what, option)
+    return requested
+
+
+def address_towards(host: str, port: int) -> str:
+    """This host's address on the route to ``host`` (what the master sees us as)."""
+    with contextlib.suppress(OSError), socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        # connect() on UDP sends nothing; it only asks the kernel for the outgoing route.
+        s.connect((host, port))
+        return str(s.getsockname()[0])
+    return "127.0.0.1"
+
+
+def split_address(address: str) -> tuple[str, int]:
+    """``"host:port"`` -> ``("host", port)``, with a clear error for anything else."""
+    host, sep, port = address.rpartition(":")
+    if not sep or not host or not port.isdigit():
+        raise ConfigError(f"expected HOST:PORT for the master address, got {address!r}")
+    return host.strip("[]"), int(port)
+
+
+def is_loopback(host: str) -> bool:
+    """True for ``localhost`` and loopback addresses (parsed, so ``127.evil.example`` is not one)."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def is_local_address(host: str) -> bool:
+    """True when ``host`` is an address of this machine (a loopback one, or one we can bind)."""
+    if is_loopback(host):
+        return True
+    try:
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        with socket.socket(family, socket.SOCK_STREAM) as s:
+            s.bind((host.strip("[]"), 0))
+    except OSError:
+        return False
+    return True
+
+
+def interface_for(address: str) -> str | None:
+    """The name of the network interface that holds ``address`` (IPv4), or None."""
+    import fcntl
+    import struct
+
+    siocgifaddr = 0x8915
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        for _, name in socket.if_nameindex():
+            try:
+                packed = fcntl.ioctl(s.fileno(), siocgifaddr, struct.pack("256s", name.encode()[:15]))
+            except OSError:
+                continue
+            if socket.inet_ntoa(packed[20:24]) == address:
+                return name
+    return None

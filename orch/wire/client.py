@@ -1,0 +1,289 @@
+"""Reading a master from outside: a small client and a mirror of the run's state.
+
+:class:`MasterClient` wraps the stub with deadlines and clear errors;
+:class:`StateMirror` folds the incremental ``GetState`` replies into full per-rank
+series, so each poll only moves the new points over the wire. The terminal dashboard,
+the notebook panel and ``orch status`` all read a run through these two.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+import grpc
+import numpy as np
+import numpy.typing as npt
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from orch.errors import MasterUnavailable
+from orch.wire._proto import orchestrator_pb2 as pb
+from orch.wire._proto import orchestrator_pb2_grpc as pb_grpc
+from orch.wire._rpc import rpc_error
+from orch.wire.auth import open_channel, token_from_env
+from orch.wire.ranks import RankView
+from orch.wire.states import SERVICE_NAME, RunState
+
+
+class Snapshots(Protocol):
+    """A master in this process, read without an RPC: the coordinator is one."""
+
+    def snapshot(self, cursor: bytes = b"") -> pb.GetStateResponse: ...
+
+
+class MasterClient:
+    """A connection to an orch master at ``"host:port"``."""
+
+    def __init__(
+        self,
+        address: str,
+        *,
+        timeout: float = 5.0,
+        token: str | None = None,
+        tls_ca: str | Path | None = None,
+        tls_server_name: str | None = None,
+    ) -> None:
+        self.address = address
+        self.timeout = timeout
+        self.tls = tls_ca is not None
+        self._channel = open_channel(
+            address, token=token_from_env(token), tls_ca=tls_ca, tls_server_name=tls_server_name
+        )
+        self.stub = pb_grpc.OrchestratorStub(self._channel)
+
+    def wait_ready(self, timeout: float = 10.0) -> None:
+        """Block until the master's health service answers SERVING."""
+        health_stub = health_pb2_grpc.HealthStub(self._channel)
+        try:
+            reply = health_stub.Check(
+                health_pb2.HealthCheckRequest(service=SERVICE_NAME), timeout=timeout, wait_for_ready=True
+            )
+        except grpc.RpcError as e:
+            raise MasterUnavailable(
+                f"no orch master answered at {self.address} within {timeout:g}s "
+                f"({e.code().name}): check the address, that `orch master` is running there, "
+                "and that TLS is used on both sides or on neither"
+            ) from e
+        if reply.status != health_pb2.HealthCheckResponse.SERVING:
+            raise MasterUnavailable(f"the master at {self.address} is not serving")
+
+    def get_state(self, cursor: bytes = b"", *, skip_series: bool = False) -> pb.GetStateResponse:
+        try:
+            reply: pb.GetStateResponse = self.stub.GetState(
+                pb.GetStateRequest(cursor=cursor, skip_series=skip_series), timeout=self.timeout
+            )
+        except grpc.RpcError as e:
+            raise rpc_error("GetState", self.address, e, tls=self.tls) from e
+        return reply
+
+    def stop_run(self, reason: str = "") -> RunState:
+        try:
+            reply = self.stub.StopRun(pb.StopRunRequest(reason=reason), timeout=self.timeout)
+        except grpc.RpcError as e:
+            raise rpc_error("StopRun", self.address, e, tls=self.tls) from e
+        return RunState(pb.RunState.Name(reply.state))
+
+    def close(self) -> None:
+        self._channel.close()
+
+    def __enter__(self) -> MasterClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class SeriesBuffer:
+    """One metric series of one rank, in numpy arrays that grow by doubling.
+
+    ``times`` are the unix seconds each point was logged at (NaN where a source had none):
+    ``orch.compare(..., x="time")`` aligns runs by them.
+    """
+
+    __slots__ = ("_n", "_steps", "_times", "_values")
+
+    def __init__(self) -> None:
+        self._steps = np.empty(64, dtype=np.int64)
+        self._values = np.empty(64, dtype=np.float64)
+        self._times = np.empty(64, dtype=np.float64)
+        self._n = 0
+
+    def extend(self, steps: Sequence[int], values: Sequence[float], times: Sequence[float] = ()) -> None:
+        k = len(steps)
+        need = self._n + k
+        if need > len(self._steps):
+            cap = max(need, 2 * len(self._steps))
+            self._steps = np.resize(self._steps, cap)
+            self._values = np.resize(self._values, cap)
+            self._times = np.resize(self._times, cap)
+        self._steps[self._n : need] = steps
+        self._values[self._n : need] = values
+        self._times[self._n : need] = times if len(times) == k else np.nan
+        self._n = need
+
+    @property
+    def steps(self) -> npt.NDArray[np.int64]:
+        return self._steps[: self._n]
+
+    @property
+    def values(self) -> npt.NDArray[np.float64]:
+        return self._values[: self._n]
+
+    @property
+    def times(self) -> npt.NDArray[np.float64]:
+        return self._times[: self._n]
+
+    def __len__(self) -> int:
+        return self._n
+
+
+@dataclass(frozen=True)
+class JobView:
+    """The scheduler's job a run's ranks run in, as the scheduler last reported it."""
+
+    scheduler: str
+    job_id: str
+    state: str
+    reason: str = ""
+    nodes: str = ""
+
+    def describe(self) -> str:
+        """``slurm job 41: PENDING in the queue: Resources`` or ``slurm job 41: RUNNING on node[1-2]``."""
+        head = f"{self.scheduler} job {self.job_id}: {self.state or 'submitted'}"
+        if self.state == "PENDING":
+            why = self.reason if self.reason not in ("", "None") else ""
+            return head + " in the queue" + (f": {why}" if why else "")
+        return head + (f" on {self.nodes}" if self.nodes else "")
+
+    def as_dict(self) -> dict[str, str]:
+        return {
+            "scheduler": self.scheduler,
+            "job_id": self.job_id,
+            "state": self.state,
+            "reason": self.reason,
+            "nodes": self.nodes,
+        }
+
+
+@dataclass
+class StateMirror:
+    """The full state of a run, rebuilt from incremental ``GetState`` replies."""
+
+    run_id: str = ""
+    state: RunState = RunState.PENDING
+    world_size: int = 0
+    registered: int = 0
+    total_steps: int = 0
+    elapsed: float = 0.0
+    failure: str = ""
+    root_cause_rank: int = -1
+    root_cause_error: str = ""
+    root_cause_exit_code: int = 0
+    attempt: int = 1
+    max_attempts: int = 1
+    rendezvous: str = ""
+    job: JobView | None = None  # the scheduler's job (a Slurm run)
+    stragglers_judged: bool = False  # False: the note says why stragglers cannot be judged
+    straggler_rank: int = -1
+    straggler_section: str = ""
+    straggler_note: str = ""
+    ranks: list[RankView] = field(default_factory=list)
+    series: dict[tuple[int, str], SeriesBuffer] = field(default_factory=dict)
+    events: list[tuple[float, str, int, str]] = field(default_factory=list)
+    cursor: bytes = b""
+    last_points: int = 0  # points the last reply carried
+
+    def apply(self, reply: pb.GetStateResponse) -> None:
+        if reply.full:
+            self.series.clear()
+            self.events.clear()
+        self.run_id = reply.run_id
+        self.state = RunState(pb.RunState.Name(reply.state))
+        self.world_size = reply.world_size
+        self.registered = reply.registered
+        self.total_steps = reply.total_steps
+        self.elapsed = reply.elapsed
+        self.failure = reply.failure
+        self.root_cause_rank = reply.root_cause_rank
+        self.root_cause_error = reply.root_cause_error
+        self.root_cause_exit_code = reply.root_cause_exit_code
+        self.rendezvous = reply.rendezvous
+        self.attempt = reply.attempt or 1
+        self.max_attempts = reply.max_attempts or 1
+        j = reply.job
+        has_job = reply.HasField("job")
+        self.job = JobView(j.scheduler, j.job_id, j.state, j.reason, j.nodes) if has_job else None
+        self.ranks = [RankView.from_pb(r) for r in reply.ranks]
+        self.stragglers_judged, self.straggler_note = reply.stragglers_judged, reply.straggler_note
+        # A master without the judgement leaves these unset: no rank is marked.
+        self.straggler_rank = reply.straggler_rank if reply.stragglers_judged else -1
+        self.straggler_section = reply.straggler_section if self.straggler_rank >= 0 else ""
+        self.last_points = 0
+        for s in reply.series:
+            buf = self.series.get((s.rank, s.name))
+            if buf is None:
+                buf = self.series[(s.rank, s.name)] = SeriesBuffer()
+            buf.extend(s.steps, s.values, s.times)
+            self.last_points += len(s.steps)
+        self.events.extend((e.time, e.kind, e.rank, e.message) for e in reply.events)
+        self.cursor = reply.cursor
+
+    def poll(self, client: MasterClient, *, skip_series: bool = False) -> StateMirror:
+        """Fetch what changed since the last poll (in several replies when there is a lot)."""
+        while True:
+            reply = client.get_state(self.cursor, skip_series=skip_series)
+            self.apply(reply)
+            if not reply.more:
+                return self
+
+    @classmethod
+    def of(cls, coordinator: Snapshots) -> StateMirror:
+        """The full state of a master in this process (no RPC)."""
+        mirror = cls()
+        while True:
+            reply = coordinator.snapshot(mirror.cursor)
+            mirror.apply(reply)
+            if not reply.more:
+                return mirror
+
+    def history(self) -> dict[str, dict[int, dict[str, list[float]]]]:
+        """``{metric: {rank: {"step": [...], "value": [...]}}}`` for every logged scalar."""
+        out: dict[str, dict[int, dict[str, list[float]]]] = {}
+        for (rank, name), buf in sorted(self.series.items()):
+            out.setdefault(name, {})[rank] = {"step": buf.steps.tolist(), "value": buf.values.tolist()}
+        return out
+
+    def metric_names(self) -> list[str]:
+        return sorted({name for _, name in self.series})
+
+    def progress(self) -> tuple[int, int]:
+        """(slowest rank's step, total steps) — total is 0 when unknown."""
+        done = min((r.step for r in self.ranks), default=0)
+        return done, self.total_steps
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "run_id": self.run_id,
+            "state": self.state.value,
+            "world_size": self.world_size,
+            "registered": self.registered,
+            "total_steps": self.total_steps,
+            "elapsed": round(self.elapsed, 3),
+            "failure": self.failure,
+            "root_cause_rank": self.root_cause_rank,
+            "root_cause_error": self.root_cause_error,
+            "rendezvous": self.rendezvous,
+            "attempt": self.attempt,
+            "max_attempts": self.max_attempts,
+            "job": self.job.as_dict() if self.job is not None else None,
+            "stragglers": {
+                "judged": self.stragglers_judged,
+                "rank": self.straggler_rank,
+                "section": self.straggler_section,
+                "note": self.straggler_note,
+            },
+            "ranks": [r.as_dict() for r in self.ranks],
+            "points": {f"{rank}/{name}": len(s) for (rank, name), s in sorted(self.series.items())},
+        }

@@ -38,10 +38,11 @@ if TYPE_CHECKING:
     from orch.experiments.catalog import RunTable, close_all, runs
     from orch.experiments.sweep import Sweep, SweepResults, Trial, grid, sweep
     from orch.launchers.attached import AttachedRun
+    from orch.launchers.contract import RunResult
     from orch.launchers.detach import DetachedRun
-    from orch.launchers.run import Run, RunResult
+    from orch.launchers.loaded import LoadedRun, load_run
+    from orch.launchers.run import Run
     from orch.launchers.slurm import Slurm, SlurmError
-    from orch.record.rundir import LoadedRun, load_run
     from orch.runtime.context import Context
     from orch.views.comparison import compare
     from orch.views.panel import Panel
@@ -55,7 +56,7 @@ _EXPORTS = {
     "ConfigError": "orch.errors",
     "Context": "orch.runtime.context",
     "DetachedRun": "orch.launchers.detach",
-    "LoadedRun": "orch.record.rundir",
+    "LoadedRun": "orch.launchers.loaded",
     "MasterClient": "orch.wire.client",
     "MasterUnavailable": "orch.errors",
     "OrchError": "orch.errors",
@@ -64,7 +65,7 @@ _EXPORTS = {
     "RankState": "orch.wire.states",
     "Run": "orch.launchers.run",
     "RunFailed": "orch.errors",
-    "RunResult": "orch.launchers.run",
+    "RunResult": "orch.launchers.contract",
     "RunState": "orch.wire.states",
     "RunTable": "orch.experiments.catalog",
     "Slurm": "orch.launchers.slurm",
@@ -79,7 +80,7 @@ _EXPORTS = {
     "compare": "orch.views.comparison",
     "grid": "orch.experiments.sweep",
     "launch": "orch.api",
-    "load_run": "orch.record.rundir",
+    "load_run": "orch.launchers.loaded",
     "runs": "orch.experiments.catalog",
     "sweep": "orch.experiments.sweep",
 }

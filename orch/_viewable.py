@@ -29,7 +29,7 @@ def panel_class(kind: Kind) -> Any:
 
 
 class Viewable:
-    """Mixin for a :class:`~orch.launchers.run.PanelSource`: one panel per run, shown by ``display()``."""
+    """Mixin for a run or a sweep: one panel per run, shown by ``display()``."""
 
     _panel: Any = None
 

@@ -83,10 +83,12 @@ def test_attach_polls_only_what_changed(tmp_path: Path) -> None:
             total = sum(len(b) for b in attached.state().series.values())
             assert attached._mirror.last_points < total  # the last poll carried only new points
             result = attached.wait(timeout=120)
+            last = attached.state()
         finally:
             attached.close()
-        assert first is result  # one mirror, brought up to date in place
-        assert result.history() == run.history()
+        assert first is last  # one mirror, brought up to date in place
+        assert result.state is RunState.SUCCEEDED and result.run_id == last.run_id
+        assert last.history() == run.history()
 
 
 def test_a_stop_while_the_group_restarts_ends_the_run_stopped(tmp_path: Path) -> None:

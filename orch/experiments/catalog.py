@@ -32,8 +32,9 @@ from typing import Any, overload
 from orch._text import printable
 from orch.errors import ConfigError, OrchError
 from orch.experiments.sweep import close_all_sweeps
+from orch.launchers.loaded import LoadedRun, load_run
 from orch.launchers.run import Run, close_all_runs, live_runs
-from orch.record.rundir import LoadedRun, _Fields, load_run, read_json
+from orch.record.rundir import _Fields, read_json
 from orch.runtime._owner import process_alive
 from orch.wire.ranks import RankView
 from orch.wire.states import RankState, RunState, describe_exit

@@ -33,8 +33,9 @@ import numpy as np
 from orch._version import __version__
 from orch._viewable import panel_class
 from orch.errors import ConfigError, OrchError
+from orch.launchers.loaded import LoadedRun, load_run
 from orch.launchers.run import MAX_WORKERS_PER_CORE, LaunchSpec, Run, register_exit_hook
-from orch.record.rundir import LoadedRun, load_run, read_json
+from orch.record.rundir import read_json
 from orch.record.tensorboard import export_runs
 from orch.runtime._target import TrainFn, resolve_fn
 from orch.wire.client import StateMirror

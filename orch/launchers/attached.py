@@ -8,21 +8,20 @@ process, a detached run still going (followed through its master), or the record
 from __future__ import annotations
 
 import os
-import time
 from pathlib import Path
 from typing import Any
 
-from orch._viewable import Viewable
 from orch.errors import ConfigError
+from orch.launchers.contract import RunHandle
 from orch.launchers.detach import ATTACH_FILE, DetachedRun
-from orch.launchers.run import failure_of, live_runs, still_running
-from orch.record.rundir import load_run
+from orch.launchers.loaded import load_run
+from orch.launchers.run import live_runs
 from orch.wire.auth import token_from_env
 from orch.wire.client import MasterClient, StateMirror
 from orch.wire.states import RunState
 
 
-class AttachedRun(Viewable):
+class AttachedRun(RunHandle):
     """A run whose master was started elsewhere (``orch master``), read over gRPC."""
 
     def __init__(
@@ -33,13 +32,21 @@ class AttachedRun(Viewable):
         token: str | None = None,
         tls_ca: str | Path | None = None,
     ) -> None:
-        self.address = address
+        self._address = address
         self.token = token_from_env(token)
         self.tls_ca = tls_ca
         self.client = self.connect()
         self._mirror = StateMirror()
         self.client.wait_ready(timeout)
         self.client.get_state()  # a wrong token or a server that is not orch fails here, clearly
+
+    @property
+    def address(self) -> str:
+        return self._address
+
+    @property
+    def run_id(self) -> str:
+        return self._mirror.run_id or self.state().run_id
 
     def connect(self) -> MasterClient:
         return MasterClient(self.address, token=self.token, tls_ca=self.tls_ca)
@@ -48,41 +55,15 @@ class AttachedRun(Viewable):
         """The run's state, brought up to date with only what changed since the last call."""
         return self._mirror.poll(self.client)
 
-    def history(self) -> dict[str, dict[int, dict[str, list[float]]]]:
-        return self.state().history()
-
     def stop(self, reason: str = "stopped from a notebook") -> RunState:
         return self.client.stop_run(reason)
 
-    def wait(self, timeout: float | None = None, interval: float = 0.5) -> StateMirror:
-        """Poll until the run ends; raise :class:`orch.RunFailed` if it failed."""
-        deadline = None if timeout is None else time.monotonic() + timeout
-        mirror = self.state()
-        while not mirror.state.done:
-            if deadline is not None and time.monotonic() > deadline:
-                raise TimeoutError(f"run {mirror.run_id} still {mirror.state.value} after {timeout}s")
-            try:
-                time.sleep(interval)
-            except KeyboardInterrupt:
-                raise KeyboardInterrupt(still_running(mirror.run_id, mirror.state.value)) from None
-            mirror = self.state()
-        if self._panel is not None:
-            self._panel.refresh()  # the final state is drawn before the waiting cell goes on
-        if mirror.state is RunState.FAILED:
-            raise failure_of(mirror)
-        return mirror
-
-    def log_files(self) -> dict[str, Path]:
-        return {}
-
-    def final_state(self) -> StateMirror | None:
-        return None
-
     def close(self) -> None:
-        if self._panel is not None:
-            self._panel.close()
+        super().close()
         self.client.close()
 
+    def __repr__(self) -> str:
+        return f"<orch.AttachedRun {self._mirror.run_id or '?'} {self._mirror.state.value} at {self.address}>"
 
 
 def run_dir_of(target: str | Path, run_root: Path) -> Path | None:

@@ -40,10 +40,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
-from orch._viewable import Viewable
 from orch.errors import ConfigError, MasterUnavailable, OrchError
-from orch.launchers.run import LaunchSpec, RunResult, failure_of, still_running
-from orch.record.rundir import load_run
+from orch.launchers.contract import RunHandle, RunResult, failure_of, still_running
+from orch.launchers.loaded import load_run
+from orch.launchers.run import LaunchSpec
 from orch.record.store import json_object
 from orch.runtime._owner import process_alive
 from orch.runtime._source import capture
@@ -308,7 +308,7 @@ def _signal_process(pid: int, start_time: int | None, sig: signal.Signals) -> bo
 
 
 # -- the handle ----------------------------------------------------------------------------------
-class DetachedRun(Viewable):
+class DetachedRun(RunHandle):
     """A run under its own supervisor process: what ``launch(..., detach=True)`` and
     ``attach("runs/<id>")`` return.
 
@@ -326,7 +326,7 @@ class DetachedRun(Viewable):
         timeout: float = 10.0,
         supervisor: subprocess.Popen[bytes] | None = None,
     ) -> None:
-        self.run_dir = Path(run_dir)
+        self._run_dir = Path(run_dir)
         self._supervisor = supervisor  # set in the process that launched it (it reaps it)
         self._final: StateMirror | None = None
         self._mirror = StateMirror()
@@ -358,6 +358,10 @@ class DetachedRun(Viewable):
             self.disconnect()
             if not self._ended_within(5.0):
                 raise
+
+    @property
+    def run_dir(self) -> Path:
+        return self._run_dir
 
     # -- what the panel and callers read -------------------------------------------------------
     @property

@@ -29,9 +29,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from orch._viewable import Viewable
 from orch.errors import ConfigError, RunFailed
+from orch.launchers.contract import RunHandle, RunResult, still_running
 from orch.launchers.group import LocalAgent, WorkerGroup
+from orch.launchers.loaded import load_run
 from orch.launchers.slurm import (
     JobStatus,
     Slurm,
@@ -44,7 +45,7 @@ from orch.launchers.slurm import (
 )
 from orch.master.coordinator import Coordinator
 from orch.master.server import MasterServer
-from orch.record.rundir import load_run, write_result
+from orch.record.rundir import write_result
 from orch.record.store import RunStore, private_dir
 from orch.runtime._owner import Owner
 from orch.runtime._source import SourceMap, capture
@@ -204,46 +205,7 @@ def _check_fn(fn: Any, workdir: str) -> None:
         ) from e
 
 
-@dataclass
-class RunResult:
-    """How a finished run ended."""
-
-    run_id: str
-    state: RunState
-    world_size: int
-    elapsed: float
-    steps: list[int]
-    final_loss: list[float]
-    param_checksums: list[str]
-    run_dir: Path
-
-    @classmethod
-    def of(cls, mirror: StateMirror, run_dir: Path) -> RunResult:
-        """How the run ``mirror`` shows ended; :func:`failure_of` first for a failed one."""
-        return cls(
-            run_id=mirror.run_id,
-            state=mirror.state,
-            world_size=mirror.world_size,
-            elapsed=mirror.elapsed,
-            steps=[r.step for r in mirror.ranks],
-            final_loss=[r.loss for r in mirror.ranks],
-            param_checksums=[r.param_checksum for r in mirror.ranks],
-            run_dir=run_dir,
-        )
-
-
-def failure_of(mirror: StateMirror) -> RunFailed:
-    """The error for a failed run read from its state (a master elsewhere, or its run dir)."""
-    return RunFailed(
-        f"run {mirror.run_id} failed: {mirror.failure}",
-        rank=mirror.root_cause_rank if mirror.root_cause_rank >= 0 else None,
-        exit_code=mirror.root_cause_exit_code or None,
-        traceback=mirror.root_cause_error,
-        state=mirror,
-    )
-
-
-class Run(Viewable):
+class Run(RunHandle):
     """A run started on this machine. Use :func:`orch.launch` to make one."""
 
     def __init__(self, spec: LaunchSpec, *, sources: SourceMap | None = None) -> None:
@@ -259,8 +221,8 @@ class Run(Viewable):
             restart_through_hosts=spec.cluster is not None,
             min_world_size=spec.min_world_size,
         )
-        self.run_id = self.coordinator.run_id
-        self.run_dir = Path(spec.run_root) / self.run_id
+        self._run_id = self.coordinator.run_id
+        self._run_dir = Path(spec.run_root) / self.run_id
         self.server: MasterServer | None = None
         self.group = WorkerGroup(self.coordinator, self.run_dir, spec.grace)
         self.store: RunStore | None = None
@@ -275,6 +237,10 @@ class Run(Viewable):
         self._sources = sources if sources is not None else capture(spec.fn)
         self.job: SlurmJob | None = None  # the batch job of a run on a Slurm cluster
         self._meta: dict[str, Any] = {}
+
+    @property
+    def run_dir(self) -> Path:
+        return self._run_dir
 
     # -- lifecycle --------------------------------------------------------------------
     def start(self) -> Run:
@@ -392,6 +358,10 @@ class Run(Viewable):
         return self.group.all_exited_at
 
     @property
+    def run_id(self) -> str:
+        return self._run_id
+
+    @property
     def address(self) -> str:
         """``host:port`` of this run's master."""
         return self.server.address if self.server is not None else ""
@@ -476,7 +446,7 @@ class Run(Viewable):
                 log.warning("run %s: could not write %s/result.json: %s", self.run_id, self.run_dir, e)
             self._done.set()
 
-    def wait(self, timeout: float | None = None) -> RunResult:
+    def wait(self, timeout: float | None = None, interval: float = 0.5) -> RunResult:
         """Block until the run ends; raise :class:`orch.RunFailed` if it failed.
 
         In JupyterLab the panel's Stop button works while a cell waits here. Interrupting
@@ -577,13 +547,6 @@ class Run(Viewable):
 
     def __repr__(self) -> str:
         return f"<orch.Run {self.run_id} {self.coordinator.state.value} world_size={self.spec.world_size}>"
-
-
-def still_running(run_id: str, state: str) -> str:
-    return (
-        f"wait() was interrupted; run {run_id} is still {state}: run.stop() (or the panel's Stop) "
-        "ends it gracefully, run.close() ends it now"
-    )
 
 
 _LIVE: weakref.WeakSet[Run] = weakref.WeakSet()

@@ -4,7 +4,8 @@ What a run leaves there: ``run.json`` (what was launched), ``metrics.pb`` and
 ``events.jsonl`` (appended while it runs, see :mod:`orch.record.store`), ``logs/`` (each
 worker's stdout and stderr), ``errors/`` (a failed worker's traceback),
 ``checkpoints/`` and, once it ended, ``result.json`` (the final state of every rank).
-:func:`load_run` reads it back, for a finished run or one whose master crashed.
+:class:`RunRecord` reads it back, for a finished run or one whose master crashed
+(:func:`orch.load_run` returns it as a run).
 """
 
 from __future__ import annotations
@@ -20,7 +21,6 @@ from itertools import repeat
 from pathlib import Path
 from typing import Any, TypeVar
 
-from orch._viewable import Viewable
 from orch.errors import ConfigError, OrchError
 from orch.record._replay import Attempts, Replaced, SeriesKey
 from orch.record.store import (
@@ -56,8 +56,11 @@ def write_result(coordinator: Snapshots, run_dir: Path) -> Path:
     return path
 
 
-class LoadedRun(Viewable):
-    """A run read back from its directory: ``history()``, ``state()``, ``panel()``, ``to_csv()``.
+class RunRecord:
+    """A run's directory, read: ``history()``, ``state()``, ``to_csv()``, ``to_tensorboard()``.
+
+    :class:`orch.LoadedRun` (:mod:`orch.launchers.loaded`) is this record as a run, with the
+    run contract (``wait()``, ``panel()`` ...).
 
     At most ``max_points`` points (over every rank and metric; ``None``: no limit) are
     held in memory: past the budget, each series keeps one point in every ``stride``
@@ -67,7 +70,7 @@ class LoadedRun(Viewable):
     """
 
     def __init__(self, path: str | Path, *, max_points: int | None = DEFAULT_MAX_POINTS) -> None:
-        self.run_dir = Path(path)
+        self._run_dir = Path(path)
         if not (self.run_dir / "run.json").exists() and not (self.run_dir / "metrics.pb").exists():
             raise ConfigError(f"{self.run_dir} is not an orch run directory (no run.json or metrics.pb)")
         if max_points is not None and (
@@ -79,6 +82,10 @@ class LoadedRun(Viewable):
         self.result: dict[str, Any] = read_json(self.run_dir / "result.json")
         self.events = read_events(self.run_dir / "events.jsonl")
         self._mirror = self._build(self._read_points())
+
+    @property
+    def run_dir(self) -> Path:
+        return self._run_dir
 
     def _read_points(self) -> _Sampler:
         """One pass over ``metrics.pb``, within the budget; says what it skipped or thinned."""
@@ -355,12 +362,3 @@ def read_json(path: Path) -> dict[str, Any]:
     except OSError as e:
         raise OrchError(f"cannot read {path}: {e}") from e
     return json_object(data, str(path), "the file is damaged: move it aside to load the run without it")
-
-
-def load_run(path: str | Path, *, max_points: int | None = DEFAULT_MAX_POINTS) -> LoadedRun:
-    """Read a run back from ``runs/<run-id>/``, whether it finished or its master crashed.
-
-    At most ``max_points`` points are held (``None``: every one); past that the series are
-    down-sampled evenly (see :class:`LoadedRun`), and ``to_csv()`` still exports every point.
-    """
-    return LoadedRun(path, max_points=max_points)

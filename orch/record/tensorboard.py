@@ -46,10 +46,12 @@ HParam = bool | float | int | str
 
 
 class Exportable(Protocol):
-    """What the export reads of a run: a :class:`~orch.record.rundir.LoadedRun` is one."""
+    """What the export reads of a run: a :class:`~orch.record.rundir.RunRecord` is one."""
 
-    run_dir: Path
     meta: dict[str, Any]
+
+    @property
+    def run_dir(self) -> Path: ...
 
     def state(self) -> Any: ...
 

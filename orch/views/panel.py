@@ -26,14 +26,14 @@ import threading
 import time
 import traceback
 from collections.abc import Callable
-from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 import ipywidgets as widgets
 import numpy as np
 import numpy.typing as npt
 
 from orch.errors import MasterUnavailable
+from orch.launchers.contract import PanelSource
 from orch.record.store import tail
 from orch.views._static import IMAGE, Record
 from orch.views.dashboard import stragglers, summary
@@ -92,21 +92,6 @@ STATE_COLORS = {
     RunState.RESTARTING: "#9a6700",
     RunState.STOPPING: "#bc4c00",
 }
-
-
-class PanelSource(Protocol):
-    """What the panel needs from a run: where its master is, how to stop it, its logs."""
-
-    @property
-    def address(self) -> str: ...
-
-    def connect(self) -> MasterClient | None: ...
-
-    def stop(self, reason: str = ...) -> RunState: ...
-
-    def log_files(self) -> dict[str, Path]: ...
-
-    def final_state(self) -> StateMirror | None: ...
 
 
 def choose(view: Any, dropdown: widgets.Dropdown, options: list[Any], value: Any) -> None:

@@ -1,0 +1,169 @@
+"""The one contract of every run a user holds, and how a run ended.
+
+A run launched here (:class:`~orch.launchers.run.Run`, on this machine or on Slurm),
+detached (:class:`~orch.launchers.detach.DetachedRun`), attached by address
+(:class:`~orch.launchers.attached.AttachedRun`) or loaded from its run dir
+(:class:`~orch.launchers.loaded.LoadedRun`) answers the same calls, with the same types::
+
+    run.run_id, run.run_dir        its id; its run dir (None for a master known by address alone)
+    run.state()   -> StateMirror   the run as its master (or its record) says, up to date
+    run.history() -> {metric: {rank: {"step": [...], "value": [...]}}}
+    run.wait()    -> RunResult     blocks until it ended (at once for an ended run);
+                                   raises orch.RunFailed, naming the root cause, if it failed
+    run.stop()    -> RunState      asks its ranks to end after their step (no-op once ended)
+    run.log_files(), run.panel(), run.close(), ``with run: ...``
+
+The panel reads a run through this contract: ``connect()`` (a client to poll, or None when
+there is nothing to poll) and ``final_state()`` (the state once it ended, else None).
+"""
+
+from __future__ import annotations
+
+import time
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+from orch._viewable import Viewable
+from orch.errors import RunFailed
+from orch.wire.client import MasterClient, StateMirror
+from orch.wire.states import RunState
+
+
+@dataclass
+class RunResult:
+    """How a finished run ended."""
+
+    run_id: str
+    state: RunState
+    world_size: int
+    elapsed: float
+    steps: list[int]
+    final_loss: list[float]
+    param_checksums: list[str]
+    run_dir: Path | None  # None for a run known only by its master's address
+
+    @classmethod
+    def of(cls, mirror: StateMirror, run_dir: Path | None) -> RunResult:
+        """How the run ``mirror`` shows ended; :func:`failure_of` first for a failed one."""
+        return cls(
+            run_id=mirror.run_id,
+            state=mirror.state,
+            world_size=mirror.world_size,
+            elapsed=mirror.elapsed,
+            steps=[r.step for r in mirror.ranks],
+            final_loss=[r.loss for r in mirror.ranks],
+            param_checksums=[r.param_checksum for r in mirror.ranks],
+            run_dir=run_dir,
+        )
+
+
+def failure_of(mirror: StateMirror) -> RunFailed:
+    """The error for a failed run read from its state (a master elsewhere, or its run dir)."""
+    return RunFailed(
+        f"run {mirror.run_id} failed: {mirror.failure}",
+        rank=mirror.root_cause_rank if mirror.root_cause_rank >= 0 else None,
+        exit_code=mirror.root_cause_exit_code or None,
+        traceback=mirror.root_cause_error,
+        state=mirror,
+    )
+
+
+def still_running(run_id: str, state: str) -> str:
+    return (
+        f"wait() was interrupted; run {run_id} is still {state}: run.stop() (or the panel's Stop) "
+        "ends it gracefully, run.close() ends it now"
+    )
+
+
+class PanelSource(Protocol):
+    """What the panel reads of a run (every :class:`RunHandle` is one): where its master is,
+    how to stop it, its logs, its final state."""
+
+    @property
+    def address(self) -> str: ...
+
+    def connect(self) -> MasterClient | None: ...
+
+    def stop(self, reason: str = ...) -> RunState: ...
+
+    def log_files(self) -> dict[str, Path]: ...
+
+    def final_state(self) -> StateMirror | None: ...
+
+
+class RunHandle(Viewable, ABC):
+    """What every kind of run implements (see the module docstring)."""
+
+    @property
+    @abstractmethod
+    def run_id(self) -> str: ...
+
+    @property
+    def run_dir(self) -> Path | None:
+        """Its run dir (None for a master known by its address alone)."""
+        return None
+
+    @property
+    def address(self) -> str:
+        """Its master's HOST:PORT ("" when there is no master to reach)."""
+        return ""
+
+    @abstractmethod
+    def state(self) -> StateMirror: ...
+
+    @abstractmethod
+    def stop(self, reason: str = "stopped from a notebook") -> RunState: ...
+
+    def history(self) -> dict[str, dict[int, dict[str, list[float]]]]:
+        """``{metric: {rank: {"step": [...], "value": [...]}}}`` for every logged scalar."""
+        return self.state().history()
+
+    def wait(self, timeout: float | None = None, interval: float = 0.5) -> RunResult:
+        """Block until the run ends (at once if it has); raise :class:`orch.RunFailed` if it failed.
+
+        Interrupting the wait leaves the run going; the message says how to stop it.
+        """
+        deadline = None if timeout is None else time.monotonic() + timeout
+        mirror = self.state()
+        while not mirror.state.done:
+            if deadline is not None and time.monotonic() > deadline:
+                raise TimeoutError(f"run {mirror.run_id} still {mirror.state.value} after {timeout}s")
+            try:
+                time.sleep(interval)
+            except KeyboardInterrupt:
+                raise KeyboardInterrupt(still_running(mirror.run_id, mirror.state.value)) from None
+            mirror = self.state()
+        return self._ended(mirror)
+
+    def _ended(self, mirror: StateMirror) -> RunResult:
+        """The result of an ended run, drawn on its panel first; raises for a failed one."""
+        if self._panel is not None:
+            self._panel.refresh()  # the final state is drawn before the waiting cell goes on
+        if mirror.state is RunState.FAILED:
+            raise failure_of(mirror)
+        return RunResult.of(mirror, self.run_dir)
+
+    def log_files(self) -> dict[str, Path]:
+        """Each rank's log by worker id (empty when the logs are on other hosts)."""
+        return {}
+
+    def connect(self) -> MasterClient | None:
+        """A client of the run's master, for the panel to poll; None when there is none."""
+        return None
+
+    def final_state(self) -> StateMirror | None:
+        """The run's state once it ended, else None."""
+        return None
+
+    def close(self) -> None:
+        """Let go of what this handle holds (its panel's poller); a run launched here also ends."""
+        if self._panel is not None:
+            self._panel.close()
+
+    def __enter__(self) -> Any:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

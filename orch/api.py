@@ -9,8 +9,9 @@ from orch.errors import ConfigError
 from orch.experiments.catalog import live_notice
 from orch.launchers.attached import AttachedRun, run_dir_of
 from orch.launchers.detach import DetachedRun, start_detached
-from orch.launchers.run import LaunchSpec, Run, live_runs
+from orch.launchers.run import Run, live_runs
 from orch.launchers.slurm import Slurm
+from orch.launchers.spec import LaunchSpec
 from orch.runtime._target import TrainFn
 from orch.wire._net import split_address
 

@@ -24,8 +24,9 @@ from orch._text import printable
 from orch.errors import ConfigError, MasterUnavailable, OrchError, RunFailed
 from orch.experiments import catalog
 from orch.launchers.detach import start_detached
-from orch.launchers.run import LaunchSpec, Run
+from orch.launchers.run import Run
 from orch.launchers.slurm import Slurm, read_function
+from orch.launchers.spec import LaunchSpec
 from orch.master.coordinator import Coordinator
 from orch.master.server import MasterServer
 from orch.record.rundir import write_result

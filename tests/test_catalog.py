@@ -25,7 +25,8 @@ import orch.record.rundir
 import orch.record.store
 from conftest import ORCH, orch_cli, until
 from orch.experiments import catalog
-from orch.launchers.run import LaunchSpec, Run
+from orch.launchers.run import Run
+from orch.launchers.spec import LaunchSpec
 
 pytestmark = pytest.mark.timeout(300)
 

@@ -29,6 +29,7 @@ from orch.views.dashboard import (
     summary,
     sweep_table,
 )
+from orch.views.run_html import table_html
 from orch.wire._proto import orchestrator_pb2 as pb
 from orch.wire.client import StateMirror
 
@@ -96,8 +97,6 @@ def test_summary_names_the_root_cause_with_its_traceback() -> None:
 
 
 def test_dropped_points_are_shown_in_the_dashboard_and_the_panel() -> None:
-    from orch.views.panel import Panel
-
     m = mirror_of({0: [1.0, 1.0, 1.0]}, {0: 1, 1: 1, 2: 1})
     assert not any("dropped" in line for line in render(m).splitlines())
     c = Coordinator(1, run_id="d", clock=lambda: 0.0)
@@ -108,7 +107,7 @@ def test_dropped_points_are_shown_in_the_dashboard_and_the_panel() -> None:
     m.apply(c.snapshot())
     assert m.ranks[0].dropped_points == 1234
     assert "1234 points dropped" in render(m).splitlines()[4]
-    assert "1234 points dropped" in Panel._table_html(m)
+    assert "1234 points dropped" in table_html(m)
 
 
 # -- the rich views -----------------------------------------------------------------------------

@@ -25,7 +25,8 @@ from typing import IO, Any
 
 from orch.errors import ConfigError, OrchError
 from orch.launchers.detach import ATTACH_FILE, EXIT_CODES, LOG_FILE
-from orch.launchers.run import LaunchSpec, Run
+from orch.launchers.run import Run
+from orch.launchers.spec import LaunchSpec
 from orch.record.store import private_dir, write_json_atomic
 from orch.runtime._owner import process_start_time
 

@@ -43,7 +43,7 @@ from typing import IO, Any
 from orch.errors import ConfigError, MasterUnavailable, OrchError
 from orch.launchers.contract import RunHandle, RunResult, failure_of, still_running
 from orch.launchers.loaded import load_run
-from orch.launchers.run import LaunchSpec
+from orch.launchers.spec import LaunchSpec
 from orch.record.store import json_object
 from orch.runtime._owner import process_alive
 from orch.runtime._source import capture

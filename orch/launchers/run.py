@@ -18,191 +18,37 @@ import contextlib
 import functools
 import json
 import logging
-import math
 import multiprocessing as mp
 import os
 import socket
 import threading
 import time
 import weakref
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from orch.errors import ConfigError, RunFailed
+from orch.errors import RunFailed
 from orch.launchers.contract import RunHandle, RunResult, still_running
-from orch.launchers.group import LocalAgent, WorkerGroup
+from orch.launchers.group import WorkerGroup
+from orch.launchers.launcher import Launcher, RunParts
 from orch.launchers.loaded import load_run
+from orch.launchers.local import LocalLauncher
+from orch.launchers.on_slurm import SlurmLauncher
 from orch.launchers.slurm import (
-    JobStatus,
-    Slurm,
     SlurmJob,
-    check_commands,
-    cluster_master_host,
-    follow_job,
-    job_script,
-    write_function,
 )
+from orch.launchers.spec import LaunchSpec
 from orch.master.coordinator import Coordinator
 from orch.master.server import MasterServer
 from orch.record.rundir import write_result
-from orch.record.store import RunStore, private_dir
-from orch.runtime._owner import Owner
+from orch.record.store import RunStore
 from orch.runtime._source import SourceMap, capture
-from orch.runtime._target import TrainFn, resolve_fn
-from orch.runtime.spec import WorkerSpec
 from orch.wire._net import DEFAULT_RENDEZVOUS_PORT, choose_port
-from orch.wire.auth import TOKEN_ENV, certificate_name, new_token, token_from_env
+from orch.wire.auth import certificate_name, new_token, token_from_env
 from orch.wire.client import MasterClient, StateMirror
 from orch.wire.states import RunState
 
 log = logging.getLogger(__name__)
-
-
-@dataclass
-class LaunchSpec:
-    """What to run and how; validated before anything starts."""
-
-    fn: TrainFn | str | None = None
-    world_size: int = 4
-    config: dict[str, Any] = field(default_factory=dict)
-    steps: int | None = None
-    master_host: str = "127.0.0.1"
-    master_port: int | None = None
-    rdzv_port: int | None = None
-    run_root: str = "runs"
-    heartbeat_timeout: float = 30.0
-    heartbeat_interval: float = 0.25
-    threads: int | None = None
-    poll_interval: float = 0.1
-    grace: float = 1.5
-    max_restarts: int = 0
-    tls_cert: str | None = None
-    tls_key: str | None = None
-    tls_ca: str | None = None  # default: tls_cert itself (a self-signed certificate)
-    token: str | None = None  # default: $ORCH_TOKEN, else a new random one
-    name: str | None = None  # what the run is called in ``orch.runs()``
-    sweep: str | None = None  # the sweep it belongs to, and its config's key there
-    config_key: str | None = None
-    cluster: Slurm | None = None  # run on a Slurm cluster rather than on this machine
-    min_world_size: int | None = None  # elastic restarts on a cluster: go on without lost nodes
-
-    workdir: str = field(default_factory=os.getcwd)  # where workers run and find ``fn``
-
-    def __post_init__(self) -> None:
-        _check_fn(self.fn, self.workdir)
-        _check_int("world_size", self.world_size, 1)
-        if self.cluster is None:
-            _check_fits(self.world_size)
-        else:
-            _check_cluster(self.cluster, self.world_size)
-        if not isinstance(self.config, dict):
-            raise ConfigError(
-                f"config must be a dict (it reaches the function as ctx.config), got "
-                f"{type(self.config).__name__} {self.config!r:.60}"
-            )
-        self.config = dict(self.config)  # the caller's dict stays as it was
-        if self.steps is not None:
-            _check_int("steps", self.steps, 1)
-            self.config["steps"] = self.steps
-        try:
-            json.dumps(self.config, allow_nan=False)
-        except (TypeError, ValueError) as e:
-            raise ConfigError(
-                f"config must be JSON-serialisable (numbers, strings, lists, dicts): {e}"
-            ) from e
-        for option in ("master_port", "rdzv_port"):
-            port = getattr(self, option)
-            if port is not None:
-                _check_int(option, port, 0, 65535, hint="0 for any free port; leave it out for the default")
-        if self.threads is not None:
-            _check_int("threads", self.threads, 1)
-        _check_int("max_restarts", self.max_restarts, 0)
-        if self.min_world_size is not None:
-            _check_int("min_world_size", self.min_world_size, 1, self.world_size)
-            if self.cluster is None or self.max_restarts < 1:
-                raise ConfigError(
-                    "min_world_size makes restarts across nodes elastic: it needs cluster=orch.Slurm(...) "
-                    "and max_restarts >= 1"
-                )
-        _check_seconds("heartbeat_timeout", self.heartbeat_timeout)
-        _check_seconds("heartbeat_interval", self.heartbeat_interval)
-        if self.heartbeat_timeout <= self.heartbeat_interval * 2:
-            raise ConfigError(
-                f"heartbeat_timeout={self.heartbeat_timeout:g}s must be well above the heartbeat "
-                f"interval ({self.heartbeat_interval:g}s): pass a few seconds at least"
-            )
-        if not isinstance(self.run_root, (str, os.PathLike)):
-            raise ConfigError(f"run_root must be a folder path, got {type(self.run_root).__name__}")
-
-    @property
-    def fn_name(self) -> str:
-        if self.fn is None:
-            return "orch.example:train"
-        if isinstance(self.fn, str):
-            return self.fn
-        return f"{getattr(self.fn, '__module__', '?')}:{getattr(self.fn, '__qualname__', '?')}"
-
-
-MAX_WORKERS_PER_CORE = 8
-
-
-def _check_cluster(cluster: Any, world_size: int) -> None:
-    if not isinstance(cluster, Slurm):
-        raise ConfigError(f"cluster must be an orch.Slurm(...), got {type(cluster).__name__}")
-    if cluster.world_size != world_size:
-        raise ConfigError(
-            f"world_size={world_size} but the cluster runs {cluster.describe()}, {cluster.world_size} "
-            f"ranks: pass world_size={cluster.world_size} or change nodes / tasks_per_node"
-        )
-    check_commands()
-
-
-def _check_int(name: str, value: Any, minimum: int, maximum: int | None = None, *, hint: str = "") -> None:
-    if type(value) is not int or value < minimum or (maximum is not None and value > maximum):
-        bounds = f"from {minimum} to {maximum}" if maximum is not None else f">= {minimum}"
-        raise ConfigError(
-            f"{name} must be an integer {bounds}{f' ({hint})' if hint else ''}, "
-            f"got {type(value).__name__} {value!r}"
-        )
-
-
-def _check_seconds(name: str, value: Any) -> None:
-    real = isinstance(value, (int, float)) and not isinstance(value, bool)
-    if not real or not math.isfinite(value) or value <= 0:
-        raise ConfigError(f"{name} must be a positive, finite number of seconds, got {value!r}")
-
-
-def _check_fits(world_size: int) -> None:
-    cores = os.cpu_count() or 1
-    if world_size > MAX_WORKERS_PER_CORE * cores:
-        raise ConfigError(
-            f"world_size={world_size} does not fit this machine ({cores} CPU cores; at most "
-            f"{MAX_WORKERS_PER_CORE * cores} local workers): pass a smaller world_size, or start "
-            "`orch master` and `orch worker` on more machines"
-        )
-
-
-def _check_fn(fn: Any, workdir: str) -> None:
-    """The training function exists and can travel to the workers, before anything starts."""
-    if fn is None:
-        return
-    if isinstance(fn, str):
-        resolve_fn(fn, workdir)
-        return
-    if not callable(fn):
-        raise ConfigError(f"train must be a function, an import path or None, got {type(fn).__name__}")
-    import cloudpickle
-
-    try:
-        cloudpickle.dumps(fn)
-    except Exception as e:
-        name = getattr(fn, "__qualname__", repr(fn))
-        raise ConfigError(
-            f"the training function {name} cannot be sent to the worker processes: {e}. "
-            "It must be picklable by cloudpickle: move what it closes over that cannot be pickled "
-            "(an open file, a lock, a live model on a GPU) inside the function, and create it there."
-        ) from e
 
 
 class Run(RunHandle):
@@ -210,6 +56,7 @@ class Run(RunHandle):
 
     def __init__(self, spec: LaunchSpec, *, sources: SourceMap | None = None) -> None:
         self.spec = spec
+        kind = launcher_for(spec)
         self.coordinator = Coordinator(
             spec.world_size,
             fn=spec.fn_name,
@@ -217,14 +64,14 @@ class Run(RunHandle):
             total_steps=int(spec.config.get("steps", 0) or 0),
             heartbeat_timeout=spec.heartbeat_timeout,
             max_attempts=spec.max_restarts + 1,
-            # On a cluster each node's host agent starts its ranks again for a restart.
-            restart_through_hosts=spec.cluster is not None,
+            restart_through_hosts=kind.restarts_through_hosts,
             min_world_size=spec.min_world_size,
         )
         self._run_id = self.coordinator.run_id
         self._run_dir = Path(spec.run_root) / self.run_id
         self.server: MasterServer | None = None
-        self.group = WorkerGroup(self.coordinator, self.run_dir, spec.grace)
+        self.launcher = kind(spec, self.coordinator, self.run_dir)
+        self._parts: RunParts | None = None
         self.store: RunStore | None = None
         # The run's secret; its workers get it through their environment.
         self.token = token_from_env(spec.token) or new_token()
@@ -235,7 +82,6 @@ class Run(RunHandle):
         # Where the function's code came from, for tracebacks that show it (notebook cells);
         # a detached run's supervisor gets them from the kernel that launched it.
         self._sources = sources if sources is not None else capture(spec.fn)
-        self.job: SlurmJob | None = None  # the batch job of a run on a Slurm cluster
         self._meta: dict[str, Any] = {}
 
     @property
@@ -277,7 +123,7 @@ class Run(RunHandle):
         self.coordinator.store = self.store
         self.server = MasterServer(
             self.coordinator,
-            host=spec.master_host if spec.cluster is None else cluster_master_host(spec.cluster),
+            host=self.launcher.master_host(spec),
             port=spec.master_port,
             token=self.token,
             tls_cert=spec.tls_cert,
@@ -292,54 +138,40 @@ class Run(RunHandle):
                 what="torch.distributed rendezvous",
                 option="rdzv_port",
             )
-        if spec.cluster is not None:
-            self._submit(spec.cluster)
+        self._parts = RunParts(
+            spec=spec,
+            run_id=self.run_id,
+            run_dir=self.run_dir,
+            coordinator=self.coordinator,
+            store=self.store,
+            meta=self._meta,
+            master=self.server.address,
+            token=self.token,
+            tls_ca=self.tls_ca,
+            tls_server_name=self.tls_server_name,
+            sources=self._sources,
+            closing=self._closing,
+        )
+        self.launcher.submit(self._parts)
         # Workers start from the monitor thread: launch() returns at once, even while the
         # forkserver of the first launch is still importing torch.
         self._monitor = threading.Thread(target=self._supervise, name="orch-monitor", daemon=True)
         self._monitor.start()
         log.info("run %s: master on %s, %d workers", self.run_id, self.address, spec.world_size)
 
-    def _worker_specs(self, attempt: int) -> list[WorkerSpec]:
-        """The workers of one attempt: each dials this run's master, with its token."""
-        spec = self.spec
-        assert self.server is not None
-        prefix = f"{self.run_id}-w" if attempt == 1 else f"{self.run_id}-a{attempt}-w"
-        private_dir(self.run_dir)
-        private_dir(self.run_dir / "logs")
-        threads = spec.threads or max(1, (os.cpu_count() or 1) // spec.world_size)
-        env = {
-            **os.environ,
-            "OMP_NUM_THREADS": str(threads),
-            "MKL_NUM_THREADS": str(threads),
-            TOKEN_ENV: self.token,
-        }
-        owner = Owner()
-        return [
-            WorkerSpec(
-                master=self.server.address,
-                worker_id=f"{prefix}{i}",
-                fn=spec.fn,
-                config=spec.config,
-                local_rank=i,
-                local_world_size=spec.world_size,
-                advertise_addr="127.0.0.1",
-                threads=threads,
-                heartbeat_interval=spec.heartbeat_interval,
-                master_timeout=spec.heartbeat_timeout,
-                owner=owner,
-                env=env,
-                log_file=str(self.run_dir / "logs" / f"{prefix}{i}.log"),
-                run_root=spec.run_root,
-                tls_ca=self.tls_ca,
-                tls_server_name=self.tls_server_name,
-                workdir=spec.workdir,
-                sources=self._sources,
-            )
-            for i in range(spec.world_size)
-        ]
-
     # -- what the worker group knows, by the names callers use -------------------------------
+    @property
+    def group(self) -> WorkerGroup:
+        """The ranks' processes of a run on this machine (a run on Slurm has none here)."""
+        if isinstance(self.launcher, LocalLauncher):
+            return self.launcher.group
+        return WorkerGroup(self.coordinator, self.run_dir, self.spec.grace)
+
+    @property
+    def job(self) -> SlurmJob | None:
+        """The batch job of a run on a Slurm cluster, once submitted."""
+        return self.launcher.job if isinstance(self.launcher, SlurmLauncher) else None
+
     @property
     def procs(self) -> list[mp.process.BaseProcess]:
         return self.group.procs
@@ -384,57 +216,10 @@ class Run(RunHandle):
         )
 
     def _supervise(self) -> None:
-        if self.job is not None:
-            try:
-                follow_job(self.job, self.coordinator, self._closing, grace=self.spec.grace)
-            except Exception as e:  # the run must still end, with its record, whatever broke here
-                log.exception("run %s: following Slurm job %s failed", self.run_id, self.job.job_id)
-                self.coordinator.fail(f"orch lost track of Slurm job {self.job.job_id}: {e}")
-            if not self._closing.is_set():
-                self._finish()
-            return
-        agent = LocalAgent(
-            self.coordinator,
-            self.group,
-            self._worker_specs,
-            poll_interval=self.spec.poll_interval,
-            closing=self._closing,
-        )
-        agent.run()
+        assert self._parts is not None
+        self.launcher.supervise(self._parts)
         if not self._closing.is_set():  # close() ends the run itself, then writes the record
             self._finish()
-
-    def _submit(self, cluster: Slurm) -> None:
-        """Submit the run's Slurm job; a refusal (no such partition, say) fails the launch."""
-        spec = self.spec
-        job = self.job = SlurmJob(cluster, {**os.environ, TOKEN_ENV: self.token}, self.run_id)
-        private_dir(self.run_dir / "logs")  # the ranks' logs, written on the nodes
-        if callable(spec.fn):
-            # The function reaches the nodes through the run dir, signed with the token.
-            fn_arg = [
-                "--fn-file",
-                str(write_function(self.run_dir.resolve(), spec.fn, self._sources, self.token)),
-            ]
-        else:
-            fn_arg = ["--fn", spec.fn_name]
-        assert self.server is not None and self.store is not None
-        script = job_script(
-            cluster,
-            run_id=self.run_id,
-            run_dir=self.run_dir.resolve(),
-            master=self.server.address,
-            run_root=str(Path(spec.run_root).resolve()),
-            workdir=spec.workdir,
-            fn_arg=fn_arg,
-            tls_ca=str(Path(self.tls_ca).resolve()) if self.tls_ca else None,
-            heartbeat_timeout=spec.heartbeat_timeout,
-            elastic=spec.min_world_size is not None,
-        )
-        job.submit(script, self.run_dir)
-        self.coordinator.set_job(job.as_pb(JobStatus("PENDING")))
-        self._meta["slurm_job"] = job.job_id
-        self.store.write_meta(self._meta)
-        log.info("run %s: Slurm job %s submitted (%s)", self.run_id, job.job_id, cluster.describe())
 
     def _finish(self) -> None:
         with self._finish_lock:
@@ -506,7 +291,7 @@ class Run(RunHandle):
         if self._monitor is not None and self._monitor is not threading.current_thread():
             self._monitor.join(60.0)  # it may be starting the workers' forkserver
         # Exits the monitor had no time to see name the root cause before the tear-down does.
-        self.group.collect_exits()
+        self.launcher.collect_exits()
         if self.coordinator.state is RunState.RESTARTING:
             self.coordinator.give_up("the run was closed")
         elif not self.coordinator.state.done:
@@ -514,9 +299,7 @@ class Run(RunHandle):
                 "the run was closed while it was running (run.close(), the end of a `with` "
                 "block, or the process exiting): its ranks were terminated"
             )
-        self.group.terminate()
-        if self.job is not None:
-            self.job.cancel()  # the monitor cancels it too; a launch that failed early has none
+        self.launcher.end()
         self._stop_server()
         self._finish()
         self._close_store()
@@ -538,15 +321,18 @@ class Run(RunHandle):
 
     # -- the notebook panel -------------------------------------------------------------
     def log_files(self) -> dict[str, Path]:
-        if self.job is not None:  # each rank writes its own, in the shared run dir
-            return {r.worker_id: self.run_dir / "logs" / f"{r.worker_id}.log" for r in self.coordinator.ranks}
-        return {wid: self.run_dir / "logs" / f"{wid}.log" for wid in self.worker_ids}
+        return self.launcher.log_files()
 
     def final_state(self) -> StateMirror | None:
         return self.state() if self.server is None or self.done else None
 
     def __repr__(self) -> str:
         return f"<orch.Run {self.run_id} {self.coordinator.state.value} world_size={self.spec.world_size}>"
+
+
+def launcher_for(spec: LaunchSpec) -> type[Launcher]:
+    """The launcher of a run: this machine's, or a Slurm cluster's."""
+    return LocalLauncher if spec.cluster is None else SlurmLauncher
 
 
 _LIVE: weakref.WeakSet[Run] = weakref.WeakSet()

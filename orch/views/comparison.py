@@ -29,7 +29,9 @@ from orch.errors import ConfigError, OrchError
 from orch.experiments.sweep import Sweep, Trial, default_mode
 from orch.launchers.attached import open_run
 from orch.views._static import IMAGE, Record
-from orch.views.panel import STATE_COLORS, choose, default_metric, downsample
+from orch.views.panel import choose, default_metric
+from orch.views.rank_plot import downsample
+from orch.views.run_html import STATE_COLORS
 from orch.wire.client import SeriesBuffer, StateMirror
 
 log = logging.getLogger(__name__)

@@ -17,7 +17,8 @@ import ipywidgets as widgets
 
 from orch.experiments.sweep import default_mode
 from orch.views.comparison import RunsView, _swatch, _TrialFollower, curve
-from orch.views.panel import STATE_COLORS, _route_clicks_to_their_subshell
+from orch.views.run_html import STATE_COLORS
+from orch.views.waiting import route_clicks_to_their_subshell
 from orch.wire.states import RunState
 
 if TYPE_CHECKING:
@@ -48,7 +49,7 @@ class SweepPanel(RunsView):
             tooltip="stop every run; start no more",
         )
         self.stop_button.on_click(self._on_stop)
-        _route_clicks_to_their_subshell(self.stop_button)
+        route_clicks_to_their_subshell(self.stop_button)
         self.table_head = widgets.HTML()
         self.rows: list[tuple[widgets.Button, widgets.HTML]] = []
         for trial in self.sweep.trials:
@@ -58,7 +59,7 @@ class SweepPanel(RunsView):
                 layout=widgets.Layout(width="52px"),
             )
             button.on_click(lambda _b, i=trial.index: self.open(i))
-            _route_clicks_to_their_subshell(button)
+            route_clicks_to_their_subshell(button)
             cells = widgets.HTML()
             cells.add_class("orch-trial-row")
             self.rows.append((button, cells))

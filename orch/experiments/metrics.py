@@ -1,0 +1,43 @@
+"""What a sweep makes of a logged metric: its curve over the ranks, and which way is better.
+
+:func:`summarize` folds one metric's points from every rank into a mean (and a min-max band)
+per step; :func:`default_mode` says whether a metric is best at its greatest or its least.
+A trial's row of the results, :meth:`Sweep.best`, the dashboard's rows and the notebook
+views all rank runs by these two, so they live apart from any of them.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+import numpy as np
+
+# Metrics that grow as a model gets better; any other metric is best at its least.
+GREATER_IS_BETTER = ("acc", "accuracy", "auc", "f1", "precision", "recall", "score", "reward", "iou", "bleu")
+
+
+def default_mode(metric: str) -> Literal["min", "max"]:
+    """``"max"`` for a metric named like an accuracy or a score (``val_acc``, ``f1``), else ``"min"``."""
+    words = metric.lower().replace("-", "_").replace("/", "_").split("_")
+    return "max" if any(w in GREATER_IS_BETTER for w in words) else "min"
+
+
+def summarize(by_rank: dict[int, dict[str, list[float]]]) -> tuple[Any, Any, Any, Any]:
+    """A metric over ranks, step by step: ``(steps, mean, min, max)`` as numpy arrays.
+
+    A step counts every rank that logged it; NaN and inf points are left out of the mean.
+    """
+    empty = np.empty(0)
+    if not by_rank:
+        return empty.astype(np.int64), empty, empty, empty
+    steps = np.concatenate([np.asarray(s["step"], dtype=np.int64) for s in by_rank.values()])
+    values = np.concatenate([np.asarray(s["value"], dtype=np.float64) for s in by_rank.values()])
+    finite = np.isfinite(values)
+    steps, values = steps[finite], values[finite]
+    if len(steps) == 0:
+        return empty.astype(np.int64), empty, empty, empty
+    order = np.argsort(steps, kind="stable")
+    steps, values = steps[order], values[order]
+    unique, start = np.unique(steps, return_index=True)
+    mean = np.add.reduceat(values, start) / np.diff(np.append(start, len(values)))
+    return unique, mean, np.minimum.reduceat(values, start), np.maximum.reduceat(values, start)

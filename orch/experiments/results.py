@@ -1,0 +1,158 @@
+"""What a sweep found: the results table, the best config, the dashboard's rows.
+
+:class:`SweepResults` is :meth:`Sweep.results`: a row per config (from :meth:`Trial.summary`),
+sortable by a metric, shown as text or as an HTML table in a notebook. :func:`best_trial` is
+:meth:`Sweep.best` and :func:`dashboard_rows` is :meth:`Sweep.rows`, what ``orch sweep``'s
+terminal dashboard draws. All of them read trials and rows; none starts or stops a run.
+"""
+
+from __future__ import annotations
+
+import html
+import math
+from collections.abc import Iterator, Sequence
+from typing import Any, Literal
+
+from orch.errors import ConfigError, OrchError
+from orch.experiments.metrics import default_mode
+from orch.experiments.trial import Trial
+from orch.wire.states import RunState
+
+
+class SweepResults:
+    """:meth:`Sweep.results`: a row per config; an HTML table in a notebook."""
+
+    def __init__(self, rows: list[dict[str, Any]], name: str) -> None:
+        self.rows = rows
+        self.name = name
+
+    def __iter__(self) -> Iterator[dict[str, Any]]:
+        return iter(self.rows)
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def __getitem__(self, i: int) -> dict[str, Any]:
+        return self.rows[i]
+
+    def metrics(self) -> list[str]:
+        return sorted({m for row in self.rows for m in row["final"]})
+
+    def sorted(self, metric: str = "loss", mode: Literal["min", "max"] = "min") -> SweepResults:
+        """The rows by the final value of ``metric``, best first; rows without it last."""
+        sign = -1.0 if mode == "max" else 1.0
+
+        def key(row: dict[str, Any]) -> tuple[bool, float]:
+            value = row["final"].get(metric)
+            return (value is None or not math.isfinite(value), sign * value if value is not None else 0.0)
+
+        return SweepResults(sorted(self.rows, key=key), self.name)
+
+    def table(self) -> tuple[list[str], list[list[str]]]:
+        """Column names and the rows as text: config values, then state, steps, time, metrics."""
+        keys = sorted({k for row in self.rows for k in row["config"]})
+        metrics = self.metrics()
+        head = ["#", *keys, "state", "step", "wall time"]
+        for m in metrics:
+            head += [f"{m} final", f"{m} best"]
+        failures = any(row["failure"] for row in self.rows)
+        if failures:
+            head.append("failure")
+        body = []
+        for row in self.rows:
+            steps = f"{row['steps']}/{row['total']}" if row["total"] else str(row["steps"])
+            state = row["state"] + (" (earlier)" if row["reused"] else "")
+            cells = [str(row["index"]), *(_fmt(row["config"].get(k, "")) for k in keys), state, steps]
+            cells.append(f"{row['duration']:.1f}s")
+            for m in metrics:
+                cells += [_fmt(row["final"].get(m, "")), _fmt(row["best"].get(m, ""))]
+            if failures:
+                text = " ".join(row["failure"].split())
+                cells.append(text if len(text) <= 160 else text[:157] + "...")
+            body.append(cells)
+        return head, body
+
+    def _repr_html_(self) -> str:
+        head, body = self.table()
+        th = "".join(f"<th>{html.escape(h)}</th>" for h in head)
+        trs = "".join(
+            f'<tr class="orch-trial" data-state="{html.escape(row["state"])}">'
+            + "".join(f"<td>{html.escape(c)}</td>" for c in cells)
+            + "</tr>"
+            for row, cells in zip(self.rows, body, strict=True)
+        )
+        return (
+            f'<table class="orch-sweep-results"><caption>sweep {html.escape(self.name)}</caption>'
+            f"<thead><tr>{th}</tr></thead><tbody>{trs}</tbody></table>"
+        )
+
+    def __repr__(self) -> str:
+        head, body = self.table()
+        widths = [max(len(c) for c in col) for col in zip(head, *body, strict=True)]
+        lines = ["  ".join(c.rjust(w) for c, w in zip(cells, widths, strict=True)) for cells in [head, *body]]
+        return "\n".join([f"sweep {self.name}", *lines])
+
+
+def _fmt(value: Any) -> str:
+    if isinstance(value, float):
+        return f"{value:.4g}"
+    return str(value)
+
+
+def best_trial(
+    trials: Sequence[Trial],
+    name: str,
+    metric: str = "loss",
+    mode: Literal["min", "max"] | None = None,
+    scope: Literal["last", "all"] = "last",
+) -> Trial:
+    """:meth:`Sweep.best` of the trials of sweep ``name``: the succeeded one whose ``metric``
+    (mean over ranks) is best by its last value or its best value over the run (``scope``)."""
+    mode = mode or default_mode(metric)
+    if mode not in ("min", "max") or scope not in ("last", "all"):
+        raise ConfigError(
+            f"best(): mode must be 'min' or 'max' and scope 'last' or 'all', got {mode!r}, {scope!r}"
+        )
+    candidates = []
+    for trial in trials:
+        if trial.state != RunState.SUCCEEDED.value:
+            continue
+        row = trial.summary({metric: mode})
+        value = row["final" if scope == "last" else "best"].get(metric)
+        if value is not None and math.isfinite(value):
+            candidates.append((value if mode == "min" else -value, trial.index, trial))
+    if not candidates:
+        logged = sorted({m for t in trials for m in t.history()})
+        raise OrchError(
+            f"no succeeded run of sweep {name} logged {metric!r}"
+            + (f" (metrics logged: {', '.join(logged)})" if logged else "")
+        )
+    return min(candidates, key=lambda c: (c[0], c[1]))[2]
+
+
+def dashboard_rows(results: SweepResults, metric: str = "loss") -> list[dict[str, Any]]:
+    """:meth:`Sweep.rows`: each config's state, step, last and best values, the best run marked."""
+    out = []
+    for row in results:
+        out.append(
+            {
+                "index": row["index"],
+                "run_id": row["run_id"],
+                "config": row["config"],
+                "state": row["state"],
+                "step": row["steps"],
+                "total": row["total"],
+                "last": row["final"],
+                "best": row["best"],
+                "failure": row["failure"],
+                "best_run": False,
+            }
+        )
+    finals = [
+        (r["last"][metric] if default_mode(metric) == "min" else -r["last"][metric], r["index"])
+        for r in out
+        if r["state"] == RunState.SUCCEEDED.value and math.isfinite(r["last"].get(metric, math.nan))
+    ]
+    if finals:
+        out[min(finals)[1]]["best_run"] = True
+    return out

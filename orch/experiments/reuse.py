@@ -1,0 +1,107 @@
+"""When two runs are the same config of a sweep, and which earlier runs a sweep reuses.
+
+A config's key (:func:`config_key`) is a hash of its function's name and code
+(:func:`code_hash`), its world size and its config, ``1`` and ``1.0`` counted as one value.
+Each run of a sweep writes its key into ``run.json``; :func:`reuse_earlier` finds the runs
+under the run root that succeeded under the sweep's name with a key of its configs, so that
+running the same sweep cell again starts only the configs that did not succeed before.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from orch._version import __version__
+from orch.errors import OrchError
+from orch.experiments.trial import Trial
+from orch.launchers.loaded import load_run
+from orch.record.rundir import read_json
+from orch.runtime._target import resolve_fn
+from orch.wire.states import RunState
+
+log = logging.getLogger("orch.experiments.sweep")  # the sweep's messages, under the one name
+
+
+def _same_numbers(value: Any) -> Any:
+    """``1`` and ``1.0`` are one config value (a JSON config cannot tell them apart reliably)."""
+    if isinstance(value, bool) or value is None or isinstance(value, str):
+        return value
+    if isinstance(value, (int, float)):
+        return float(value)
+    if isinstance(value, dict):
+        return {str(k): _same_numbers(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_same_numbers(v) for v in value]
+    return value
+
+
+def code_hash(fn: Any, fn_name: str, workdir: str) -> str:
+    """What the function's code is, as far as it can be read: its source, else its pickle.
+
+    A config that succeeded with other code (a bug fixed in the cell since) is not reused.
+    """
+    import inspect
+
+    if fn is None:
+        return f"orch {__version__}"
+    try:
+        target = resolve_fn(fn, workdir) if isinstance(fn, str) else fn
+        text = inspect.getsource(target)
+    except (OSError, TypeError, OrchError):
+        import cloudpickle
+
+        try:
+            text = cloudpickle.dumps(fn).hex()
+        except Exception:  # it was checked to pickle already; a name is the last resort
+            text = fn_name
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def config_key(fn_name: str, config: dict[str, Any], world_size: int = 0, code: str = "") -> str:
+    """What identifies a run of a sweep: its function (name and code), world size and config."""
+    text = json.dumps(
+        {"fn": fn_name, "code": code, "world_size": world_size, "config": _same_numbers(config)},
+        sort_keys=True,
+        allow_nan=False,
+    )
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def reuse_earlier(trials: Sequence[Trial], run_root: Path, name: str) -> None:
+    """Configs that already succeeded under the sweep's ``name`` are not run again: each such
+    trial adopts its earlier run (:meth:`Trial.adopt`)."""
+    by_key = {t.key: t for t in trials}
+    if not run_root.is_dir():
+        return
+    for run_dir in sorted(run_root.iterdir()):
+        meta_path, result_path = run_dir / "run.json", run_dir / "result.json"
+        if not result_path.is_file() or not meta_path.is_file():
+            continue
+        try:
+            meta, result = read_json(meta_path), read_json(result_path)
+        except OrchError:
+            continue  # a damaged record is not a success to build on: the config runs again
+        trial = by_key.get(str(meta.get("config_key", "")))
+        if meta.get("sweep") != name or trial is None or result.get("state") != "SUCCEEDED":
+            continue
+        try:
+            loaded = load_run(run_dir)  # a record that does not load is run again
+        except OrchError as e:
+            log.warning(
+                "sweep %s: %s does not load (%s): config %d runs again",
+                name,
+                run_dir,
+                e,
+                trial.index,
+            )
+            continue
+        value = meta.get("started")
+        started = float(value) if isinstance(value, (int, float)) else 0.0
+        # Launch to record, as for the runs the sweep starts.
+        duration = max(0.0, result_path.stat().st_mtime - started) if started else 0.0
+        trial.adopt(run_dir, loaded, RunState.SUCCEEDED.value, started, duration)

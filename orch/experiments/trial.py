@@ -1,0 +1,109 @@
+"""One config of a sweep and the run that ran it: :class:`Trial`.
+
+A trial is what the scheduler starts, what an earlier execution of the sweep can stand in
+for, and what a row of the results is read from: its run while it is live here, its run dir
+once it ended (or when it was reused). Beside the run states its run goes through, a trial
+has two of its own, :data:`QUEUED` and :data:`CANCELLED`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from orch.errors import OrchError
+from orch.experiments.metrics import default_mode, summarize
+from orch.launchers.loaded import LoadedRun, load_run
+from orch.launchers.run import Run
+from orch.wire.client import StateMirror
+
+History = dict[str, dict[int, dict[str, list[float]]]]
+
+# A trial's own states, beside the run states its run goes through.
+QUEUED = "QUEUED"  # not started yet
+CANCELLED = "CANCELLED"  # never started: the sweep was stopped, or max_failures was reached
+
+
+@dataclass
+class Trial:
+    """One config of a sweep and the run that ran it (``run`` here, or ``run_dir`` on disk)."""
+
+    index: int
+    config: dict[str, Any]
+    key: str
+    state: str = QUEUED
+    run: Run | None = None
+    run_dir: Path | None = None
+    reused: bool = False  # it succeeded in an earlier execution of the same sweep
+    ended: bool = False  # its run ended and its record is written (or it never ran and never will)
+    failure: str = ""
+    error: str = ""  # the root cause's traceback
+    started: float = 0.0  # unix seconds
+    duration: float = 0.0
+    _loaded: LoadedRun | None = field(default=None, repr=False)
+
+    @property
+    def run_id(self) -> str:
+        if self.run is not None:
+            return self.run.run_id
+        return self.run_dir.name if self.run_dir is not None else ""
+
+    @property
+    def done(self) -> bool:
+        return self.ended
+
+    def load(self) -> LoadedRun:
+        """The trial's run read back from its run dir."""
+        if self.run_dir is None:
+            raise OrchError(f"config {self.index} of the sweep has not started: it has no run dir yet")
+        if self._loaded is None or not self.done:
+            self._loaded = load_run(self.run_dir)
+        return self._loaded
+
+    def adopt(self, run_dir: Path, loaded: LoadedRun, state: str, started: float, duration: float) -> None:
+        """Take the run an earlier execution of the sweep made of this config as this trial's."""
+        self._loaded = loaded
+        self.state, self.reused, self.run_dir = state, True, run_dir
+        self.ended = True
+        self.started = started
+        self.duration = duration
+
+    def source(self) -> Run | LoadedRun | None:
+        """What to watch: the live run, else the run on disk, else nothing yet."""
+        if self.run is not None:
+            return self.run
+        return self.load() if self.run_dir is not None else None
+
+    def mirror(self) -> StateMirror | None:
+        src = self.source()
+        return src.state() if src is not None else None
+
+    def history(self) -> History:
+        src = self.source()
+        return src.history() if src is not None else {}
+
+    def summary(self, modes: dict[str, str] | None = None) -> dict[str, Any]:
+        """The row of :meth:`Sweep.results` for this trial."""
+        mirror = self.mirror()
+        row: dict[str, Any] = {
+            "index": self.index,
+            "run_id": self.run_id,
+            "config": dict(self.config),
+            "state": self.state,
+            "reused": self.reused,
+            "steps": min((r.step for r in mirror.ranks), default=0) if mirror else 0,
+            "total": mirror.total_steps if mirror else 0,
+            "duration": round(self.duration or (mirror.elapsed if mirror else 0.0), 3),
+            "failure": self.failure,
+            "final": {},
+            "best": {},
+        }
+        for metric, by_rank in self.history().items():
+            _, mean, _, _ = summarize(by_rank)
+            if len(mean) == 0:
+                continue
+            mode = (modes or {}).get(metric) or default_mode(metric)
+            row["final"][metric] = float(mean[-1])
+            row["best"][metric] = float(mean.max() if mode == "max" else mean.min())
+        return row

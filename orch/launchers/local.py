@@ -1,0 +1,82 @@
+"""The ranks of a run on this machine: forked from a forkserver that has torch imported,
+watched by a :class:`~orch.launchers.group.LocalAgent` that restarts them as the
+coordinator's restart rule says."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from orch.launchers.group import LocalAgent, WorkerGroup
+from orch.launchers.launcher import Launcher, RunParts
+from orch.launchers.spec import LaunchSpec
+from orch.master.coordinator import Coordinator
+from orch.record.store import private_dir
+from orch.runtime._owner import Owner
+from orch.runtime.spec import WorkerSpec
+from orch.wire.auth import TOKEN_ENV
+
+
+class LocalLauncher(Launcher):
+    """``world_size`` ranks on this machine, one process each."""
+
+    def __init__(self, spec: LaunchSpec, coordinator: Coordinator, run_dir: Path) -> None:
+        super().__init__(spec, coordinator, run_dir)
+        self.group = WorkerGroup(coordinator, run_dir, spec.grace)
+
+    def supervise(self, parts: RunParts) -> None:
+        agent = LocalAgent(
+            self.coordinator,
+            self.group,
+            lambda attempt: self.worker_specs(parts, attempt),
+            poll_interval=self.spec.poll_interval,
+            closing=parts.closing,
+        )
+        agent.run()
+
+    def worker_specs(self, parts: RunParts, attempt: int) -> list[WorkerSpec]:
+        """The workers of one attempt: each dials the run's master, with its token."""
+        spec = self.spec
+        prefix = f"{parts.run_id}-w" if attempt == 1 else f"{parts.run_id}-a{attempt}-w"
+        private_dir(self.run_dir)
+        private_dir(self.run_dir / "logs")
+        threads = spec.threads or max(1, (os.cpu_count() or 1) // spec.world_size)
+        env = {
+            **os.environ,
+            "OMP_NUM_THREADS": str(threads),
+            "MKL_NUM_THREADS": str(threads),
+            TOKEN_ENV: parts.token,
+        }
+        owner = Owner()
+        return [
+            WorkerSpec(
+                master=parts.master,
+                worker_id=f"{prefix}{i}",
+                fn=spec.fn,
+                config=spec.config,
+                local_rank=i,
+                local_world_size=spec.world_size,
+                advertise_addr="127.0.0.1",
+                threads=threads,
+                heartbeat_interval=spec.heartbeat_interval,
+                master_timeout=spec.heartbeat_timeout,
+                owner=owner,
+                env=env,
+                log_file=str(self.run_dir / "logs" / f"{prefix}{i}.log"),
+                run_root=spec.run_root,
+                tls_ca=parts.tls_ca,
+                tls_server_name=parts.tls_server_name,
+                workdir=spec.workdir,
+                sources=parts.sources,
+            )
+            for i in range(spec.world_size)
+        ]
+
+    def collect_exits(self) -> None:
+        self.group.collect_exits()
+
+    def end(self) -> None:
+        self.group.terminate()
+
+    def log_files(self) -> dict[str, Path]:
+        return {wid: self.run_dir / "logs" / f"{wid}.log" for wid in self.group.worker_ids}

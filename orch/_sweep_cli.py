@@ -11,6 +11,7 @@ from typing import Any
 
 from orch.errors import ConfigError
 from orch.experiments.sweep import Sweep, _Options, grid
+from orch.launchers.spec import add_flag, check_int
 from orch.views.dashboard import SweepDashboard
 from orch.wire.states import RunState
 
@@ -35,17 +36,9 @@ def configs_from(args: argparse.Namespace) -> list[dict[str, Any]]:
     return value
 
 
-def with_base(configs: list[Any], base: str | None) -> list[Any]:
+def with_base(configs: list[Any], base: dict[str, Any]) -> list[Any]:
     """Each config over the ``--config`` object every run starts from."""
-    if base is None:
-        return configs
-    try:
-        common = json.loads(base)
-    except ValueError as e:
-        raise ConfigError(f"--config must be a JSON object: {e}") from e
-    if not isinstance(common, dict):
-        raise ConfigError(f"--config must be a JSON object, got {base!r:.80}")
-    return [{**common, **c} if isinstance(c, dict) else c for c in configs]
+    return [{**base, **c} if isinstance(c, dict) else c for c in configs]
 
 
 def cmd_sweep(args: argparse.Namespace) -> int:
@@ -91,26 +84,40 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     return 0 if all(s == RunState.SUCCEEDED.value for s in states) else 3
 
 
-def add_parser(sub: Any, *, target: Any, positive: Any, count: Any, seconds: Any) -> None:
-    """``orch sweep``'s options (the value checkers are the CLI's own)."""
+def add_parser(sub: Any, *, seconds: Any) -> None:
+    """``orch sweep``'s options: the launch options as declared (orch.launchers.spec), and its own."""
     sp = sub.add_parser("sweep", help="run a function once per config, each as a run of its own")
-    sp.add_argument(
-        "--fn", default=None, type=target, help="training function, as for orch run (default: the example)"
-    )
+    add_flag(sp, "fn", help="training function, as for orch run (default: the example)")
     sp.add_argument(
         "--grid", default=None, help="JSON object of lists, every combination: '{\"lr\": [0.1, 0.01]}'"
     )
     sp.add_argument("--configs", default=None, help="JSON list of config objects: '[{\"lr\": 0.1}, ...]'")
-    sp.add_argument("--config", default=None, help="JSON object every config starts from")
-    sp.add_argument("--steps", type=positive, default=None, help="training steps of each run")
-    sp.add_argument("--world-size", "-n", type=positive, default=2, help="ranks of each run")
-    sp.add_argument("--parallel", type=positive, default=1, help="runs at once (never more than fit)")
-    sp.add_argument("--max-failures", type=count, default=None, help="start no more runs after N failures")
+    add_flag(sp, "config", help="JSON object every config starts from")
+    add_flag(sp, "steps", help="training steps of each run")
+    add_flag(sp, "world_size", "-n", flag="--world-size", default=2, help="ranks of each run")
+    sp.add_argument("--parallel", type=_at_least(1), default=1, help="runs at once (never more than fit)")
+    sp.add_argument(
+        "--max-failures", type=_at_least(0), default=None, help="start no more runs after N failures"
+    )
     sp.add_argument("--name", default=None, help="the sweep's name (default: the function's name)")
     sp.add_argument("--metric", default="loss", help="the metric the table shows and ranks by")
-    sp.add_argument("--run-root", default="runs", help="where run directories go")
-    sp.add_argument(
-        "--heartbeat-timeout", type=seconds, default=30.0, help="seconds before a silent rank is lost"
-    )
+    add_flag(sp, "run_root")
+    add_flag(sp, "heartbeat_timeout", help="seconds before a silent rank is lost")
     sp.add_argument("--refresh", type=seconds, default=0.5, help="table refresh interval (s)")
     sp.set_defaults(func=cmd_sweep)
+
+
+def _at_least(minimum: int) -> Any:
+    """A count flag's type: an integer >= ``minimum``, checked as the launch options are."""
+
+    def read(text: str) -> int:
+        try:
+            value = int(text)
+            check_int("", value, minimum)
+        except ConfigError as e:  # a ValueError too: first
+            raise argparse.ArgumentTypeError(str(e).strip()) from e
+        except ValueError as e:
+            raise argparse.ArgumentTypeError(f"not a valid value: {text!r}") from e
+        return value
+
+    return read

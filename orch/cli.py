@@ -26,7 +26,7 @@ from orch.experiments import catalog
 from orch.launchers.detach import start_detached
 from orch.launchers.run import Run
 from orch.launchers.slurm import Slurm, read_function
-from orch.launchers.spec import LaunchSpec
+from orch.launchers.spec import LaunchSpec, add_flag
 from orch.master.coordinator import Coordinator
 from orch.master.server import MasterServer
 from orch.record.rundir import write_result
@@ -45,25 +45,6 @@ from orch.wire.states import RunState
 EXIT = {RunState.SUCCEEDED: 0, RunState.FAILED: 1, RunState.STOPPED: 3}
 
 
-def _config(text: str | None) -> dict[str, Any]:
-    if not text:
-        return {}
-    try:
-        value = json.loads(text)
-    except json.JSONDecodeError as e:
-        raise ConfigError(f"--config must be a JSON object, e.g. '{{\"lr\": 0.1}}': {e}") from e
-    if not isinstance(value, dict):
-        raise ConfigError("--config must be a JSON object, e.g. '{\"lr\": 0.1}'")
-    return value
-
-
-def _port(text: str) -> int:
-    value = int(text)
-    if not 0 <= value < 65536:
-        raise argparse.ArgumentTypeError(f"{value} is not a port (1-65535, or 0 for any free one)")
-    return value
-
-
 def _positive(text: str) -> int:
     value = int(text)
     if value < 1:
@@ -71,7 +52,7 @@ def _positive(text: str) -> int:
     return value
 
 
-def _count(text: str) -> int:
+def _rank(text: str) -> int:
     value = int(text)
     if value < 0:
         raise argparse.ArgumentTypeError(f"must be 0 or more, got {value}")
@@ -157,9 +138,9 @@ def _cluster(args: argparse.Namespace) -> Any:
         gpus_per_node=args.gpus_per_node,
         sbatch_args=tuple(args.sbatch_arg),
     )
-    if args.workers is not None and args.workers != cluster.world_size:
+    if args.world_size is not None and args.world_size != cluster.world_size:
         raise ConfigError(
-            f"--workers {args.workers} but --nodes x --tasks-per-node is {cluster.world_size}: "
+            f"--workers {args.world_size} but --nodes x --tasks-per-node is {cluster.world_size}: "
             "leave out --workers with --slurm"
         )
     return cluster
@@ -169,9 +150,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     cluster = _cluster(args)
     spec = LaunchSpec(
         fn=args.fn,
-        world_size=cluster.world_size if cluster is not None else (args.workers or 4),
+        world_size=cluster.world_size if cluster is not None else (args.world_size or 4),
         cluster=cluster,
-        config=_config(args.config),
+        config=args.config,
         steps=args.steps,
         master_port=args.master_port,
         rdzv_port=args.rdzv_port,
@@ -212,7 +193,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def cmd_master(args: argparse.Namespace) -> int:
-    config = _config(args.config)
+    config = dict(args.config)
     if args.steps is not None:
         config["steps"] = args.steps
     coord = Coordinator(
@@ -232,7 +213,12 @@ def cmd_master(args: argparse.Namespace) -> int:
     if token is None:
         token, shown = new_token(), "ORCH_TOKEN=<token> "
     server = MasterServer(
-        coord, host=args.host, port=args.port, token=token, tls_cert=args.tls_cert, tls_key=args.tls_key
+        coord,
+        host=args.master_host,
+        port=args.master_port,
+        token=token,
+        tls_cert=args.tls_cert,
+        tls_key=args.tls_key,
     ).start()
     tls_name = certificate_name(args.tls_cert) if args.tls_cert else None
     coord.store = store = RunStore(run_dir)
@@ -455,44 +441,15 @@ def build_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True)
 
     def common(sp: argparse.ArgumentParser) -> None:
-        sp.add_argument(
-            "--fn",
-            default=None,
-            type=_target,
-            help="training function as package.module:function (found from the current folder, "
-            "as python -m finds it) or path/to/train.py:function (default: the built-in digits "
-            "example, orch.example:train)",
-        )
-        sp.add_argument("--steps", type=_positive, default=None, help="training steps (sets config steps)")
-        sp.add_argument("--config", default=None, help="JSON object passed to the function as ctx.config")
-        sp.add_argument(
-            "--rdzv-port",
-            type=_port,
-            default=None,
-            help="torch.distributed rendezvous port (default 29500, or a free one)",
-        )
-        sp.add_argument(
-            "--heartbeat-timeout",
-            type=_seconds,
-            default=30.0,
-            help="seconds without a heartbeat before a rank counts as lost",
-        )
+        for name in ("fn", "steps", "config", "rdzv_port", "heartbeat_timeout"):
+            add_flag(sp, name)
         sp.add_argument("--refresh", type=_seconds, default=0.5, help="dashboard refresh interval (s)")
 
     r = sub.add_parser("run", help="start a master and N local workers, with a live dashboard")
-    r.add_argument(
-        "--workers", "-n", type=_positive, default=None, help="number of worker processes (default 4)"
-    )
-    r.add_argument(
-        "--master-port", type=_port, default=None, help="master gRPC port (default 50051, or a free one)"
-    )
-    r.add_argument("--run-root", default="runs", help="where run directories go")
-    r.add_argument(
-        "--max-restarts",
-        type=_count,
-        default=0,
-        help="restart the whole group from its last checkpoint up to N times on failure",
-    )
+    add_flag(r, "world_size", "-n", default=None, help="number of worker processes (default 4)")
+    add_flag(r, "master_port")
+    add_flag(r, "run_root")
+    add_flag(r, "max_restarts")
     r.add_argument(
         "--detach",
         action="store_true",
@@ -515,38 +472,27 @@ def build_parser() -> argparse.ArgumentParser:
     common(r)
     r.set_defaults(func=cmd_run)
 
-    _sweep_cli.add_parser(sub, target=_target, positive=_positive, count=_count, seconds=_seconds)
+    _sweep_cli.add_parser(sub, seconds=_seconds)
 
     m = sub.add_parser("master", help="serve a run for workers started elsewhere")
-    m.add_argument("--world-size", "--workers", type=_positive, required=True, dest="world_size")
-    m.add_argument(
-        "--host",
-        default="127.0.0.1",
-        help="address to bind (default 127.0.0.1; any other address needs a token)",
-    )
+    add_flag(m, "world_size", "--workers", flag="--world-size", default=None, required=True)
+    add_flag(m, "master_host")
     _token_options(m, "default $ORCH_TOKEN, else a new one")
-    m.add_argument("--tls-cert", default=None, help="serve TLS with this certificate (PEM)")
-    m.add_argument("--tls-key", default=None, help="the certificate's private key (PEM)")
-    m.add_argument("--port", type=_port, default=None, help="gRPC port (default 50051, or a free one)")
+    add_flag(m, "tls_cert")
+    add_flag(m, "tls_key")
+    add_flag(m, "master_port", flag="--port")
     m.add_argument("--no-dashboard", action="store_true", help="print nothing while the run goes")
-    m.add_argument("--run-root", default="runs", help="where run directories go")
+    add_flag(m, "run_root")
     m.add_argument(
         "--linger", type=_seconds_or_zero, default=3.0, help="seconds to keep serving after the end"
     )
-    m.add_argument(
-        "--max-restarts",
-        type=_count,
-        default=0,
+    add_flag(
+        m,
+        "max_restarts",
         help="on a failure, restart every host's ranks from the last checkpoint up to N times (the "
         "host agents of `orch worker --nproc-per-node K` start them again)",
     )
-    m.add_argument(
-        "--min-world-size",
-        type=_positive,
-        default=None,
-        help="elastic restarts: a restart goes on without hosts that fell silent while at least M "
-        "ranks remain (default: every host must come back)",
-    )
+    add_flag(m, "min_world_size")
     common(m)
     m.set_defaults(func=cmd_master)
 
@@ -642,7 +588,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     lg = sub.add_parser("logs", help="a worker's log of a run")
     run_arg(lg)
-    lg.add_argument("--rank", type=_count, default=0, help="whose log (default rank 0)")
+    lg.add_argument("--rank", type=_rank, default=0, help="whose log (default rank 0)")
     lg.add_argument("--follow", "-f", action="store_true", help="print what comes until the run ends")
     run_root(lg)
     lg.set_defaults(func=cmd_logs)

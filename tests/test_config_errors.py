@@ -76,12 +76,14 @@ def test_bad_launch_arguments(tmp_path: Path, kwargs: dict[str, Any], says: str)
     ("argv", "says"),
     [
         (["run", "--workers", "100000"], "does not fit this machine"),
-        (["run", "--workers", "0"], "must be at least 1"),
+        (["run", "--workers", "0"], "--workers/-n: must be an integer >= 1"),
         (["run", "--refresh", "-1"], "--refresh: must be a positive number"),
-        (["run", "--heartbeat-timeout", "nan"], "--heartbeat-timeout: must be a positive number"),
-        (["run", "--max-restarts", "-1"], "--max-restarts: must be 0 or more"),
-        (["run", "--config", "abc"], "--config must be a JSON object"),
-        (["run", "--config", "[1]"], "--config must be a JSON object"),
+        (["run", "--heartbeat-timeout", "nan"], "--heartbeat-timeout: must be a positive, finite number"),
+        (["run", "--max-restarts", "-1"], "--max-restarts: must be an integer >= 0"),
+        (["run", "--config", "abc"], "--config: must be a JSON object"),
+        (["run", "--config", "[1]"], "--config: must be a JSON object"),
+        (["sweep", "--config", "[1]", "--grid", "{}"], "--config: must be a JSON object"),
+        (["master", "--world-size", "0"], "--world-size/--workers: must be an integer >= 1"),
         (["run", "--fn", "nonexistent.module:fn"], "cannot import 'nonexistent.module'"),
         (["run", "--fn", "no_colon"], "expected the training function"),
         (["master", "--world-size", "2", "--linger", "-1"], "--linger: must be 0 or a positive"),
@@ -95,7 +97,7 @@ def test_bad_cli_input_is_one_line_and_exit_2(
 ) -> None:
     done = (
         orch_cli(*argv, "--run-root", str(tmp_path / "runs"), env=subprocess_env, cwd=tmp_path, timeout=60)
-        if argv[0] in ("run", "master", "worker")
+        if argv[0] in ("run", "master", "worker", "sweep")
         else orch_cli(*argv, env=subprocess_env, cwd=tmp_path, timeout=60)
     )
     assert done.returncode == 2, (done.stdout, done.stderr)

@@ -50,7 +50,7 @@ def test_orch_sweep_runs_every_config_and_exits_by_the_worst(
         (("--grid", "[1]"), "--grid must be a JSON object of lists"),
         (("--grid", '{"lr": 0.1}'), "grid axis 'lr' must be a non-empty list"),
         (("--configs", "{"), "--configs must be JSON"),
-        (("--configs", '[{"lr": 0.1}]', "--config", "[]"), "--config must be a JSON object"),
+        (("--configs", '[{"lr": 0.1}]', "--config", "[]"), "--config: must be a JSON object"),
     ],
 )
 def test_orch_sweep_refuses_bad_configs_in_one_line(

@@ -1,10 +1,20 @@
-"""What a run is to be, declared once and checked before anything starts: :class:`LaunchSpec`."""
+"""What a run is to be, declared once and checked before anything starts: :class:`LaunchSpec`.
+
+Each launch option is declared once, as a field of :class:`LaunchSpec` with its default,
+its check and its help text (:func:`option`). ``orch.launch`` and ``orch.sweep`` pass their
+arguments to it (a test holds their signatures to these declarations); the command line's
+``orch run``, ``orch sweep`` and ``orch master`` build their flags from it
+(:func:`add_flag`), so a flag has the same default, the same check and the same words.
+"""
 
 from __future__ import annotations
 
+import argparse
+import dataclasses
 import json
 import math
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -12,42 +22,149 @@ import cloudpickle
 
 from orch.errors import ConfigError
 from orch.launchers.slurm import Slurm, check_commands
-from orch.runtime._target import EXAMPLE, TrainFn, resolve_fn
+from orch.runtime._target import EXAMPLE, TrainFn, resolve_fn, split_target
+
+Check = Callable[[str, Any], None]  # (the option's name, its value); raises ConfigError
+
+
+@dataclass(frozen=True)
+class Option:
+    """How a launch option is checked and read from a command line."""
+
+    help: str
+    flag: str | None = None  # its command-line spelling; None: Python only
+    parse: Callable[[str], Any] | None = None  # a flag's text to a value (None: the text itself)
+    check: Check | None = None  # run on a value that is not None
+
+
+def option(
+    default: Any = None,
+    *,
+    help: str,
+    flag: str | None = None,
+    parse: Callable[[str], Any] | None = None,
+    check: Check | None = None,
+    factory: Callable[[], Any] | None = None,
+) -> Any:
+    """A field of :class:`LaunchSpec`, declared with everything the API and the CLI need."""
+    meta = {"option": Option(help, flag, parse, check)}
+    if factory is not None:
+        return field(default_factory=factory, metadata=meta)
+    return field(default=default, metadata=meta)
+
+
+def _at_least(minimum: int) -> Check:
+    return lambda name, value: check_int(name, value, minimum)
+
+
+def _port(name: str, value: Any) -> None:
+    check_int(name, value, 0, 65535, hint="0 for any free port; leave it out for the default")
+
+
+def _seconds(name: str, value: Any) -> None:
+    check_seconds(name, value)
+
+
+def _json_object(text: str) -> dict[str, Any]:
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise ConfigError(f"must be a JSON object, e.g. '{{\"lr\": 0.1}}': {e}") from e
+    if not isinstance(value, dict):
+        raise ConfigError("must be a JSON object, e.g. '{\"lr\": 0.1}'")
+    return value
+
+
+def _target(text: str) -> str:
+    split_target(text)  # its form here; whether it exists, where it runs (launcher or worker)
+    return text
 
 
 @dataclass
 class LaunchSpec:
     """What to run and how; validated before anything starts."""
 
-    fn: TrainFn | str | None = None
-    world_size: int = 4
-    config: dict[str, Any] = field(default_factory=dict)
-    steps: int | None = None
-    master_host: str = "127.0.0.1"
-    master_port: int | None = None
-    rdzv_port: int | None = None
-    run_root: str = "runs"
-    heartbeat_timeout: float = 30.0
-    heartbeat_interval: float = 0.25
-    threads: int | None = None
-    poll_interval: float = 0.1
-    grace: float = 1.5
-    max_restarts: int = 0
-    tls_cert: str | None = None
-    tls_key: str | None = None
-    tls_ca: str | None = None  # default: tls_cert itself (a self-signed certificate)
-    token: str | None = None  # default: $ORCH_TOKEN, else a new random one
-    name: str | None = None  # what the run is called in ``orch.runs()``
-    sweep: str | None = None  # the sweep it belongs to, and its config's key there
-    config_key: str | None = None
-    cluster: Slurm | None = None  # run on a Slurm cluster rather than on this machine
-    min_world_size: int | None = None  # elastic restarts on a cluster: go on without lost nodes
-
-    workdir: str = field(default_factory=os.getcwd)  # where workers run and find ``fn``
+    fn: TrainFn | str | None = option(
+        help="training function as package.module:function (found from the current folder, as python "
+        "-m finds it) or path/to/train.py:function (default: the built-in digits example, "
+        "orch.example:train)",
+        flag="--fn",
+        parse=_target,
+    )
+    world_size: int = option(
+        4, help="number of ranks (worker processes)", flag="--workers", parse=int, check=_at_least(1)
+    )
+    config: dict[str, Any] = option(
+        factory=dict,
+        help="JSON object passed to the function as ctx.config",
+        flag="--config",
+        parse=_json_object,
+    )
+    steps: int | None = option(
+        help="training steps (sets config steps)", flag="--steps", parse=int, check=_at_least(1)
+    )
+    master_host: str = option(
+        "127.0.0.1",
+        help="address to bind (default 127.0.0.1; any other address needs a token)",
+        flag="--host",
+    )
+    master_port: int | None = option(
+        help="master gRPC port (default 50051 if free, else any free port)",
+        flag="--master-port",
+        parse=int,
+        check=_port,
+    )
+    rdzv_port: int | None = option(
+        help="torch.distributed rendezvous port (default 29500 if free, else any free port)",
+        flag="--rdzv-port",
+        parse=int,
+        check=_port,
+    )
+    run_root: str = option("runs", help="where run directories go", flag="--run-root")
+    heartbeat_timeout: float = option(
+        30.0,
+        help="seconds without a heartbeat before a rank counts as lost",
+        flag="--heartbeat-timeout",
+        parse=float,
+        check=_seconds,
+    )
+    heartbeat_interval: float = option(0.25, help="seconds between a rank's heartbeats", check=_seconds)
+    threads: int | None = option(
+        help="torch threads per rank (default: the cores shared out)", parse=int, check=_at_least(1)
+    )
+    poll_interval: float = option(0.1, help="seconds between the launcher's looks at its ranks")
+    grace: float = option(1.5, help="seconds a rank told to end gets before it is killed")
+    max_restarts: int = option(
+        0,
+        help="restart the whole group from its last checkpoint up to N times on failure",
+        flag="--max-restarts",
+        parse=int,
+        check=_at_least(0),
+    )
+    tls_cert: str | None = option(help="serve TLS with this certificate (PEM)", flag="--tls-cert")
+    tls_key: str | None = option(help="the certificate's private key (PEM)", flag="--tls-key")
+    tls_ca: str | None = option(help="the CA that verifies the master (default: tls_cert itself)")
+    token: str | None = option(help="the run's secret (default: $ORCH_TOKEN, else a new random one)")
+    name: str | None = option(help="what the run is called in orch.runs()")
+    sweep: str | None = option(help="the sweep the run belongs to")
+    config_key: str | None = option(help="the run's config's key in its sweep")
+    cluster: Slurm | None = option(help="run on a Slurm cluster rather than on this machine")
+    min_world_size: int | None = option(
+        help="elastic restarts: a restart goes on without hosts that fell silent while at least M "
+        "ranks remain (default: every host must come back)",
+        flag="--min-world-size",
+        parse=int,
+        check=_at_least(1),
+    )
+    workdir: str = option(factory=os.getcwd, help="where workers run and find the function")
 
     def __post_init__(self) -> None:
         _check_fn(self.fn, self.workdir)
-        _check_int("world_size", self.world_size, 1)
+        for f in dataclasses.fields(self):
+            declared: Option | None = f.metadata.get("option")
+            value = getattr(self, f.name)
+            if declared is not None and declared.check is not None and value is not None:
+                declared.check(f.name, value)
         if self.cluster is None:
             _check_fits(self.world_size)
         else:
@@ -59,7 +176,6 @@ class LaunchSpec:
             )
         self.config = dict(self.config)  # the caller's dict stays as it was
         if self.steps is not None:
-            _check_int("steps", self.steps, 1)
             self.config["steps"] = self.steps
         try:
             json.dumps(self.config, allow_nan=False)
@@ -67,22 +183,13 @@ class LaunchSpec:
             raise ConfigError(
                 f"config must be JSON-serialisable (numbers, strings, lists, dicts): {e}"
             ) from e
-        for option in ("master_port", "rdzv_port"):
-            port = getattr(self, option)
-            if port is not None:
-                _check_int(option, port, 0, 65535, hint="0 for any free port; leave it out for the default")
-        if self.threads is not None:
-            _check_int("threads", self.threads, 1)
-        _check_int("max_restarts", self.max_restarts, 0)
         if self.min_world_size is not None:
-            _check_int("min_world_size", self.min_world_size, 1, self.world_size)
+            check_int("min_world_size", self.min_world_size, 1, self.world_size)
             if self.cluster is None or self.max_restarts < 1:
                 raise ConfigError(
                     "min_world_size makes restarts across nodes elastic: it needs cluster=orch.Slurm(...) "
                     "and max_restarts >= 1"
                 )
-        _check_seconds("heartbeat_timeout", self.heartbeat_timeout)
-        _check_seconds("heartbeat_interval", self.heartbeat_interval)
         if self.heartbeat_timeout <= self.heartbeat_interval * 2:
             raise ConfigError(
                 f"heartbeat_timeout={self.heartbeat_timeout:g}s must be well above the heartbeat "
@@ -114,7 +221,7 @@ def _check_cluster(cluster: Any, world_size: int) -> None:
     check_commands()
 
 
-def _check_int(name: str, value: Any, minimum: int, maximum: int | None = None, *, hint: str = "") -> None:
+def check_int(name: str, value: Any, minimum: int, maximum: int | None = None, *, hint: str = "") -> None:
     if type(value) is not int or value < minimum or (maximum is not None and value > maximum):
         bounds = f"from {minimum} to {maximum}" if maximum is not None else f">= {minimum}"
         raise ConfigError(
@@ -123,7 +230,7 @@ def _check_int(name: str, value: Any, minimum: int, maximum: int | None = None, 
         )
 
 
-def _check_seconds(name: str, value: Any) -> None:
+def check_seconds(name: str, value: Any) -> None:
     real = isinstance(value, (int, float)) and not isinstance(value, bool)
     if not real or not math.isfinite(value) or value <= 0:
         raise ConfigError(f"{name} must be a positive, finite number of seconds, got {value!r}")
@@ -157,3 +264,37 @@ def _check_fn(fn: Any, workdir: str) -> None:
             "It must be picklable by cloudpickle: move what it closes over that cannot be pickled "
             "(an open file, a lock, a live model on a GPU) inside the function, and create it there."
         ) from e
+
+
+def options() -> dict[str, tuple[Option, Any]]:
+    """Every declared launch option: its declaration and its default, by name."""
+    out: dict[str, tuple[Option, Any]] = {}
+    for f in dataclasses.fields(LaunchSpec):
+        declared: Option = f.metadata["option"]
+        default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
+        out[f.name] = (declared, default)
+    return out
+
+
+def add_flag(parser: Any, name: str, *aliases: str, **override: Any) -> None:
+    """Add the flag of launch option ``name`` to an argparse ``parser``: its spelling, default,
+    check and help as declared (``override`` changes what one command says otherwise)."""
+    declared, default = options()[name]
+    if declared.flag is None:
+        raise ValueError(f"launch option {name} has no command-line flag")
+    flag = override.pop("flag", declared.flag)
+
+    def read(text: str) -> Any:
+        try:
+            value = declared.parse(text) if declared.parse is not None else text
+            if declared.check is not None:
+                declared.check(name, value)
+        except ConfigError as e:  # a ValueError too: first
+            raise argparse.ArgumentTypeError(str(e).removeprefix(f"{name} ")) from e
+        except ValueError as e:
+            raise argparse.ArgumentTypeError(f"not a valid value: {text!r}") from e
+        return value
+
+    settings: dict[str, Any] = {"type": read, "default": default, "help": declared.help, "dest": name}
+    settings.update(override)
+    parser.add_argument(flag, *aliases, **settings)

@@ -14,13 +14,14 @@ from orch.master.control.validate import (
     Reject,
     check_completion,
     check_heartbeat,
+    check_heartbeats,
     check_id,
     check_register,
     check_run_id,
     parse_cursor,
 )
 from orch.wire._proto import orchestrator_pb2 as pb
-from orch.wire.limits import MAX_ID_LEN, MAX_METRICS_PER_RANK
+from orch.wire.limits import MAX_BEATS_PER_BATCH, MAX_ID_LEN, MAX_METRICS_PER_RANK
 from orch.wire.states import RankState
 
 
@@ -159,6 +160,29 @@ def test_check_heartbeat_rejects_ragged_columns_naming_the_series(series: pb.Ser
     err = rejected(check_heartbeat, heartbeat(series))
     assert err.kind == "invalid_argument"
     assert "series 'loss'" in str(err) and "same length" in str(err)
+
+
+# -- check_heartbeats ----------------------------------------------------------------------
+
+
+def test_check_heartbeats_gives_each_beat_its_own_refusal_in_order() -> None:
+    good = pb.HeartbeatRequest(worker_id="w0", step=1)
+    bad = pb.HeartbeatRequest(worker_id="w1", step=-1)
+    checked = check_heartbeats([good, bad, good])
+    assert checked[0] is None and checked[2] is None
+    assert isinstance(checked[1], Reject) and checked[1].kind == "invalid_argument"
+    assert check_heartbeats([]) == []
+
+
+def test_check_heartbeats_refuses_a_batch_too_big_whole() -> None:
+    beats = [pb.HeartbeatRequest(worker_id="w0")] * MAX_BEATS_PER_BATCH
+    assert check_heartbeats(beats) == [None] * MAX_BEATS_PER_BATCH
+    err = rejected(check_heartbeats, [*beats, pb.HeartbeatRequest(worker_id="w0")])
+    assert err.kind == "invalid_argument"
+    assert (
+        str(err)
+        == f"a batch carries {MAX_BEATS_PER_BATCH + 1} heartbeats; the limit is {MAX_BEATS_PER_BATCH}"
+    )
 
 
 # -- check_completion ----------------------------------------------------------------------

@@ -3,10 +3,11 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Literal
 
 from orch.wire._proto import orchestrator_pb2 as pb
-from orch.wire.limits import MAX_ERROR_LEN, MAX_ID_LEN, MAX_METRICS_PER_RANK
+from orch.wire.limits import MAX_BEATS_PER_BATCH, MAX_ERROR_LEN, MAX_ID_LEN, MAX_METRICS_PER_RANK
 from orch.wire.states import RANK_STATE_FROM_PB, RankState
 
 BACKENDS = ("", "gloo", "nccl")
@@ -74,6 +75,24 @@ def check_heartbeat(req: pb.HeartbeatRequest) -> None:
                 "invalid_argument",
                 f"series {s.name!r}: steps, values and times must have the same length",
             )
+
+
+def check_heartbeats(beats: Sequence[pb.HeartbeatRequest]) -> list[Reject | None]:
+    """A host agent's batch: refused whole when it is too big; else each beat's refusal, in
+    order (None: it passed), so that one bad beat costs only its own reply."""
+    if len(beats) > MAX_BEATS_PER_BATCH:
+        raise Reject(
+            "invalid_argument",
+            f"a batch carries {len(beats)} heartbeats; the limit is {MAX_BEATS_PER_BATCH}",
+        )
+    checked: list[Reject | None] = []
+    for req in beats:
+        try:
+            check_heartbeat(req)
+            checked.append(None)
+        except Reject as e:
+            checked.append(e)
+    return checked
 
 
 MAX_SECTIONS = 32  # ctx.section names per heartbeat

@@ -1,0 +1,248 @@
+"""How the ends of ranks, stops and failures move a run: the one place that drives the state
+machine (:mod:`.lifecycle`) and feeds the root-cause judge (:mod:`.judge`).
+
+A rank's end comes three ways: it reports it (``Complete``, which its host agent also sends
+for a process that died), the launcher sees its process exit, or its heartbeats stop (expiry).
+Each becomes one :meth:`Fate.end_rank`, which decides for the run: the last rank's end ends it;
+the first failure fails it, or moves it to RESTARTING when the restart rule
+(:meth:`Fate.refusal`) allows; a later failure may only correct the root cause. Stops,
+restarts and the launcher's last word (close, fail, give up) go through here too, so every
+transition and the event that tells it are written once; a restart across hosts is decided by
+:mod:`.host_sync` and carried out here. Events go out through the ``tell`` the coordinator
+passes (its event log and run dir), waiters are woken through ``changed``, and the time is
+always the caller's.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from orch.master.control.host_sync import Settled
+from orch.master.control.judge import CauseKind, FailureJudge, RootCause, reported_kind
+from orch.master.control.lifecycle import Lifecycle
+from orch.master.control.registry import RankRecord, Registry
+from orch.master.control.stopping import StopOrder, stop_step
+from orch.wire._proto import orchestrator_pb2 as pb
+from orch.wire.limits import MAX_ERROR_LEN
+from orch.wire.states import EXIT_ABORTED, RankState, RunState, describe_exit
+
+Tell = Callable[[str, int, str], None]  # (kind, rank, message): an event for the run's log
+
+
+class Fate:
+    """The run's state, its root cause and its stop, moved by the ends of its ranks."""
+
+    def __init__(self, max_attempts: int, tell: Tell, changed: Callable[[], None]) -> None:
+        self.lifecycle = Lifecycle(max_attempts)
+        self.judge = FailureJudge()
+        self.stop = StopOrder()
+        self._tell = tell
+        self._changed = changed
+
+    @property
+    def state(self) -> RunState:
+        return self.lifecycle.state
+
+    @property
+    def failure(self) -> str:
+        cause = self.judge.cause
+        return cause.describe() if cause is not None else ""
+
+    def command(self) -> int:
+        """What a heartbeat's reply tells its rank to do (a pb.Command)."""
+        if self.state.failing:
+            return int(pb.ABORT)
+        if self.stop.requested or self.state in (RunState.STOPPING, RunState.STOPPED):
+            return int(pb.STOP)
+        return int(pb.CONTINUE)
+
+    def start(self, world_size: int, now: float) -> None:
+        """All ``world_size`` ranks registered: the attempt runs."""
+        self.lifecycle.to(RunState.RUNNING, now)
+        self._tell("started", -1, f"all {world_size} ranks registered")
+
+    # -- the three ways a rank ends, and what its end does to the run ---------------------
+    def completed(
+        self, rec: RankRecord, req: pb.CompletionRequest, outcome: RankState, registry: Registry, now: float
+    ) -> None:
+        """The rank reported its end (``outcome``, checked), or its host agent saw it die."""
+        if rec.state.done:
+            return  # a retried report, or a rank already declared failed: keep the first
+        rec.step = max(rec.step, req.step)
+        rec.param_checksum = req.param_checksum
+        error = req.error[:MAX_ERROR_LEN]
+        kind = reported_kind(error)
+        if req.exit_code:  # its host agent saw the process die
+            rec.exit_code = req.exit_code
+            kind = CauseKind.TORN_DOWN if req.exit_code == EXIT_ABORTED else CauseKind.EXITED
+        self.end_rank(rec, outcome, registry, now, error=error, kind=kind)
+
+    def exited(
+        self, worker_id: str, exit_code: int, detail: str, expected: bool, registry: Registry, now: float
+    ) -> None:
+        """The launcher saw a worker's process exit (see ``Coordinator.rank_exited``). A worker
+        that never registered and failed is a failure from outside any rank."""
+        rec = registry.get(worker_id)
+        if rec is None:
+            if exit_code != 0 and not self.state.done:
+                what = f"worker {worker_id} exited with {describe_exit(exit_code)} before it registered"
+                self.fail(RootCause(CauseKind.OUTSIDE, what), registry, now)
+            return
+        rec.exit_code = exit_code
+        if rec.state.done:
+            return
+        what = describe_exit(exit_code)
+        if exit_code == 0:
+            what += " without reporting completion"
+        error = f"process exited with {what}"
+        kind = CauseKind.TORN_DOWN if expected or exit_code == EXIT_ABORTED else CauseKind.EXITED
+        error = f"{detail.rstrip()}\n{error}" if detail else error
+        self.end_rank(rec, RankState.FAILED, registry, now, error=error, kind=kind)
+
+    def lost(self, lost: list[RankRecord], registry: Registry, now: float, timeout: float) -> None:
+        """Ranks whose heartbeats stopped for ``timeout`` seconds are LOST."""
+        for rec in lost:
+            assert rec.last_heartbeat is not None
+            where = (
+                ""
+                if rec.beats
+                else " since the start barrier: stuck in the torch.distributed "
+                "rendezvous or process-group set-up"
+            )
+            error = f"no heartbeat for {now - rec.last_heartbeat:.1f}s (timeout {timeout:g}s){where}"
+            self.end_rank(rec, RankState.LOST, registry, now, error=error, kind=CauseKind.LOST)
+        if lost:
+            # They fell silent within a heartbeat interval of each other, so the expiry that
+            # finds the first may come just before the others'.
+            self.judge.lost_together(lost, timeout / 2)
+
+    def end_rank(
+        self,
+        rec: RankRecord,
+        outcome: RankState,
+        registry: Registry,
+        now: float,
+        *,
+        error: str = "",
+        kind: CauseKind,
+    ) -> None:
+        """End one rank; a failure's ``kind`` says how well it explains the run's failure."""
+        rec.state = outcome
+        rec.ended_at = now
+        if error:
+            rec.error = error
+        if outcome in (RankState.FAILED, RankState.LOST):
+            self._tell("rank_failed", rec.rank, error or outcome.value)
+            where = rec.host if rec.address in ("", rec.host) else f"{rec.host} at {rec.address}"
+            cause = RootCause(
+                kind,
+                f"rank {rec.rank} (worker {rec.worker_id}, host {where}, pid {rec.pid}) "
+                f"{'was lost' if outcome is RankState.LOST else 'failed'}: {_last_line(error)}",
+                rec,
+            )
+            if not self.state.done and not self.state.failing:
+                self.fail(cause, registry, now)
+            elif self.state.failing and self.judge.later_failure(cause, now):
+                # The record of the failure, already written, named another rank: say so.
+                self._tell("root_cause", rec.rank, f"the root cause is {self.failure}")
+            return
+        self._tell("rank_" + outcome.value.lower(), rec.rank, f"at step {rec.step}")
+        if self.state.done or not all(r.state.done for r in registry.ranks) or not registry.full:
+            return
+        if all(r.state is RankState.SUCCEEDED for r in registry.ranks) and not self.stop.requested:
+            self.finish(RunState.SUCCEEDED, now)
+        else:
+            self.finish(RunState.STOPPED, now)
+
+    # -- the run's failure, restart and end ------------------------------------------------
+    def fail(self, cause: RootCause, registry: Registry, now: float) -> None:
+        """The attempt's first failure: it restarts when the rule allows, else the run fails."""
+        self.judge.first_failure(cause, now)
+        if self.state is RunState.RUNNING and self.refusal(registry) is None:
+            # Not final: the launcher (or the host agents) tear the group down and start the next attempt.
+            self.lifecycle.to(RunState.RESTARTING, now)
+            self._tell("attempt_failed", -1, f"attempt {self.lifecycle.attempt}: {self.failure}")
+            self._changed()
+        else:
+            self.finish(RunState.FAILED, now)
+
+    def refusal(self, registry: Registry) -> str | None:
+        """Why a failure of this attempt does not restart the group (None: it does). The one
+        place of the restart rule; ``""`` when there is nothing to say (no restarts asked)."""
+        if not self.lifecycle.restarts_left:
+            return "no restarts left" if self.lifecycle.max_attempts > 1 else ""
+        if not any(r.step > 0 for r in registry.ranks):
+            return "it failed during start-up, before any step: not restarted"
+        return None
+
+    def settle(self, settled: Settled, registry: Registry, now: float) -> bool:
+        """Carry out where a restart across hosts stands (see :meth:`.host_sync.HostSync.settle`);
+        True when the next attempt may open (the caller opens it, with the ranks' new registry)."""
+        if settled.then == "stop":
+            self.close(settled.reason, now)
+        elif settled.then == "give_up":
+            self.give_up(settled.reason, now)
+        elif settled.then == "restart":
+            refusal = self.refusal(registry)
+            if refusal is None:
+                return True
+            self.give_up(refusal, now)
+        return False
+
+    def new_attempt(self, now: float) -> int:
+        """Open the next attempt (the caller gives it a fresh registry); returns its number."""
+        self.judge.new_attempt()
+        self.stop.new_attempt()
+        self.lifecycle.to(RunState.PENDING, now)
+        self._tell("restart", -1, f"attempt {self.lifecycle.attempt} of {self.lifecycle.max_attempts}")
+        self._changed()
+        return self.lifecycle.attempt
+
+    def finish(self, state: RunState, now: float) -> None:
+        self.lifecycle.to(state, now)
+        self._tell("finished", -1, state.value + (f": {self.failure}" if self.failure else ""))
+        self._changed()
+
+    def request_stop(self, reason: str, registry: Registry, now: float) -> RunState:
+        """Ask the ranks to stop (see :class:`.stopping.StopOrder`); returns the run's state."""
+        if not self.stop.ask(self.state.done):
+            return self.state
+        self._tell("stop_requested", -1, reason or "stop requested")
+        if self.state is RunState.PENDING:
+            self.finish(RunState.STOPPED, now)
+        elif self.state is RunState.RUNNING:
+            self.lifecycle.to(RunState.STOPPING, now)
+            self.stop.at_step = stop_step(registry.ranks)
+            self._changed()
+        return self.state  # RESTARTING: the launcher ends the run instead of restarting it
+
+    def close(self, message: str, now: float) -> None:
+        """End a live run from outside: STOPPED when a stop was asked for, else FAILED."""
+        if self.state.done:
+            return
+        self._tell("closed", -1, message)
+        if self.stop.requested:
+            self.finish(RunState.STOPPED, now)
+        else:
+            self.judge.outside(message)
+            self.finish(RunState.FAILED, now)
+
+    def fail_outside(self, message: str, detail: str, now: float) -> None:
+        """Fail the run from outside, for good; ``detail`` is the root cause's traceback."""
+        if not self.state.done:
+            self.judge.outside(message, detail)
+            self.finish(RunState.FAILED, now)
+
+    def give_up(self, reason: str, now: float) -> None:
+        """No restart follows this failure: the run is FAILED, with the first attempt's root
+        cause and ``reason``."""
+        if self.state is RunState.RESTARTING:
+            self.finish(RunState.FAILED, now)
+            self.judge.final(self.lifecycle.attempt, reason)
+        elif self.state is RunState.FAILED:
+            self.judge.final(self.lifecycle.attempt, reason)
+
+
+def _last_line(text: str) -> str:
+    lines = [ln for ln in text.strip().splitlines() if ln.strip()]
+    return lines[-1].strip() if lines else "no error message"

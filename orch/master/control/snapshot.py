@@ -1,0 +1,97 @@
+"""A GetState reply, built from a run's parts: the run's state, ranks and verdicts, and only the
+points and events after the caller's cursor.
+
+Dashboards poll it several times a second and a late client catches up on up to a million
+points, while heartbeats wait on the same lock: so a reply is built in two halves. Under the
+lock, :func:`draft_reply` fills in everything but the points and *plans* which points go in
+(:meth:`.series.SeriesLog.plan`); the copies, the bulk of a catch-up, are made after it
+(:meth:`StateDraft.copy`), and only a series trimmed meanwhile is copied again under the lock.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from orch.master.control.facade import RunFacade
+from orch.master.control.series import MAX_POINTS_PER_REPLY, SeriesLog, Slice
+from orch.wire._proto import orchestrator_pb2 as pb
+from orch.wire.states import RUN_STATE_PB
+
+
+@dataclass
+class StateDraft:
+    """A reply done but for its points, which ``plan`` names; ``cursor`` is the next one."""
+
+    reply: pb.GetStateResponse
+    cursor: pb.StateCursor
+    plan: list[Slice]
+
+    def copy(self) -> list[pb.Series]:
+        """The planned points (call it without the lock)."""
+        return SeriesLog.copy(self.plan)
+
+    def trimmed_meanwhile(self) -> bool:
+        """True when a planned series lost points to the budget since the plan: take the lock
+        and :meth:`recopy` it."""
+        return any(sl.series.base != sl.base for sl in self.plan)
+
+    def recopy(self, built: list[pb.Series]) -> None:
+        """Copy again the series trimmed meanwhile (call it under the lock)."""
+        SeriesLog.recopy_trimmed(self.plan, built)
+
+    def finish(self, built: list[pb.Series]) -> pb.GetStateResponse:
+        self.reply.series.extend(p for p in built if p.steps)
+        self.reply.cursor = self.cursor.SerializeToString()
+        return self.reply
+
+
+def draft_reply(
+    run: RunFacade,
+    cursor: bytes,
+    prev: pb.StateCursor,
+    now: float,
+    wall: float,
+    *,
+    skip_series: bool = False,
+    max_points: int = 0,
+) -> StateDraft:
+    """The reply to a caller whose last cursor was ``cursor`` (``prev``, as ``parse_cursor``
+    read it). At most ``max_points`` points (default and ceiling :data:`MAX_POINTS_PER_REPLY`);
+    ``more`` then says to ask again. ``skip_series``: no points. Call it under the run's lock;
+    ``now`` is the master's clock (ages, elapsed), ``wall`` the time of day (events)."""
+    budget = min(max_points or MAX_POINTS_PER_REPLY, MAX_POINTS_PER_REPLY)
+    # A full reply (the caller starts over) without a cursor, with another run's, or with one
+    # from before a restart rewound a series (another epoch): its offsets count other points.
+    full = not cursor or prev.run_id != run.run_id or prev.epoch != run.points.epoch
+    sent = {} if full else dict(zip(prev.keys, prev.offsets, strict=True))
+    root = run.root_cause
+    port = run.active_rendezvous_port()
+    reply = pb.GetStateResponse(
+        run_id=run.run_id,
+        state=RUN_STATE_PB[run.state.value],
+        world_size=run.world_size,
+        registered=len(run.ranks),
+        total_steps=run.total_steps or max((r.total_steps for r in run.ranks), default=0),
+        elapsed=run.lifecycle.elapsed(now),
+        failure=run.failure,
+        full=full,
+        root_cause_rank=root.rank if root is not None else -1,
+        attempt=run.attempt,
+        max_attempts=run.max_attempts,
+        root_cause_error=root.error if root is not None else "",
+        root_cause_exit_code=root.exit_code if root is not None else 0,
+        rendezvous=f"{rank0.address}:{port}" if (rank0 := run.registry.rank0) and port else "",
+    )
+    if run.job is not None:
+        reply.job.CopyFrom(run.job)
+    v = run.verdict
+    reply.stragglers_judged, reply.straggler_rank = v.judged, v.rank
+    reply.straggler_section, reply.straggler_note = v.section, v.note
+    # An ended run's ages stand still at its end (a finished rank beats no more).
+    at = run.ended_at if run.ended_at is not None else now
+    reply.ranks.extend(rec.published(at) for rec in run.ranks)
+    nxt = pb.StateCursor(run_id=run.run_id, epoch=run.points.epoch)
+    plan, more = ([], False) if skip_series else run.points.plan(sent, budget, nxt)
+    nxt.events = run.event_log.since(0 if full else max(0, prev.events), reply, wall)
+    reply.more = reply.more or more
+    return StateDraft(reply, nxt, plan)

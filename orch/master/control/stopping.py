@@ -1,0 +1,49 @@
+"""A stop asked of a run: the one request that sets it, a count of the rest, and the step where
+loops without ``ctx.steps`` end.
+
+A stop reaches the ranks in their heartbeats' replies, each rank at its own moment. Ranks in a
+DDP group must leave their collectives at the same step, or the ones still in an all-reduce
+wait for peers that left; so the master names one step for all, far enough ahead of the
+fastest rank that each hears of it before it gets there (:func:`stop_step`). A stop is asked
+by people and scripts, as often as they like: only the request that sets it is news.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+from orch.master.control.registry import RankRecord
+
+STOP_LEAD_SECONDS = 2.0  # how far ahead of the ranks a stop step is set
+
+
+def stop_step(ranks: Sequence[RankRecord]) -> int:
+    """Where loops without ``ctx.steps`` end: one step count for every rank, far enough ahead
+    (``STOP_LEAD_SECONDS`` of the fastest rank's steps, at least 2) that each rank hears of it
+    before it gets there, so all leave their DDP collectives at the same step."""
+    ahead = max((r.steps_per_second() for r in ranks), default=0.0) * STOP_LEAD_SECONDS
+    return max((r.step for r in ranks), default=0) + max(2, math.ceil(ahead))
+
+
+class StopOrder:
+    """Whether a stop was asked for, how often, and the step it ends loops at."""
+
+    def __init__(self) -> None:
+        self.requested = False  # a stop was asked for (it carries over a restart)
+        self.requests = 0  # every StopRun; only the one that set the stop is an event
+        self.at_step = 0  # with a stop: the step count loops without ctx.steps end at
+
+    def ask(self, done: bool) -> bool:
+        """Count one request; True when it is the one that sets the stop. The ones after it (a
+        user clicking Stop again, a script in a loop), and any after the run is ``done``, are
+        only counted: what callers make the master hold stays bounded."""
+        self.requests += 1
+        if done or self.requested:
+            return False
+        self.requested = True
+        return True
+
+    def new_attempt(self) -> None:
+        """The next attempt counts its steps afresh: no stop step yet. A stop asked for stays."""
+        self.at_step = 0

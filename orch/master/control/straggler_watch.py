@@ -1,0 +1,70 @@
+"""When and how the straggler judgement (:mod:`.stragglers`) is made and shown for a live run.
+
+:func:`.stragglers.judge` says who holds the others back from one window of step times; this
+decides when to ask it and what its answer does. It is asked at most once every
+:data:`JUDGE_EVERY` seconds, since a judgement sorts every rank's parts (a thousand ranks) and
+the master's expiry tick calls far more often; only while every rank trains, since a rank that
+ended sends no more times and the last judgement stands. One judgement alone does not move
+the mark: noise makes a rank slow in one window, seldom in two, so a straggler is shown once
+two judgements in a row agree. Each straggler (and the part it is slow in) goes into the event
+log once, however long it stays one. Each rank's record shows its step split.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+from orch.master.control.registry import RankRecord
+from orch.master.control.stragglers import Verdict, judge, scores
+from orch.wire.states import RunState
+
+JUDGE_EVERY = 1.0  # seconds between straggler judgements
+NOT_YET_JUDGED = Verdict(False, note="stragglers are judged once every rank runs")
+
+
+class StragglerWatch:
+    """The verdict shown for the run, and what it takes to move it."""
+
+    def __init__(self) -> None:
+        self.verdict = NOT_YET_JUDGED
+        self._told: tuple[int, str] = (-1, "")  # the straggler last put in the event log
+        self._last: tuple[int, str] = (-1, "")  # the judgement before the last
+        self._judged_at = -math.inf
+
+    def new_attempt(self) -> None:
+        """A restarted group is judged afresh: its ranks and their timings are new."""
+        self.verdict = NOT_YET_JUDGED
+        self._told = self._last = (-1, "")
+
+    def look(
+        self, state: RunState, ranks: Sequence[RankRecord], world_size: int, now: float
+    ) -> Verdict | None:
+        """Judge the ranks when it is time to; returns the verdict to put in the event log (a
+        straggler not told before), else None."""
+        if state not in (RunState.RUNNING, RunState.STOPPING) or now - self._judged_at < JUDGE_EVERY:
+            return None
+        if any(r.state.done for r in ranks):
+            return None  # ranks are ending: the last judgement stands
+        self._judged_at = now
+        for r in ranks:
+            r.timing.trim(now)
+        means = {r.rank: r.timing.means() for r in ranks}
+        verdict = judge(means, world_size)
+        seen, self._last = self._last, verdict.key
+        if verdict.key != self.verdict.key and verdict.key != seen:
+            verdict = self.verdict  # one judgement alone does not move the mark
+        self.verdict = verdict
+        scored = scores(means, {r.rank: r.timing for r in ranks})
+        for r in ranks:
+            m = means[r.rank]
+            r.timed = m is not None
+            if m is not None:
+                r.step_ms, r.data_ms, r.compute_ms = m.step * 1000, m.data * 1000, m.compute * 1000
+                r.collective_ms, r.other_ms = m.collective * 1000, m.other * 1000
+                r.relative_score, r.individual_score = scored.get(r.rank, (0.0, 0.0))
+            r.slow_in = verdict.section if r.rank == verdict.rank else ""
+        if verdict.rank >= 0 and verdict.key != self._told:
+            self._told = verdict.key  # each straggler (and part) is told once
+            return verdict
+        return None

@@ -1,0 +1,187 @@
+"""orch.master.control.snapshot: a GetState reply built from a run's parts, with only what the
+caller's cursor has not seen, its points planned first and copied after. The run is made of
+bare parts (as in test_facade), without a coordinator, lock or clock."""
+
+from __future__ import annotations
+
+import pytest
+
+from orch.master.control import snapshot as snapshot_module
+from orch.master.control.cluster_job import JobWatch
+from orch.master.control.events import EventLog
+from orch.master.control.facade import RunFacade
+from orch.master.control.fate import Fate
+from orch.master.control.host_sync import HostSync
+from orch.master.control.intake import Intake
+from orch.master.control.judge import CauseKind
+from orch.master.control.snapshot import draft_reply
+from orch.master.control.straggler_watch import StragglerWatch
+from orch.master.control.stragglers import Verdict
+from orch.master.control.validate import parse_cursor
+from orch.wire._proto import orchestrator_pb2 as pb
+from orch.wire.client import StateMirror
+from orch.wire.states import RankState
+
+
+class Run(RunFacade):
+    def __init__(self, world: int = 2, *, max_points: int = 1000, rendezvous_port: int = 0) -> None:
+        self.run_id, self.world_size, self.total_steps = "r1", world, 0
+        self.rendezvous_port = rendezvous_port
+        self.intake = Intake(world, max_points)
+        self.event_log = EventLog()
+        self.fate = Fate(1, self.tell, lambda: None)
+        self.host_sync = HostSync()
+        self.cluster_job = JobWatch()
+        self.stragglers = StragglerWatch()
+
+    def tell(self, kind: str, rank: int, message: str) -> None:
+        self.event_log.append(pb.Event(time=5.0, kind=kind, rank=rank, message=message))
+
+    def started(self) -> Run:
+        for i in range(self.world_size):
+            req = pb.RegisterRequest(
+                worker_id=f"w{i}", host=f"h{i}", address=f"10.0.0.{i}", rendezvous_port=29555
+            )
+            self.intake.register(req, self.run_id, self.state)
+        self.fate.start(self.world_size, 100.0)
+        for rec in self.ranks:
+            rec.state, rec.last_heartbeat = RankState.RUNNING, 100.0
+        return self
+
+    def log_points(self, worker: str, first: int, n: int, now: float = 101.0) -> None:
+        steps = list(range(first, first + n))
+        req = pb.HeartbeatRequest(run_id="r1", worker_id=worker, step=steps[-1], total_steps=50)
+        req.series.append(pb.Series(name="loss", steps=steps, values=[float(s) for s in steps]))
+        self.intake.beat(req, "r1", self.attempt, now, 7.0)
+
+
+def reply(run: Run, cursor: bytes = b"", *, now: float = 110.0, **kw: object) -> pb.GetStateResponse:
+    """The whole reply, as the coordinator makes it (no trim can come between the halves here)."""
+    draft = draft_reply(run, cursor, parse_cursor(cursor, 0), now, 9.0, **kw)  # type: ignore[arg-type]
+    return draft.finish(draft.copy())
+
+
+def test_the_header_says_the_runs_state() -> None:
+    run = Run(3).started()
+    run.log_points("w1", 0, 4)
+    r = reply(run)
+    assert (r.run_id, r.state, r.world_size, r.registered, r.attempt, r.max_attempts) == (
+        "r1",
+        pb.RUNNING,
+        3,
+        3,
+        1,
+        1,
+    )
+    assert r.total_steps == 50  # the ranks' own, as the run set none
+    assert r.elapsed == 10.0 and r.full and not r.more
+    assert r.rendezvous == "10.0.0.0:29555"
+    assert (r.failure, r.root_cause_rank, r.root_cause_error, r.root_cause_exit_code) == ("", -1, "", 0)
+    assert not r.HasField("job")
+    assert (r.stragglers_judged, r.straggler_rank, r.straggler_note) == (
+        False, -1, "stragglers are judged once every rank runs",
+    )  # fmt: skip
+    run.total_steps = 80
+    assert reply(run).total_steps == 80
+
+
+def test_no_rendezvous_is_shown_before_rank_0_says_where() -> None:
+    run = Run(2)
+    run.intake.register(pb.RegisterRequest(worker_id="w0", address="10.0.0.0"), "r1", run.state)
+    assert reply(run).rendezvous == ""
+    run.rendezvous_port = 29999  # a fixed port: known at once
+    assert reply(run).rendezvous == "10.0.0.0:29999"
+
+
+def test_the_root_cause_the_job_and_the_verdict_are_carried() -> None:
+    run = Run(2).started()
+    rec = run.ranks[1]
+    rec.exit_code = -9
+    run.fate.end_rank(
+        rec, RankState.FAILED, run.registry, 104.0, error="Traceback\nKilled", kind=CauseKind.EXITED
+    )
+    run.cluster_job.update(pb.ClusterJob(scheduler="slurm", job_id="7", state="RUNNING", nodes="n1"))
+    run.stragglers.verdict = Verdict(True, 0, "data", "rank 0 is the straggler")
+    r = reply(run)
+    assert r.state == pb.FAILED and r.failure == run.failure and "rank 1" in r.failure
+    assert (r.root_cause_rank, r.root_cause_error, r.root_cause_exit_code) == (1, "Traceback\nKilled", -9)
+    assert (r.job.job_id, r.job.nodes) == ("7", "n1")
+    assert (r.stragglers_judged, r.straggler_rank, r.straggler_section) == (True, 0, "data")
+    assert r.elapsed == 4.0  # an ended run's time stands still
+
+
+def test_an_ended_runs_ages_stand_still_at_its_end() -> None:
+    run = Run(1).started()
+    run.log_points("w0", 0, 1, now=102.0)
+    run.fate.end_rank(run.ranks[0], RankState.SUCCEEDED, run.registry, 103.0, kind=CauseKind.ERROR)
+    assert [x.heartbeat_age for x in reply(run, now=500.0).ranks] == [1.0]
+    live = Run(1).started()
+    live.log_points("w0", 0, 1, now=102.0)
+    assert [x.heartbeat_age for x in reply(live, now=500.0).ranks] == [398.0]
+
+
+def test_a_cursor_brings_only_what_is_new() -> None:
+    run = Run(2).started()
+    run.log_points("w0", 0, 3)
+    first = reply(run)
+    assert (
+        first.full
+        and sum(len(s.steps) for s in first.series) == 3
+        and [e.kind for e in first.events] == ["started"]
+    )
+    again = reply(run, first.cursor)
+    assert not again.full and list(again.series) == [] and list(again.events) == []
+    run.log_points("w0", 3, 2)
+    run.log_points("w1", 0, 1)
+    third = reply(run, again.cursor)
+    assert sorted((s.rank, list(s.steps)) for s in third.series) == [(0, [3, 4]), (1, [0])]
+    mirror = StateMirror()
+    for r in (first, again, third):
+        mirror.apply(r)
+    assert mirror.series[(0, "loss")].steps.tolist() == [0, 1, 2, 3, 4]
+
+
+def test_another_runs_cursor_or_an_older_epoch_starts_over() -> None:
+    run = Run(1).started()
+    run.log_points("w0", 0, 3)
+    cursor = reply(run).cursor
+    other = pb.StateCursor.FromString(cursor)
+    other.run_id = "r0"
+    assert reply(run, other.SerializeToString()).full
+    run.intake.points.epoch += 1  # a restart rewound a series: the offsets count other points
+    assert reply(run, cursor).full
+
+
+def test_points_come_in_bounded_replies_up_to_the_ceiling(monkeypatch: pytest.MonkeyPatch) -> None:
+    run = Run(1).started()
+    run.log_points("w0", 0, 10)
+    first = reply(run, max_points=4)
+    assert first.more and [list(s.steps) for s in first.series] == [[0, 1, 2, 3]]
+    second = reply(run, first.cursor, max_points=4)
+    assert second.more and [list(s.steps) for s in second.series] == [[4, 5, 6, 7]]
+    assert not reply(run, second.cursor, max_points=4).more
+    monkeypatch.setattr(snapshot_module, "MAX_POINTS_PER_REPLY", 3)
+    assert [list(s.steps) for s in reply(run, max_points=100).series] == [[0, 1, 2]]  # the ceiling
+    assert [list(s.steps) for s in reply(run).series] == [[0, 1, 2]]  # and the default
+
+
+def test_skip_series_brings_the_state_and_events_without_points() -> None:
+    run = Run(1).started()
+    run.log_points("w0", 0, 10)
+    r = reply(run, skip_series=True)
+    assert list(r.series) == [] and [e.kind for e in r.events] == ["started"] and not r.more
+
+
+def test_a_series_trimmed_between_the_plan_and_the_copy_is_copied_again() -> None:
+    run = Run(1, max_points=8).started()
+    run.log_points("w0", 0, 8)
+    draft = draft_reply(run, b"", pb.StateCursor(), 110.0, 9.0)
+    assert not draft.trimmed_meanwhile()
+    run.log_points("w0", 8, 4)  # 12 points: the oldest 6 leave memory
+    assert run.intake.points.get(0, "loss").base == 6
+    assert draft.trimmed_meanwhile()
+    built = draft.copy()
+    draft.recopy(built)  # under the lock, in the coordinator
+    r = draft.finish(built)
+    assert [list(s.steps) for s in r.series] == [[6, 7]]  # what the plan named and is still held
+    assert list(pb.StateCursor.FromString(r.cursor).offsets) == [8]

@@ -13,7 +13,6 @@ import logging
 import math
 import os
 import signal
-import socket
 import sys
 import time
 from pathlib import Path
@@ -24,11 +23,10 @@ from orch._text import printable
 from orch.errors import ConfigError, MasterUnavailable, OrchError, RunFailed
 from orch.experiments import catalog
 from orch.launchers.detach import start_detached
-from orch.launchers.run import Run
+from orch.launchers.run import Run, run_meta, serve
 from orch.launchers.slurm import Slurm, read_function
 from orch.launchers.spec import LaunchSpec, add_flag
 from orch.master.coordinator import Coordinator
-from orch.master.server import MasterServer
 from orch.record.rundir import write_result
 from orch.record.store import RunStore
 from orch.runtime._launcher_env import LAUNCHER_CHOICES, launched_as
@@ -212,28 +210,24 @@ def cmd_master(args: argparse.Namespace) -> int:
     shown = ""
     if token is None:
         token, shown = new_token(), "ORCH_TOKEN=<token> "
-    server = MasterServer(
-        coord,
-        host=args.master_host,
-        port=args.master_port,
-        token=token,
-        tls_cert=args.tls_cert,
-        tls_key=args.tls_key,
-    ).start()
+    store = RunStore(run_dir)
+    try:
+        server, _ = serve(
+            coord,
+            store,
+            run_meta(coord, config=config, max_restarts=args.max_restarts),
+            host=args.master_host,
+            port=args.master_port,
+            token=token,
+            tls_cert=args.tls_cert,
+            tls_key=args.tls_key,
+        )
+    except BaseException as e:  # the record says the master never served, and why, as a launch's does
+        coord.fail(f"the master could not start: {e}")
+        write_result(coord, run_dir)
+        store.close()
+        raise
     tls_name = certificate_name(args.tls_cert) if args.tls_cert else None
-    coord.store = store = RunStore(run_dir)
-    store.write_meta(
-        {
-            "run_id": coord.run_id,
-            "fn": coord.fn,
-            "world_size": args.world_size,
-            "config": config,
-            "master": server.address,
-            "started": time.time(),
-            "pid": os.getpid(),  # orch runs tells a master still serving from one that died
-            "host": socket.gethostname(),
-        }
-    )
     print(
         f"orch master: run {coord.run_id} serving on {server.address}; waiting for "
         f"{args.world_size} workers ({shown}orch worker --master {server.address})",

@@ -237,10 +237,10 @@ def images_sent(sent: list[tuple[str, dict[str, Any]]], widget: Any) -> int:
 # fixture). Each group still runs in parallel with the rest.
 _GROUPS = {"test_slurm.py": "slurm", "test_slurm_cluster.py": "slurm"}
 
-# Tests whose verdict rests on how fast ranks run against each other (the straggler
-# judgement, a restart's replay across hosts): scripts/test.sh runs them after the parallel
-# part, alone on the machine, where a rank is slow only because the test made it so.
-_SERIAL = {"test_stragglers.py", "test_multihost.py", "test_host_restarts.py"}
+# Tests whose verdict rests on timing (the straggler judgement, a restart's replay across
+# hosts, how fast orphaned workers end): scripts/test.sh runs them after the parallel part,
+# alone on the machine, where a process is slow only because the test made it so.
+_SERIAL = {"test_stragglers.py", "test_multihost.py", "test_host_restarts.py", "test_owner_death.py"}
 
 # Unit tests, with no real process and no network namespace: `scripts/test.sh --quick`.
 _UNIT = {

@@ -104,33 +104,20 @@ class Run(RunHandle):
         _track(self)
         # The run dir first: a launch that fails below still leaves a record that says so.
         self.store = RunStore(self.run_dir)
-        meta = {
-            "run_id": self.run_id,
-            "fn": spec.fn_name,
-            "world_size": spec.world_size,
-            "config": spec.config,
-            "max_restarts": spec.max_restarts,
-            "started": time.time(),
-            # Which process answers for the run while it goes: ``orch.runs()`` tells a run
-            # still going from one whose launching process died before writing its result.
-            "pid": os.getpid(),
-            "host": socket.gethostname(),
-        }
+        meta = run_meta(self.coordinator, config=spec.config, max_restarts=spec.max_restarts)
         for key in ("name", "sweep", "config_key"):
             if getattr(spec, key) is not None:
                 meta[key] = getattr(spec, key)
-        self.store.write_meta(meta)
-        self.coordinator.store = self.store
-        self.server = MasterServer(
+        self.server, self._meta = serve(
             self.coordinator,
+            self.store,
+            meta,
             host=self.launcher.master_host(spec),
             port=spec.master_port,
             token=self.token,
             tls_cert=spec.tls_cert,
             tls_key=spec.tls_key,
-        ).start()
-        self._meta = {**meta, "master": self.server.address}
-        self.store.write_meta(self._meta)
+        )
         if spec.rdzv_port:  # a port the user named must be free; otherwise rank 0 binds one
             self.coordinator.rendezvous_port = choose_port(
                 spec.rdzv_port,
@@ -328,6 +315,46 @@ class Run(RunHandle):
 
     def __repr__(self) -> str:
         return f"<orch.Run {self.run_id} {self.coordinator.state.value} world_size={self.spec.world_size}>"
+
+
+def run_meta(coordinator: Coordinator, *, config: dict[str, Any], max_restarts: int) -> dict[str, Any]:
+    """What ``run.json`` says of a run from the start: what runs, and which process answers for it."""
+    return {
+        "run_id": coordinator.run_id,
+        "fn": coordinator.fn,
+        "world_size": coordinator.world_size,
+        "config": config,
+        "max_restarts": max_restarts,
+        "started": time.time(),
+        # Which process answers for the run while it goes: ``orch.runs()`` tells a run still
+        # going from one whose launching process died before writing its result.
+        "pid": os.getpid(),
+        "host": socket.gethostname(),
+    }
+
+
+def serve(
+    coordinator: Coordinator,
+    store: RunStore,
+    meta: dict[str, Any],
+    *,
+    host: str,
+    port: int | None,
+    token: str,
+    tls_cert: str | None,
+    tls_key: str | None,
+) -> tuple[MasterServer, dict[str, Any]]:
+    """A run's master, serving: ``run.json`` is written first (a master that cannot start still
+    leaves a record), then again with the address it serves on. ``orch.launch``, ``orch run``
+    and ``orch master`` all start theirs here."""
+    store.write_meta(meta)
+    coordinator.store = store
+    server = MasterServer(
+        coordinator, host=host, port=port, token=token, tls_cert=tls_cert, tls_key=tls_key
+    ).start()
+    meta = {**meta, "master": server.address}
+    store.write_meta(meta)
+    return server, meta
 
 
 def launcher_for(spec: LaunchSpec) -> type[Launcher]:

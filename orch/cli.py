@@ -22,6 +22,7 @@ from orch import _sweep_cli
 from orch._text import printable
 from orch.errors import ConfigError, MasterUnavailable, OrchError, RunFailed
 from orch.experiments import catalog
+from orch.launchers.contract import exit_code
 from orch.launchers.detach import start_detached
 from orch.launchers.run import Run, run_meta, serve
 from orch.launchers.slurm import Slurm, read_function
@@ -38,9 +39,6 @@ from orch.views.dashboard import Dashboard, show, summary
 from orch.wire._net import split_address
 from orch.wire.auth import certificate_name, new_token, token_from_env
 from orch.wire.client import MasterClient, StateMirror
-from orch.wire.states import RunState
-
-EXIT = {RunState.SUCCEEDED: 0, RunState.FAILED: 1, RunState.STOPPED: 3}
 
 
 def _positive(text: str) -> int:
@@ -187,7 +185,7 @@ def cmd_run(args: argparse.Namespace) -> int:
             run.wait(timeout=60)
         mirror = run.state()
     print(summary(mirror), flush=True)
-    return EXIT.get(mirror.state, 1)
+    return exit_code(mirror.state)
 
 
 def cmd_master(args: argparse.Namespace) -> int:
@@ -254,7 +252,7 @@ def cmd_master(args: argparse.Namespace) -> int:
         store.close()
     print(summary(StateMirror.of(coord)), flush=True)
     print(f"orch master: result in {path}", flush=True)
-    return EXIT.get(coord.state, 1)
+    return exit_code(coord.state)
 
 
 def _min_world_size(value: int | None, world_size: int, max_restarts: int) -> int | None:

@@ -12,7 +12,9 @@ import pytest
 
 import orch
 from conftest import ORCH
-from orch.launchers.slurm import FUNCTION_FILE, Slurm, _explain, job_script, read_function, write_function
+from orch.launchers.function_file import FUNCTION_FILE, read_function, write_function
+from orch.launchers.slurm import _explain, job_script
+from orch.launchers.slurm_options import Slurm
 
 
 def train(ctx: object) -> int:

@@ -24,13 +24,15 @@ from pathlib import Path
 from typing import IO, Any
 
 from orch.errors import ConfigError, OrchError
-from orch.launchers.detach import ATTACH_FILE, EXIT_CODES, LOG_FILE
+from orch.launchers.attach_file import ATTACH_FILE, LOG_FILE
+from orch.launchers.contract import exit_code
 from orch.launchers.run import Run
 from orch.launchers.spec import LaunchSpec
 from orch.record.store import private_dir, write_json_atomic
 from orch.runtime._owner import process_start_time
 
 log = logging.getLogger("orch.launchers._supervisor")  # also when run as __main__
+
 
 
 class _Status:
@@ -148,7 +150,7 @@ def main(argv: list[str] | None = None) -> int:
             log.info("run %s: asked to end it (SIGTERM): closing the run", run.run_id)
         run.close()  # a run still going ends here; result.json is written before it returns
         log.info("run %s: ended %s", run.run_id, run.coordinator.state.value)
-        return EXIT_CODES.get(run.coordinator.state, 1)
+        return exit_code(run.coordinator.state)
     finally:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(attach_path)  # the address and token are good for nothing now

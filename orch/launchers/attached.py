@@ -12,8 +12,9 @@ from pathlib import Path
 from typing import Any
 
 from orch.errors import ConfigError
+from orch.launchers.attach_file import ATTACH_FILE
 from orch.launchers.contract import RunHandle
-from orch.launchers.detach import ATTACH_FILE, DetachedRun
+from orch.launchers.detached_run import DetachedRun
 from orch.launchers.loaded import load_run
 from orch.launchers.run import live_runs
 from orch.wire.auth import token_from_env

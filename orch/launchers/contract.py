@@ -30,6 +30,15 @@ from orch.errors import RunFailed
 from orch.wire.client import MasterClient, StateMirror
 from orch.wire.states import RunState
 
+# What a process that answers for a run exits with (orch run, orch master, a detached run's
+# supervisor): 0 succeeded, 1 failed, 3 stopped.
+EXIT_CODES = {RunState.SUCCEEDED: 0, RunState.FAILED: 1, RunState.STOPPED: 3}
+
+
+def exit_code(state: RunState) -> int:
+    """The exit code for a run that ended in ``state`` (1 for one that did not end)."""
+    return EXIT_CODES.get(state, 1)
+
 
 @dataclass
 class RunResult:

@@ -12,16 +12,10 @@ import logging
 import os
 from pathlib import Path
 
+from orch.launchers.function_file import write_function
 from orch.launchers.launcher import Launcher, RunParts
-from orch.launchers.slurm import (
-    JobStatus,
-    Slurm,
-    SlurmJob,
-    cluster_master_host,
-    follow_job,
-    job_script,
-    write_function,
-)
+from orch.launchers.slurm import JobStatus, SlurmJob, follow_job, job_script
+from orch.launchers.slurm_options import Slurm, cluster_master_host
 from orch.launchers.spec import LaunchSpec
 from orch.master.coordinator import Coordinator
 from orch.record.store import private_dir

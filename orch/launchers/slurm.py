@@ -28,29 +28,35 @@ What crosses to the nodes, and how:
 The job ends with the run: after a stop (graceful, then ``scancel``), a failure, ``close()``,
 or the death of the launching process, which a small watcher process notices (its pipe from
 the kernel closes) to ``scancel`` the job, so nothing stays queued or running.
+
+This module holds the job: its script, its submission and state (:class:`SlurmJob`), the
+watcher that cancels it when the launching process dies (``python -m orch.launchers.slurm
+--cancel-when-orphaned``), and :func:`follow_job`, which ties it to the run. The options are
+in :mod:`orch.launchers.slurm_options`, the signed function file in
+:mod:`orch.launchers.function_file`; the names the launch and the command line import from
+here (``Slurm``, ``SlurmError``, ``check_commands``, ``read_function``) are re-exported.
 """
 
 from __future__ import annotations
 
 import contextlib
-import hashlib
-import hmac
 import os
-import re
 import shlex
-import shutil
 import subprocess
 import sys
 import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, TYPE_CHECKING, Any
+from typing import IO, TYPE_CHECKING
 
-from orch.errors import ConfigError, OrchError, WorkerError
+from orch.launchers.function_file import read_function as read_function
+from orch.launchers.slurm_options import COMMAND_TIMEOUT
+from orch.launchers.slurm_options import Slurm as Slurm
+from orch.launchers.slurm_options import SlurmError as SlurmError
+from orch.launchers.slurm_options import check_commands as check_commands
 from orch.record.store import tail
 from orch.runtime._owner import process_alive
-from orch.wire._net import address_towards, is_loopback
 from orch.wire._proto import orchestrator_pb2 as pb
 from orch.wire.auth import TOKEN_ENV
 
@@ -58,10 +64,7 @@ if TYPE_CHECKING:
     from orch.master.coordinator import Coordinator
 
 SCHEDULER = "slurm"
-FUNCTION_FILE = "function.pkl"
-SIGNATURE = b"orch-function-v1\n"  # what a function file starts with, then its HMAC, then the pickle
 JOB_END_GRACE = 3.0  # seconds a job may take to end by itself once its run ended (and the reverse)
-COMMAND_TIMEOUT = 30.0  # seconds for one sbatch / squeue / scancel
 # Slurm's job states after which the job is over (squeue --states=all still lists them a while).
 ENDED = frozenset(
     {
@@ -79,7 +82,6 @@ ENDED = frozenset(
         "GONE",  # orch's word: squeue no longer knows the job
     }
 )
-_TIME = re.compile(r"^(\d+-)?\d+(:\d{1,2}){0,2}$|^\d+-\d+$|^(UNLIMITED|INFINITE|infinite|unlimited)$")
 
 
 def job_name(run_id: str) -> str:
@@ -87,165 +89,6 @@ def job_name(run_id: str) -> str:
     return f"orch-{run_id}"
 
 
-class SlurmError(OrchError):
-    """Slurm refused or lost the run's job (the message says what Slurm said)."""
-
-
-@dataclass(frozen=True)
-class Slurm:
-    """Where and how to run on a Slurm cluster: pass as ``orch.launch(..., cluster=orch.Slurm(...))``.
-
-    ``nodes * tasks_per_node`` ranks (the launch's ``world_size`` must match), one per GPU
-    with ``gpus_per_node``. ``partition``, ``time`` and ``sbatch_args`` (extra options, for
-    example ``("--account=proj", "--qos=high")``) go to sbatch. ``setup`` holds shell lines
-    run on the first node before the ranks start (``module load ...``, ``source
-    venv/bin/activate``); ``python`` is the interpreter on the nodes (default: this kernel's,
-    which must then be on the shared file system too). ``master_addr`` is the address of
-    this machine that the nodes reach (default: the one on the route to the Slurm controller).
-    ``cpus_per_rank`` CPUs are asked for each rank (its torch threads). The job's name is
-    ``orch-<run id>``: orch finds (and cancels) it by that name.
-    """
-
-    nodes: int = 1
-    tasks_per_node: int = 1
-    partition: str | None = None
-    time: str = "1:00:00"
-    gpus_per_node: int | None = None
-    sbatch_args: tuple[str, ...] = ()
-    setup: tuple[str, ...] = ()
-    python: str | None = None
-    master_addr: str | None = None
-    cpus_per_rank: int = 1
-    poll_interval: float = 1.0
-
-    def __post_init__(self) -> None:
-        for name in ("nodes", "tasks_per_node", "cpus_per_rank"):
-            value = getattr(self, name)
-            if type(value) is not int or value < 1:
-                raise ConfigError(f"Slurm({name}=...) must be an integer >= 1, got {value!r}")
-        if self.gpus_per_node is not None and (type(self.gpus_per_node) is not int or self.gpus_per_node < 1):
-            raise ConfigError(
-                f"Slurm(gpus_per_node=...) must be an integer >= 1 or None, got {self.gpus_per_node!r}"
-            )
-        if not isinstance(self.time, str) or not _TIME.match(self.time):
-            raise ConfigError(
-                f"Slurm(time={self.time!r}) is not a Slurm time limit: write 'MM', 'HH:MM:SS' or 'D-HH:MM:SS'"
-            )
-        for name in ("sbatch_args", "setup"):
-            value = getattr(self, name)
-            if isinstance(value, str) or not all(isinstance(a, str) for a in value):
-                raise ConfigError(f"Slurm({name}=...) must be a tuple of strings, got {value!r}")
-            object.__setattr__(self, name, tuple(value))
-        if self.partition is not None and not re.fullmatch(r"[\w.-]+", self.partition):
-            raise ConfigError(f"Slurm(partition={self.partition!r}) is not a partition name")
-        if not isinstance(self.poll_interval, (int, float)) or self.poll_interval <= 0:
-            raise ConfigError(
-                f"Slurm(poll_interval=...) must be a positive number of seconds, got {self.poll_interval!r}"
-            )
-
-    @property
-    def world_size(self) -> int:
-        return self.nodes * self.tasks_per_node
-
-    def describe(self) -> str:
-        gpus = f", {self.gpus_per_node} GPUs each" if self.gpus_per_node else ""
-        return f"{self.nodes} node(s) of {self.tasks_per_node} ranks{gpus}"
-
-
-def check_commands() -> None:
-    """Slurm's client commands are here (a login node), or a ConfigError says what is missing."""
-    missing = [c for c in ("sbatch", "squeue", "scancel") if shutil.which(c) is None]
-    if missing:
-        raise ConfigError(
-            f"{', '.join(missing)} not found on PATH: launch Slurm runs from a machine with Slurm's "
-            "client commands (a login node), or load its module first"
-        )
-
-
-def controller_host(env: dict[str, str] | None = None) -> str | None:
-    """The Slurm controller's address (or name), from ``scontrol show config``; None if unknown."""
-    try:
-        out = subprocess.run(
-            ["scontrol", "show", "config"], capture_output=True, text=True, timeout=COMMAND_TIMEOUT, env=env
-        ).stdout
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    # "SlurmctldHost[0]        = ctl(10.1.2.3)" or "SlurmctldHost[0] = ctl"
-    m = re.search(r"^SlurmctldHost\[0\]\s*=\s*([^\s(]+)(?:\(([^)]+)\))?", out, re.M)
-    if m is None:
-        return None
-    return m.group(2) or m.group(1)
-
-
-def cluster_master_host(cluster: Slurm) -> str:
-    """The address the master binds for a Slurm run: ``cluster.master_addr``, else this
-    machine's address on the route to the Slurm controller (the nodes' network)."""
-    if cluster.master_addr:
-        return cluster.master_addr
-    host = controller_host()
-    if host is None:
-        raise ConfigError(
-            "cannot tell which address of this machine the Slurm nodes reach (`scontrol show config` "
-            "names no controller): pass orch.Slurm(master_addr=...)"
-        )
-    address = address_towards(host, 6817)
-    if is_loopback(address):
-        raise ConfigError(
-            f"the route to the Slurm controller ({host}) is this machine's loopback: the nodes could not "
-            "reach a master there; pass orch.Slurm(master_addr=...) with an address they reach"
-        )
-    return address
-
-
-# -- the function file --------------------------------------------------------------------------
-def write_function(run_dir: Path, fn: Any, sources: Any, token: str) -> Path:
-    """Write the training function (and where its code came from) for the nodes: 0600, signed
-    with the run's token. Returns its path."""
-    import cloudpickle
-
-    payload = cloudpickle.dumps({"fn": fn, "sources": sources})
-    digest = hmac.new(token.encode(), payload, hashlib.sha256).digest()
-    path = run_dir / FUNCTION_FILE
-    tmp = path.with_suffix(".tmp")
-    with contextlib.suppress(FileNotFoundError):
-        tmp.unlink()  # a leftover (or someone's link): never written through
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
-    with os.fdopen(fd, "wb") as f:
-        f.write(SIGNATURE + digest + payload)
-    os.replace(tmp, path)
-    return path
-
-
-def read_function(path: str | Path, token: str | None) -> tuple[Any, Any]:
-    """The function and sources of a function file, once its signature matched ``token``.
-
-    Nothing is unpickled before that: a file changed by someone else, or read with another
-    run's token, is refused with a WorkerError that says which.
-    """
-    if not token:
-        raise WorkerError(f"--fn-file {path}: the run's token is needed to check it (set ORCH_TOKEN)")
-    try:
-        data = Path(path).read_bytes()
-    except OSError as e:
-        raise WorkerError(
-            f"--fn-file {path}: cannot read it: {e} (is the run dir on a shared file system?)"
-        ) from e
-    head = len(SIGNATURE)
-    if not data.startswith(SIGNATURE) or len(data) < head + 32:
-        raise WorkerError(f"--fn-file {path} is not an orch function file (or it was cut short)")
-    digest, payload = data[head : head + 32], data[head + 32 :]
-    if not hmac.compare_digest(digest, hmac.new(token.encode(), payload, hashlib.sha256).digest()):
-        raise WorkerError(
-            f"--fn-file {path} does not carry this run's signature: it was changed after the launch, "
-            "or this worker has another run's token; refusing to load it"
-        )
-    import cloudpickle
-
-    loaded = cloudpickle.loads(payload)
-    return loaded["fn"], loaded["sources"]
-
-
-# -- the job ------------------------------------------------------------------------------------
 def job_script(
     cluster: Slurm,
     *,

@@ -21,7 +21,7 @@ from typing import Any
 import cloudpickle
 
 from orch.errors import ConfigError
-from orch.launchers.slurm import Slurm, check_commands
+from orch.launchers.slurm_options import Slurm, check_commands
 from orch.runtime._target import EXAMPLE, TrainFn, resolve_fn, split_target
 
 Check = Callable[[str, Any], None]  # (the option's name, its value); raises ConfigError

@@ -2,20 +2,21 @@
 
 Under torchrun, ``torchrun ... -m orch.worker -- --master HOST:PORT`` (or ORCH_MASTER in the
 environment): without the ``--`` torchrun's own parser takes ``--master`` for an
-abbreviation of its ``--master-addr`` and refuses it. Some Pythons pass the ``--`` on.
-The worker itself is :mod:`orch.runtime.worker`.
+abbreviation of its ``--master-addr`` and refuses it. Some Pythons pass the ``--`` on. It
+parses the worker's flags alone (:mod:`orch._worker_cli`), so a worker host loads no master,
+launcher or view; the worker itself is :mod:`orch.runtime.worker`.
 """
 
 from __future__ import annotations
 
 import sys
 
-from orch.cli import main as cli_main
+from orch._worker_cli import main as worker_main
 
 
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
-    return cli_main(["worker", *(args[1:] if args[:1] == ["--"] else args)])
+    return worker_main(args[1:] if args[:1] == ["--"] else args)
 
 
 if __name__ == "__main__":

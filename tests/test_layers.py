@@ -162,3 +162,20 @@ def test_a_worker_process_loads_only_the_runtime_and_the_wire() -> None:
     heavy = [m for m in NOT_IN_A_WORKER if m in loaded]
     assert not heavy, f"a worker loads {heavy}"
     assert "grpc" in loaded and "orch.runtime.worker" in ours  # the check saw the real imports
+
+
+def test_orch_worker_the_entry_point_of_torchrun_and_srun_loads_no_master_launcher_or_view() -> None:
+    code = (
+        "import json, sys\n"
+        "import orch.worker\n"
+        "print(json.dumps(sorted(sys.modules)))\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120
+    )
+    loaded = json.loads(out.stdout)
+    upper = ("orch.master", "orch.launchers", "orch.views", "orch.experiments")
+    above = [m for m in loaded if m.startswith(upper)]
+    assert not above and "orch.cli" not in loaded, above
+    assert not [m for m in NOT_IN_A_WORKER if m in loaded]
+    assert "orch._worker_cli" in loaded and "orch.runtime.host" in loaded  # it can run a host's ranks

@@ -12,9 +12,9 @@ import pytest
 
 import orch
 from conftest import ORCH
-from orch.launchers.function_file import FUNCTION_FILE, read_function, write_function
 from orch.launchers.slurm import _explain, job_script
 from orch.launchers.slurm_options import Slurm
+from orch.runtime.function_file import FUNCTION_FILE, read_function, write_function
 
 
 def train(ctx: object) -> int:

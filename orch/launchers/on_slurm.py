@@ -12,13 +12,13 @@ import logging
 import os
 from pathlib import Path
 
-from orch.launchers.function_file import write_function
 from orch.launchers.launcher import Launcher, RunParts
 from orch.launchers.slurm import JobStatus, SlurmJob, follow_job, job_script
 from orch.launchers.slurm_options import Slurm, cluster_master_host
 from orch.launchers.spec import LaunchSpec
 from orch.master.coordinator import Coordinator
 from orch.record.store import private_dir
+from orch.runtime.function_file import write_function
 from orch.wire.auth import TOKEN_ENV
 
 log = logging.getLogger(__name__)

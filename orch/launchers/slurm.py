@@ -33,7 +33,7 @@ This module holds the job: its script, its submission and state (:class:`SlurmJo
 watcher that cancels it when the launching process dies (``python -m orch.launchers.slurm
 --cancel-when-orphaned``), and :func:`follow_job`, which ties it to the run. The options are
 in :mod:`orch.launchers.slurm_options`, the signed function file in
-:mod:`orch.launchers.function_file`; the names the launch and the command line import from
+:mod:`orch.runtime.function_file`; the names the launch and the command line import from
 here (``Slurm``, ``SlurmError``, ``check_commands``, ``read_function``) are re-exported.
 """
 
@@ -50,13 +50,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, TYPE_CHECKING
 
-from orch.launchers.function_file import read_function as read_function
 from orch.launchers.slurm_options import COMMAND_TIMEOUT
 from orch.launchers.slurm_options import Slurm as Slurm
 from orch.launchers.slurm_options import SlurmError as SlurmError
 from orch.launchers.slurm_options import check_commands as check_commands
 from orch.record.store import tail
 from orch.runtime._owner import process_alive
+from orch.runtime.function_file import read_function as read_function
 from orch.wire._proto import orchestrator_pb2 as pb
 from orch.wire.auth import TOKEN_ENV
 

@@ -95,7 +95,7 @@ def _as_host(hostname: str, *argv: str) -> list[str]:
 
 def unavailable(reason: str) -> NoReturn:
     """Skip, saying why; under CI, which must run these tests, fail with the same reason."""
-    # tests/test_multihost.py's pattern (copied: test modules import nothing from each other).
+    # tests/launchers/test_multihost.py's pattern (copied: test modules import nothing from each other).
     if os.environ.get("CI"):
         pytest.fail(f"{reason} (CI is set: these tests must run there, not skip)", pytrace=False)
     pytest.skip(reason)

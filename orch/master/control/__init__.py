@@ -16,6 +16,6 @@
 - :mod:`.snapshot`: a GetState reply built from the parts, its points copied outside the lock.
 
 None of them takes a lock, reads a clock or touches gRPC: the coordinator holds the one lock
-and passes the time in, so each part is unit-tested alone (``tests/control/``). Parts that make
+and passes the time in, so each part is unit-tested alone (``tests/master/control/``). Parts that make
 events (:mod:`.fate`) are handed the coordinator's way of telling them.
 """

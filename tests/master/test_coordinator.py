@@ -6,29 +6,10 @@ import math
 
 import pytest
 
+from coordinator_calls import Clock, beat, complete, reg
 from orch.master.coordinator import Coordinator, RankState, Reject, RunState
 from orch.wire._proto import orchestrator_pb2 as pb
 from orch.wire.client import StateMirror
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.t = 1000.0
-
-    def __call__(self) -> float:
-        return self.t
-
-
-def reg(c: Coordinator, wid: str, **kw: object) -> int:
-    fields = {"host": "h", "pid": 1, "address": "127.0.0.1", "rendezvous_port": 29500, **kw}
-    return c.register(pb.RegisterRequest(worker_id=wid, **fields)).rank  # type: ignore[arg-type]
-
-
-def beat(c: Coordinator, wid: str, step: int = 0, run_id: str | None = None, **series: list[float]) -> int:
-    req = pb.HeartbeatRequest(run_id=c.run_id if run_id is None else run_id, worker_id=wid, step=step)
-    for name, values in series.items():
-        req.series.append(pb.Series(name=name, steps=list(range(len(values))), values=values))
-    return c.heartbeat(req)
 
 
 def started(world: int = 2, clock: Clock | None = None) -> Coordinator:
@@ -210,18 +191,6 @@ def test_steps_per_second_from_progress() -> None:
         beat(c, "w0", step=10 * i)
         clock.t += 1.0
     assert c.snapshot().ranks[0].steps_per_sec == pytest.approx(10.0)
-
-
-def complete(c: Coordinator, wid: str, outcome: int, error: str = "", checksum: str = "x") -> None:
-    c.complete(
-        pb.CompletionRequest(
-            run_id=c.run_id,
-            worker_id=wid,
-            outcome=outcome,  # type: ignore[arg-type]
-            error=error,
-            param_checksum=checksum,
-        )
-    )
 
 
 def test_run_succeeds_when_every_rank_finished() -> None:

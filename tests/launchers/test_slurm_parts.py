@@ -1,5 +1,5 @@
 """The pieces of a Slurm run that need no cluster: the signed function file, the job script,
-the arguments, and what sbatch's refusals become. (Against a real Slurm: tests/test_slurm.py.)"""
+the arguments, and what sbatch's refusals become. (Against a real Slurm: tests/launchers/test_slurm.py.)"""
 
 from __future__ import annotations
 

@@ -17,10 +17,10 @@ from typing import Any
 
 import psutil
 import pytest
-from test_coordinator import Clock, beat, complete, reg
 
 import orch
 from conftest import ORCH, until_value
+from coordinator_calls import Clock, beat, complete, reg
 from orch.master.coordinator import Coordinator, Reject, RunState
 from orch.wire._proto import orchestrator_pb2 as pb
 from orch.wire.client import StateMirror

@@ -159,7 +159,7 @@ def netns_of(pid: int, net: Net) -> str | None:
 
 def unavailable(reason: str) -> NoReturn:
     """Skip, saying why; under CI, which must run these tests, fail with the same reason."""
-    # The browser test's pattern (tests/test_browser.py): CI installs what these tests need.
+    # The browser test's pattern (tests/views/test_browser.py): CI installs what these tests need.
     if os.environ.get("CI"):
         pytest.fail(f"{reason} (CI is set: these tests must run there, not skip)", pytrace=False)
     pytest.skip(reason)

@@ -5,11 +5,14 @@ flags. It imports nothing above the worker runtime, so ``orch worker`` stays lig
 from __future__ import annotations
 
 import argparse
+import logging
 import math
+import sys
 from pathlib import Path
 from typing import NoReturn
 
-from orch.errors import ConfigError
+from orch._text import printable
+from orch.errors import ConfigError, MasterUnavailable, OrchError
 from orch.runtime._target import split_target
 
 
@@ -69,3 +72,23 @@ def target(text: str) -> str:
     except ConfigError as e:
         raise argparse.ArgumentTypeError(str(e)) from e
     return text
+
+
+def run_command(parser: argparse.ArgumentParser, argv: list[str] | None) -> int:
+    """Parse ``argv`` and run its command: an error is one line on stderr and an exit code
+    (2 bad usage or a refused option, 1 a failure, 130 interrupted)."""
+    args = parser.parse_args(argv)
+    logging.basicConfig(
+        level=logging.DEBUG if args.verbose else logging.WARNING,
+        format="%(asctime)s %(name)s %(levelname)s %(message)s",
+    )
+    try:
+        code: int = args.func(args)
+    except (ConfigError, MasterUnavailable, OrchError) as e:
+        # The message may quote what a master or a worker sent: shown, not obeyed.
+        print(f"orch {args.command}: error: {printable(str(e))}", file=sys.stderr)
+        return 2 if isinstance(e, ConfigError) else 1
+    except KeyboardInterrupt:
+        print(f"orch {args.command}: aborted", file=sys.stderr)
+        return 130
+    return code

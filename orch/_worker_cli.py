@@ -7,14 +7,12 @@ worker runtime and the wire only, so a worker host loads no master, launcher or 
 from __future__ import annotations
 
 import argparse
-import logging
 import os
 import sys
 from typing import Any
 
-from orch._cli_common import Parser, positive, seconds, target, token_of, token_options
-from orch._text import printable
-from orch.errors import ConfigError, MasterUnavailable, OrchError
+from orch._cli_common import Parser, positive, run_command, seconds, target, token_of, token_options
+from orch.errors import ConfigError
 from orch.runtime._launcher_env import LAUNCHER_CHOICES, launched_as
 from orch.runtime._target import resolve_fn
 from orch.runtime.function_file import read_function
@@ -145,17 +143,4 @@ def main(argv: list[str] | None = None) -> int:
     parser = Parser(prog="orch", description="Join the run of an orch master.")
     parser.add_argument("-v", "--verbose", action="store_true", help="log debug messages")
     add_parser(parser.add_subparsers(dest="command", required=True))
-    args = parser.parse_args(["worker", *(sys.argv[1:] if argv is None else argv)])
-    logging.basicConfig(
-        level=logging.DEBUG if args.verbose else logging.WARNING,
-        format="%(asctime)s %(name)s %(levelname)s %(message)s",
-    )
-    try:
-        code: int = args.func(args)
-    except (ConfigError, MasterUnavailable, OrchError) as e:
-        print(f"orch worker: error: {printable(str(e))}", file=sys.stderr)
-        return 2 if isinstance(e, ConfigError) else 1
-    except KeyboardInterrupt:
-        print("orch worker: aborted", file=sys.stderr)
-        return 130
-    return code
+    return run_command(parser, ["worker", *(sys.argv[1:] if argv is None else argv)])

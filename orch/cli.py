@@ -9,7 +9,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-import logging
 import math
 import signal
 import sys
@@ -18,9 +17,8 @@ from pathlib import Path
 from typing import Any
 
 from orch import _runs_cli, _sweep_cli, _worker_cli
-from orch._cli_common import Parser, positive, seconds, token_of, token_options
-from orch._text import printable
-from orch.errors import ConfigError, MasterUnavailable, OrchError, RunFailed
+from orch._cli_common import Parser, positive, run_command, seconds, token_of, token_options
+from orch.errors import ConfigError, RunFailed
 from orch.launchers.contract import exit_code
 from orch.launchers.detach import start_detached
 from orch.launchers.run import Run, run_meta, serve
@@ -300,22 +298,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    logging.basicConfig(
-        level=logging.DEBUG if args.verbose else logging.WARNING,
-        format="%(asctime)s %(name)s %(levelname)s %(message)s",
-    )
-    try:
-        code: int = args.func(args)
-    except (ConfigError, MasterUnavailable, OrchError) as e:
-        # The message may quote what a master or a worker sent: shown, not obeyed.
-        print(f"orch {args.command}: error: {printable(str(e))}", file=sys.stderr)
-        return 2 if isinstance(e, ConfigError) else 1
-    except KeyboardInterrupt:
-        print(f"orch {args.command}: aborted", file=sys.stderr)
-        return 130
-    return code
+    return run_command(build_parser(), argv)
 
 
 if __name__ == "__main__":

@@ -143,16 +143,18 @@ WORKER_LAYERS = ("orch.runtime", "orch.wire", "orch.record", "orch.errors", "orc
 NOT_IN_A_WORKER = ("rich", "ipywidgets", "matplotlib", "IPython")
 
 
-def test_a_worker_process_loads_only_the_runtime_and_the_wire() -> None:
-    code = (
-        "import json, sys\n"
-        "import orch.runtime.worker\n"
-        "print(json.dumps(sorted(sys.modules)))\n"
-    )
+def _loaded_by(module: str) -> list[str]:
+    """Every module a fresh interpreter holds after importing ``module``."""
+    code = f"import json, sys\nimport {module}\nprint(json.dumps(sorted(sys.modules)))\n"
     out = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120
     )
-    loaded = json.loads(out.stdout)
+    loaded: list[str] = json.loads(out.stdout)
+    return loaded
+
+
+def test_a_worker_process_loads_only_the_runtime_and_the_wire() -> None:
+    loaded = _loaded_by("orch.runtime.worker")
     ours = [m for m in loaded if m.startswith("orch.")]
     outside = [m for m in ours if not m.startswith(WORKER_LAYERS)]
     assert not outside, f"a worker loads {outside}"
@@ -165,15 +167,7 @@ def test_a_worker_process_loads_only_the_runtime_and_the_wire() -> None:
 
 
 def test_orch_worker_the_entry_point_of_torchrun_and_srun_loads_no_master_launcher_or_view() -> None:
-    code = (
-        "import json, sys\n"
-        "import orch.worker\n"
-        "print(json.dumps(sorted(sys.modules)))\n"
-    )
-    out = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120
-    )
-    loaded = json.loads(out.stdout)
+    loaded = _loaded_by("orch.worker")
     upper = ("orch.master", "orch.launchers", "orch.views", "orch.experiments")
     above = [m for m in loaded if m.startswith(upper)]
     assert not above and "orch.cli" not in loaded, above

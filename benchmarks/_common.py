@@ -75,6 +75,12 @@ BENCHMARKS: dict[str, tuple[str, str]] = {
         "(parallel=1 and 2, forkserver cold and warm) against 8 `torchrun --nproc-per-node 2` "
         "invocations one after the other",
     ),
+    "ends": (
+        "How runs end",
+        "time from a SIGKILL of the launching process alone (`orch.launch`'s process, `orch run`) "
+        "until every process it started is gone, and from `run.stop()` to the run STOPPED, its "
+        "workers exited and a blocked `run.wait()` returned",
+    ),
 }
 
 

@@ -7,13 +7,12 @@ from typing import Any, Literal, overload
 
 from orch.errors import ConfigError
 from orch.experiments.catalog import live_notice
-from orch.launchers.attached import AttachedRun, run_dir_of
+from orch.launchers.attached import AttachedRun, open_run, run_dir_of
 from orch.launchers.detach import DetachedRun, start_detached
 from orch.launchers.run import Run, live_runs
 from orch.launchers.slurm import Slurm
 from orch.launchers.spec import LaunchSpec
 from orch.runtime._target import TrainFn
-from orch.wire._net import split_address
 
 
 def _check_ports(master_port: int | None, rdzv_port: int | None) -> None:
@@ -213,13 +212,12 @@ def attach(
                 "leave token= and tls_ca= out (they are for attaching by HOST:PORT)"
             )
         return DetachedRun(run_dir, timeout=timeout)
-    address = str(target)
     try:
-        split_address(address)
+        run: AttachedRun = open_run(target, run_root, token=token, tls_ca=tls_ca, timeout=timeout)
     except ConfigError as e:
         raise ConfigError(
-            f"{address!r} is neither a run dir, nor the id of a run under {run_root}/, nor a "
+            f"{str(target)!r} is neither a run dir, nor the id of a run under {run_root}/, nor a "
             "master's HOST:PORT: pass orch.attach('runs/<id>'), orch.attach('<id>', run_root=...) "
             "or orch.attach('HOST:PORT', token=...)"
         ) from e
-    return AttachedRun(address, timeout=timeout, token=token, tls_ca=tls_ca)
+    return run

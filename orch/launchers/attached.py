@@ -17,6 +17,7 @@ from orch.launchers.contract import RunHandle
 from orch.launchers.detached_run import DetachedRun
 from orch.launchers.loaded import load_run
 from orch.launchers.run import live_runs
+from orch.wire._net import split_address
 from orch.wire.auth import token_from_env
 from orch.wire.client import MasterClient, StateMirror
 from orch.wire.states import RunState
@@ -80,20 +81,44 @@ def run_dir_of(target: str | Path, run_root: Path) -> Path | None:
     return None
 
 
-def open_run(target: Any, run_root: str | Path = "runs") -> Any:
-    """The run ``target`` names: a run object as it is; a run dir or a run id under
-    ``run_root``: this process's live run of that dir, else a detached run still going
-    (followed through its master), else the record on disk (:func:`orch.load_run`)."""
+def open_run(
+    target: Any,
+    run_root: str | Path = "runs",
+    *,
+    token: str | None = None,
+    tls_ca: str | Path | None = None,
+    timeout: float = 10.0,
+) -> Any:
+    """The run ``target`` names, the one place a name becomes a run:
+
+    - a run object: as it is;
+    - a run dir, or a run id under ``run_root``: this process's live run of that dir, else a
+      detached run still going (followed through its master), else the record on disk
+      (:func:`orch.load_run`);
+    - a master's ``HOST:PORT``: an :class:`AttachedRun` (``token`` defaults to
+      ``$ORCH_TOKEN``; ``tls_ca`` verifies a master serving TLS).
+    """
     if not isinstance(target, (str, os.PathLike)):
         return target
     path = run_dir_of(Path(target), Path(run_root))
     if path is None:
+        address = str(target)
+        try:
+            split_address(address)
+        except ConfigError as e:
+            raise ConfigError(
+                f"no run {address!r}: not a run dir, nor a run id under {run_root}/ (see orch.runs()), "
+                "nor a master's HOST:PORT"
+            ) from e
+        return AttachedRun(address, timeout=timeout, token=token, tls_ca=tls_ca)
+    if token is not None or tls_ca is not None:
         raise ConfigError(
-            f"no run {str(target)!r}: not a run dir, nor a run id under {run_root}/ (see orch.runs())"
+            f"{target} is a run dir: its token and TLS CA are read from its attach.json; "
+            "leave token= and tls_ca= out (they are for a master's HOST:PORT)"
         )
     for run in live_runs():
         if run.run_dir.resolve() == path.resolve():
             return run
     if (path / ATTACH_FILE).exists() and not (path / "result.json").exists():
-        return DetachedRun(path)  # a detached run still going: followed through its master
+        return DetachedRun(path, timeout=timeout)  # still going: followed through its master
     return load_run(path)

@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 import orch
+from orch.launchers.attached import open_run
 from orch.launchers.contract import RunHandle, RunResult
 from orch.wire.states import RunState
 
@@ -39,6 +40,9 @@ def test_every_kind_of_run_answers_the_same_calls_the_same_way(tmp_path: Path) -
     seen: dict[str, dict[str, Any]] = {}
     with orch.launch("jobs:allreduce_steps", world_size=2, config=CONFIG, run_root=root) as run:
         by_address = orch.attach(run.address, token=run.token)
+        # One function turns a name into a run: the live run itself for its id or dir.
+        assert open_run(run.run_id, root) is run and open_run(str(run.run_dir)) is run
+        assert open_run(run) is run
         try:
             seen["launched"] = _calls(run)
             seen["attached by address"] = _calls(by_address)
@@ -46,16 +50,22 @@ def test_every_kind_of_run_answers_the_same_calls_the_same_way(tmp_path: Path) -
             by_address.close()
         assert by_address.run_dir is None and run.run_dir == tmp_path / run.run_id
     seen["loaded"] = _calls(orch.load_run(run.run_dir))
+    assert isinstance(open_run(run.run_id, root), orch.LoadedRun)  # closed: its record
 
     detached = orch.launch("jobs:allreduce_steps", world_size=2, config=CONFIG, run_root=root, detach=True)
     try:
         by_id = orch.attach(detached.run_id, run_root=root)
+        followed = open_run(detached.run_id, root)
+        assert isinstance(followed, orch.DetachedRun) and followed.run_id == detached.run_id
+        followed.disconnect()  # lets go of it only
         seen["detached"] = _calls(detached)
         seen["attached by id"] = _calls(by_id)
     finally:
         detached.close()
     seen["detached, loaded"] = _calls(orch.load_run(detached.run_dir))
 
+    with pytest.raises(orch.ConfigError, match="nor a master's HOST:PORT"):
+        open_run("no-such-run", root)
     assert sorted(seen) == sorted(KINDS)
     for kind in KINDS:
         what = seen[kind]

@@ -6,6 +6,7 @@ import os
 import signal
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -274,4 +275,24 @@ def own_comm_hook(ctx: Any) -> None:
         loss.backward()
         opt.step()
         ctx.log(step, loss=loss.item(), hook_calls=float(calls[0]))
+        time.sleep(0.01)
+
+
+def slow_flush_checkpoints(ctx: Any) -> None:
+    """Checkpoints every 5 steps; rank 1 takes 1.5 s to hand its points to the master each time
+    and notes when it has (``config["out"]``/rank1-flushed, one time a line)."""
+    if ctx.rank == 1:
+        flush = ctx._sender.flush
+        out = Path(ctx.config["out"]) / "rank1-flushed"
+
+        def slow(*args: Any, **kwargs: Any) -> bool:
+            time.sleep(1.5)
+            done = flush(*args, **kwargs)
+            with open(out, "a") as f:
+                f.write(f"{time.time()!r}\n")
+            return bool(done)
+
+        ctx._sender.flush = slow
+    for step in ctx.steps(10, checkpoint=lambda: {"step": ctx.rank}, every=5):
+        ctx.log(step, loss=1.0 / (step + 1))
         time.sleep(0.01)

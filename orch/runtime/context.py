@@ -6,9 +6,6 @@ import contextlib
 import hashlib
 import numbers
 import operator
-import os
-import pickle
-import re
 import threading
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
@@ -19,10 +16,10 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from orch.errors import OrchError, StopTraining
-from orch.record.store import private_dir, private_opener
+from orch.errors import StopTraining
 from orch.runtime._sender import HeartbeatSender
 from orch.runtime._timing import RESERVED, CollectiveWait, StepTimes, clock, enabled
+from orch.runtime.checkpoints import read_checkpoint, write_checkpoint
 
 T = TypeVar("T")
 
@@ -183,7 +180,7 @@ class Context:
                     if self._sender is not None:
                         self._sender.step = self._step + 1  # steps done: the last one finished
                     if checkpoint is not None and self._step >= 0:
-                        self.save_checkpoint(checkpoint())
+                        self._checkpoint_together(checkpoint())
                     return
                 self._step = step
                 if self._sender is not None:
@@ -201,12 +198,23 @@ class Context:
                 if times is not None:
                     resumed = clock()
                 if every and (step + 1) % every == 0:
-                    self.save_checkpoint(checkpoint())  # type: ignore[misc]
+                    self._checkpoint_together(checkpoint())  # type: ignore[misc]
             if self._sender is not None:
                 self._sender.step = n
         finally:
             if pending is not None and not pending.is_completed():
                 pending.wait()
+
+    def _checkpoint_together(self, state: Any) -> Path | None:
+        """A checkpoint of ``ctx.steps``, which every rank takes at the same step: rank 0 writes
+        it only once every rank's points up to it are at the master. A restart resumes after
+        it, so a rank killed between its peers' checkpoint and its own last beat would
+        otherwise leave a hole of a few steps in its history."""
+        if self._sender is not None:
+            self._sender.flush()
+        if self._control_group is not None:
+            dist.barrier(group=self._control_group)
+        return self.save_checkpoint(state)
 
     def save_checkpoint(self, state: Any, *, step: int | None = None) -> Path | None:
         """Save ``state`` (anything ``torch.save`` takes) as of ``step`` (default: the current one).
@@ -223,23 +231,7 @@ class Context:
             self._sender.flush()
         if self.rank != 0:
             return None
-        private_dir(self.checkpoint_dir.parent)  # the run dir, 0700 like everything in it
-        private_dir(self.checkpoint_dir)
-        path = self.checkpoint_dir / f"step-{step:09d}.pt"
-        tmp = path.with_name(path.name + ".tmp")
-        with open(tmp, "wb", opener=private_opener) as f:
-            torch.save({"step": step, "attempt": self.attempt, "state": state}, f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-        latest = self.checkpoint_dir / "latest"
-        latest_tmp = self.checkpoint_dir / "latest.tmp"
-        with open(latest_tmp, "w", opener=private_opener) as f:
-            f.write(path.name)
-        os.replace(latest_tmp, latest)
-        for old in sorted(self.checkpoint_dir.glob("step-*.pt"))[:-2]:
-            old.unlink(missing_ok=True)  # keep the newest two
-        return path
+        return write_checkpoint(self.checkpoint_dir, step, self.attempt, state)
 
     def load_checkpoint(self, *, weights_only: bool = True) -> Any:
         """The state of the newest checkpoint, or None; ``ctx.steps()`` then resumes after it.
@@ -251,26 +243,11 @@ class Context:
         write, since unpickling such a file runs whatever it names. ``checkpoints/latest``
         must name a file :meth:`save_checkpoint` writes (``step-<9+ digits>.pt``), in that dir.
         """
-        if self.checkpoint_dir is None:
+        saved = None if self.checkpoint_dir is None else read_checkpoint(
+            self.checkpoint_dir, self.device, weights_only=weights_only
+        )
+        if saved is None:
             return None
-        try:
-            name = (self.checkpoint_dir / "latest").read_text().strip()
-        except FileNotFoundError:
-            return None
-        if not _CHECKPOINT_NAME.fullmatch(name):
-            raise OrchError(
-                f"{self.checkpoint_dir / 'latest'} names {name[:200]!r}, not a checkpoint this run "
-                "wrote (step-<digits>.pt in the same folder): move the folder aside to start afresh"
-            )
-        path = self.checkpoint_dir / name
-        try:
-            saved = torch.load(path, map_location=self.device, weights_only=weights_only)
-        except pickle.UnpicklingError as e:
-            raise OrchError(
-                f"{path} holds objects that a weights-only load refuses ({e}); if the file is your "
-                "own and nobody else can write its folder, load it with "
-                "ctx.load_checkpoint(weights_only=False)"
-            ) from e
         self.resume_step = int(saved["step"]) + 1
         self._step = int(saved["step"])
         return saved["state"]
@@ -328,7 +305,6 @@ class Context:
 
 
 MAX_STEP = 2**63 - 1
-_CHECKPOINT_NAME = re.compile(r"step-[0-9]{9,19}\.pt")  # the names save_checkpoint writes (int64 steps)
 
 
 def _as_step(step: Any) -> int:

@@ -168,7 +168,7 @@ def _points(metrics: Path) -> Iterator[tuple[int, list[tuple[int, str, float, fl
 
 
 def _finals(last: dict[SeriesKey, tuple[int, float, float]]) -> dict[str, tuple[int, float, float]]:
-    """Each metric's mean over the ranks that logged its last step (as ``orch.sweep.summarize``)."""
+    """Each metric's mean over the ranks that logged its last step (as a sweep's ``summarize``)."""
     by_metric: dict[str, list[tuple[int, float, float]]] = {}
     for (_, metric), point in sorted(last.items()):
         by_metric.setdefault(metric, []).append(point)

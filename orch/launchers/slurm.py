@@ -64,7 +64,10 @@ if TYPE_CHECKING:
     from orch.master.coordinator import Coordinator
 
 SCHEDULER = "slurm"
-JOB_END_GRACE = 3.0  # seconds a job may take to end by itself once its run ended (and the reverse)
+JOB_END_GRACE = 10.0  # seconds a job may take to end by itself once its run ended (and the reverse);
+# its host agents hear of the end at their next SyncHost (about a second) and end their ranks:
+# on a loaded node that took more than 3 s, and the job was cancelled rather than COMPLETED.
+
 # Slurm's job states after which the job is over (squeue --states=all still lists them a while).
 ENDED = frozenset(
     {

@@ -249,6 +249,7 @@ _UNIT = {
     "test_layers.py",
     "test_master_rpc.py",
     "test_proto.py",
+    "test_pollers.py",
 }
 
 

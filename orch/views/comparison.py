@@ -28,6 +28,7 @@ import numpy.typing as npt
 from orch.errors import ConfigError, OrchError
 from orch.experiments.sweep import Sweep, Trial, default_mode
 from orch.launchers.attached import open_run
+from orch.views._pollers import track
 from orch.views._static import IMAGE, Record
 from orch.views.panel import choose, default_metric
 from orch.views.rank_plot import downsample
@@ -283,6 +284,7 @@ class RunsView:
         self.record = Record(self.widget, text=f"{type(self).__name__}: live until its runs end")
         self._tick()
         self._thread = threading.Thread(target=self._loop, name="orch-compare", daemon=True)
+        track(self)
         self._thread.start()
 
     def _layout(self) -> None:

@@ -32,6 +32,7 @@ import ipywidgets as widgets
 from orch.errors import MasterUnavailable
 from orch.launchers.contract import PanelSource
 from orch.record.store import tail
+from orch.views._pollers import track
 from orch.views._static import IMAGE, Record
 from orch.views.rank_plot import RankPlot, downsample
 from orch.views.rendering import summary
@@ -98,6 +99,7 @@ class Panel:
         # ends before the thread gets going) is never shown blank.
         self._tick()
         self._thread = threading.Thread(target=self._loop, name="orch-panel", daemon=True)
+        track(self)
         self._thread.start()
 
     # -- widgets --------------------------------------------------------------------------

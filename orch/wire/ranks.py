@@ -54,6 +54,18 @@ class RankView:
     relative_score: float = 0.0  # compute against the fastest rank's (1.0: the fastest)
     individual_score: float = 0.0  # compute against this rank's own best (1.0: its best)
     slow_in: str = ""  # the part of the step it is slow in, when it is the straggler
+    progress_age: float = -1.0  # live only: seconds since its step last advanced (-1: not running)
+    stack: str = ""  # its training thread's last stack, as a traceback (empty: none taken)
+    # Its process at its last beat (see the protocol's ProcessStats); 0: not read.
+    rss_bytes: int = 0
+    cpu_percent: float = 0.0
+    cuda_allocated: int = 0
+    cuda_reserved: int = 0
+    cuda_peak: int = 0
+    cuda_total: int = 0
+    memory_limit: int = 0
+    limit_kind: str = ""
+    memory_note: str = ""  # a warning about its memory: growing, or near its limit
 
     @property
     def diverged(self) -> bool:
@@ -89,7 +101,7 @@ class RankView:
         """From a JSON object written by :meth:`as_dict`; the live-only fields read as unknown."""
         values: dict[str, Any] = {"state": state}
         for f in _FIELDS:
-            if f.name in ("state", "steps_per_sec", "heartbeat_age"):
+            if f.name in ("state", "steps_per_sec", "heartbeat_age", "progress_age"):
                 continue
             if f.name == "rank":
                 values["rank"] = r.integer("rank", None)

@@ -150,7 +150,7 @@ class Series(_message.Message):
     def __init__(self, rank: _Optional[int] = ..., name: _Optional[str] = ..., steps: _Optional[_Iterable[int]] = ..., values: _Optional[_Iterable[float]] = ..., times: _Optional[_Iterable[float]] = ...) -> None: ...
 
 class HeartbeatRequest(_message.Message):
-    __slots__ = ("run_id", "worker_id", "step", "total_steps", "series", "dropped_points", "timing")
+    __slots__ = ("run_id", "worker_id", "step", "total_steps", "series", "dropped_points", "timing", "process", "stack")
     RUN_ID_FIELD_NUMBER: _ClassVar[int]
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     STEP_FIELD_NUMBER: _ClassVar[int]
@@ -158,6 +158,8 @@ class HeartbeatRequest(_message.Message):
     SERIES_FIELD_NUMBER: _ClassVar[int]
     DROPPED_POINTS_FIELD_NUMBER: _ClassVar[int]
     TIMING_FIELD_NUMBER: _ClassVar[int]
+    PROCESS_FIELD_NUMBER: _ClassVar[int]
+    STACK_FIELD_NUMBER: _ClassVar[int]
     run_id: str
     worker_id: str
     step: int
@@ -165,7 +167,59 @@ class HeartbeatRequest(_message.Message):
     series: _containers.RepeatedCompositeFieldContainer[Series]
     dropped_points: int
     timing: StepTiming
-    def __init__(self, run_id: _Optional[str] = ..., worker_id: _Optional[str] = ..., step: _Optional[int] = ..., total_steps: _Optional[int] = ..., series: _Optional[_Iterable[_Union[Series, _Mapping]]] = ..., dropped_points: _Optional[int] = ..., timing: _Optional[_Union[StepTiming, _Mapping]] = ...) -> None: ...
+    process: ProcessStats
+    stack: Stack
+    def __init__(self, run_id: _Optional[str] = ..., worker_id: _Optional[str] = ..., step: _Optional[int] = ..., total_steps: _Optional[int] = ..., series: _Optional[_Iterable[_Union[Series, _Mapping]]] = ..., dropped_points: _Optional[int] = ..., timing: _Optional[_Union[StepTiming, _Mapping]] = ..., process: _Optional[_Union[ProcessStats, _Mapping]] = ..., stack: _Optional[_Union[Stack, _Mapping]] = ...) -> None: ...
+
+class ProcessStats(_message.Message):
+    __slots__ = ("rss_bytes", "cpu_percent", "cuda_allocated", "cuda_reserved", "cuda_peak", "cuda_total", "memory_limit", "limit_kind", "oom_kills", "limit_used")
+    RSS_BYTES_FIELD_NUMBER: _ClassVar[int]
+    CPU_PERCENT_FIELD_NUMBER: _ClassVar[int]
+    CUDA_ALLOCATED_FIELD_NUMBER: _ClassVar[int]
+    CUDA_RESERVED_FIELD_NUMBER: _ClassVar[int]
+    CUDA_PEAK_FIELD_NUMBER: _ClassVar[int]
+    CUDA_TOTAL_FIELD_NUMBER: _ClassVar[int]
+    MEMORY_LIMIT_FIELD_NUMBER: _ClassVar[int]
+    LIMIT_KIND_FIELD_NUMBER: _ClassVar[int]
+    OOM_KILLS_FIELD_NUMBER: _ClassVar[int]
+    LIMIT_USED_FIELD_NUMBER: _ClassVar[int]
+    rss_bytes: int
+    cpu_percent: float
+    cuda_allocated: int
+    cuda_reserved: int
+    cuda_peak: int
+    cuda_total: int
+    memory_limit: int
+    limit_kind: str
+    oom_kills: int
+    limit_used: int
+    def __init__(self, rss_bytes: _Optional[int] = ..., cpu_percent: _Optional[float] = ..., cuda_allocated: _Optional[int] = ..., cuda_reserved: _Optional[int] = ..., cuda_peak: _Optional[int] = ..., cuda_total: _Optional[int] = ..., memory_limit: _Optional[int] = ..., limit_kind: _Optional[str] = ..., oom_kills: _Optional[int] = ..., limit_used: _Optional[int] = ...) -> None: ...
+
+class Frame(_message.Message):
+    __slots__ = ("file", "line", "function", "code", "user")
+    FILE_FIELD_NUMBER: _ClassVar[int]
+    LINE_FIELD_NUMBER: _ClassVar[int]
+    FUNCTION_FIELD_NUMBER: _ClassVar[int]
+    CODE_FIELD_NUMBER: _ClassVar[int]
+    USER_FIELD_NUMBER: _ClassVar[int]
+    file: str
+    line: int
+    function: str
+    code: str
+    user: bool
+    def __init__(self, file: _Optional[str] = ..., line: _Optional[int] = ..., function: _Optional[str] = ..., code: _Optional[str] = ..., user: _Optional[bool] = ...) -> None: ...
+
+class Stack(_message.Message):
+    __slots__ = ("frames", "taken", "step", "note")
+    FRAMES_FIELD_NUMBER: _ClassVar[int]
+    TAKEN_FIELD_NUMBER: _ClassVar[int]
+    STEP_FIELD_NUMBER: _ClassVar[int]
+    NOTE_FIELD_NUMBER: _ClassVar[int]
+    frames: _containers.RepeatedCompositeFieldContainer[Frame]
+    taken: float
+    step: int
+    note: str
+    def __init__(self, frames: _Optional[_Iterable[_Union[Frame, _Mapping]]] = ..., taken: _Optional[float] = ..., step: _Optional[int] = ..., note: _Optional[str] = ...) -> None: ...
 
 class StepTiming(_message.Message):
     __slots__ = ("steps", "step_seconds", "data_seconds", "collective_seconds", "other_seconds", "sections", "collectives")
@@ -193,12 +247,16 @@ class StepTiming(_message.Message):
     def __init__(self, steps: _Optional[int] = ..., step_seconds: _Optional[float] = ..., data_seconds: _Optional[float] = ..., collective_seconds: _Optional[float] = ..., other_seconds: _Optional[float] = ..., sections: _Optional[_Mapping[str, float]] = ..., collectives: _Optional[bool] = ...) -> None: ...
 
 class HeartbeatResponse(_message.Message):
-    __slots__ = ("command", "stop_at_step")
+    __slots__ = ("command", "stop_at_step", "send_stack", "reason")
     COMMAND_FIELD_NUMBER: _ClassVar[int]
     STOP_AT_STEP_FIELD_NUMBER: _ClassVar[int]
+    SEND_STACK_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
     command: Command
     stop_at_step: int
-    def __init__(self, command: _Optional[_Union[Command, str]] = ..., stop_at_step: _Optional[int] = ...) -> None: ...
+    send_stack: bool
+    reason: str
+    def __init__(self, command: _Optional[_Union[Command, str]] = ..., stop_at_step: _Optional[int] = ..., send_stack: _Optional[bool] = ..., reason: _Optional[str] = ...) -> None: ...
 
 class HostHeartbeatsRequest(_message.Message):
     __slots__ = ("beats",)
@@ -285,7 +343,7 @@ class GetStateRequest(_message.Message):
     def __init__(self, cursor: _Optional[bytes] = ..., skip_series: _Optional[bool] = ..., max_points: _Optional[int] = ...) -> None: ...
 
 class RankInfo(_message.Message):
-    __slots__ = ("rank", "worker_id", "host", "pid", "state", "step", "total_steps", "steps_per_sec", "heartbeat_age", "loss", "param_checksum", "error", "exit_code", "dropped_points", "address", "has_loss", "timed", "step_ms", "data_ms", "compute_ms", "collective_ms", "other_ms", "relative_score", "individual_score", "slow_in")
+    __slots__ = ("rank", "worker_id", "host", "pid", "state", "step", "total_steps", "steps_per_sec", "heartbeat_age", "loss", "param_checksum", "error", "exit_code", "dropped_points", "address", "has_loss", "timed", "step_ms", "data_ms", "compute_ms", "collective_ms", "other_ms", "relative_score", "individual_score", "slow_in", "progress_age", "stack", "rss_bytes", "cpu_percent", "cuda_allocated", "cuda_reserved", "cuda_peak", "cuda_total", "memory_limit", "limit_kind", "memory_note")
     RANK_FIELD_NUMBER: _ClassVar[int]
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     HOST_FIELD_NUMBER: _ClassVar[int]
@@ -311,6 +369,17 @@ class RankInfo(_message.Message):
     RELATIVE_SCORE_FIELD_NUMBER: _ClassVar[int]
     INDIVIDUAL_SCORE_FIELD_NUMBER: _ClassVar[int]
     SLOW_IN_FIELD_NUMBER: _ClassVar[int]
+    PROGRESS_AGE_FIELD_NUMBER: _ClassVar[int]
+    STACK_FIELD_NUMBER: _ClassVar[int]
+    RSS_BYTES_FIELD_NUMBER: _ClassVar[int]
+    CPU_PERCENT_FIELD_NUMBER: _ClassVar[int]
+    CUDA_ALLOCATED_FIELD_NUMBER: _ClassVar[int]
+    CUDA_RESERVED_FIELD_NUMBER: _ClassVar[int]
+    CUDA_PEAK_FIELD_NUMBER: _ClassVar[int]
+    CUDA_TOTAL_FIELD_NUMBER: _ClassVar[int]
+    MEMORY_LIMIT_FIELD_NUMBER: _ClassVar[int]
+    LIMIT_KIND_FIELD_NUMBER: _ClassVar[int]
+    MEMORY_NOTE_FIELD_NUMBER: _ClassVar[int]
     rank: int
     worker_id: str
     host: str
@@ -336,7 +405,18 @@ class RankInfo(_message.Message):
     relative_score: float
     individual_score: float
     slow_in: str
-    def __init__(self, rank: _Optional[int] = ..., worker_id: _Optional[str] = ..., host: _Optional[str] = ..., pid: _Optional[int] = ..., state: _Optional[_Union[RankState, str]] = ..., step: _Optional[int] = ..., total_steps: _Optional[int] = ..., steps_per_sec: _Optional[float] = ..., heartbeat_age: _Optional[float] = ..., loss: _Optional[float] = ..., param_checksum: _Optional[str] = ..., error: _Optional[str] = ..., exit_code: _Optional[int] = ..., dropped_points: _Optional[int] = ..., address: _Optional[str] = ..., has_loss: _Optional[bool] = ..., timed: _Optional[bool] = ..., step_ms: _Optional[float] = ..., data_ms: _Optional[float] = ..., compute_ms: _Optional[float] = ..., collective_ms: _Optional[float] = ..., other_ms: _Optional[float] = ..., relative_score: _Optional[float] = ..., individual_score: _Optional[float] = ..., slow_in: _Optional[str] = ...) -> None: ...
+    progress_age: float
+    stack: str
+    rss_bytes: int
+    cpu_percent: float
+    cuda_allocated: int
+    cuda_reserved: int
+    cuda_peak: int
+    cuda_total: int
+    memory_limit: int
+    limit_kind: str
+    memory_note: str
+    def __init__(self, rank: _Optional[int] = ..., worker_id: _Optional[str] = ..., host: _Optional[str] = ..., pid: _Optional[int] = ..., state: _Optional[_Union[RankState, str]] = ..., step: _Optional[int] = ..., total_steps: _Optional[int] = ..., steps_per_sec: _Optional[float] = ..., heartbeat_age: _Optional[float] = ..., loss: _Optional[float] = ..., param_checksum: _Optional[str] = ..., error: _Optional[str] = ..., exit_code: _Optional[int] = ..., dropped_points: _Optional[int] = ..., address: _Optional[str] = ..., has_loss: _Optional[bool] = ..., timed: _Optional[bool] = ..., step_ms: _Optional[float] = ..., data_ms: _Optional[float] = ..., compute_ms: _Optional[float] = ..., collective_ms: _Optional[float] = ..., other_ms: _Optional[float] = ..., relative_score: _Optional[float] = ..., individual_score: _Optional[float] = ..., slow_in: _Optional[str] = ..., progress_age: _Optional[float] = ..., stack: _Optional[str] = ..., rss_bytes: _Optional[int] = ..., cpu_percent: _Optional[float] = ..., cuda_allocated: _Optional[int] = ..., cuda_reserved: _Optional[int] = ..., cuda_peak: _Optional[int] = ..., cuda_total: _Optional[int] = ..., memory_limit: _Optional[int] = ..., limit_kind: _Optional[str] = ..., memory_note: _Optional[str] = ...) -> None: ...
 
 class Event(_message.Message):
     __slots__ = ("time", "kind", "rank", "message")
@@ -351,7 +431,7 @@ class Event(_message.Message):
     def __init__(self, time: _Optional[float] = ..., kind: _Optional[str] = ..., rank: _Optional[int] = ..., message: _Optional[str] = ...) -> None: ...
 
 class GetStateResponse(_message.Message):
-    __slots__ = ("run_id", "state", "world_size", "registered", "total_steps", "elapsed", "ranks", "series", "events", "failure", "cursor", "full", "root_cause_rank", "attempt", "max_attempts", "root_cause_error", "root_cause_exit_code", "rendezvous", "more", "job", "stragglers_judged", "straggler_rank", "straggler_section", "straggler_note")
+    __slots__ = ("run_id", "state", "world_size", "registered", "total_steps", "elapsed", "ranks", "series", "events", "failure", "cursor", "full", "root_cause_rank", "attempt", "max_attempts", "root_cause_error", "root_cause_exit_code", "rendezvous", "more", "job", "stragglers_judged", "straggler_rank", "straggler_section", "straggler_note", "stalled_for", "progress_note", "stacks", "stacks_taken")
     RUN_ID_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
     WORLD_SIZE_FIELD_NUMBER: _ClassVar[int]
@@ -376,6 +456,10 @@ class GetStateResponse(_message.Message):
     STRAGGLER_RANK_FIELD_NUMBER: _ClassVar[int]
     STRAGGLER_SECTION_FIELD_NUMBER: _ClassVar[int]
     STRAGGLER_NOTE_FIELD_NUMBER: _ClassVar[int]
+    STALLED_FOR_FIELD_NUMBER: _ClassVar[int]
+    PROGRESS_NOTE_FIELD_NUMBER: _ClassVar[int]
+    STACKS_FIELD_NUMBER: _ClassVar[int]
+    STACKS_TAKEN_FIELD_NUMBER: _ClassVar[int]
     run_id: str
     state: RunState
     world_size: int
@@ -400,7 +484,35 @@ class GetStateResponse(_message.Message):
     straggler_rank: int
     straggler_section: str
     straggler_note: str
-    def __init__(self, run_id: _Optional[str] = ..., state: _Optional[_Union[RunState, str]] = ..., world_size: _Optional[int] = ..., registered: _Optional[int] = ..., total_steps: _Optional[int] = ..., elapsed: _Optional[float] = ..., ranks: _Optional[_Iterable[_Union[RankInfo, _Mapping]]] = ..., series: _Optional[_Iterable[_Union[Series, _Mapping]]] = ..., events: _Optional[_Iterable[_Union[Event, _Mapping]]] = ..., failure: _Optional[str] = ..., cursor: _Optional[bytes] = ..., full: _Optional[bool] = ..., root_cause_rank: _Optional[int] = ..., attempt: _Optional[int] = ..., max_attempts: _Optional[int] = ..., root_cause_error: _Optional[str] = ..., root_cause_exit_code: _Optional[int] = ..., rendezvous: _Optional[str] = ..., more: _Optional[bool] = ..., job: _Optional[_Union[ClusterJob, _Mapping]] = ..., stragglers_judged: _Optional[bool] = ..., straggler_rank: _Optional[int] = ..., straggler_section: _Optional[str] = ..., straggler_note: _Optional[str] = ...) -> None: ...
+    stalled_for: float
+    progress_note: str
+    stacks: str
+    stacks_taken: float
+    def __init__(self, run_id: _Optional[str] = ..., state: _Optional[_Union[RunState, str]] = ..., world_size: _Optional[int] = ..., registered: _Optional[int] = ..., total_steps: _Optional[int] = ..., elapsed: _Optional[float] = ..., ranks: _Optional[_Iterable[_Union[RankInfo, _Mapping]]] = ..., series: _Optional[_Iterable[_Union[Series, _Mapping]]] = ..., events: _Optional[_Iterable[_Union[Event, _Mapping]]] = ..., failure: _Optional[str] = ..., cursor: _Optional[bytes] = ..., full: _Optional[bool] = ..., root_cause_rank: _Optional[int] = ..., attempt: _Optional[int] = ..., max_attempts: _Optional[int] = ..., root_cause_error: _Optional[str] = ..., root_cause_exit_code: _Optional[int] = ..., rendezvous: _Optional[str] = ..., more: _Optional[bool] = ..., job: _Optional[_Union[ClusterJob, _Mapping]] = ..., stragglers_judged: _Optional[bool] = ..., straggler_rank: _Optional[int] = ..., straggler_section: _Optional[str] = ..., straggler_note: _Optional[str] = ..., stalled_for: _Optional[float] = ..., progress_note: _Optional[str] = ..., stacks: _Optional[str] = ..., stacks_taken: _Optional[float] = ...) -> None: ...
+
+class GetStacksRequest(_message.Message):
+    __slots__ = ("wait",)
+    WAIT_FIELD_NUMBER: _ClassVar[int]
+    wait: float
+    def __init__(self, wait: _Optional[float] = ...) -> None: ...
+
+class RankStack(_message.Message):
+    __slots__ = ("rank", "stack", "text")
+    RANK_FIELD_NUMBER: _ClassVar[int]
+    STACK_FIELD_NUMBER: _ClassVar[int]
+    TEXT_FIELD_NUMBER: _ClassVar[int]
+    rank: int
+    stack: Stack
+    text: str
+    def __init__(self, rank: _Optional[int] = ..., stack: _Optional[_Union[Stack, _Mapping]] = ..., text: _Optional[str] = ...) -> None: ...
+
+class GetStacksResponse(_message.Message):
+    __slots__ = ("ranks", "grouped")
+    RANKS_FIELD_NUMBER: _ClassVar[int]
+    GROUPED_FIELD_NUMBER: _ClassVar[int]
+    ranks: _containers.RepeatedCompositeFieldContainer[RankStack]
+    grouped: str
+    def __init__(self, ranks: _Optional[_Iterable[_Union[RankStack, _Mapping]]] = ..., grouped: _Optional[str] = ...) -> None: ...
 
 class ClusterJob(_message.Message):
     __slots__ = ("scheduler", "job_id", "state", "reason", "nodes")

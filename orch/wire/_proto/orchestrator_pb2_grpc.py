@@ -74,6 +74,11 @@ class OrchestratorStub:
                 request_serializer=orchestrator__pb2.HostSyncRequest.SerializeToString,
                 response_deserializer=orchestrator__pb2.HostSyncResponse.FromString,
                 _registered_method=True)
+        self.GetStacks = channel.unary_unary(
+                '/orch.v1.Orchestrator/GetStacks',
+                request_serializer=orchestrator__pb2.GetStacksRequest.SerializeToString,
+                response_deserializer=orchestrator__pb2.GetStacksResponse.FromString,
+                _registered_method=True)
 
 
 class OrchestratorServicer:
@@ -132,6 +137,14 @@ class OrchestratorServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def GetStacks(self, request, context):
+        """Every live rank's training-thread stack: the master asks the ranks in their next
+        heartbeat's reply and answers once they sent them (or the wait is over).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_OrchestratorServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -174,6 +187,11 @@ def add_OrchestratorServicer_to_server(servicer, server):
                     servicer.SyncHost,
                     request_deserializer=orchestrator__pb2.HostSyncRequest.FromString,
                     response_serializer=orchestrator__pb2.HostSyncResponse.SerializeToString,
+            ),
+            'GetStacks': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetStacks,
+                    request_deserializer=orchestrator__pb2.GetStacksRequest.FromString,
+                    response_serializer=orchestrator__pb2.GetStacksResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -392,6 +410,33 @@ class Orchestrator:
             '/orch.v1.Orchestrator/SyncHost',
             orchestrator__pb2.HostSyncRequest.SerializeToString,
             orchestrator__pb2.HostSyncResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetStacks(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/orch.v1.Orchestrator/GetStacks',
+            orchestrator__pb2.GetStacksRequest.SerializeToString,
+            orchestrator__pb2.GetStacksResponse.FromString,
             options,
             channel_credentials,
             insecure,

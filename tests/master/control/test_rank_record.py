@@ -20,7 +20,8 @@ from orch.wire.ranks import RankView
 from orch.wire.states import RANK_STATE_PB, RankState
 
 FIELD_NAMES = [f.name for f in dataclasses.fields(RankView)]
-LIVE_ONLY = {"steps_per_sec": 0.0, "heartbeat_age": -1.0}  # what a record on disk reads back as
+# What a record on disk reads back as.
+LIVE_ONLY = {"steps_per_sec": 0.0, "heartbeat_age": -1.0, "progress_age": -1.0}
 
 
 def full_view(state: RankState = RankState.FAILED, loss: float = 0.25) -> RankView:
@@ -51,6 +52,17 @@ def full_view(state: RankState = RankState.FAILED, loss: float = 0.25) -> RankVi
         relative_score=1.25,
         individual_score=1.125,
         slow_in="compute",
+        progress_age=41.5,
+        stack='  Cell In[3], line 10, in train\n    time.sleep(10**6)',
+        rss_bytes=2_000_000_000,
+        cpu_percent=97.5,
+        cuda_allocated=3_000_000,
+        cuda_reserved=4_000_000,
+        cuda_peak=5_000_000,
+        cuda_total=80_000_000_000,
+        memory_limit=24_000_000_000,
+        limit_kind="cgroup",
+        memory_note="growing 20 MB a step",
     )
 
 
@@ -182,6 +194,16 @@ def test_from_fields_reads_each_field_by_its_type() -> None:
         "relative_score": "number",
         "individual_score": "number",
         "slow_in": "text",
+        "stack": "text",
+        "rss_bytes": "integer",
+        "cpu_percent": "number",
+        "cuda_allocated": "integer",
+        "cuda_reserved": "integer",
+        "cuda_peak": "integer",
+        "cuda_total": "integer",
+        "memory_limit": "integer",
+        "limit_kind": "text",
+        "memory_note": "text",
     }
 
 

@@ -40,6 +40,10 @@ def launch(
     rdzv_port: int | None = None,
     run_root: str = "runs",
     heartbeat_timeout: float = 30.0,
+    hang_timeout: float | None = None,
+    on_hang: str = "warn",
+    startup_timeout: float = 600.0,
+    stop_grace: float = 10.0,
     threads: int | None = None,
     max_restarts: int = 0,
     tls_cert: str | None = None,
@@ -64,6 +68,10 @@ def launch(
     rdzv_port: int | None = None,
     run_root: str = "runs",
     heartbeat_timeout: float = 30.0,
+    hang_timeout: float | None = None,
+    on_hang: str = "warn",
+    startup_timeout: float = 600.0,
+    stop_grace: float = 10.0,
     threads: int | None = None,
     max_restarts: int = 0,
     tls_cert: str | None = None,
@@ -88,6 +96,10 @@ def launch(
     rdzv_port: int | None = None,
     run_root: str = "runs",
     heartbeat_timeout: float = 30.0,
+    hang_timeout: float | None = None,
+    on_hang: str = "warn",
+    startup_timeout: float = 600.0,
+    stop_grace: float = 10.0,
     threads: int | None = None,
     max_restarts: int = 0,
     tls_cert: str | None = None,
@@ -111,6 +123,10 @@ def launch(
     rdzv_port: int | None = None,
     run_root: str = "runs",
     heartbeat_timeout: float = 30.0,
+    hang_timeout: float | None = None,
+    on_hang: str = "warn",
+    startup_timeout: float = 600.0,
+    stop_grace: float = 10.0,
     threads: int | None = None,
     max_restarts: int = 0,
     tls_cert: str | None = None,
@@ -131,7 +147,11 @@ def launch(
     ``config`` reaches the function as ``ctx.config``; ``steps`` sets ``config["steps"]``.
     On a failure the whole group is torn down and, up to ``max_restarts`` times, started
     again; ``ctx.load_checkpoint()`` lets it resume after its last ``ctx.save_checkpoint``.
-    A rank whose heartbeats stop for ``heartbeat_timeout`` seconds counts as lost.
+    A rank whose heartbeats stop for ``heartbeat_timeout`` seconds counts as lost. A run whose
+    ranks' steps stand still longer than its hang limit (10x the usual time between steps, at
+    least 30 s, at most ``hang_timeout``; ``startup_timeout`` before the first step) is "not
+    progressing": the panel shows every rank's stack, and ``on_hang="fail"`` fails it. A stop
+    the ranks do not reach within ``stop_grace`` seconds ends them (SIGTERM, then SIGKILL).
     The master binds 127.0.0.1 and takes only calls that carry the run's token (``token``,
     else ``$ORCH_TOKEN``, else a random one: ``run.token``);
     ``tls_cert``/``tls_key`` make it serve TLS, verified against ``tls_ca`` (default: the
@@ -167,6 +187,10 @@ def launch(
         rdzv_port=rdzv_port,
         run_root=run_root,
         heartbeat_timeout=heartbeat_timeout,
+        hang_timeout=hang_timeout,
+        on_hang=on_hang,
+        startup_timeout=startup_timeout,
+        stop_grace=stop_grace,
         threads=threads,
         max_restarts=max_restarts,
         tls_cert=tls_cert,

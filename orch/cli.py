@@ -100,6 +100,10 @@ def cmd_run(args: argparse.Namespace) -> int:
         rdzv_port=args.rdzv_port,
         run_root=args.run_root,
         heartbeat_timeout=args.heartbeat_timeout,
+        hang_timeout=args.hang_timeout,
+        on_hang=args.on_hang,
+        startup_timeout=args.startup_timeout,
+        stop_grace=args.stop_grace,
         max_restarts=args.max_restarts,
     )
     if args.detach:
@@ -145,6 +149,10 @@ def cmd_master(args: argparse.Namespace) -> int:
         total_steps=int(config.get("steps", 0) or 0),
         rendezvous_port=args.rdzv_port or 0,
         heartbeat_timeout=args.heartbeat_timeout,
+        hang_timeout=args.hang_timeout,
+        on_hang=args.on_hang,
+        startup_timeout=args.startup_timeout,
+        stop_grace=args.stop_grace,
         max_attempts=args.max_restarts + 1,
         restart_through_hosts=True,
         min_world_size=_min_world_size(args.min_world_size, args.world_size, args.max_restarts),
@@ -222,13 +230,26 @@ def cmd_status(args: argparse.Namespace) -> int:
     return 0
 
 
+COMMON_FLAGS = (
+    "fn",
+    "steps",
+    "config",
+    "rdzv_port",
+    "heartbeat_timeout",
+    "hang_timeout",
+    "on_hang",
+    "startup_timeout",
+    "stop_grace",
+)
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = Parser(prog="orch", description="Run and watch PyTorch DDP training.")
     p.add_argument("-v", "--verbose", action="store_true", help="log debug messages")
     sub = p.add_subparsers(dest="command", required=True)
 
     def common(sp: argparse.ArgumentParser) -> None:
-        for name in ("fn", "steps", "config", "rdzv_port", "heartbeat_timeout"):
+        for name in COMMON_FLAGS:
             add_flag(sp, name)
         sp.add_argument("--refresh", type=seconds, default=0.5, help="dashboard refresh interval (s)")
 

@@ -296,3 +296,25 @@ def slow_flush_checkpoints(ctx: Any) -> None:
     for step in ctx.steps(10, checkpoint=lambda: {"step": ctx.rank}, every=5):
         ctx.log(step, loss=1.0 / (step + 1))
         time.sleep(0.01)
+
+
+def hang_rank1(ctx: Any) -> None:
+    """DDP steps; at step ``config["at"]`` rank 1 blocks in its own code (``config["how"]``:
+    "sleep" in time.sleep, "ignore_term" the same with SIGTERM ignored) while the others wait
+    for it in the gradient all-reduce."""
+    model = ctx.ddp(torch.nn.Linear(4, 1))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    x = torch.randn(32, 4)
+    y = x.sum(1, keepdim=True)
+    at = int(ctx.config.get("at", 10))
+    for step in ctx.steps(int(ctx.config.get("steps", 10**6))):
+        if ctx.rank == 1 and step == at:
+            if ctx.config.get("how") == "ignore_term":
+                signal.signal(signal.SIGTERM, signal.SIG_IGN)
+            time.sleep(10**6)
+        loss = ((model(x) - y) ** 2).mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        ctx.log(step, loss=loss.item())
+        time.sleep(0.02)

@@ -175,6 +175,9 @@ class WorkerGroup:
         self.collect_exits(expected=True)
 
 
+END_WAIT = 3.0  # seconds a run's processes get to exit by themselves once it ended
+
+
 class LocalAgent:
     """Supervises a :class:`WorkerGroup` from its own thread: every ``poll_interval`` it
     collects exits; when the run fails it tears the group down, then starts the next attempt
@@ -198,6 +201,7 @@ class LocalAgent:
     def run(self) -> None:
         """Supervise until the run ends, or until close() takes over."""
         coord, group = self.coordinator, self.group
+        done_since: float | None = None
         try:
             group.start(self.specs_for(coord.attempt))
         except Exception as e:
@@ -229,6 +233,13 @@ class LocalAgent:
                 if not coord.state.done:
                     coord.fail("every worker exited before the run finished")
                 return
+            if coord.state.done:
+                # Ended, but processes remain: ranks the master ended (a stop they never
+                # reached) leave on its ABORT; what does not (a frozen process) is terminated.
+                done_since = done_since if done_since is not None else time.monotonic()
+                if time.monotonic() - done_since > END_WAIT:
+                    group.terminate()
+                    return
             time.sleep(self.poll_interval)
 
     def restart_refused(self) -> str | None:

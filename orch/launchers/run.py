@@ -46,6 +46,7 @@ from orch.runtime._source import SourceMap, capture
 from orch.wire._net import DEFAULT_RENDEZVOUS_PORT, choose_port
 from orch.wire.auth import certificate_name, new_token, token_from_env
 from orch.wire.client import MasterClient, StateMirror
+from orch.wire.stacks import Stacks, stacks_of
 from orch.wire.states import RunState
 
 log = logging.getLogger(__name__)
@@ -63,6 +64,11 @@ class Run(RunHandle):
             config_json=json.dumps(spec.config),
             total_steps=int(spec.config.get("steps", 0) or 0),
             heartbeat_timeout=spec.heartbeat_timeout,
+            hang_timeout=spec.hang_timeout,
+            on_hang=spec.on_hang,
+            startup_timeout=spec.startup_timeout,
+            stop_grace=spec.stop_grace,
+            heartbeat_interval=spec.heartbeat_interval,
             max_attempts=spec.max_restarts + 1,
             restart_through_hosts=kind.restarts_through_hosts,
             min_world_size=spec.min_world_size,
@@ -263,6 +269,17 @@ class Run(RunHandle):
             self.store.sync()
             return load_run(self.run_dir).history()
         return self.state().history()
+
+    def stacks(self, timeout: float = 3.0) -> Stacks:
+        """Every running rank's training-thread stack, asked for now, grouped by frame:
+        ``print(run.stacks())``. Waits up to ``timeout`` seconds for the ranks' answers; a
+        rank that did not answer is named, with why."""
+        coord = self.coordinator
+        asked = coord.ask_stacks()
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline and not coord.stacks_since(asked):
+            time.sleep(0.05)
+        return stacks_of(coord.stacks())
 
     def stop(self, reason: str = "stopped by the user") -> RunState:
         """Ask every rank to finish its current step and end; returns at once."""

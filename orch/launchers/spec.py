@@ -22,6 +22,8 @@ import cloudpickle
 
 from orch.errors import ConfigError
 from orch.launchers.slurm_options import Slurm, check_commands
+from orch.master.control.progress import ON_HANG, STARTUP_TIMEOUT
+from orch.master.control.stopping import STOP_GRACE
 from orch.runtime._target import EXAMPLE, TrainFn, resolve_fn, split_target
 
 Check = Callable[[str, Any], None]  # (the option's name, its value); raises ConfigError
@@ -63,6 +65,14 @@ def _port(name: str, value: Any) -> None:
 
 def _seconds(name: str, value: Any) -> None:
     check_seconds(name, value)
+
+
+def _one_of(choices: tuple[str, ...]) -> Check:
+    def check(name: str, value: Any) -> None:
+        if value not in choices:
+            raise ConfigError(f"{name} must be one of {', '.join(map(repr, choices))}, got {value!r}")
+
+    return check
 
 
 def _json_object(text: str) -> dict[str, Any]:
@@ -129,6 +139,33 @@ class LaunchSpec:
         check=_seconds,
     )
     heartbeat_interval: float = option(0.25, help="seconds between a rank's heartbeats", check=_seconds)
+    hang_timeout: float | None = option(
+        help="most seconds a rank's step may stand still before the run counts as not progressing "
+        "(default: 10x the usual time between its steps, at least 30)",
+        flag="--hang-timeout",
+        parse=float,
+        check=_seconds,
+    )
+    on_hang: str = option(
+        "warn",
+        help="what a run that stopped progressing does: warn (tell, with every rank's stack) or fail",
+        flag="--on-hang",
+        check=_one_of(ON_HANG),
+    )
+    startup_timeout: float = option(
+        STARTUP_TIMEOUT,
+        help="seconds from the start barrier to a rank's first step before it counts as not progressing",
+        flag="--startup-timeout",
+        parse=float,
+        check=_seconds,
+    )
+    stop_grace: float = option(
+        STOP_GRACE,
+        help="seconds ranks asked to stop get to reach a step boundary before they are terminated",
+        flag="--stop-grace",
+        parse=float,
+        check=_seconds,
+    )
     threads: int | None = option(
         help="torch threads per rank (default: the cores shared out)", parse=int, check=_at_least(1)
     )

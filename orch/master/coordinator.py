@@ -24,9 +24,11 @@ from orch.master.control.facade import RunFacade
 from orch.master.control.fate import Fate
 from orch.master.control.host_sync import HostSync
 from orch.master.control.intake import Intake
+from orch.master.control.progress import STARTUP_TIMEOUT, ProgressWatch
 from orch.master.control.registry import RankRecord
 from orch.master.control.series import MAX_POINTS_IN_MEMORY
 from orch.master.control.snapshot import draft_reply
+from orch.master.control.stopping import STOP_GRACE
 from orch.master.control.straggler_watch import StragglerWatch
 from orch.master.control.validate import (
     STATUS_CODE,
@@ -81,6 +83,11 @@ class Coordinator(RunFacade):
         min_world_size: int | None = None,
         store: RunStore | None = None,
         max_points_in_memory: int = MAX_POINTS_IN_MEMORY,
+        hang_timeout: float | None = None,
+        startup_timeout: float = STARTUP_TIMEOUT,
+        on_hang: str = "warn",
+        stop_grace: float = STOP_GRACE,
+        heartbeat_interval: float = 0.25,
         clock: Callable[[], float] = time.monotonic,
         wall: Callable[[], float] = time.time,
     ) -> None:
@@ -105,6 +112,8 @@ class Coordinator(RunFacade):
         self.host_sync = HostSync(restart_through_hosts, min_world_size)
         self.cluster_job = JobWatch()
         self.stragglers = StragglerWatch()
+        self.progress = ProgressWatch(hang_timeout, startup_timeout, on_hang, heartbeat_interval)
+        self.stop_grace = stop_grace
 
     # -- worker RPCs -------------------------------------------------------------------
     def register(self, req: pb.RegisterRequest) -> pb.RegisterResponse:
@@ -140,13 +149,15 @@ class Coordinator(RunFacade):
 
     def heartbeat(self, req: pb.HeartbeatRequest) -> int:
         """Record progress and points; return the command for the worker (a pb.Command)."""
-        command, write = self.accept_heartbeat(req)
+        reply, write = self.accept_heartbeat(req)
         if write is not None:
             write()
-        return command
+        return int(reply.command)
 
-    def accept_heartbeat(self, req: pb.HeartbeatRequest) -> tuple[int, Callable[[], None] | None]:
-        """Record progress and points in memory; return the command and the run dir's write.
+    def accept_heartbeat(
+        self, req: pb.HeartbeatRequest
+    ) -> tuple[pb.HeartbeatResponse, Callable[[], None] | None]:
+        """Record progress and points in memory; return the reply and the run dir's write.
 
         The write (None when there is nothing to write) must finish before the heartbeat is
         acknowledged, so that an acknowledged point is on disk; the gRPC master runs it on
@@ -168,7 +179,7 @@ class Coordinator(RunFacade):
             for req, refused in zip(beats, checked, strict=True):
                 if refused is None:
                     try:
-                        command, write = self._accept(req)
+                        reply, write = self._accept(req)
                     except Reject as e:
                         refused = e
                 if refused is not None:
@@ -176,18 +187,25 @@ class Coordinator(RunFacade):
                     continue
                 if write is not None:
                     writes.append(write)
-                stop_at = self.stop_at_step if command == pb.STOP else 0
-                reply = pb.HeartbeatResponse(command=command, stop_at_step=stop_at)  # type: ignore[arg-type]
                 replies.append(pb.BeatReply(reply=reply))
         return replies, (functools.partial(_run_all, writes) if writes else None)
 
-    def _accept(self, req: pb.HeartbeatRequest) -> tuple[int, Callable[[], None] | None]:
-        rec = self.intake.beat(req, self.run_id, self.attempt, self._clock(), self._wall())
+    def _accept(self, req: pb.HeartbeatRequest) -> tuple[pb.HeartbeatResponse, Callable[[], None] | None]:
+        now = self._clock()
+        rec = self.intake.beat(req, self.run_id, self.attempt, now, self._wall())
+        if req.HasField("stack"):
+            rec.take_stack(req.stack, now)
         write = None
         if self.store is not None and req.series:
             write = functools.partial(self.store.append_points, rec.rank, self.attempt, req.series)
         self._changed.notify_all()
-        return self.fate.command(), write
+        command = self.fate.command(rec)
+        reply = pb.HeartbeatResponse(command=command, send_stack=rec.stack_wanted)  # type: ignore[arg-type]
+        if command == pb.STOP:
+            reply.stop_at_step = self.stop_at_step
+        elif command == pb.ABORT:
+            reply.reason = self.fate.abort_reason(rec)
+        return reply, write
 
     def complete(self, req: pb.CompletionRequest) -> None:
         outcome = check_completion(req)
@@ -234,13 +252,14 @@ class Coordinator(RunFacade):
 
     def _restart(self, now: float) -> int:
         self.stragglers.new_attempt()
+        self.progress.new_attempt()
         self.intake.new_attempt(self.world_size)
         return self.fate.new_attempt(now)
 
     def close_run(self, message: str) -> None:
         """End a live run from outside: STOPPED when a stop was asked for, else FAILED."""
         with self._lock:
-            self.fate.close(message, self._clock())
+            self.fate.close(message, self._clock(), self.registry)
 
     def fail(self, message: str, detail: str = "") -> None:
         """Fail the run from outside, for good (the launcher gave up on it); ``detail`` is
@@ -264,6 +283,47 @@ class Coordinator(RunFacade):
                 self._event("straggler", straggler.rank, straggler.note)
             lost = self.registry.silent(now, self.heartbeat_timeout)
             self.fate.lost(lost, self.registry, now, self.heartbeat_timeout)
+            tells, hung = self.progress.look(self.state, self.ranks, now)
+            for tell in tells:
+                self._event(tell.kind, tell.rank, tell.message)
+            if hung is not None and not self.state.done and not self.state.failing:
+                self.fate.fail(hung, self.registry, now)
+            if self.fate.overdue_stop(self.registry, now, self.stop_grace):
+                self._want_stacks()
+
+    # -- stacks ----------------------------------------------------------------------------
+    def _want_stacks(self) -> float:
+        """Ask every running rank for its stack in its next heartbeat's reply; returns when."""
+        now = self._clock()
+        for r in self.ranks:
+            if r.state is RankState.RUNNING:
+                r.stack_wanted = True
+        return now
+
+    def ask_stacks(self) -> float:
+        """Ask every running rank for its training thread's stack; returns the time asked (the
+        master's clock) for :meth:`stacks_since`."""
+        with self._lock:
+            return self._want_stacks()
+
+    def stacks_since(self, asked: float) -> bool:
+        """True when every running rank sent its stack since ``asked`` (or none is running)."""
+        with self._lock:
+            return all(
+                r.stack_at is not None and r.stack_at >= asked
+                for r in self.ranks
+                if r.state is RankState.RUNNING
+            )
+
+    def stacks(self) -> pb.GetStacksResponse:
+        """Every rank's last stack, and the stacks grouped by frame."""
+        with self._lock:
+            grouped = self.progress.grouped(self.ranks, self._clock(), force=True)
+            reply = pb.GetStacksResponse(grouped=str(grouped) if grouped is not None else "")
+            for r in self.ranks:
+                if r.stack_pb is not None:
+                    reply.ranks.append(pb.RankStack(rank=r.rank, stack=r.stack_pb, text=r.stack))
+            return reply
 
     # -- host agents and the scheduler's job ----------------------------------------------
     def sync_host(self, req: pb.HostSyncRequest) -> pb.HostSyncResponse:

@@ -11,6 +11,7 @@ import asyncio
 import concurrent.futures
 import contextlib
 import logging
+import math
 import queue
 import resource
 import threading
@@ -47,6 +48,7 @@ CALL_LIMITS = {
     f"/{SERVICE_NAME}/ReportCompletion": 1024,
     f"/{SERVICE_NAME}/GetState": 32,  # each builds a reply of up to a few MiB
     f"/{SERVICE_NAME}/StopRun": 64,
+    f"/{SERVICE_NAME}/GetStacks": 16,  # each waits up to MAX_STACKS_WAIT seconds
     f"/{SERVICE_NAME}/SyncHost": 1024,  # one call a second per host agent
     "/grpc.health.v1.Health/Check": 256,
     "/grpc.health.v1.Health/Watch": 64,
@@ -93,15 +95,14 @@ class OrchestratorServicer(pb_grpc.OrchestratorServicer):  # type: ignore[misc]
 
     async def SendHeartbeat(self, request: pb.HeartbeatRequest, context: Ctx) -> pb.HeartbeatResponse:
         try:
-            command, write = self.coordinator.accept_heartbeat(request)
+            reply, write = self.coordinator.accept_heartbeat(request)
         except Reject as e:
             await _abort(context, e)
         if write is not None:
             # The points reach the run dir before the reply, on the writer thread: the event
             # loop never waits on the disk, and writes keep their order.
             await asyncio.get_running_loop().run_in_executor(self._writer, write)
-        stop_at = self.coordinator.stop_at_step if command == pb.STOP else 0
-        return pb.HeartbeatResponse(command=command, stop_at_step=stop_at)  # type: ignore[arg-type]
+        return reply
 
     async def SendHostHeartbeats(
         self, request: pb.HostHeartbeatsRequest, context: Ctx
@@ -143,12 +144,31 @@ class OrchestratorServicer(pb_grpc.OrchestratorServicer):  # type: ignore[misc]
         except Reject as e:
             await _abort(context, e)
 
+    async def GetStacks(self, request: pb.GetStacksRequest, context: Ctx) -> pb.GetStacksResponse:
+        """Ask every running rank for its stack, wait for their answers (at most ``wait``
+        seconds, without holding the event loop), and send what came."""
+        wait = request.wait
+        if not math.isfinite(wait) or wait < 0:
+            await _abort(
+                context, Reject("invalid_argument", f"wait must be a number of seconds >= 0, got {wait}")
+            )
+        wait = min(wait or STACKS_WAIT, MAX_STACKS_WAIT)
+        asked = self.coordinator.ask_stacks()
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + wait
+        while loop.time() < deadline and not self.coordinator.stacks_since(asked):
+            await asyncio.sleep(0.05)
+        return self.coordinator.stacks()
+
     async def StopRun(self, request: pb.StopRunRequest, context: Ctx) -> pb.StopRunResponse:
         if len(request.reason) > 1024:
             await _abort(context, Reject("invalid_argument", "reason is longer than 1024 characters"))
         state = self.coordinator.request_stop(request.reason)
         return pb.StopRunResponse(state=getattr(pb, state.value))
 
+
+STACKS_WAIT = 3.0  # seconds GetStacks waits for the ranks' stacks by default
+MAX_STACKS_WAIT = 10.0
 
 PRESERIALIZED = {"GetState"}  # methods whose behaviour returns its reply already serialized
 

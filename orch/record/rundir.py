@@ -133,6 +133,13 @@ class RunRecord:
                 for r in result.objects("ranks")
             ]
             m.registered = len(m.ranks)
+            progress = result.object("progress")
+            if progress is not None:
+                m.progress_note, m.stacks = progress.text("note"), progress.text("stacks")
+                m.stalled_for, m.stacks_taken = (
+                    progress.number("stalled_for"),
+                    progress.number("stacks_taken"),
+                )
         else:
             m.state = RunState.FAILED
             m.failure = "the run did not finish: its master stopped without writing result.json"
@@ -329,6 +336,15 @@ class _Fields:
         except (ValueError, TypeError) as e:
             names = ", ".join(str(m.value) for m in kind)
             raise self._wrong(key, v, f"one of {names}") from e
+
+    def object(self, key: str) -> _Fields | None:
+        """A JSON object (None when absent: older records lack it)."""
+        v = self.value.get(key)
+        if v is None:
+            return None
+        if not isinstance(v, dict):
+            raise self._wrong(key, v, "a JSON object")
+        return _Fields(v, f"{self.where}, {key}")
 
     def objects(self, key: str) -> list[_Fields]:
         v = self.value.get(key, [])

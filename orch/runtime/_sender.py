@@ -61,6 +61,9 @@ class HeartbeatSender:
         self.total_steps = 0
         self.dropped = 0
         self.timing: Callable[[], pb.StepTiming | None] | None = None  # ctx's step times, taken per beat
+        # The training thread's stack, taken when the master asks (see orch.runtime._stack).
+        self.stack_of: Callable[[], pb.Stack] | None = None
+        self._stack: pb.Stack | None = None  # taken, to go in the next beat
         self._closing = threading.Event()
         self._beat_lock = threading.Lock()  # one heartbeat at a time: the thread's or a flush's
         self._obey = True
@@ -159,6 +162,9 @@ class HeartbeatSender:
         timing = self.timing() if self.timing is not None else None
         if timing is not None:
             request.timing.CopyFrom(timing)
+        if self._stack is not None:
+            request.stack.CopyFrom(self._stack)
+            self._stack = None
         return request
 
     def _salvage(self, name: str, steps: list[int], values: list[float], times: list[float]) -> pb.Series:
@@ -216,13 +222,15 @@ class HeartbeatSender:
         self._retry = None
         self._refused = 0
         self._last_ok = time.monotonic()
+        if reply.send_stack and self.stack_of is not None and self._stack is None:
+            self._stack = self.stack_of()  # it goes in the next beat
         if not self._obey:
             pass
         elif reply.command == pb.STOP:
             self._on_stop(reply.stop_at_step)
         elif reply.command == pb.ABORT:
             self._deliver_logged()
-            self._on_abort("the master aborted the run (another rank failed)")
+            self._on_abort(f"the master ended this rank: {reply.reason or 'another rank failed'}")
         return True
 
     def _deliver_logged(self) -> None:

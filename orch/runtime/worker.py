@@ -19,6 +19,7 @@ import re
 import signal
 import socket
 import sys
+import threading
 import time
 import traceback
 from pathlib import Path
@@ -31,6 +32,7 @@ from orch.record.store import private_dir, write_json_atomic
 from orch.runtime._owner import exit_when_gone
 from orch.runtime._sender import HeartbeatSender
 from orch.runtime._source import install, label_cells
+from orch.runtime._stack import capture as capture_stack
 from orch.runtime._target import EXAMPLE, resolve_fn
 from orch.runtime.spec import WorkerSpec
 from orch.wire._net import (
@@ -413,6 +415,8 @@ def run_worker(spec: WorkerSpec) -> int:
             attempt=reg.attempt or 1,
         )
         sender.total_steps = reg.total_steps
+        training_thread = threading.get_ident()
+        sender.stack_of = lambda: capture_stack(training_thread, spec.sources, sender.progress)
         sender.start()
         fn(ctx)
         checksum = ctx.param_checksum()

@@ -78,6 +78,17 @@ class MasterClient:
             raise rpc_error("GetState", self.address, e, tls=self.tls) from e
         return reply
 
+    def stacks(self, wait: float = 0.0) -> pb.GetStacksResponse:
+        """Every running rank's stack, asked for now (the master waits up to ``wait`` seconds
+        for them; 0: its default)."""
+        try:
+            reply: pb.GetStacksResponse = self.stub.GetStacks(
+                pb.GetStacksRequest(wait=wait), timeout=self.timeout + max(wait, 3.0) + 7.0
+            )
+        except grpc.RpcError as e:
+            raise rpc_error("GetStacks", self.address, e, tls=self.tls) from e
+        return reply
+
     def stop_run(self, reason: str = "") -> RunState:
         try:
             reply = self.stub.StopRun(pb.StopRunRequest(reason=reason), timeout=self.timeout)
@@ -189,6 +200,12 @@ class StateMirror:
     straggler_rank: int = -1
     straggler_section: str = ""
     straggler_note: str = ""
+    # Whether the ranks progress: seconds the stalled ranks stood still (0: the run moves),
+    # the note in words, and the ranks' last stacks grouped by frame.
+    stalled_for: float = 0.0
+    progress_note: str = ""
+    stacks: str = ""
+    stacks_taken: float = 0.0
     ranks: list[RankView] = field(default_factory=list)
     series: dict[tuple[int, str], SeriesBuffer] = field(default_factory=dict)
     events: list[tuple[float, str, int, str]] = field(default_factory=list)
@@ -220,6 +237,8 @@ class StateMirror:
         # A master without the judgement leaves these unset: no rank is marked.
         self.straggler_rank = reply.straggler_rank if reply.stragglers_judged else -1
         self.straggler_section = reply.straggler_section if self.straggler_rank >= 0 else ""
+        self.stalled_for, self.progress_note = reply.stalled_for, reply.progress_note
+        self.stacks, self.stacks_taken = reply.stacks, reply.stacks_taken
         self.last_points = 0
         for s in reply.series:
             buf = self.series.get((s.rank, s.name))
@@ -283,6 +302,12 @@ class StateMirror:
                 "rank": self.straggler_rank,
                 "section": self.straggler_section,
                 "note": self.straggler_note,
+            },
+            "progress": {
+                "stalled_for": round(self.stalled_for, 3),
+                "note": self.progress_note,
+                "stacks": self.stacks,
+                "stacks_taken": self.stacks_taken,
             },
             "ranks": [r.as_dict() for r in self.ranks],
             "points": {f"{rank}/{name}": len(s) for (rank, name), s in sorted(self.series.items())},

@@ -241,5 +241,5 @@ def test_an_aborted_rank_sends_the_points_it_logged_before_it_ends() -> None:
     assert sender._beat()  # the first batch (steps 0, 1) is answered ABORT: the rest go out, then it ends
     sent = [[step for s in r.series for step in s.steps] for r in master.requests]
     assert sent == [[0, 1], [2, 3], [4]], sent
-    assert aborted == ["the master aborted the run (another rank failed)"]
+    assert aborted == ["the master ended this rank: another rank failed"]
     assert not sender._queue

@@ -19,6 +19,7 @@ from orch.master.control.hosts import HostTable
 from orch.master.control.intake import Intake
 from orch.master.control.judge import FailureJudge, RootCause
 from orch.master.control.lifecycle import Lifecycle
+from orch.master.control.progress import ProgressWatch
 from orch.master.control.registry import RankRecord, Registry
 from orch.master.control.series import SeriesLog
 from orch.master.control.straggler_watch import StragglerWatch
@@ -40,6 +41,7 @@ class RunFacade:
     host_sync: HostSync
     cluster_job: JobWatch
     stragglers: StragglerWatch
+    progress: ProgressWatch
 
     # -- the state machine and the root cause ------------------------------------------------
     @property

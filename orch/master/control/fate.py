@@ -24,6 +24,7 @@ from orch.master.control.registry import RankRecord, Registry
 from orch.master.control.stopping import StopOrder, stop_step
 from orch.wire._proto import orchestrator_pb2 as pb
 from orch.wire.limits import MAX_ERROR_LEN
+from orch.wire.stacks import ranks_text
 from orch.wire.states import EXIT_ABORTED, RankState, RunState, describe_exit
 
 Tell = Callable[[str, int, str], None]  # (kind, rank, message): an event for the run's log
@@ -48,13 +49,23 @@ class Fate:
         cause = self.judge.cause
         return cause.describe() if cause is not None else ""
 
-    def command(self) -> int:
-        """What a heartbeat's reply tells its rank to do (a pb.Command)."""
-        if self.state.failing:
+    def command(self, rec: RankRecord | None = None) -> int:
+        """What a heartbeat's reply tells its rank (``rec``) to do (a pb.Command)."""
+        if self.state.failing or (rec is not None and rec.forced):
             return int(pb.ABORT)
         if self.stop.requested or self.state in (RunState.STOPPING, RunState.STOPPED):
             return int(pb.STOP)
         return int(pb.CONTINUE)
+
+    def abort_reason(self, rec: RankRecord) -> str:
+        """Why an ABORT ends ``rec`` now, in the words its log shows."""
+        if rec.forced and rec.state is RankState.STOPPED:
+            return f"the run was stopped and this rank {rec.error}"
+        if rec.forced:
+            return f"this rank was {rec.error}"
+        if self.state is RunState.RESTARTING:
+            return "the run's group is being restarted after a failure"
+        return f"the run failed: {self.failure}"[:500]
 
     def start(self, world_size: int, now: float) -> None:
         """All ``world_size`` ranks registered: the attempt runs."""
@@ -179,7 +190,7 @@ class Fate:
         """Carry out where a restart across hosts stands (see :meth:`.host_sync.HostSync.settle`);
         True when the next attempt may open (the caller opens it, with the ranks' new registry)."""
         if settled.then == "stop":
-            self.close(settled.reason, now)
+            self.close(settled.reason, now, registry)
         elif settled.then == "give_up":
             self.give_up(settled.reason, now)
         elif settled.then == "restart":
@@ -213,18 +224,62 @@ class Fate:
         elif self.state is RunState.RUNNING:
             self.lifecycle.to(RunState.STOPPING, now)
             self.stop.at_step = stop_step(registry.ranks)
+            self.stop.asked_at = now
             self._changed()
         return self.state  # RESTARTING: the launcher ends the run instead of restarting it
 
-    def close(self, message: str, now: float) -> None:
-        """End a live run from outside: STOPPED when a stop was asked for, else FAILED."""
+    def overdue_stop(self, registry: Registry, now: float, grace: float) -> bool:
+        """A stop the ranks did not reach within ``grace`` seconds (ranks stuck in a collective
+        never reach their next step): the ranks left are ended (their heartbeats' replies say
+        ABORT; the launcher terminates what does not go) and the run is STOPPED, saying so.
+        Half way through, their stacks are asked for, to show where they were stuck. True when
+        the stacks are to be asked for now."""
+        asked = self.stop.asked_at
+        if self.state is not RunState.STOPPING or asked is None:
+            return False
+        left = [r for r in registry.ranks if not r.state.done]
+        if now - asked <= grace or not left:
+            if now - asked > grace / 2 and left and not self.stop.stacks_asked:
+                self.stop.stacks_asked = True
+                return True
+            return False
+        note = (
+            f"stopped; {ranks_text([r.rank for r in left])} did not reach a step boundary within "
+            f"{grace:g}s and {'was' if len(left) == 1 else 'were'} terminated"
+        )
+        self.stop.note = note
+        self._tell("stop_escalated", -1, note)
+        self._force_end(
+            left,
+            RankState.STOPPED,
+            f"did not reach a step boundary within {grace:g}s of the stop: terminated",
+            now,
+        )
+        self.finish(RunState.STOPPED, now)
+        return False
+
+    def _force_end(self, ranks: list[RankRecord], state: RankState, why: str, now: float) -> None:
+        """End ranks from outside (the launcher terminates their processes): the record says
+        so at once, not only once their exits are seen."""
+        for rec in ranks:
+            rec.state, rec.ended_at, rec.forced = state, now, True
+            rec.error = rec.error or why
+
+    def close(self, message: str, now: float, registry: Registry | None = None) -> None:
+        """End a live run from outside: STOPPED when a stop was asked for, else FAILED. Its
+        live ranks end with it (they are terminated next)."""
         if self.state.done:
             return
         self._tell("closed", -1, message)
+        left = [r for r in registry.ranks if not r.state.done] if registry is not None else []
         if self.stop.requested:
+            if left:
+                self.stop.note = f"stopped; {ranks_text([r.rank for r in left])} terminated: {message}"
+            self._force_end(left, RankState.STOPPED, f"terminated: {message}", now)
             self.finish(RunState.STOPPED, now)
         else:
             self.judge.outside(message)
+            self._force_end(left, RankState.FAILED, f"terminated: {message}", now)
             self.finish(RunState.FAILED, now)
 
     def fail_outside(self, message: str, detail: str, now: float) -> None:

@@ -27,7 +27,8 @@ class CauseKind(str, Enum):
 
     ERROR = "error"  # the rank reported its own exception (or sys.exit with a failing code)
     EXITED = "exited"  # the rank's process died (an exit code or a signal) without reporting
-    LOST = "lost"  # the rank's heartbeats stopped: its host or its link is gone, or it hung
+    LOST = "lost"  # the rank's heartbeats stopped: its host or its link is gone, or it froze
+    HUNG = "hung"  # no rank failed: their steps stopped advancing (on_hang="fail"); detail: the stacks
     PEER = "peer"  # the rank's collective failed because a peer was gone
     TORN_DOWN = "torn_down"  # the launcher ended the rank, or it ended itself because the run had failed
     OUTSIDE = "outside"  # no rank: the launch failed, or the run was closed or given up from outside

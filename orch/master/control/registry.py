@@ -10,6 +10,7 @@ from orch.master.control.stragglers import TimingWindow
 from orch.master.control.validate import Reject
 from orch.wire._proto import orchestrator_pb2 as pb
 from orch.wire.ranks import RankView
+from orch.wire.stacks import format_stack
 from orch.wire.states import RankState
 
 
@@ -28,6 +29,16 @@ class RankRecord(RankView):
     beats: int = 0
     progress: deque[tuple[float, int]] = field(default_factory=lambda: deque(maxlen=16))
     timing: TimingWindow = field(default_factory=TimingWindow)
+    # Progress (orch.master.control.progress): when its step last advanced (the master's clock;
+    # set when the barrier lets it through) and the seconds between its last advances.
+    moved_at: float | None = None
+    gaps: deque[float] = field(default_factory=lambda: deque(maxlen=32))
+    # Its training thread's stack: asked for in its next heartbeat's reply, kept as sent.
+    stack_wanted: bool = False
+    stack_pb: pb.Stack | None = None
+    stack_at: float | None = None  # the master's clock when it arrived
+    stacks_received: int = 0
+    forced: bool = False  # ended by the master (a stop past its grace), not by its own report
 
     def steps_per_second(self) -> float:
         if len(self.progress) < 2:
@@ -35,9 +46,19 @@ class RankRecord(RankView):
         (t0, s0), (t1, s1) = self.progress[0], self.progress[-1]
         return (s1 - s0) / (t1 - t0) if t1 > t0 else 0.0
 
+    def take_stack(self, stack: pb.Stack, now: float) -> None:
+        """The stack its heartbeat carried (asked for, or sent on its own)."""
+        self.stack_pb = stack
+        self.stack = format_stack(stack)
+        self.stack_at = now
+        self.stack_wanted = False
+        self.stacks_received += 1
+
     def published(self, now: float) -> pb.RankInfo:
         """The record as clients see it at ``now``."""
         self.steps_per_sec = self.steps_per_second() if not self.state.done else 0.0
+        running = self.state is RankState.RUNNING and self.moved_at is not None
+        self.progress_age = max(0.0, now - self.moved_at) if running else -1.0  # type: ignore[operator]
         self.heartbeat_age = -1.0 if self.last_heartbeat is None else max(0.0, now - self.last_heartbeat)
         return self.to_pb()
 
@@ -46,6 +67,11 @@ class RankRecord(RankView):
         it ended: they count as steps it did, but not towards its rate."""
         self.last_heartbeat = now
         self.beats += 1
+        if step > self.step:
+            # The first advance's wait holds start-up (or a resumed run's jump): no pace in it.
+            if self.moved_at is not None and self.step > 0:
+                self.gaps.append(now - self.moved_at)
+            self.moved_at = now
         self.step = max(self.step, step)
         if not self.state.done:
             if total_steps:
@@ -162,7 +188,7 @@ class Registry:
             reply.backend = backend or ("nccl" if all(r.backend == "nccl" for r in self.ranks) else "gloo")
             if rec.state is RankState.REGISTERED:
                 rec.state = RankState.RUNNING
-                rec.last_heartbeat = now
+                rec.last_heartbeat = rec.moved_at = now
         return reply
 
     def silent(self, now: float, timeout: float) -> list[RankRecord]:
@@ -178,4 +204,4 @@ class Registry:
     def reported(self, worker_id: str) -> bool:
         """True when the worker's rank reported its end (or its process exited), unlike a LOST one."""
         rec = self._by_worker.get(worker_id)
-        return rec is not None and rec.state.done and rec.state is not RankState.LOST
+        return rec is not None and rec.state.done and rec.state is not RankState.LOST and not rec.forced

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from orch.master.control.facade import RunFacade
 from orch.master.control.series import MAX_POINTS_PER_REPLY, SeriesLog, Slice
 from orch.wire._proto import orchestrator_pb2 as pb
-from orch.wire.states import RUN_STATE_PB
+from orch.wire.states import RUN_STATE_PB, RunState
 
 
 @dataclass
@@ -87,6 +87,13 @@ def draft_reply(
     v = run.verdict
     reply.stragglers_judged, reply.straggler_rank = v.judged, v.rank
     reply.straggler_section, reply.straggler_note = v.section, v.note
+    live = run.state in (RunState.RUNNING, RunState.STOPPING)
+    reply.stalled_for = run.progress.stalled_for(now) if live else 0.0
+    reply.progress_note = run.progress.note(now) if live else ""
+    reply.progress_note = reply.progress_note or run.fate.stop.note
+    grouped = run.progress.grouped(run.ranks, now)
+    if grouped is not None:
+        reply.stacks, reply.stacks_taken = str(grouped), run.progress.stacks_taken
     # An ended run's ages stand still at its end (a finished rank beats no more).
     at = run.ended_at if run.ended_at is not None else now
     reply.ranks.extend(rec.published(at) for rec in run.ranks)

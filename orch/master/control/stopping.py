@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from orch.master.control.registry import RankRecord
 
 STOP_LEAD_SECONDS = 2.0  # how far ahead of the ranks a stop step is set
+STOP_GRACE = 10.0  # seconds ranks get to reach the stop before they are terminated
 
 
 def stop_step(ranks: Sequence[RankRecord]) -> int:
@@ -33,6 +34,9 @@ class StopOrder:
         self.requested = False  # a stop was asked for (it carries over a restart)
         self.requests = 0  # every StopRun; only the one that set the stop is an event
         self.at_step = 0  # with a stop: the step count loops without ctx.steps end at
+        self.asked_at: float | None = None  # the master's clock: when the running ranks were told
+        self.stacks_asked = False  # the stop is late: the ranks' stacks were asked for
+        self.note = ""  # how the stop ended, when it had to end ranks that never reached a step
 
     def ask(self, done: bool) -> bool:
         """Count one request; True when it is the one that sets the stop. The ones after it (a
@@ -47,3 +51,5 @@ class StopOrder:
     def new_attempt(self) -> None:
         """The next attempt counts its steps afresh: no stop step yet. A stop asked for stays."""
         self.at_step = 0
+        self.asked_at = None
+        self.stacks_asked = False

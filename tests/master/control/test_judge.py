@@ -44,6 +44,7 @@ def test_weights_rank_the_explanations() -> None:
         CauseKind.ERROR: 0,
         CauseKind.EXITED: 0,
         CauseKind.LOST: 0,
+        CauseKind.HUNG: 0,
         CauseKind.OUTSIDE: 0,
         CauseKind.PEER: 1,
         CauseKind.TORN_DOWN: 2,

@@ -14,6 +14,7 @@ from orch.master.control.fate import Fate
 from orch.master.control.host_sync import HostSync
 from orch.master.control.intake import Intake
 from orch.master.control.judge import CauseKind
+from orch.master.control.progress import ProgressWatch
 from orch.master.control.snapshot import draft_reply
 from orch.master.control.straggler_watch import StragglerWatch
 from orch.master.control.stragglers import Verdict
@@ -33,6 +34,7 @@ class Run(RunFacade):
         self.host_sync = HostSync()
         self.cluster_job = JobWatch()
         self.stragglers = StragglerWatch()
+        self.progress = ProgressWatch()
 
     def tell(self, kind: str, rank: int, message: str) -> None:
         self.event_log.append(pb.Event(time=5.0, kind=kind, rank=rank, message=message))

@@ -1,0 +1,51 @@
+"""A rank that stops moving while its process lives: seen by its step, not its heartbeats, with
+every rank's stack; a stop it never reaches still ends the run."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import orch
+from orch.launchers.loaded import load_run
+from orch.wire.states import RankState, RunState
+from tests.conftest import until_value
+
+
+def test_a_rank_blocked_in_its_own_code_shows_as_no_progress_with_every_ranks_stack(tmp_path: Path) -> None:
+    hang_timeout = 5.0
+    with orch.launch(
+        "jobs:hang_rank1", world_size=4, config={"at": 10}, run_root=str(tmp_path), hang_timeout=hang_timeout
+    ) as run:
+        mirror = until_value(lambda: (m := run.state()).progress_note and m.stacks and m, hang_timeout + 30)
+        assert mirror.state is RunState.RUNNING
+        assert "no progress for" in mirror.progress_note and "ranks 0-3 at step 10" in mirror.progress_note
+        # The odd rank out is named, at its own line; the others wait in the all-reduce.
+        assert "rank 1 (the odd one out): in `time.sleep(10**6)`" in mirror.stacks, mirror.stacks
+        assert "ranks 0, 2, 3: in `loss.backward()`" in mirror.stacks, mirror.stacks
+        assert "jobs.py" in mirror.stacks
+        kinds = [kind for _, kind, _, _ in mirror.events]
+        assert "not_progressing" in kinds and "stacks" in kinds
+        assert not any(kind == "straggler" for kind in kinds)
+        # run.stacks() asks afresh and gets the same picture.
+        stacks = run.stacks()
+        assert stacks.odd == [] or stacks.odd == [1]
+        assert "rank 1 (the odd one out)" in str(stacks)
+        assert set(stacks.by_rank) == {0, 1, 2, 3}
+
+        stop_asked = time.monotonic()
+        run.stop()
+        result = run.wait(timeout=60)
+        stopped_in = time.monotonic() - stop_asked
+    assert result.state is RunState.STOPPED
+    grace = 10.0
+    assert stopped_in < grace + 5, stopped_in
+    # The record agrees with itself: the run and every rank STOPPED, in result.json and load_run.
+    record = json.loads((run.run_dir / "result.json").read_text())
+    assert record["state"] == "STOPPED"
+    assert {r["state"] for r in record["ranks"]} == {"STOPPED"}
+    assert "did not reach a step boundary within 10s and were terminated" in record["progress"]["note"]
+    loaded = load_run(run.run_dir).state()
+    assert loaded.state is RunState.STOPPED
+    assert {r.state for r in loaded.ranks} == {RankState.STOPPED}

@@ -18,9 +18,13 @@ from typing import Any
 
 from orch import _runs_cli, _sweep_cli, _worker_cli
 from orch._cli_common import Parser, positive, run_command, seconds, token_of, token_options
+from orch._text import printable
 from orch.errors import ConfigError, RunFailed
+from orch.experiments import catalog
+from orch.launchers.attached import open_run
 from orch.launchers.contract import exit_code
 from orch.launchers.detach import start_detached
+from orch.launchers.loaded import LoadedRun
 from orch.launchers.run import Run, run_meta, serve
 from orch.launchers.slurm import Slurm
 from orch.launchers.spec import LaunchSpec, add_flag
@@ -32,6 +36,7 @@ from orch.views.dashboard import Dashboard, show, summary
 from orch.wire._net import split_address
 from orch.wire.auth import certificate_name, new_token, token_from_env
 from orch.wire.client import MasterClient, StateMirror
+from orch.wire.states import RunState
 
 
 def _seconds_or_zero(text: str) -> float:
@@ -230,6 +235,23 @@ def cmd_status(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_stacks(args: argparse.Namespace) -> int:
+    """Every running rank's stack, asked for now, grouped by frame."""
+    token = token_of(args)
+    run = open_run(args.run, args.run_root, token=token, tls_ca=args.tls_ca, timeout=args.timeout)
+    with run:
+        if isinstance(run, LoadedRun):
+            row = catalog.read_row(run.run_dir)
+            if row.state == RunState.RUNNING.value:
+                raise ConfigError(
+                    f"run {run.run_id} is going, but its master's token is only in the process that "
+                    f"launched it ({row.note}): call run.stacks() there, or pass the master's "
+                    f"HOST:PORT ({row.master or 'see run.json'}) with --token"
+                )
+        print(printable(str(run.stacks(timeout=args.wait))), flush=True)
+    return 0
+
+
 COMMON_FLAGS = (
     "fn",
     "steps",
@@ -313,6 +335,17 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--json", action="store_true", help="machine-readable output")
     s.add_argument("--timeout", type=seconds, default=5.0, help="seconds to wait for the master")
     s.set_defaults(func=cmd_status)
+
+    st = sub.add_parser("stacks", help="where every rank of a running run is now: its stack, grouped")
+    st.add_argument(
+        "run", metavar="RUN", help="a run dir, a run id under --run-root, or a master's HOST:PORT"
+    )
+    st.add_argument("--run-root", default="runs", help="where the run directories are (default runs)")
+    token_options(st, "with HOST:PORT: default $ORCH_TOKEN")
+    st.add_argument("--tls-ca", default=None, help="verify the master's TLS certificate with this CA")
+    st.add_argument("--wait", type=seconds, default=3.0, help="seconds to wait for the ranks' answers")
+    st.add_argument("--timeout", type=seconds, default=10.0, help="seconds to wait for the master")
+    st.set_defaults(func=cmd_stacks)
 
     _runs_cli.add_parsers(sub)
     return p

@@ -28,6 +28,7 @@ from typing import Any, Protocol
 from orch._viewable import Viewable
 from orch.errors import RunFailed
 from orch.wire.client import MasterClient, StateMirror
+from orch.wire.stacks import Stacks, stacks_of
 from orch.wire.states import RunState
 
 # What a process that answers for a run exits with (orch run, orch master, a detached run's
@@ -153,6 +154,17 @@ class RunHandle(Viewable, ABC):
         if mirror.state is RunState.FAILED:
             raise failure_of(mirror)
         return RunResult.of(mirror, self.run_dir)
+
+    def stacks(self, timeout: float = 3.0) -> Stacks:
+        """Every running rank's training-thread stack, asked for now and grouped by frame
+        (``print(run.stacks())``); a run that ended shows the stacks last taken."""
+        client = self.connect()
+        if client is not None:
+            with client:
+                if not self.state().state.done:
+                    return stacks_of(client.stacks(wait=timeout))
+        mirror = self.state()
+        return Stacks(grouped=mirror.stacks or f"no stacks: run {mirror.run_id} is {mirror.state.value}")
 
     def log_files(self) -> dict[str, Path]:
         """Each rank's log by worker id (empty when the logs are on other hosts)."""

@@ -278,7 +278,10 @@ class Coordinator(RunFacade):
         with self._lock:
             now = self._clock()
             self._settle_hosts(now)
-            straggler = self.stragglers.look(self.state, self.ranks, self.world_size, now)
+            stalled = bool(self.progress.stalled)
+            straggler = (
+                None if stalled else self.stragglers.look(self.state, self.ranks, self.world_size, now)
+            )
             if straggler is not None:
                 self._event("straggler", straggler.rank, straggler.note)
             lost = self.registry.silent(now, self.heartbeat_timeout)

@@ -36,9 +36,10 @@ from orch.views._pollers import track
 from orch.views._static import IMAGE, Record
 from orch.views.rank_plot import RankPlot, downsample
 from orch.views.rendering import summary
-from orch.views.run_html import STATE_COLORS, failure_html, header_html, table_html
+from orch.views.run_html import STATE_COLORS, failure_html, header_html, progress_html, table_html
 from orch.views.waiting import route_clicks_to_their_subshell, wait_for
 from orch.wire.client import MasterClient, StateMirror
+from orch.wire.stacks import stacks_of
 
 # What was defined here before the panel's parts got modules of their own stays importable.
 __all__ = ["FINISH_WAIT", "STATE_COLORS", "Panel", "choose", "default_metric", "downsample", "wait_for"]
@@ -121,6 +122,15 @@ class Panel:
         route_clicks_to_their_subshell(self.stop_button)
         self.plot = widgets.Image(format="png", layout=widgets.Layout(width=f"{width_px}px"))
         self.table = widgets.HTML()
+        self.stacks_button = widgets.Button(
+            description="Stacks",
+            icon="list",
+            tooltip="ask every rank where its training thread is now (its Python stack)",
+        )
+        self.stacks_button.on_click(self._on_stacks)
+        route_clicks_to_their_subshell(self.stacks_button)
+        self.asked_stacks = ""  # the grouped stacks the Stacks button brought, shown until the run ends
+        self.progress_box = widgets.HTML()
         self.failure = widgets.HTML()
         self.log_rank = widgets.Dropdown(options=[], description="rank")
         self.log_tail = widgets.HTML()
@@ -133,9 +143,10 @@ class Panel:
             [
                 self.header,
                 widgets.HBox([self.progress, self.progress_label]),
-                widgets.HBox([self.metric, self.log_scale, self.stop_button]),
+                widgets.HBox([self.metric, self.log_scale, self.stop_button, self.stacks_button]),
                 self.plot,
                 self.table,
+                self.progress_box,
                 self.failure,
                 self.logs,
             ]
@@ -219,6 +230,25 @@ class Panel:
         except Exception as e:  # the master may be gone already; say so on the button
             self.stop_button.description = f"Stop failed: {e}"[:60]
 
+    def _on_stacks(self, _button: Any) -> None:
+        """Ask the ranks for their stacks, off the kernel's thread (the ranks take a beat to answer)."""
+        client = self.client
+        if client is None:
+            return
+        self.stacks_button.disabled = True
+        self.stacks_button.description = "Asking…"
+
+        def ask() -> None:
+            try:
+                self.asked_stacks = stacks_of(client.stacks()).grouped or "no rank is running"
+            except Exception as e:  # the master may be gone; say so where the stacks would be
+                self.asked_stacks = f"could not get the stacks: {e}"
+            self.stacks_button.description = "Stacks"
+            self.stacks_button.disabled = self.mirror.state.done
+            self.refresh()
+
+        threading.Thread(target=ask, name="orch-panel-stacks", daemon=True).start()
+
     # -- drawing --------------------------------------------------------------------------
     def _redraw(self, force: bool = False) -> None:
         m = self.mirror
@@ -230,6 +260,7 @@ class Panel:
                 choose(self, self.metric, names, current)
             self._draw_header(m)
             self.table.value = table_html(m)
+            self.progress_box.value = progress_html(m, self.asked_stacks)
             self.failure.value = failure_html(m)
             if force or points != self._drawn_points:
                 self.plot.value = self._plot.draw(m, self.metric.value or "loss", self.log_scale.value)
@@ -237,7 +268,7 @@ class Panel:
                 self.redraws += 1
             self._draw_logs(m)
             if m.state.done:
-                self.stop_button.disabled = True
+                self.stop_button.disabled = self.stacks_button.disabled = True
                 self.stop_button.description = m.state.value.capitalize()
                 self.stop_button.button_style = ""  # nothing left to warn of
         if m.state.done:
@@ -247,7 +278,7 @@ class Panel:
 
     def _publish(self, m: StateMirror) -> None:
         """The final state, as the notebook keeps it: header, curves, rank table, root cause."""
-        page = header_html(m, live=False) + IMAGE + table_html(m) + failure_html(m)
+        page = header_html(m, live=False) + IMAGE + table_html(m) + progress_html(m) + failure_html(m)
         metric = self.metric.value or "loss"
         self.record.publish(self._plot.png(), page, summary(m), alt=f"{metric} per rank, run {m.run_id}")
 

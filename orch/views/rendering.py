@@ -27,8 +27,10 @@ from rich.text import Text
 from orch._text import printable
 from orch.wire.client import StateMirror
 from orch.wire.ranks import RankView
+from orch.wire.states import RankState
 
 TRACEBACK_LINES = 8  # of the root cause's traceback, the live view shows the last lines
+STACK_LINES = 24  # of a stalled run's grouped stacks, the live view shows the first lines
 
 # The colour of a state, run or rank, by its name (a sweep's rows name theirs as strings).
 STATE_STYLES = {
@@ -55,6 +57,14 @@ def _bar(done: int, total: int, width: int = 30) -> str:
     frac = min(1.0, done / total)
     fill = round(frac * width)
     return f"[{'#' * fill}{'.' * (width - fill)}] {done}/{total} ({frac:.0%})"
+
+
+STILL_AFTER = 5.0  # seconds without a step after which a rank of a stalled run is marked
+
+
+def still(mirror: StateMirror, r: RankView) -> bool:
+    """``r`` is a running rank of a run that is not progressing, and its step stands still."""
+    return mirror.stalled_for > 0 and r.state is RankState.RUNNING and r.progress_age >= STILL_AFTER
 
 
 def stragglers(mirror: StateMirror) -> set[int]:
@@ -115,15 +125,20 @@ def render(mirror: StateMirror, *, address: str = "") -> str:
             marks.append("NaN/inf loss")
         if r.dropped_points:
             marks.append(f"{r.dropped_points} points dropped")
+        if still(mirror, r):
+            marks.append(f"no step for {r.progress_age:.0f}s")
         host = printable(r.host, one_line=True)  # what the worker says its host is called
         lines.append(
             f"{r.rank:>4}  {r.state.value:<10} {r.step:>7} {r.loss_text():>10} "
             f"{r.steps_per_sec:>8.1f} {_fmt_age(r.heartbeat_age):>9}  "
-            f"{split_text(r):<{SPLIT_WIDTH}}  {host}/{r.pid}"
-            + (f"  <- {', '.join(marks)}" if marks else "")
+            f"{split_text(r):<{SPLIT_WIDTH}}  {host}/{r.pid}" + (f"  <- {', '.join(marks)}" if marks else "")
         )
     if mirror.straggler_note:
         lines += ["", f"stragglers: {printable(mirror.straggler_note, one_line=True)}"]
+    if mirror.progress_note:
+        lines += ["", f"progress: {printable(mirror.progress_note, one_line=True)}"]
+    if mirror.stalled_for > 0 and mirror.stacks:
+        lines += ["", "stacks:", printable(mirror.stacks).rstrip()]
     if mirror.failure:
         lines += ["", f"FAILED: {printable(mirror.failure)}"]
     return "\n".join(lines)
@@ -220,6 +235,8 @@ def run_table(mirror: StateMirror, *, address: str = "") -> RenderableType:
             marks.append(("NaN/inf loss", "bold red"))
         if r.dropped_points:
             marks.append((f"{r.dropped_points} points dropped", "yellow"))
+        if still(m, r):
+            marks.append((f"no step for {r.progress_age:.0f}s", "bold red"))
         table.add_row(
             Text(str(r.rank)),
             _state(r.state.value),
@@ -237,6 +254,17 @@ def run_table(mirror: StateMirror, *, address: str = "") -> RenderableType:
         parts.append(
             Text.assemble(("stragglers: ", "bold"), (printable(m.straggler_note, one_line=True), style))
         )
+    if m.progress_note:
+        style = "bold red" if m.stalled_for > 0 else "yellow"
+        parts.append(
+            Text.assemble(("progress: ", "bold"), (printable(m.progress_note, one_line=True), style))
+        )
+    if m.stalled_for > 0 and m.stacks:
+        lines = printable(m.stacks).rstrip().splitlines()
+        shown = lines[:STACK_LINES] + (
+            [f"... ({len(lines) - STACK_LINES} more lines: orch stacks)"] if len(lines) > STACK_LINES else []
+        )
+        parts.append(Text("\n".join(shown)))
     if m.failure:
         parts.append(Text.assemble(("root cause: ", "bold red"), printable(m.failure)))
         if m.root_cause_error:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import html
 
-from orch.views.rendering import stragglers
+from orch.views.rendering import still, stragglers
 from orch.wire.client import StateMirror
 from orch.wire.ranks import RankView
 from orch.wire.states import RankState, RunState
@@ -109,6 +109,12 @@ def table_html(m: StateMirror) -> str:
                 f'<span class="orch-dropped" title="ctx.log\'s queue was full while the master '
                 f'could not be reached">{r.dropped_points} points dropped</span>'
             )
+        if still(m, r):
+            marks.append(
+                '<span class="orch-still" style="color:#cf222e;font-weight:bold" title="its step has '
+                "not advanced; its heartbeats only show its process lives\">"
+                f"no step for {r.progress_age:.0f}s</span>"
+            )
         color = "#cf222e" if r.state in (RankState.FAILED, RankState.LOST) else "inherit"
         age = "-" if r.heartbeat_age < 0 else f"{r.heartbeat_age:.1f}s"
         rows.append(
@@ -149,6 +155,26 @@ def table_html(m: StateMirror) -> str:
         f"<thead><tr>{head}</tr></thead><tbody>{''.join(rows)}</tbody></table>"
         f'<div class="orch-legend" style="font-size:85%;color:#57606a">step time:{legend}</div>{note}'
     )
+
+
+def progress_html(m: StateMirror, asked: str = "") -> str:
+    """Whether the ranks progress: the note while they stand still (or how a late stop ended),
+    and the ranks' grouped stacks, shown unasked while the run is not progressing; ``asked``
+    is the text of stacks the user asked for (the panel's Stacks button)."""
+    parts = []
+    if m.progress_note:
+        color = "#cf222e" if m.stalled_for > 0 else "#9a6700"
+        parts.append(
+            f'<div class="orch-progress" style="color:{color};font-weight:bold">'
+            f"{html.escape(m.progress_note)}</div>"
+        )
+    stacks = asked or (m.stacks if m.stalled_for > 0 else "")
+    if stacks:
+        parts.append(
+            '<pre class="orch-stacks" style="font-size:85%;max-height:24em;overflow:auto;'
+            f'border-left:3px solid #cf222e;padding-left:.6em">{html.escape(stacks)}</pre>'
+        )
+    return "".join(parts)
 
 
 def failure_html(m: StateMirror) -> str:

@@ -6,14 +6,18 @@ from __future__ import annotations
 import json
 import time
 from pathlib import Path
+from typing import Any
 
 import orch
+from conftest import orch_cli, until_value
 from orch.launchers.loaded import load_run
+from orch.views.panel import Panel
 from orch.wire.states import RankState, RunState
-from tests.conftest import until_value
 
 
-def test_a_rank_blocked_in_its_own_code_shows_as_no_progress_with_every_ranks_stack(tmp_path: Path) -> None:
+def test_a_rank_blocked_in_its_own_code_shows_as_no_progress_with_every_ranks_stack(
+    tmp_path: Path, subprocess_env: dict[str, str], widget_messages: list[Any]
+) -> None:
     hang_timeout = 5.0
     with orch.launch(
         "jobs:hang_rank1", world_size=4, config={"at": 10}, run_root=str(tmp_path), hang_timeout=hang_timeout
@@ -28,6 +32,25 @@ def test_a_rank_blocked_in_its_own_code_shows_as_no_progress_with_every_ranks_st
         kinds = [kind for _, kind, _, _ in mirror.events]
         assert "not_progressing" in kinds and "stacks" in kinds
         assert not any(kind == "straggler" for kind in kinds)
+        # orch status and orch stacks, from another process, say the same.
+        env = {**subprocess_env, "ORCH_TOKEN": run.token}
+        status = orch_cli("status", "--master", run.address, env=env, timeout=60)
+        assert status.returncode == 0, status.stderr
+        assert "progress: no progress for" in status.stdout, status.stdout
+        assert "no step for" in status.stdout  # each standing rank is marked in the table
+        assert "rank 1 (the odd one out): in `time.sleep(10**6)`" in status.stdout
+        assert "stragglers: stragglers are not judged while the ranks do not progress" in status.stdout
+        stacks_cli = orch_cli("stacks", run.address, env=env, timeout=60)
+        assert stacks_cli.returncode == 0, stacks_cli.stderr
+        assert "ranks 0, 2, 3: in `loss.backward()`" in stacks_cli.stdout, stacks_cli.stdout
+        # The panel shows the note and the stacks without being asked.
+        panel = Panel(run, interval=0.2)
+        try:
+            assert "no progress for" in panel.progress_box.value
+            assert "rank 1 (the odd one out)" in panel.progress_box.value
+            assert 'class="orch-still"' in panel.table.value
+        finally:
+            panel.close()
         # run.stacks() asks afresh and gets the same picture.
         stacks = run.stacks()
         assert stacks.odd == [] or stacks.odd == [1]

@@ -243,7 +243,7 @@ class Run(RunHandle):
     def result(self) -> RunResult:
         coord = self.coordinator
         if coord.state is RunState.FAILED:
-            cause = coord.root_cause
+            cause = coord.cause
             raise RunFailed(
                 f"run {self.run_id} failed: {coord.failure}",
                 rank=cause.rank if cause else None,

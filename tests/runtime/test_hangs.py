@@ -8,6 +8,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 import orch
 from conftest import orch_cli, until_value
 from orch.launchers.loaded import load_run
@@ -72,3 +74,23 @@ def test_a_rank_blocked_in_its_own_code_shows_as_no_progress_with_every_ranks_st
     loaded = load_run(run.run_dir).state()
     assert loaded.state is RunState.STOPPED
     assert {r.state for r in loaded.ranks} == {RankState.STOPPED}
+
+
+def test_on_hang_fail_fails_the_run_with_the_stacks_as_its_root_cause(tmp_path: Path) -> None:
+    with orch.launch(
+        "jobs:hang_rank1",
+        world_size=3,
+        config={"at": 5},
+        run_root=str(tmp_path),
+        hang_timeout=3.0,
+        on_hang="fail",
+    ) as run, pytest.raises(orch.RunFailed) as failed:
+        run.wait(timeout=60)
+    message = str(failed.value)
+    assert "no progress for" in message and "ranks 0-2 at step 5" in message
+    assert "on_hang='fail' ended it" in message
+    assert failed.value.rank is None  # no rank failed: the run was ended for standing still
+    assert "rank 1 (the odd one out): in `time.sleep(10**6)` (jobs.py" in failed.value.traceback
+    record = json.loads((run.run_dir / "result.json").read_text())
+    assert record["state"] == "FAILED" and "no progress for" in record["failure"]
+    assert "time.sleep(10**6)" in record["root_cause_error"]

@@ -78,7 +78,7 @@ def draft_reply(
         root_cause_rank=root.rank if root is not None else -1,
         attempt=run.attempt,
         max_attempts=run.max_attempts,
-        root_cause_error=root.error if root is not None else "",
+        root_cause_error=run.cause.error if run.cause is not None else "",
         root_cause_exit_code=root.exit_code if root is not None else 0,
         rendezvous=f"{rank0.address}:{port}" if (rank0 := run.registry.rank0) and port else "",
     )

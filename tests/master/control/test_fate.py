@@ -339,3 +339,43 @@ def test_a_restart_host_sync_allows_is_refused_by_the_restart_rule() -> None:
         rec.step = 0  # a registry of an attempt that made no step
     assert not fate.settle(Settled("restart"), reg, 102.0)
     assert fate.state is S.FAILED and "before any step" in fate.failure
+
+
+# -- a stop the ranks never reach --------------------------------------------------------------
+
+
+def test_a_stop_the_ranks_never_reach_ends_them_after_the_grace_and_says_so() -> None:
+    fate, reg, told = running(4)
+    fate.request_stop("Stop pressed", reg, 200.0)
+    reg.ranks[2].state = RankState.STOPPED  # one got there
+    assert not fate.overdue_stop(reg, 204.0, grace=10.0)
+    assert fate.overdue_stop(reg, 205.5, grace=10.0)  # half way: their stacks are asked for, once
+    assert not fate.overdue_stop(reg, 206.0, grace=10.0)
+    assert fate.state is S.STOPPING
+    fate.overdue_stop(reg, 210.5, grace=10.0)
+    assert fate.state is S.STOPPED
+    note = "stopped; ranks 0, 1, 3 did not reach a step boundary within 10s and were terminated"
+    assert fate.stop.note == note
+    assert ("stop_escalated", -1, note) in told.events
+    assert [r.state for r in reg.ranks] == [RankState.STOPPED] * 4
+    assert [r.forced for r in reg.ranks] == [True, True, False, True]
+    # The ranks left get ABORT with the reason; the launcher then terminates what does not go.
+    assert fate.command(reg.ranks[0]) == pb.ABORT and fate.command(reg.ranks[2]) == pb.STOP
+    why = fate.abort_reason(reg.ranks[0])
+    assert "did not reach a step boundary within 10s of the stop: terminated" in why
+    assert not reg.reported("w0") and reg.reported("w2")  # the launcher SIGTERMs w0, not w2
+
+
+def test_closing_a_live_run_ends_its_ranks_in_the_record_at_once() -> None:
+    fate, reg, _ = running(2)
+    fate.request_stop("", reg, 200.0)
+    fate.close("the run was closed", 201.0, reg)
+    assert fate.state is S.STOPPED
+    assert [r.state for r in reg.ranks] == [RankState.STOPPED] * 2
+    assert fate.stop.note == "stopped; ranks 0, 1 terminated: the run was closed"
+    fate, reg, _ = running(2)
+    fate.close("the run was closed", 201.0, reg)
+    assert fate.state is S.FAILED and fate.judge.cause is not None
+    assert fate.judge.cause.kind is CauseKind.OUTSIDE  # no rank is blamed
+    assert [r.state for r in reg.ranks] == [RankState.FAILED] * 2
+    assert all(r.error == "terminated: the run was closed" for r in reg.ranks)

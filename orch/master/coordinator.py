@@ -278,12 +278,6 @@ class Coordinator(RunFacade):
         with self._lock:
             now = self._clock()
             self._settle_hosts(now)
-            stalled = bool(self.progress.stalled)
-            straggler = (
-                None if stalled else self.stragglers.look(self.state, self.ranks, self.world_size, now)
-            )
-            if straggler is not None:
-                self._event("straggler", straggler.rank, straggler.note)
             lost = self.registry.silent(now, self.heartbeat_timeout)
             self.fate.lost(lost, self.registry, now, self.heartbeat_timeout)
             tells, hung = self.progress.look(self.state, self.ranks, now)
@@ -291,6 +285,12 @@ class Coordinator(RunFacade):
                 self._event(tell.kind, tell.rank, tell.message)
             if hung is not None and not self.state.done and not self.state.failing:
                 self.fate.fail(hung, self.registry, now)
+            if self.progress.stalled:
+                self.stragglers.standing_still()  # nothing moves: no straggler
+            else:
+                straggler = self.stragglers.look(self.state, self.ranks, self.world_size, now)
+                if straggler is not None:
+                    self._event("straggler", straggler.rank, straggler.note)
             if self.fate.overdue_stop(self.registry, now, self.stop_grace):
                 self._want_stacks()
 

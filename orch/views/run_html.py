@@ -77,6 +77,11 @@ def header_html(m: StateMirror, *, live: bool = True, address: str = "", last_er
     else:
         done, total = m.progress()
         note += f" &middot; step {done}/{total}" if total else f" &middot; step {done}"
+    if m.stalled_for > 0:
+        note = (
+            f' &middot; <span class="orch-stalled" style="color:#cf222e;font-weight:bold">'
+            f"not progressing for {m.stalled_for:.0f}s</span>{note}"
+        )
     if m.job is not None:  # the scheduler's job: its queue state while it waits, then its nodes
         note += f' &middot; <span class="orch-job">{html.escape(m.job.describe())}</span>'
     return (

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 import orch
-from conftest import orch_cli, until_value
+from conftest import notebook_kernel, orch_cli, until_value
 from orch.launchers.loaded import load_run
 from orch.views.panel import Panel
 from orch.wire.states import RankState, RunState
@@ -77,14 +77,17 @@ def test_a_rank_blocked_in_its_own_code_shows_as_no_progress_with_every_ranks_st
 
 
 def test_on_hang_fail_fails_the_run_with_the_stacks_as_its_root_cause(tmp_path: Path) -> None:
-    with orch.launch(
-        "jobs:hang_rank1",
-        world_size=3,
-        config={"at": 5},
-        run_root=str(tmp_path),
-        hang_timeout=3.0,
-        on_hang="fail",
-    ) as run, pytest.raises(orch.RunFailed) as failed:
+    with (
+        orch.launch(
+            "jobs:hang_rank1",
+            world_size=3,
+            config={"at": 5},
+            run_root=str(tmp_path),
+            hang_timeout=3.0,
+            on_hang="fail",
+        ) as run,
+        pytest.raises(orch.RunFailed) as failed,
+    ):
         run.wait(timeout=60)
     message = str(failed.value)
     assert "no progress for" in message and "ranks 0-2 at step 5" in message
@@ -94,3 +97,48 @@ def test_on_hang_fail_fails_the_run_with_the_stacks_as_its_root_cause(tmp_path: 
     record = json.loads((run.run_dir / "result.json").read_text())
     assert record["state"] == "FAILED" and "no progress for" in record["failure"]
     assert "time.sleep(10**6)" in record["root_cause_error"]
+
+
+HANG_CELL = """\
+import orch, time, torch
+
+def stuck(ctx):
+    model = ctx.ddp(torch.nn.Linear(4, 1))
+    x = torch.randn(8, 4)
+    for step in ctx.steps(10**6):
+        if ctx.rank == 1 and step == 5:
+            time.sleep(10**6)  # rank 1 waits forever
+        model(x).sum().backward()
+        ctx.log(step, loss=1.0)
+"""
+
+STACKS_CELL = """\
+run = orch.launch(stuck, world_size=3, run_root={run_root!r}, hang_timeout=3)
+for _ in range(300):
+    if run.state().stacks:
+        break
+    time.sleep(0.1)
+print(json.dumps({{"stacks": run.state().stacks, "asked": str(run.stacks())}}))
+run.close()
+"""
+
+
+@pytest.mark.timeout(240)
+def test_in_a_notebook_the_stacks_show_the_cells_and_their_lines(tmp_path: Path) -> None:
+    with notebook_kernel(tmp_path) as (_, kc):
+        for code in ("import json", HANG_CELL, STACKS_CELL.format(run_root=str(tmp_path))):
+            out: list[str] = []
+            reply = kc.execute_interactive(
+                code, timeout=180, output_hook=lambda m, out=out: out.append(m["content"].get("text", ""))
+            )
+            assert reply["content"]["status"] == "ok", reply["content"]
+    seen = json.loads("".join(out).strip().splitlines()[-1])
+    for text in (seen["stacks"], seen["asked"]):
+        # IPython's label for the cell that defined the function (the second one run: In[2]).
+        assert (
+            "rank 1 (the odd one out): in `time.sleep(10**6)  # rank 1 waits forever` (Cell In[2], line 8)"
+            in text
+        )
+        assert "ranks 0, 2: in `model(x).sum().backward()` (Cell In[2], line 9)" in text
+        assert "  Cell In[2], line 9, in stuck" in text
+        assert "<dynamic-code>" not in text and "ipykernel" not in text

@@ -618,3 +618,66 @@ def test_the_straggler_in_the_panel(tmp_path: Path) -> None:
             with contextlib.suppress(Exception):
                 page.screenshot(path=str(ARTIFACTS / "panel-straggler-failure.png"), full_page=True)
             raise
+
+
+def write_hang_notebook(path: Path, run_root: Path) -> None:
+    """4 ranks under DDP; rank 1 blocks in its own code at step 10; the panel, then a cell that waits."""
+    cells = [
+        _code_cell(1, f"import sys\nsys.path.insert(0, {str(TESTS)!r})\nimport orch"),
+        _code_cell(
+            2,
+            'run = orch.launch("jobs:hang_rank1", world_size=4, config={"at": 10}, hang_timeout=5,\n'
+            f"                  run_root={str(run_root)!r})\n"
+            "run.panel(interval=0.3)",
+        ),
+        _code_cell(3, "result = run.wait()\nprint('waited:', result.state.value)"),
+    ]
+    write_cells(path, cells)
+
+
+@pytest.mark.timeout(300)
+def test_a_hang_in_the_panel(tmp_path: Path) -> None:
+    """The panel as a page while rank 1 hangs: "no progress", each rank marked, the grouped stacks
+    with rank 1 named; then Stop, pressed while the next cell waits, ends the run STOPPED."""
+    from playwright.sync_api import expect
+
+    root, home, run_root = tmp_path / "lab", tmp_path / "home", tmp_path / "runs"
+    root.mkdir()
+    home.mkdir()
+    write_hang_notebook(root / "hang.ipynb", run_root)
+    ARTIFACTS.mkdir(exist_ok=True)
+    with lab_browser(tmp_path, root, home, run_root, 1200) as (lab, ctx):
+        try:
+            page = ctx.pages[0] if ctx.pages else ctx.new_page()
+            page.set_default_timeout(60_000)
+            page.goto(f"{lab.base}/lab/tree/hang.ipynb?token={lab.token}")
+            run_all_cells(page, lab)
+            panel = page.locator(".orch-panel")
+            expect(panel.locator("tr.orch-rank")).to_have_count(4, timeout=120_000)
+            expect(panel.locator(".orch-progress")).to_contain_text("no progress for", timeout=60_000)
+            expect(panel.locator(".orch-progress")).to_contain_text("ranks 0-3 at step 10")
+            stacks = panel.locator(".orch-stacks")
+            expect(stacks).to_contain_text("rank 1 (the odd one out): in `time.sleep(10**6)`", timeout=30_000)
+            expect(stacks).to_contain_text("ranks 0, 2, 3: in `loss.backward()`")
+            expect(panel.locator(".orch-still")).to_have_count(4)
+            expect(panel.locator(".orch-stragglers")).to_contain_text(
+                "not judged while the ranks do not progress"
+            )
+            page.screenshot(path=str(ARTIFACTS / "panel-hang.png"), full_page=True)
+            panel.get_by_role("button", name="Stacks").click()
+            expect(panel.get_by_role("button", name="Stacks")).to_be_enabled(timeout=30_000)
+            clicked = time.monotonic()
+            panel.get_by_role("button", name="Stop").click()
+            record = page.locator(".jp-Notebook .jp-Cell").nth(1).locator(".orch-record")
+            expect(record.locator(".orch-state")).to_have_attribute("data-state", "STOPPED", timeout=60_000)
+            stopped_in = time.monotonic() - clicked
+            expect(record).to_contain_text("did not reach a step boundary within 10s and were terminated")
+            expect(page.locator(".jp-Notebook .jp-Cell").nth(2)).to_contain_text(
+                "waited: STOPPED", timeout=30_000
+            )
+            page.screenshot(path=str(ARTIFACTS / "panel-hang-stopped.png"), full_page=True)
+            assert stopped_in < 10 + 5, stopped_in
+        except BaseException:
+            with contextlib.suppress(Exception):
+                page.screenshot(path=str(ARTIFACTS / "panel-hang-failure.png"), full_page=True)
+            raise

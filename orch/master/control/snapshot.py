@@ -89,9 +89,6 @@ def draft_reply(
     reply.straggler_section, reply.straggler_note = v.section, v.note
     live = run.state in (RunState.RUNNING, RunState.STOPPING)
     reply.stalled_for = run.progress.stalled_for(now) if live else 0.0
-    if reply.stalled_for > 0:  # a run that stands still has no straggler: nothing moves
-        reply.stragglers_judged, reply.straggler_rank, reply.straggler_section = False, -1, ""
-        reply.straggler_note = "stragglers are not judged while the ranks do not progress"
     reply.progress_note = run.progress.note(now) if live else ""
     reply.progress_note = reply.progress_note or run.fate.stop.note
     grouped = run.progress.grouped(run.ranks, now)

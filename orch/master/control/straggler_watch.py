@@ -21,6 +21,7 @@ from orch.wire.states import RunState
 
 JUDGE_EVERY = 1.0  # seconds between straggler judgements
 NOT_YET_JUDGED = Verdict(False, note="stragglers are judged once every rank runs")
+STANDING_STILL = Verdict(False, note="stragglers are not judged while the ranks do not progress")
 
 
 class StragglerWatch:
@@ -31,6 +32,12 @@ class StragglerWatch:
         self._told: tuple[int, str] = (-1, "")  # the straggler last put in the event log
         self._last: tuple[int, str] = (-1, "")  # the judgement before the last
         self._judged_at = -math.inf
+
+    def standing_still(self) -> None:
+        """The ranks' steps stand still: a run where nothing moves has no straggler, and the
+        judgement from before the stall no longer holds."""
+        self.verdict = STANDING_STILL
+        self._last = STANDING_STILL.key
 
     def new_attempt(self) -> None:
         """A restarted group is judged afresh: its ranks and their timings are new."""

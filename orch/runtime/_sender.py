@@ -17,6 +17,7 @@ from collections.abc import Callable
 
 import grpc
 
+from orch.runtime._memory import ProcessReader
 from orch.wire._proto import orchestrator_pb2 as pb
 from orch.wire._proto import orchestrator_pb2_grpc as pb_grpc
 
@@ -61,6 +62,7 @@ class HeartbeatSender:
         self.total_steps = 0
         self.dropped = 0
         self.timing: Callable[[], pb.StepTiming | None] | None = None  # ctx's step times, taken per beat
+        self.process: ProcessReader | None = None  # this process's memory and CPU, read per beat
         self._closing = threading.Event()
         self._beat_lock = threading.Lock()  # one heartbeat at a time: the thread's or a flush's
         self._obey = True
@@ -159,6 +161,10 @@ class HeartbeatSender:
         timing = self.timing() if self.timing is not None else None
         if timing is not None:
             request.timing.CopyFrom(timing)
+        if self.process is not None:
+            stats = self.process.read()
+            request.process.CopyFrom(stats)
+            request.series.extend(self.process.points(stats, self.progress, time.time()))
         return request
 
     def _salvage(self, name: str, steps: list[int], values: list[float], times: list[float]) -> pb.Series:

@@ -6,6 +6,7 @@ from bisect import insort
 from collections import deque
 from dataclasses import dataclass, field
 
+from orch.master.control.memory import MemoryWindow
 from orch.master.control.stragglers import TimingWindow
 from orch.master.control.validate import Reject
 from orch.wire._proto import orchestrator_pb2 as pb
@@ -28,6 +29,7 @@ class RankRecord(RankView):
     beats: int = 0
     progress: deque[tuple[float, int]] = field(default_factory=lambda: deque(maxlen=16))
     timing: TimingWindow = field(default_factory=TimingWindow)
+    memory: MemoryWindow = field(default_factory=MemoryWindow)
 
     def steps_per_second(self) -> float:
         if len(self.progress) < 2:

@@ -24,7 +24,7 @@ from rich.progress_bar import ProgressBar
 from rich.table import Table
 from rich.text import Text
 
-from orch._text import printable
+from orch._text import printable, size_text
 from orch.wire.client import StateMirror
 from orch.wire.ranks import RankView
 
@@ -90,6 +90,18 @@ def split_bar(r: RankView, width: int = 8, scale_ms: float = 0.0) -> Text:
     return bar + Text(" " + split_text(r))
 
 
+def memory_text(r: RankView) -> str:
+    """``1.2 GB 97%``: a rank's resident memory and CPU share at its last beat (``-``: not
+    read), and with CUDA the memory torch allocated on its GPU (``gpu 3.1 GB``)."""
+    if not r.rss_bytes:
+        return "-"
+    text = f"{size_text(r.rss_bytes)} {r.cpu_percent:.0f}%"
+    return text + (f" gpu {size_text(r.cuda_allocated)}" if r.cuda_total else "")
+
+
+MEMORY_WIDTH = len("999 MB 100%")
+
+
 # -- one run: plain text ----------------------------------------------------------------------
 def render(mirror: StateMirror, *, address: str = "") -> str:
     """The run as plain text, no escape codes: for files, pipes and ``orch status``."""
@@ -104,7 +116,7 @@ def render(mirror: StateMirror, *, address: str = "") -> str:
         _bar(done, total),
         "",
         f"{'rank':>4}  {'state':<10} {'step':>7} {'loss':>10} {'steps/s':>8} {'heartbeat':>9}  "
-        f"{SPLIT_HEADER:<{SPLIT_WIDTH}}  host/pid",
+        f"{'memory cpu':<{MEMORY_WIDTH}}  {SPLIT_HEADER:<{SPLIT_WIDTH}}  host/pid",
     ]
     slow = stragglers(mirror)
     for r in mirror.ranks:
@@ -115,11 +127,13 @@ def render(mirror: StateMirror, *, address: str = "") -> str:
             marks.append("NaN/inf loss")
         if r.dropped_points:
             marks.append(f"{r.dropped_points} points dropped")
+        if r.memory_note:
+            marks.append(printable(r.memory_note, one_line=True))
         host = printable(r.host, one_line=True)  # what the worker says its host is called
         lines.append(
             f"{r.rank:>4}  {r.state.value:<10} {r.step:>7} {r.loss_text():>10} "
             f"{r.steps_per_sec:>8.1f} {_fmt_age(r.heartbeat_age):>9}  "
-            f"{split_text(r):<{SPLIT_WIDTH}}  {host}/{r.pid}"
+            f"{memory_text(r):<{MEMORY_WIDTH}}  {split_text(r):<{SPLIT_WIDTH}}  {host}/{r.pid}"
             + (f"  <- {', '.join(marks)}" if marks else "")
         )
     if mirror.straggler_note:
@@ -205,6 +219,7 @@ def run_table(mirror: StateMirror, *, address: str = "") -> RenderableType:
     table.add_column("loss", justify="right")
     table.add_column("steps/s", justify="right")
     table.add_column("heartbeat", justify="right")
+    table.add_column("memory cpu", no_wrap=True)
     table.add_column("d/c/w/o ms", no_wrap=True, overflow="ellipsis")
     table.add_column("host/pid", no_wrap=True, overflow="ellipsis")
     table.add_column("marks", no_wrap=True, overflow="ellipsis")
@@ -220,6 +235,8 @@ def run_table(mirror: StateMirror, *, address: str = "") -> RenderableType:
             marks.append(("NaN/inf loss", "bold red"))
         if r.dropped_points:
             marks.append((f"{r.dropped_points} points dropped", "yellow"))
+        if r.memory_note:
+            marks.append((printable(r.memory_note, one_line=True), "bold yellow"))
         table.add_row(
             Text(str(r.rank)),
             _state(r.state.value),
@@ -227,6 +244,7 @@ def run_table(mirror: StateMirror, *, address: str = "") -> RenderableType:
             Text(r.loss_text(), style="red" if r.diverged else ""),
             Text(f"{r.steps_per_sec:.1f}"),
             Text(_fmt_age(r.heartbeat_age)),
+            Text(memory_text(r), style="yellow" if r.memory_note else ""),
             split_bar(r, scale_ms=longest),
             Text(f"{printable(r.host, one_line=True)}/{r.pid}"),  # what the worker says its host is
             _marks(marks),

@@ -219,7 +219,7 @@ def run_table(mirror: StateMirror, *, address: str = "") -> RenderableType:
     table.add_column("loss", justify="right")
     table.add_column("steps/s", justify="right")
     table.add_column("heartbeat", justify="right")
-    table.add_column("memory cpu", no_wrap=True)
+    table.add_column("mem", justify="right", no_wrap=True, overflow="ellipsis")  # narrow: 80 columns
     table.add_column("d/c/w/o ms", no_wrap=True, overflow="ellipsis")
     table.add_column("host/pid", no_wrap=True, overflow="ellipsis")
     table.add_column("marks", no_wrap=True, overflow="ellipsis")
@@ -237,6 +237,7 @@ def run_table(mirror: StateMirror, *, address: str = "") -> RenderableType:
             marks.append((f"{r.dropped_points} points dropped", "yellow"))
         if r.memory_note:
             marks.append((printable(r.memory_note, one_line=True), "bold yellow"))
+        mem_style = "yellow" if r.memory_note else ""
         table.add_row(
             Text(str(r.rank)),
             _state(r.state.value),
@@ -244,7 +245,7 @@ def run_table(mirror: StateMirror, *, address: str = "") -> RenderableType:
             Text(r.loss_text(), style="red" if r.diverged else ""),
             Text(f"{r.steps_per_sec:.1f}"),
             Text(_fmt_age(r.heartbeat_age)),
-            Text(memory_text(r), style="yellow" if r.memory_note else ""),
+            Text(size_text(r.rss_bytes).replace(" ", "") if r.rss_bytes else "-", style=mem_style),
             split_bar(r, scale_ms=longest),
             Text(f"{printable(r.host, one_line=True)}/{r.pid}"),  # what the worker says its host is
             _marks(marks),

@@ -236,7 +236,8 @@ def main() -> None:
             "",
             "orch's extra per-step work: `ctx.log` (a deque append), the asynchronous 1-element stop "
             "all-reduce that `ctx.steps()` launches every step on a separate gloo group (waited for one "
-            "step later), and the heartbeat thread that wakes every 0.25 s; the master runs in the "
+            "step later), and the heartbeat thread that wakes every 0.25 s and then reads the process's "
+            "memory and CPU (/proc and its memory cgroup, about 0.2 ms per beat); the master runs in the "
             "benchmark process, sharing the 2 cores. `orch-range` drops the ctx.steps() all-reduce and "
             "keeps the rest.",
         ]

@@ -23,3 +23,13 @@ def printable(text: str, *, one_line: bool = False) -> str:
     """
     text = _CONTROL.sub("", text)
     return text.replace("\n", " ").replace("\t", " ") if one_line else text
+
+
+def size_text(n: float) -> str:
+    """A number of bytes as people read it: ``21.9 GB``, ``310 MB`` (decimal units, as ``free -h``
+    does not but disk and cloud vendors do; one form everywhere orch shows memory)."""
+    if n >= 1e9:
+        return f"{n / 1e9:.1f} GB"
+    if n >= 1e6:
+        return f"{n / 1e6:.0f} MB"
+    return f"{n / 1e3:.0f} kB"

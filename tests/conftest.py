@@ -248,6 +248,7 @@ _UNIT = {
     "test_coordinator_budgets.py",
     "test_layers.py",
     "test_master_rpc.py",
+    "test_memory_reader.py",
     "test_proto.py",
     "test_pollers.py",
 }

@@ -318,3 +318,31 @@ def hang_rank1(ctx: Any) -> None:
         opt.step()
         ctx.log(step, loss=loss.item())
         time.sleep(0.02)
+
+
+def leaks_on_rank1(ctx: Any) -> None:
+    """Rank 1 keeps 20 MB more every step (tensors put in a list never emptied); rank 0 holds.
+    A real collective every step, until stopped (or ``steps``)."""
+    kept = []
+    for step in ctx.steps(int(ctx.config.get("steps", 1_000_000))):
+        dist.barrier()
+        if ctx.rank == 1:
+            kept.append(torch.ones(5_000_000))  # 20 MB, every page written
+        ctx.log(step, loss=1.0 / (step + 1))
+        time.sleep(float(ctx.config.get("sleep", 0.25)))
+
+
+def healthy_training(ctx: Any) -> None:
+    """An ordinary run: a small MLP under DDP with Adam (its state is made at the first step),
+    fresh batches every step, so that its memory grows at first and then goes up and down."""
+    nn = torch.nn
+    model = ctx.ddp(nn.Sequential(nn.Linear(512, 1024), nn.ReLU(), nn.Linear(1024, 1)))
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    for step in ctx.steps(int(ctx.config.get("steps", 1_000_000))):
+        x = torch.randn(int(ctx.config.get("batch", 2048)), 512)
+        loss = ((model(x) - x[:, :1]) ** 2).mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        ctx.log(step, loss=loss.item())
+        time.sleep(float(ctx.config.get("sleep", 0.1)))

@@ -25,6 +25,7 @@ from typing import Any
 from orch.errors import OrchError
 from orch.master.coordinator import Coordinator
 from orch.record.store import json_object, tail
+from orch.runtime._memory import OomCounter
 from orch.runtime.spec import WorkerSpec
 from orch.runtime.worker import spawn_main
 from orch.wire.states import RunState
@@ -95,13 +96,14 @@ class WorkerGroup:
         self.exit_codes: dict[str, int] = {}
         self.all_exited_at: float | None = None
         self._exited: dict[int, int] = {}
+        self._oom: list[OomCounter] = []  # each worker's cgroup's OOM kills, counted from its start
 
     def start(self, specs: list[WorkerSpec]) -> None:
         import cloudpickle
 
         ctx = worker_context()
         self.worker_ids = [s.worker_id for s in specs]
-        self.procs, self._exited, self.all_exited_at = [], {}, None
+        self.procs, self._exited, self.all_exited_at, self._oom = [], {}, None, []
         for wspec in specs:
             p = ctx.Process(
                 target=spawn_main, args=(cloudpickle.dumps(wspec),), name=f"orch-{wspec.worker_id}"
@@ -109,6 +111,7 @@ class WorkerGroup:
             with _main_not_inherited():
                 p.start()
             self.procs.append(p)
+            self._oom.append(OomCounter(p.pid or 0))
 
     @property
     def all_exited(self) -> bool:
@@ -130,7 +133,8 @@ class WorkerGroup:
                 # points: the code of its own failure stands, not our SIGKILL.
                 code = record["exit_code"]
             detail = str(record.get("traceback", "")) if record else self._log_tail(wid, code)
-            self.coordinator.rank_exited(wid, code, detail=detail, expected=ours)
+            oom = code == -signal.SIGKILL and not ours and self._oom[i].rose()
+            self.coordinator.rank_exited(wid, code, detail=detail, expected=ours, oom_killed=oom)
         if self.all_exited and self.all_exited_at is None:
             self.all_exited_at = time.monotonic()
 

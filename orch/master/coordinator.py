@@ -24,6 +24,7 @@ from orch.master.control.facade import RunFacade
 from orch.master.control.fate import Fate
 from orch.master.control.host_sync import HostSync
 from orch.master.control.intake import Intake
+from orch.master.control.memory_watch import MemoryWatch
 from orch.master.control.progress import STARTUP_TIMEOUT, ProgressWatch
 from orch.master.control.registry import RankRecord
 from orch.master.control.series import MAX_POINTS_IN_MEMORY
@@ -114,6 +115,7 @@ class Coordinator(RunFacade):
         self.stragglers = StragglerWatch()
         self.progress = ProgressWatch(hang_timeout, startup_timeout, on_hang, heartbeat_interval)
         self.stop_grace = stop_grace
+        self.memory = MemoryWatch()
 
     # -- worker RPCs -------------------------------------------------------------------
     def register(self, req: pb.RegisterRequest) -> pb.RegisterResponse:
@@ -214,14 +216,24 @@ class Coordinator(RunFacade):
             self.fate.completed(rec, req, outcome, self.registry, self._clock())
 
     # -- launcher and tools --------------------------------------------------------------
-    def rank_exited(self, worker_id: str, exit_code: int, detail: str = "", expected: bool = False) -> None:
+    def rank_exited(
+        self,
+        worker_id: str,
+        exit_code: int,
+        detail: str = "",
+        expected: bool = False,
+        oom_killed: bool = False,
+    ) -> None:
         """The launcher saw a worker process exit with ``exit_code`` (negative: signal).
 
         ``detail`` is what the process left behind (its error file or the end of its log);
-        ``expected`` says the launcher ended it itself (tearing the group down).
+        ``expected`` says the launcher ended it itself (tearing the group down); ``oom_killed``
+        that the worker's cgroup counted an out-of-memory kill since it started.
         """
         with self._lock:
-            self.fate.exited(worker_id, exit_code, detail, expected, self.registry, self._clock())
+            self.fate.exited(
+                worker_id, exit_code, detail, expected, self.registry, self._clock(), oom_killed=oom_killed
+            )
 
     def rank_reported(self, worker_id: str) -> bool:
         """True when the worker's rank reported its end (or its process exited), unlike a LOST one."""
@@ -278,6 +290,8 @@ class Coordinator(RunFacade):
         with self._lock:
             now = self._clock()
             self._settle_hosts(now)
+            for rank, warning in self.memory.look(self.ranks, now):
+                self._event("memory", rank, warning)
             lost = self.registry.silent(now, self.heartbeat_timeout)
             self.fate.lost(lost, self.registry, now, self.heartbeat_timeout)
             tells, hung = self.progress.look(self.state, self.ranks, now)

@@ -17,6 +17,7 @@ from collections.abc import Callable
 
 import grpc
 
+from orch.runtime._memory import ProcessReader
 from orch.wire._proto import orchestrator_pb2 as pb
 from orch.wire._proto import orchestrator_pb2_grpc as pb_grpc
 
@@ -64,6 +65,7 @@ class HeartbeatSender:
         # The training thread's stack, taken when the master asks (see orch.runtime._stack).
         self.stack_of: Callable[[], pb.Stack] | None = None
         self._stack: pb.Stack | None = None  # taken, to go in the next beat
+        self.process: ProcessReader | None = None  # this process's memory and CPU, read per beat
         self._closing = threading.Event()
         self._beat_lock = threading.Lock()  # one heartbeat at a time: the thread's or a flush's
         self._obey = True
@@ -165,6 +167,10 @@ class HeartbeatSender:
         if self._stack is not None:
             request.stack.CopyFrom(self._stack)
             self._stack = None
+        if self.process is not None:
+            stats = self.process.read()
+            request.process.CopyFrom(stats)
+            request.series.extend(self.process.points(stats, self.progress, time.time()))
         return request
 
     def _salvage(self, name: str, steps: list[int], values: list[float], times: list[float]) -> pb.Series:

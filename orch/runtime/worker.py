@@ -29,6 +29,7 @@ import grpc
 
 from orch.errors import PortInUseError, StopTraining, WorkerError
 from orch.record.store import private_dir, write_json_atomic
+from orch.runtime._memory import ProcessReader
 from orch.runtime._owner import exit_when_gone
 from orch.runtime._sender import HeartbeatSender
 from orch.runtime._source import install, label_cells
@@ -402,6 +403,7 @@ def run_worker(spec: WorkerSpec) -> int:
             on_abort=_abort,
             local_master=is_local_address(split_address(spec.master)[0]),
         )
+        sender.process = ProcessReader(device.index if device.type == "cuda" else None)
         ctx = Context(
             rank=rank,
             world_size=world,

@@ -24,7 +24,7 @@ from rich.progress_bar import ProgressBar
 from rich.table import Table
 from rich.text import Text
 
-from orch._text import printable
+from orch._text import printable, size_text
 from orch.wire.client import StateMirror
 from orch.wire.ranks import RankView
 from orch.wire.states import RankState
@@ -100,6 +100,18 @@ def split_bar(r: RankView, width: int = 8, scale_ms: float = 0.0) -> Text:
     return bar + Text(" " + split_text(r))
 
 
+def memory_text(r: RankView) -> str:
+    """``1.2 GB 97%``: a rank's resident memory and CPU share at its last beat (``-``: not
+    read), and with CUDA the memory torch allocated on its GPU (``gpu 3.1 GB``)."""
+    if not r.rss_bytes:
+        return "-"
+    text = f"{size_text(r.rss_bytes)} {r.cpu_percent:.0f}%"
+    return text + (f" gpu {size_text(r.cuda_allocated)}" if r.cuda_total else "")
+
+
+MEMORY_WIDTH = len("999 MB 100%")
+
+
 # -- one run: plain text ----------------------------------------------------------------------
 def render(mirror: StateMirror, *, address: str = "") -> str:
     """The run as plain text, no escape codes: for files, pipes and ``orch status``."""
@@ -114,7 +126,7 @@ def render(mirror: StateMirror, *, address: str = "") -> str:
         _bar(done, total),
         "",
         f"{'rank':>4}  {'state':<10} {'step':>7} {'loss':>10} {'steps/s':>8} {'heartbeat':>9}  "
-        f"{SPLIT_HEADER:<{SPLIT_WIDTH}}  host/pid",
+        f"{'memory cpu':<{MEMORY_WIDTH}}  {SPLIT_HEADER:<{SPLIT_WIDTH}}  host/pid",
     ]
     slow = stragglers(mirror)
     for r in mirror.ranks:
@@ -127,11 +139,14 @@ def render(mirror: StateMirror, *, address: str = "") -> str:
             marks.append(f"{r.dropped_points} points dropped")
         if still(mirror, r):
             marks.append(f"no step for {r.progress_age:.0f}s")
+        if r.memory_note:
+            marks.append(printable(r.memory_note, one_line=True))
         host = printable(r.host, one_line=True)  # what the worker says its host is called
         lines.append(
             f"{r.rank:>4}  {r.state.value:<10} {r.step:>7} {r.loss_text():>10} "
             f"{r.steps_per_sec:>8.1f} {_fmt_age(r.heartbeat_age):>9}  "
-            f"{split_text(r):<{SPLIT_WIDTH}}  {host}/{r.pid}" + (f"  <- {', '.join(marks)}" if marks else "")
+            f"{memory_text(r):<{MEMORY_WIDTH}}  {split_text(r):<{SPLIT_WIDTH}}  {host}/{r.pid}"
+            + (f"  <- {', '.join(marks)}" if marks else "")
         )
     if mirror.straggler_note:
         lines += ["", f"stragglers: {printable(mirror.straggler_note, one_line=True)}"]
@@ -220,6 +235,7 @@ def run_table(mirror: StateMirror, *, address: str = "") -> RenderableType:
     table.add_column("loss", justify="right")
     table.add_column("steps/s", justify="right")
     table.add_column("heartbeat", justify="right")
+    table.add_column("mem", justify="right", no_wrap=True, overflow="ellipsis")  # narrow: 80 columns
     table.add_column("d/c/w/o ms", no_wrap=True, overflow="ellipsis")
     table.add_column("host/pid", no_wrap=True, overflow="ellipsis")
     table.add_column("marks", no_wrap=True, overflow="ellipsis")
@@ -237,6 +253,9 @@ def run_table(mirror: StateMirror, *, address: str = "") -> RenderableType:
             marks.append((f"{r.dropped_points} points dropped", "yellow"))
         if still(m, r):
             marks.append((f"no step for {r.progress_age:.0f}s", "bold red"))
+        if r.memory_note:
+            marks.append((printable(r.memory_note, one_line=True), "bold yellow"))
+        mem_style = "yellow" if r.memory_note else ""
         table.add_row(
             Text(str(r.rank)),
             _state(r.state.value),
@@ -244,6 +263,7 @@ def run_table(mirror: StateMirror, *, address: str = "") -> RenderableType:
             Text(r.loss_text(), style="red" if r.diverged else ""),
             Text(f"{r.steps_per_sec:.1f}"),
             Text(_fmt_age(r.heartbeat_age)),
+            Text(size_text(r.rss_bytes).replace(" ", "") if r.rss_bytes else "-", style=mem_style),
             split_bar(r, scale_ms=longest),
             Text(f"{printable(r.host, one_line=True)}/{r.pid}"),  # what the worker says its host is
             _marks(marks),

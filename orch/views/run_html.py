@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import html
 
-from orch.views.rendering import still, stragglers
+from orch.views.rendering import memory_text, still, stragglers
 from orch.wire.client import StateMirror
 from orch.wire.ranks import RankView
 from orch.wire.states import RankState, RunState
@@ -120,12 +120,18 @@ def table_html(m: StateMirror) -> str:
                 "not advanced; its heartbeats only show its process lives\">"
                 f"no step for {r.progress_age:.0f}s</span>"
             )
+        if r.memory_note:
+            marks.append(
+                '<span class="orch-memory" style="color:#9a6700;font-weight:bold">'
+                f"{html.escape(r.memory_note)}</span>"
+            )
         color = "#cf222e" if r.state in (RankState.FAILED, RankState.LOST) else "inherit"
         age = "-" if r.heartbeat_age < 0 else f"{r.heartbeat_age:.1f}s"
         rows.append(
             f'<tr class="orch-rank" data-rank="{r.rank}" style="color:{color}">'
             f"<td>{r.rank}</td><td>{r.state.value}</td><td>{r.step}</td><td>{r.loss_text()}</td>"
-            f"<td>{r.steps_per_sec:.1f}</td><td>{age}</td><td>{_split_html(r, longest)}</td>"
+            f"<td>{r.steps_per_sec:.1f}</td><td>{age}</td>"
+            f'<td class="orch-mem">{html.escape(memory_text(r))}</td><td>{_split_html(r, longest)}</td>'
             f"<td>{_scores_html(r)}</td>"
             f'<td>{html.escape(r.host)}/{r.pid}</td><td class="orch-marks">{" ".join(marks)}</td></tr>'
         )
@@ -138,6 +144,7 @@ def table_html(m: StateMirror) -> str:
             "loss",
             "steps/s",
             "heartbeat",
+            "memory cpu",
             "step time",
             "vs best",
             "host/pid",

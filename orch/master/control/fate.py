@@ -15,11 +15,13 @@ always the caller's.
 
 from __future__ import annotations
 
+import signal
 from collections.abc import Callable
 
 from orch.master.control.host_sync import Settled
 from orch.master.control.judge import CauseKind, FailureJudge, RootCause, reported_kind
 from orch.master.control.lifecycle import Lifecycle
+from orch.master.control.memory import oom_cause
 from orch.master.control.registry import RankRecord, Registry
 from orch.master.control.stopping import StopOrder, stop_step
 from orch.wire._proto import orchestrator_pb2 as pb
@@ -85,14 +87,25 @@ class Fate:
         kind = reported_kind(error)
         if req.exit_code:  # its host agent saw the process die
             rec.exit_code = req.exit_code
+            oom = oom_cause(rec, rec.memory, False) if req.exit_code == -signal.SIGKILL else ""
+            error += f": {oom}" if oom else ""
             kind = CauseKind.TORN_DOWN if req.exit_code == EXIT_ABORTED else CauseKind.EXITED
         self.end_rank(rec, outcome, registry, now, error=error, kind=kind)
 
     def exited(
-        self, worker_id: str, exit_code: int, detail: str, expected: bool, registry: Registry, now: float
+        self,
+        worker_id: str,
+        exit_code: int,
+        detail: str,
+        expected: bool,
+        registry: Registry,
+        now: float,
+        *,
+        oom_killed: bool = False,
     ) -> None:
         """The launcher saw a worker's process exit (see ``Coordinator.rank_exited``). A worker
-        that never registered and failed is a failure from outside any rank."""
+        that never registered and failed is a failure from outside any rank. A SIGKILL it did
+        not send says whether the OOM killer sent it (``oom_killed``: the cgroup counted it)."""
         rec = registry.get(worker_id)
         if rec is None:
             if exit_code != 0 and not self.state.done:
@@ -105,6 +118,9 @@ class Fate:
         what = describe_exit(exit_code)
         if exit_code == 0:
             what += " without reporting completion"
+        elif exit_code == -signal.SIGKILL and not expected:
+            oom = oom_cause(rec, rec.memory, oom_killed)
+            what += f": {oom}" if oom else ""
         error = f"process exited with {what}"
         kind = CauseKind.TORN_DOWN if expected or exit_code == EXIT_ABORTED else CauseKind.EXITED
         error = f"{detail.rstrip()}\n{error}" if detail else error

@@ -58,6 +58,8 @@ class Intake:
         rec.beat(now, req.step, req.total_steps, req.dropped_points)
         if req.HasField("timing"):
             rec.timing.add(now, req.timing)
+        if req.HasField("process"):
+            rec.memory.take(rec, req.process, now)
         loss = self.points.add(rec.rank, req.series, attempt, wall)
         if loss is not None:
             rec.loss, rec.has_loss = loss, True

@@ -6,6 +6,7 @@ from bisect import insort
 from collections import deque
 from dataclasses import dataclass, field
 
+from orch.master.control.memory import MemoryWindow
 from orch.master.control.stragglers import TimingWindow
 from orch.master.control.validate import Reject
 from orch.wire._proto import orchestrator_pb2 as pb
@@ -39,6 +40,7 @@ class RankRecord(RankView):
     stack_at: float | None = None  # the master's clock when it arrived
     stacks_received: int = 0
     forced: bool = False  # ended by the master (a stop past its grace), not by its own report
+    memory: MemoryWindow = field(default_factory=MemoryWindow)
 
     def steps_per_second(self) -> float:
         if len(self.progress) < 2:

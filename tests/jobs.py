@@ -346,3 +346,19 @@ def healthy_training(ctx: Any) -> None:
         opt.step()
         ctx.log(step, loss=loss.item())
         time.sleep(float(ctx.config.get("sleep", 0.1)))
+
+
+def freeze_rank1(ctx: Any) -> None:
+    """Steps with a real all-reduce; at step 5 rank 1 freezes its whole process (SIGSTOP), its
+    heartbeat thread with it, inside a function of its own."""
+
+    def stuck_in_here() -> None:
+        os.kill(os.getpid(), signal.SIGSTOP)
+
+    for step in ctx.steps(10**6):
+        if ctx.rank == 1 and step == 5:
+            stuck_in_here()
+        t = torch.ones(1)
+        dist.all_reduce(t)
+        ctx.log(step, loss=1.0)
+        time.sleep(0.02)

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from orch.errors import OrchError
+from orch.launchers._frozen import dump
 from orch.master.coordinator import Coordinator
 from orch.record.store import json_object, tail
 from orch.runtime._memory import OomCounter
@@ -152,6 +153,15 @@ class WorkerGroup:
 
         return tail(self.run_dir / "logs" / f"{worker_id}.log", 30)
 
+    def _dump_frozen(self) -> None:
+        """Before a tear-down: the stack of each rank the master lost while its process still
+        lives (frozen whole), read from outside (see :mod:`orch.launchers._frozen`)."""
+        frozen = set(self.coordinator.lost_workers())
+        for i, p in enumerate(self.procs):
+            wid = self.worker_ids[i]
+            if wid in frozen and p.exitcode is None and p.pid is not None:
+                self.coordinator.outside_stack(wid, dump(p.pid))
+
     def terminate(self) -> None:
         """SIGTERM, a bounded grace, SIGKILL, join — all against one deadline, then the exits
         are collected as the tear-down's own.
@@ -160,6 +170,7 @@ class WorkerGroup:
         points): it gets the grace without a SIGTERM, so its own exit code stays on record.
         """
         alive = [p for p in self.procs if p.exitcode is None]
+        self._dump_frozen()
         for i, p in enumerate(self.procs):
             if p.exitcode is not None or self.coordinator.rank_reported(self.worker_ids[i]):
                 continue

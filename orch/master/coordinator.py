@@ -317,6 +317,26 @@ class Coordinator(RunFacade):
                 r.stack_wanted = True
         return now
 
+    def lost_workers(self) -> list[str]:
+        """The worker ids of LOST ranks (heartbeats stopped) without a stack taken since."""
+        with self._lock:
+            return [
+                r.worker_id
+                for r in self.ranks
+                if r.state is RankState.LOST and (r.stack_at is None or r.stack_at < (r.ended_at or 0.0))
+            ]
+
+    def outside_stack(self, worker_id: str, text: str) -> None:
+        """A lost rank's stack read from outside its process (py-spy), or why there is none: it
+        goes with its error, which the root cause shows."""
+        with self._lock:
+            rec = self.registry.get(worker_id)
+            if rec is None:
+                return
+            rec.stack, rec.stack_at = text, self._clock()
+            rec.error = f"{rec.error}\n{text}" if rec.error else text
+            self._event("stack", rec.rank, text)
+
     def ask_stacks(self) -> float:
         """Ask every running rank for its training thread's stack; returns the time asked (the
         master's clock) for :meth:`stacks_since`."""

@@ -4,6 +4,7 @@ every rank's stack; a stop it never reaches still ends the run."""
 from __future__ import annotations
 
 import json
+import os
 import time
 from pathlib import Path
 from typing import Any
@@ -142,3 +143,27 @@ def test_in_a_notebook_the_stacks_show_the_cells_and_their_lines(tmp_path: Path)
         assert "ranks 0, 2: in `model(x).sum().backward()` (Cell In[2], line 9)" in text
         assert "  Cell In[2], line 9, in stuck" in text
         assert "<dynamic-code>" not in text and "ipykernel" not in text
+
+
+def test_a_frozen_process_is_lost_and_its_stack_read_from_outside(tmp_path: Path) -> None:
+    launched = orch.launch("jobs:freeze_rank1", world_size=2, run_root=str(tmp_path), heartbeat_timeout=3.0)
+    with launched as run, pytest.raises(orch.RunFailed) as failed:
+        run.wait(timeout=60)
+    assert failed.value.rank == 1
+    assert "was lost: no heartbeat for" in str(failed.value)
+    # py-spy (a dev dependency) read the frozen rank's threads: its training thread was in the
+    # user's function; its heartbeat thread was frozen with it.
+    text = failed.value.traceback
+    assert "its stack, read by py-spy (its process was frozen):" in text, text
+    assert "stuck_in_here (jobs.py:" in text, text
+    record = json.loads((run.run_dir / "result.json").read_text())
+    assert "stuck_in_here" in record["root_cause_error"]
+
+
+def test_without_py_spy_a_frozen_ranks_record_says_how_to_get_its_stack(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from orch.launchers import _frozen
+
+    monkeypatch.setattr(_frozen, "py_spy", lambda: None)
+    assert "py-spy is not installed here (pip install py-spy" in _frozen.dump(os.getpid())

@@ -29,7 +29,7 @@ from orch.views.dashboard import (
     summary,
     sweep_table,
 )
-from orch.views.run_html import table_html
+from orch.views.run_html import progress_html, table_html
 from orch.wire._proto import orchestrator_pb2 as pb
 from orch.wire.client import StateMirror
 
@@ -391,3 +391,46 @@ def test_orch_run_on_a_terminal_draws_the_table_and_stops_on_ctrl_c(
     assert "rank  state" in screen and "\x1b[1;36mRUNNING" in screen
     assert "STOPPED" in screen
     assert screen.rfind("\x1b[?25h") > screen.rfind("\x1b[?25l") >= 0  # the cursor is back
+
+
+def test_a_run_that_stands_still_says_so_with_the_stacks_in_every_view() -> None:
+    """A coordinator whose ranks stopped stepping (hang_timeout 5 s on its own clock): the
+    dashboard, orch status's plain text and the panel's HTML say "no progress", mark the
+    standing ranks, and show the grouped stacks the ranks sent."""
+    clock = [0.0]
+    c = Coordinator(2, run_id="run-h", clock=lambda: clock[0], hang_timeout=5.0)
+    for i in range(2):
+        c.register(pb.RegisterRequest(worker_id=f"w{i}", host=f"h{i}", pid=100 + i, rendezvous_port=1))
+    for i in range(2):
+        c.can_start(pb.CanStartTrainingRequest(run_id="run-h", worker_id=f"w{i}"))
+    for step in range(1, 6):
+        clock[0] += 1.0
+        for i in range(2):
+            c.heartbeat(pb.HeartbeatRequest(run_id="run-h", worker_id=f"w{i}", step=step))
+    clock[0] += 7.0
+    for i in range(2):  # they beat on, their steps stand still
+        c.heartbeat(pb.HeartbeatRequest(run_id="run-h", worker_id=f"w{i}", step=5))
+    c.expire()
+    assert c.ranks[0].stack_wanted  # asked for in the next reply
+    for i, line in ((0, "dist.all_reduce(t)"), (1, "time.sleep(10**6)")):
+        frame = pb.Frame(file="Cell In[3]", line=10 + i, function="train", code=line, user=True)
+        c.heartbeat(
+            pb.HeartbeatRequest(run_id="run-h", worker_id=f"w{i}", step=5, stack=pb.Stack(frames=[frame]))
+        )
+    c.expire()
+    m = StateMirror()
+    m.apply(c.snapshot())
+    assert m.stalled_for == pytest.approx(7.0)
+    plain = render(m)
+    assert "progress: no progress for 7s: ranks 0, 1 at step 5 (limit 5s: hang_timeout=5s)" in plain
+    assert plain.count("no step for 7s") == 2
+    assert "rank 1: in `time.sleep(10**6)` (Cell In[3], line 11)" in plain
+    assert "stragglers: stragglers are not judged while the ranks do not progress" in plain
+    rich = SGR.sub("", rich_text(run_table(m)))
+    assert (
+        "progress: no progress for 7s" in rich
+        and "rank 0: in `dist.all_reduce(t)` (Cell In[3], line 10)" in rich
+    )
+    assert rich.count("no step for 7s") == 2
+    page = progress_html(m) + table_html(m)
+    assert "no progress for 7s" in page and 'class="orch-stacks"' in page and "time.sleep(10**6)" in page

@@ -42,6 +42,7 @@ from orch.master.control.validate import (
     parse_cursor,
 )
 from orch.wire._proto import orchestrator_pb2 as pb
+from orch.wire.limits import MAX_SECTIONS, MORE_SECTIONS
 from orch.wire.states import RUN_STATE_PB, RankState, RunState
 
 if TYPE_CHECKING:
@@ -197,6 +198,14 @@ class Coordinator(RunFacade):
         rec = self.intake.beat(req, self.run_id, self.attempt, now, self._wall())
         if req.HasField("stack"):
             rec.take_stack(req.stack, now)
+        if MORE_SECTIONS in req.timing.sections and not rec.many_sections:
+            rec.many_sections = True  # told once per rank: the straggler note names the bucket
+            self._event(
+                "sections",
+                rec.rank,
+                f"rank {rec.rank} marked more than {MAX_SECTIONS - 1} ctx.section names: the rest are "
+                f"timed together as {MORE_SECTIONS!r}",
+            )
         write = None
         if self.store is not None and req.series:
             write = functools.partial(self.store.append_points, rec.rank, self.attempt, req.series)

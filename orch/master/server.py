@@ -343,10 +343,14 @@ class MasterServer:
         servicer.close()  # after the last heartbeat's write
 
     async def _expire(self) -> None:
-        """Declare silent ranks lost, every ``expire_interval``, on the event loop."""
-        while True:
-            await asyncio.sleep(self.expire_interval)
-            self.coordinator.expire()
+        """Every ``expire_interval``: declare silent ranks lost, watch progress, judge the
+        stragglers and the memory (see Coordinator.expire), on a thread of its own: the event
+        loop serves heartbeats meanwhile (they wait only for the coordinator's short lock)."""
+        loop = asyncio.get_running_loop()
+        with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="orch-expiry") as expiry:
+            while True:
+                await asyncio.sleep(self.expire_interval)
+                await loop.run_in_executor(expiry, self.coordinator.expire)
 
     def stop(self, grace: float = 1.0) -> None:
         loop, stop_requested = self._loop, self._stop_requested

@@ -20,16 +20,17 @@ the master judges (:mod:`orch.master.control.stragglers`). ``ORCH_STEP_TIMING=0`
 
 from __future__ import annotations
 
+import logging
 import os
 import threading
 import time
 from typing import Any
 
 from orch.wire._proto import orchestrator_pb2 as pb
+from orch.wire.limits import MAX_SECTIONS, MORE_SECTIONS
 
+log = logging.getLogger(__name__)
 clock = time.perf_counter
-MAX_SECTIONS = 32  # distinct ctx.section names per heartbeat (the master's limit) ...
-MORE_SECTIONS = "(other sections)"  # ... beyond which they are summed under this one
 RESERVED = frozenset({"data", "compute", "other", "collective wait", MORE_SECTIONS})  # the step's own parts
 
 
@@ -45,6 +46,8 @@ class StepTimes:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self.collectives = False  # a hook times the gradient collectives (ctx.ddp)
+        self._names: set[str] = set()  # the section names this rank has marked, for good
+        self._told = False
         self._reset()
 
     def _reset(self) -> None:
@@ -68,8 +71,23 @@ class StepTimes:
 
     def section(self, name: str, seconds: float) -> None:
         with self._lock:
-            if name not in self.sections and len(self.sections) >= MAX_SECTIONS - 1:
-                name = MORE_SECTIONS  # the master takes at most MAX_SECTIONS names a heartbeat
+            if name not in self._names:
+                if len(self._names) >= MAX_SECTIONS - 1:
+                    # A run's first MAX_SECTIONS - 1 names are its sections; the rest are timed
+                    # together, and said so once (the master tells the run's event log too).
+                    if not self._told:
+                        self._told = True
+                        log.warning(
+                            "ctx.section(%r): this rank already marked %d section names, the most "
+                            "orch times apart; this one and any later new name are timed together "
+                            "as %r (name sections by what they do, not by step or batch)",
+                            name,
+                            len(self._names),
+                            MORE_SECTIONS,
+                        )
+                    name = MORE_SECTIONS
+                else:
+                    self._names.add(name)
             self.sections[name] = self.sections.get(name, 0.0) + seconds
 
     def collective(self, seconds: float) -> None:

@@ -10,3 +10,5 @@ MAX_ID_LEN = 256
 MAX_METRICS_PER_RANK = 64
 MAX_ERROR_LEN = 64 * 1024  # a rank's reported error is cut to this
 MAX_BEATS_PER_BATCH = 256  # heartbeats in one host agent's SendHostHeartbeats call
+MAX_SECTIONS = 32  # ctx.section names per heartbeat, and per rank and run
+MORE_SECTIONS = "(other sections)"  # where a rank's names past MAX_SECTIONS - 1 are timed together

@@ -412,3 +412,14 @@ def test_an_ended_runs_heartbeat_ages_stand_still_at_its_end() -> None:
     clock.t += 100.0
     ages = {r.rank: r.heartbeat_age for r in c.snapshot().ranks}
     assert ages == {0: pytest.approx(1.5), 1: pytest.approx(0.0)}
+
+
+def test_a_rank_past_the_section_names_cap_is_told_once_in_the_event_log() -> None:
+    c = started()
+    bucket = pb.StepTiming(steps=1, step_seconds=0.1, sections={"(other sections)": 0.01, "augment": 0.01})
+    for _ in range(3):
+        c.heartbeat(pb.HeartbeatRequest(run_id=c.run_id, worker_id="w1", step=1, timing=bucket))
+    told = [e for e in c.events if e.kind == "sections"]
+    assert [(e.rank, e.message) for e in told] == [
+        (1, "rank 1 marked more than 31 ctx.section names: the rest are timed together as '(other sections)'")
+    ]

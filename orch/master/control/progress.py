@@ -19,6 +19,7 @@ grouped stacks are what the panel, the dashboard and ``orch status`` show.
 
 from __future__ import annotations
 
+import math
 import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -33,6 +34,8 @@ HANG_FLOOR = 30.0  # seconds; below it, a slow evaluation or checkpoint would re
 STARTUP_TIMEOUT = 600.0  # seconds to the first step: imports, data sets, the first collective
 STACK_WAIT = 5.0  # seconds the master waits for the ranks' stacks before it tells without them
 ON_HANG = ("warn", "fail")
+RECENT_GAPS = 4  # of each rank's gaps, the last ones make the pace: O(ranks) per look
+LOOK_EVERY = 0.5  # seconds between looks (the expiry tick and every GetState call one)
 FROZEN = "its heartbeats stopped too: the whole process is frozen (SIGSTOP, or native code holding the GIL)"
 
 
@@ -70,6 +73,7 @@ class ProgressWatch:
         self.stacks: Stacks | None = None  # the grouped stacks last taken
         self.stacks_taken = 0.0  # unix seconds
         self._stacks_version = -1
+        self._looked = -math.inf
 
     def new_attempt(self) -> None:
         """A restarted group is watched afresh."""
@@ -79,7 +83,7 @@ class ProgressWatch:
     # -- the limit ---------------------------------------------------------------------------
     def limit(self, ranks: Sequence[RankRecord]) -> tuple[float, str]:
         """The hang limit past a rank's first step, and how it was set (words for the note)."""
-        gaps = [g for r in ranks for g in r.gaps]
+        gaps = [g for r in ranks for g in list(r.gaps)[-RECENT_GAPS:]]
         if gaps:
             median = statistics.median(gaps)
             learned = max(HANG_FACTOR * median, HANG_FLOOR)
@@ -101,6 +105,9 @@ class ProgressWatch:
         is "fail" and the stall's stacks are in, or were waited for long enough)."""
         if state is not RunState.RUNNING:
             return [], None  # a stop has its own deadline (see Fate.overdue_stop); an end ends it
+        if now - self._looked < LOOK_EVERY and not (self._asked is not None and not self._told_stacks):
+            return [], None  # a second's resolution is plenty for limits of 30 s and more
+        self._looked = now
         self._limit = self.limit(ranks)
         running = [r for r in ranks if r.state is RankState.RUNNING and r.moved_at is not None]
         stalled = [r for r in running if now - r.moved_at > self._limit_of(r)]  # type: ignore[operator]

@@ -40,6 +40,7 @@ class RankRecord(RankView):
     stack_at: float | None = None  # the master's clock when it arrived
     stacks_received: int = 0
     forced: bool = False  # ended by the master (a stop past its grace), not by its own report
+    many_sections: bool = False  # it marked more ctx.section names than are timed apart
     memory: MemoryWindow = field(default_factory=MemoryWindow)
 
     def steps_per_second(self) -> float:

@@ -15,9 +15,13 @@ stragglers cannot be judged, and why, rather than "no straggler".
 from __future__ import annotations
 
 import bisect
-import statistics
+import math
 from collections import deque
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
+
+import numpy as np
+import numpy.typing as npt
 
 from orch.wire._proto import orchestrator_pb2 as pb
 
@@ -42,7 +46,7 @@ class Means:
     data: float
     collective: float
     other: float
-    sections: dict[str, float]
+    sections: Mapping[str, float]
     collectives: bool
 
     @property
@@ -57,50 +61,124 @@ class Means:
         return self.sections.get(name, 0.0)
 
 
+Beat = tuple[float, int, float, float, float, float, dict[str, float], bool]
+
+
 @dataclass
 class TimingWindow:
     """The step times a rank sent over the last WINDOW seconds (at least its last MIN_BEATS
-    beats, for steps longer than the window), and its best compute so far."""
+    beats, for steps longer than the window), and its best compute so far.
+
+    The window keeps running sums, so its means cost the same however many beats it holds:
+    the judgement reads a thousand ranks' in a few milliseconds. Sums are rebuilt from the
+    beats now and then, so that adding and taking away floats never drifts."""
 
     # (time, steps, step, data, collective, other, sections, collectives): copies, so that no
     # request is kept alive by its parts
-    beats: deque[tuple[float, int, float, float, float, float, dict[str, float], bool]] = field(
-        default_factory=lambda: deque(maxlen=MAX_BEATS)
-    )
+    beats: deque[Beat] = field(default_factory=deque)
     best_compute: float = 0.0
+    _sums: list[float] = field(default_factory=lambda: [0.0] * 5)  # steps, step, data, collective, other
+    _sections: dict[str, float] = field(default_factory=dict)
+    _named: dict[str, int] = field(default_factory=dict)  # beats in the window that name each section
+    _timed_collectives: int = 0  # beats in the window whose collectives were timed
+    _removed: int = 0
 
     def add(self, now: float, t: pb.StepTiming) -> None:
         if t.steps > 0:
-            self.beats.append(
-                (now, t.steps, t.step_seconds, t.data_seconds, t.collective_seconds, t.other_seconds,
-                 dict(t.sections), t.collectives)
-            )  # fmt: skip
+            beat = (now, t.steps, t.step_seconds, t.data_seconds, t.collective_seconds, t.other_seconds,
+                    dict(t.sections), t.collectives)  # fmt: skip
+            if len(self.beats) >= MAX_BEATS:
+                self._remove(self.beats.popleft())
+            self.beats.append(beat)
+            sums = self._sums
+            sums[0] += beat[1]
+            sums[1] += beat[2]
+            sums[2] += beat[3]
+            sums[3] += beat[4]
+            sums[4] += beat[5]
+            for name, seconds in beat[6].items():
+                self._sections[name] = self._sections.get(name, 0.0) + seconds
+                self._named[name] = self._named.get(name, 0) + 1
+            self._timed_collectives += beat[7]
         self.trim(now)
+
+    def _remove(self, beat: Beat) -> None:
+        sums = self._sums
+        sums[0] -= beat[1]
+        sums[1] -= beat[2]
+        sums[2] -= beat[3]
+        sums[3] -= beat[4]
+        sums[4] -= beat[5]
+        for name, seconds in beat[6].items():
+            if self._named.get(name, 0) <= 1:
+                self._sections.pop(name, None)  # no beat left names it
+                self._named.pop(name, None)
+            else:
+                self._sections[name] -= seconds
+                self._named[name] -= 1
+        self._timed_collectives -= beat[7]
+        self._removed += 1
+        if self._removed >= MAX_BEATS:
+            self._rebuild()
+
+    def _rebuild(self) -> None:
+        self._removed = 0
+        self._sums = [
+            float(sum(b[1] for b in self.beats)),
+            sum(b[2] for b in self.beats),
+            sum(b[3] for b in self.beats),
+            sum(b[4] for b in self.beats),
+            sum(b[5] for b in self.beats),
+        ]
+        self._sections, self._named = {}, {}
+        for b in self.beats:
+            for name, seconds in b[6].items():
+                self._sections[name] = self._sections.get(name, 0.0) + seconds
+                self._named[name] = self._named.get(name, 0) + 1
+        self._timed_collectives = sum(b[7] for b in self.beats)
 
     def trim(self, now: float) -> None:
         while len(self.beats) > MIN_BEATS and now - self.beats[0][0] > WINDOW:
-            self.beats.popleft()
+            self._remove(self.beats.popleft())
 
     def means(self) -> Means | None:
-        steps = sum(b[1] for b in self.beats)
-        if not steps:
+        steps = round(self._sums[0])
+        if steps <= 0 or not self.beats:
             return None
-        sections: dict[str, float] = {}
-        for b in self.beats:
-            for name, seconds in b[6].items():
-                sections[name] = sections.get(name, 0.0) + seconds
+        _, step, data, collective, other = self._sums
         m = Means(
             steps=steps,
-            step=sum(b[2] for b in self.beats) / steps,
-            data=sum(b[3] for b in self.beats) / steps,
-            collective=sum(b[4] for b in self.beats) / steps,
-            other=sum(b[5] for b in self.beats) / steps,
-            sections={k: v / steps for k, v in sections.items()},
-            collectives=any(b[7] for b in self.beats),
+            step=step / steps,
+            data=data / steps,
+            collective=collective / steps,
+            other=other / steps,
+            sections=_PerStep(self._sections, steps),
+            collectives=self._timed_collectives > 0,
         )
         if m.compute > 0 and (not self.best_compute or m.compute < self.best_compute):
             self.best_compute = m.compute
         return m
+
+
+class _PerStep(Mapping[str, float]):
+    """A rank's section sums read as per-step means, divided only for the names asked for:
+    the judgement reads the sections of the few ranks it suspects, not every rank's."""
+
+    def __init__(self, sums: dict[str, float], steps: int) -> None:
+        # The window's own sums, not a copy: a judgement reads them at once, under the run's lock.
+        self._sums, self._steps = sums, steps
+
+    def __getitem__(self, name: str) -> float:
+        return self._sums[name] / self._steps
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._sums)
+
+    def __len__(self) -> int:
+        return len(self._sums)
+
+    def __repr__(self) -> str:
+        return repr(dict(self.items()))
 
 
 @dataclass
@@ -139,37 +217,67 @@ def judge(means: dict[int, Means | None], world_size: int) -> Verdict:
             note="stragglers cannot be judged: the gradient collectives are not timed "
             "(wrap the model with ctx.ddp)",
         )
-    step = statistics.median(m.step for m in timed.values())
+    # The medians of the others, for every rank at once (numpy): O(ranks), a few ms at a
+    # thousand. Sections are read only for a rank found slow in compute, and only its own (at
+    # most MAX_SECTIONS): the judgement's cost does not grow with the names the ranks mark.
+    ranks = list(timed)
+    table = np.array([(m.step, m.data, m.collective, m.other) for m in timed.values()], dtype=np.float64)
+    step_t, data_t, wait_t, other_t = table.T
+    compute_t = np.maximum(0.0, step_t - data_t - wait_t - other_t)
+    step = float(np.median(step_t))
     floor = max(MIN_EXCESS_SHARE * step, MIN_EXCESS_SECONDS)
-    sections = sorted({name for m in timed.values() for name in m.sections})
-    # Each part's values sorted once: the median of the others is read off without copying.
-    ranked = {part: sorted(m.part(part) for m in timed.values()) for part in ("compute", "data", *sections)}
-    waits = sorted(m.collective for m in timed.values())
+    their_wait = _medians_without(wait_t)
     found: list[tuple[float, int, str]] = []
-    for rank, m in timed.items():
-        their_wait = _median_without(waits, m.collective)
-        for part in ("compute", "data"):
-            excess = m.part(part) - _median_without(ranked[part], m.part(part))
-            if excess < floor or m.collective > their_wait - WAIT_SHARE * excess:
-                continue  # not slow enough there, or it waits as long as the others
-            if part == "compute" and sections:
+    others_of: dict[str, npt.NDArray[np.float64]] = {}
+    for part, values in (("compute", compute_t), ("data", data_t)):
+        others = others_of[part] = _medians_without(values)
+        excess = values - others
+        slow = np.nonzero((excess >= floor) & (wait_t <= their_wait - WAIT_SHARE * excess))[0]
+        for i in slow.tolist():  # few: the ranks slow there that the others wait for
+            named = part
+            m = timed[ranks[i]]
+            if part == "compute" and m.sections:
                 # A marked section that holds most of a compute excess names it better.
-                named = max(sections, key=lambda n: m.part(n) - _median_without(ranked[n], m.part(n)))
-                if m.part(named) - _median_without(ranked[named], m.part(named)) >= 0.5 * excess:
-                    part = named
-            found.append((excess, rank, part))
+                best_name, best_excess = "", -math.inf
+                for name in m.sections:
+                    theirs = sorted(o.sections.get(name, 0.0) for o in timed.values())
+                    over = m.sections[name] - _median_without(theirs, m.sections[name])
+                    if over > best_excess:
+                        best_name, best_excess = name, over
+                if best_excess >= 0.5 * float(excess[i]):
+                    named = best_name
+            found.append((float(excess[i]), ranks[i], named))
     if not found:
         return Verdict(
             True, note=f"no straggler: the ranks spend about the same in each part of a {_ms(step)} step"
         )
     _, rank, part = max(found)
+    i = ranks.index(rank)
     m = timed[rank]
+    if part in others_of:
+        theirs_ms = float(others_of[part][i])
+    else:
+        theirs_ms = _median_without(sorted(o.sections.get(part, 0.0) for o in timed.values()), m.part(part))
     note = (
         f"rank {rank} is the straggler, slow in {part}: {_ms(m.part(part))} per step against "
-        f"{_ms(_median_without(ranked[part], m.part(part)))} on the others; it waits {_ms(m.collective)} in "
-        f"collectives, the others {_ms(_median_without(waits, m.collective))}"
+        f"{_ms(theirs_ms)} on the others; it waits {_ms(m.collective)} in "
+        f"collectives, the others {_ms(float(their_wait[i]))}"
     )
     return Verdict(True, rank, part, note)
+
+
+def _medians_without(values: npt.NDArray[np.float64]) -> npt.NDArray[np.float64]:
+    """For each value, the median of the others (the array with that one value taken out)."""
+    ordered = np.sort(values)
+    n = len(ordered) - 1  # how many the others are
+    skip = np.searchsorted(ordered, values, side="left")
+
+    def at(k: int) -> npt.NDArray[np.float64]:
+        return ordered[np.where(k < skip, k, k + 1)]  # the k-th of the others
+
+    if n % 2:
+        return at(n // 2)
+    return (at(n // 2 - 1) + at(n // 2)) / 2
 
 
 def _median_without(ordered: list[float], value: float) -> float:

@@ -7,7 +7,13 @@ from collections.abc import Sequence
 from typing import Literal
 
 from orch.wire._proto import orchestrator_pb2 as pb
-from orch.wire.limits import MAX_BEATS_PER_BATCH, MAX_ERROR_LEN, MAX_ID_LEN, MAX_METRICS_PER_RANK
+from orch.wire.limits import (
+    MAX_BEATS_PER_BATCH,
+    MAX_ERROR_LEN,
+    MAX_ID_LEN,
+    MAX_METRICS_PER_RANK,
+    MAX_SECTIONS,
+)
 from orch.wire.states import RANK_STATE_FROM_PB, RankState
 
 BACKENDS = ("", "gloo", "nccl")
@@ -95,7 +101,6 @@ def check_heartbeats(beats: Sequence[pb.HeartbeatRequest]) -> list[Reject | None
     return checked
 
 
-MAX_SECTIONS = 32  # ctx.section names per heartbeat
 MAX_SECONDS = 1e6  # any one duration a heartbeat reports (NaN is not in range either)
 
 

@@ -138,6 +138,37 @@ def test_sections_beyond_the_masters_limit_are_summed_not_refused() -> None:
     check_timing(taken)  # the master takes it
 
 
+def test_a_name_per_step_is_capped_for_the_whole_run_not_only_per_heartbeat(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    from orch.runtime._timing import StepTimes
+    from orch.wire.limits import MAX_SECTIONS, MORE_SECTIONS
+
+    times = StepTimes()
+    names: set[str] = set()
+    for step in range(200):  # ctx.section(f"batch {step}"): a new name every step
+        times.step(0.01, 0.0)
+        times.section(f"batch {step}", 0.001)
+        if step % 4 == 3:  # a heartbeat every 4 steps
+            taken = times.take()
+            assert taken is not None
+            names |= set(taken.sections)
+    assert len(names) == MAX_SECTIONS and MORE_SECTIONS in names  # 31 names, then the bucket
+    said = [r.getMessage() for r in caplog.records if "section names" in r.getMessage()]
+    assert len(said) == 1 and "'batch 31'" in said[0] and "name sections by what they do" in said[0]
+
+
+def test_the_judgement_reads_sections_only_of_the_ranks_it_suspects() -> None:
+    # Every rank marks 31 names of its own; one rank is slow in one of them: found, and the
+    # judgement did not build a sorted list for each of the 31 x 64 names.
+    ranks: dict[int, Means | None] = {
+        r: means(0.040, 0.010, **{f"r{r}-part{k}": 0.0001 for k in range(31)}) for r in range(64)
+    }
+    ranks[9] = means(0.040, 0.001, **{"r9-part0": 0.0095, **{f"r9-part{k}": 0.0001 for k in range(1, 31)}})
+    v = judge(ranks, 64)
+    assert (v.rank, v.section) == (9, "r9-part0"), v.note
+
+
 @pytest.mark.parametrize("name", ["data", "compute", "", "x" * 65, "bad\nname", "\ud800"])
 def test_a_section_name_that_cannot_be_shown_or_sent_is_refused_at_once(name: str) -> None:
     import torch

@@ -246,6 +246,7 @@ _SERIAL = {"test_stragglers.py", "test_multihost.py", "test_host_restarts.py", "
 _UNIT = {
     "test_coordinator.py",
     "test_coordinator_budgets.py",
+    "test_fatal.py",
     "test_layers.py",
     "test_master_rpc.py",
     "test_proto.py",

@@ -25,6 +25,8 @@ from typing import Any
 from orch.errors import OrchError
 from orch.master.coordinator import Coordinator
 from orch.record.store import json_object, tail
+from orch.runtime._fatal import MAX_BYTES, explain
+from orch.runtime._source import SourceMap
 from orch.runtime.spec import WorkerSpec
 from orch.runtime.worker import spawn_main
 from orch.wire.states import RunState
@@ -95,12 +97,14 @@ class WorkerGroup:
         self.exit_codes: dict[str, int] = {}
         self.all_exited_at: float | None = None
         self._exited: dict[int, int] = {}
+        self.sources = SourceMap()  # where the training function's code came from (cells)
 
     def start(self, specs: list[WorkerSpec]) -> None:
         import cloudpickle
 
         ctx = worker_context()
         self.worker_ids = [s.worker_id for s in specs]
+        self.sources = specs[0].sources if specs else SourceMap()
         self.procs, self._exited, self.all_exited_at = [], {}, None
         for wspec in specs:
             p = ctx.Process(
@@ -129,8 +133,8 @@ class WorkerGroup:
                 # A failed rank killed at the end of the grace while it delivered its last
                 # points: the code of its own failure stands, not our SIGKILL.
                 code = record["exit_code"]
-            detail = str(record.get("traceback", "")) if record else self._log_tail(wid, code)
-            self.coordinator.rank_exited(wid, code, detail=detail, expected=ours)
+            detail, cause = (str(record.get("traceback", "")), "") if record else self._log_tail(wid, code)
+            self.coordinator.rank_exited(wid, code, detail=detail, expected=ours, cause=cause)
         if self.all_exited and self.all_exited_at is None:
             self.all_exited_at = time.monotonic()
 
@@ -141,12 +145,15 @@ class WorkerGroup:
             return json_object(path.read_bytes(), str(path), "")
         return {}
 
-    def _log_tail(self, worker_id: str, code: int) -> str:
-        """The end of a dead worker's log, when it left no error file."""
+    def _log_tail(self, worker_id: str, code: int) -> tuple[str, str]:
+        """What a dead worker that left no error file left in its log: (its failure, one line
+        of it). A fatal error's dump is read as its training thread's stack and the native
+        library's explanation; any other log gives its last lines, and no line."""
         if code == 0:
-            return ""
-
-        return tail(self.run_dir / "logs" / f"{worker_id}.log", 30)
+            return "", ""
+        path = self.run_dir / "logs" / f"{worker_id}.log"
+        explained = explain(tail(path, 10_000, MAX_BYTES), self.sources, f"logs/{worker_id}.log")
+        return explained if explained is not None else (tail(path, 30), "")
 
     def terminate(self) -> None:
         """SIGTERM, a bounded grace, SIGKILL, join — all against one deadline, then the exits

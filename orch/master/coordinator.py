@@ -196,14 +196,17 @@ class Coordinator(RunFacade):
             self.fate.completed(rec, req, outcome, self.registry, self._clock())
 
     # -- launcher and tools --------------------------------------------------------------
-    def rank_exited(self, worker_id: str, exit_code: int, detail: str = "", expected: bool = False) -> None:
+    def rank_exited(
+        self, worker_id: str, exit_code: int, detail: str = "", expected: bool = False, cause: str = ""
+    ) -> None:
         """The launcher saw a worker process exit with ``exit_code`` (negative: signal).
 
         ``detail`` is what the process left behind (its error file or the end of its log);
-        ``expected`` says the launcher ended it itself (tearing the group down).
+        ``expected`` says the launcher ended it itself (tearing the group down); ``cause`` is
+        one line of ``detail`` that explains the exit (a native library's last words).
         """
         with self._lock:
-            self.fate.exited(worker_id, exit_code, detail, expected, self.registry, self._clock())
+            self.fate.exited(worker_id, exit_code, detail, expected, self.registry, self._clock(), cause)
 
     def rank_reported(self, worker_id: str) -> bool:
         """True when the worker's rank reported its end (or its process exited), unlike a LOST one."""

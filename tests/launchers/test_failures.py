@@ -99,6 +99,39 @@ def test_a_rank_that_dies_fails_the_run_and_takes_the_others_down(
     assert '"rank_failed"' in events and evidence.split("(")[0] in events
 
 
+def test_a_collective_mismatch_names_the_library_s_words_and_the_user_s_line(tmp_path: Path) -> None:
+    """gloo aborts rank 0 (SIGABRT, no Python exception): its explanation and the training
+    thread's stack, read from faulthandler's dump in the log, are the root cause."""
+    run = orch.launch("jobs:skips_an_all_reduce_on_rank1", world_size=2, run_root=str(tmp_path))
+    try:
+        with pytest.raises(orch.RunFailed) as e:
+            run.wait(timeout=120)
+    finally:
+        run.close()
+    message, text = str(e.value), e.value.traceback
+    assert (e.value.rank, e.value.exit_code) == (0, -signal.SIGABRT), message
+    # The message's one line: the signal, the op, the user's line and gloo's explanation.
+    assert "signal SIGABRT: gloo::EnforceNotMet in all_reduce (" in message, message
+    assert 'jobs.py, line' in message and "in skips_an_all_reduce_on_rank1)" in message, message
+    assert "Is there a distributed collective mismatch in your code?" in message, message
+    # The traceback: the training thread only, the user's frame with its source line, then gloo's words.
+    lines = text.splitlines()
+    assert lines[0].startswith("Traceback of the training thread"), text
+    user = next(i for i, ln in enumerate(lines) if "in skips_an_all_reduce_on_rank1" in ln)
+    assert lines[user + 1].strip() == "dist.all_reduce(total)  # the skipped collective", text
+    assert "_sender.py" not in text and "Extension modules" not in text, text
+    assert "what():" in text and "Fatal Python error: Aborted" in text, text
+    log_text = (run.run_dir / "logs" / f"{run.coordinator.ranks[0].worker_id}.log").read_text()
+    assert "Extension modules:" in log_text and "_sender.py" in log_text  # the whole dump stays in the log
+    assert "collective mismatch" in _result(run.run_dir)["failure"]
+
+
+def _result(run_dir: Path) -> dict[str, Any]:
+    import json
+
+    return dict(json.loads((run_dir / "result.json").read_text()))
+
+
 def test_a_rank_killed_from_outside(tmp_path: Path) -> None:
     run = orch.launch("jobs:long_barriers", world_size=3, run_root=str(tmp_path))
     try:

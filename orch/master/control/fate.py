@@ -78,10 +78,18 @@ class Fate:
         self.end_rank(rec, outcome, registry, now, error=error, kind=kind)
 
     def exited(
-        self, worker_id: str, exit_code: int, detail: str, expected: bool, registry: Registry, now: float
+        self,
+        worker_id: str,
+        exit_code: int,
+        detail: str,
+        expected: bool,
+        registry: Registry,
+        now: float,
+        cause: str = "",
     ) -> None:
         """The launcher saw a worker's process exit (see ``Coordinator.rank_exited``). A worker
-        that never registered and failed is a failure from outside any rank."""
+        that never registered and failed is a failure from outside any rank. ``cause``: one line
+        that explains the exit; it ends the error, so it is the root cause's line."""
         rec = registry.get(worker_id)
         if rec is None:
             if exit_code != 0 and not self.state.done:
@@ -94,7 +102,7 @@ class Fate:
         what = describe_exit(exit_code)
         if exit_code == 0:
             what += " without reporting completion"
-        error = f"process exited with {what}"
+        error = f"process exited with {what}" + (f": {cause}" if cause else "")
         kind = CauseKind.TORN_DOWN if expected or exit_code == EXIT_ABORTED else CauseKind.EXITED
         error = f"{detail.rstrip()}\n{error}" if detail else error
         self.end_rank(rec, RankState.FAILED, registry, now, error=error, kind=kind)

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from orch.errors import OrchError
+from orch.launchers._exiting import launcher_exit_message, launcher_exiting
 from orch.master.coordinator import Coordinator
 from orch.record.store import json_object, tail
 from orch.runtime._fatal import MAX_BYTES, explain
@@ -126,6 +127,14 @@ class WorkerGroup:
             wid = self.worker_ids[i]
             self._exited[i] = p.exitcode
             self.exit_codes[wid] = p.exitcode
+            if launcher_exiting():
+                # The launcher is going away and its workers with it: the run ends for that
+                # reason, before any exit could name a rank (their codes may not even be
+                # readable: a forkserver terminated with the kernel makes each read 255).
+                self.coordinator.close_run(launcher_exit_message())
+                ended = "it ended with its launcher"
+                self.coordinator.rank_exited(wid, p.exitcode, detail=ended, expected=True)
+                continue
             # After a tear-down, a SIGTERM or SIGKILL is ours; any other death is the worker's own.
             ours = expected and p.exitcode in (-signal.SIGTERM, -signal.SIGKILL)
             code, record = p.exitcode, self._error_record(wid) if p.exitcode else {}

@@ -126,6 +126,39 @@ def test_a_collective_mismatch_names_the_library_s_words_and_the_user_s_line(tmp
     assert "collective mismatch" in _result(run.run_dir)["failure"]
 
 
+def test_a_kernel_restarted_mid_run_ends_it_as_its_launcher_s_exit(tmp_path: Path) -> None:
+    """Kernel > Restart: the kernel's shutdown terminates its children (the forkserver, whose
+    workers' exits then read 255) before its exit hook runs; no rank is blamed for that."""
+    from conftest import notebook_kernel
+
+    with notebook_kernel(tmp_path) as (km, kc):
+        cell = (
+            f"import sys; sys.path.insert(0, {str(TESTS)!r})\n"
+            "import orch\nfrom orch.views.panel import wait_for\n"
+            f"run = orch.launch('jobs:long_barriers', world_size=2, run_root={str(tmp_path)!r})\n"
+            "assert wait_for(lambda: run.state().state.value == 'RUNNING', 90)\n"
+            "print(run.run_id, [r.pid for r in run.state().ranks])\n"
+        )
+        out: list[str] = []
+        reply = kc.execute_interactive(
+            cell, timeout=120, output_hook=lambda m: out.append(m["content"].get("text", ""))
+        )
+        assert reply["content"]["status"] == "ok", reply["content"]
+        run_id, pids = "".join(out).split(" ", 1)
+        kernel_pid = km.provisioner.pid  # type: ignore[union-attr]
+        km.restart_kernel(now=False)
+        until(all_gone([int(p) for p in pids.strip(" []\n").split(",")]), 30)
+    run_dir = tmp_path / run_id
+    words = f"launcher exited (pid {kernel_pid})"
+    result = _result(run_dir)
+    assert result["state"] == "FAILED" and result["failure"].startswith(words), result["failure"]
+    assert result["root_cause_rank"] == -1 and result["root_cause_error"] == ""
+    loaded = orch.load_run(run_dir).state()
+    assert loaded.failure.startswith(words) and "exit code 255" not in loaded.failure
+    row = orch.runs(tmp_path)[run_id]
+    assert row.state == "FAILED" and row.note.startswith(words) and row.root_cause_rank == -1
+
+
 def _result(run_dir: Path) -> dict[str, Any]:
     import json
 

@@ -88,6 +88,16 @@ def skips_an_all_reduce_on_rank1(ctx: Any) -> None:
         ctx.log(step, loss=total.item())
 
 
+def ignores_sigterm_and_abort(ctx: Any) -> None:
+    """A rank deaf to every polite end: SIGTERM is ignored and the master's ABORT is not obeyed.
+    Only the launcher's SIGKILL at the end of its grace ends it."""
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    ctx._sender._on_abort = lambda reason: None
+    for step in ctx.steps(1_000_000):
+        ctx.log(step, loss=1.0)
+        time.sleep(0.02)
+
+
 def long_barriers(ctx: Any) -> None:
     """Runs until stopped or killed: a real collective every step."""
     for step in ctx.steps(int(ctx.config.get("steps", 1_000_000))):

@@ -240,12 +240,19 @@ _GROUPS = {"test_slurm.py": "slurm", "test_slurm_cluster.py": "slurm"}
 # Tests whose verdict rests on timing (the straggler judgement, a restart's replay across
 # hosts, how fast orphaned workers end): scripts/test.sh runs them after the parallel part,
 # alone on the machine, where a process is slow only because the test made it so.
-_SERIAL = {"test_stragglers.py", "test_multihost.py", "test_host_restarts.py", "test_owner_death.py"}
+_SERIAL = {
+    "test_stragglers.py",
+    "test_multihost.py",
+    "test_host_restarts.py",
+    "test_owner_death.py",
+    "test_close_timing.py",
+}
 
 # Unit tests, with no real process and no network namespace: `scripts/test.sh --quick`.
 _UNIT = {
     "test_coordinator.py",
     "test_coordinator_budgets.py",
+    "test_fatal.py",
     "test_layers.py",
     "test_master_rpc.py",
     "test_memory_reader.py",

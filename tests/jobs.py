@@ -71,6 +71,33 @@ def segfault_on_rank1(ctx: Any) -> None:
         time.sleep(0.01)
 
 
+def skips_an_all_reduce_on_rank1(ctx: Any) -> None:
+    """DDP steps that all-reduce the loss, but rank 1 skips that once, at step 3: its next
+    collective (DDP's gradient bucket, 5 floats) meets rank 0's all-reduce of 1 float."""
+    model = ctx.ddp(torch.nn.Linear(4, 1))
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    x = torch.randn(16, 4)
+    for step in ctx.steps(int(ctx.config.get("steps", 50))):
+        loss = model(x).pow(2).mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        total = loss.detach().clone()
+        if not (ctx.rank == 1 and step == 3):
+            dist.all_reduce(total)  # the skipped collective
+        ctx.log(step, loss=total.item())
+
+
+def ignores_sigterm_and_abort(ctx: Any) -> None:
+    """A rank deaf to every polite end: SIGTERM is ignored and the master's ABORT is not obeyed.
+    Only the launcher's SIGKILL at the end of its grace ends it."""
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    ctx._sender._on_abort = lambda reason: None
+    for step in ctx.steps(1_000_000):
+        ctx.log(step, loss=1.0)
+        time.sleep(0.02)
+
+
 def long_barriers(ctx: Any) -> None:
     """Runs until stopped or killed: a real collective every step."""
     for step in ctx.steps(int(ctx.config.get("steps", 1_000_000))):

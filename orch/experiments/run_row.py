@@ -225,11 +225,16 @@ def _check_launcher(row: RunRow) -> None:
         row.duration = time.time() - row.started if row.started else None
     else:
         row.state = CRASHED
-        who = "this process" if row.pid == os.getpid() else f"pid {row.pid}"
-        row.note = (
-            f"ended without a record: its launching process ({who}) no longer runs it, "
-            "and it left no result.json"
-        )
+        if row.pid == os.getpid():
+            row.note = (
+                "ended without a record: this process launched it, no longer runs it, "
+                "and it left no result.json"
+            )
+        else:
+            row.note = (
+                f"launcher exited (pid {row.pid}) without a record: the process that launched the "
+                "run ended before it wrote result.json (killed, or the machine went down)"
+            )
         row.duration = _last_write(row.path) - row.started if row.started else None
 
 

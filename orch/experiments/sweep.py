@@ -40,6 +40,7 @@ from orch.experiments.results import SweepResults, best_trial, dashboard_rows
 from orch.experiments.reuse import code_hash, config_key, reuse_earlier
 from orch.experiments.scheduler import Scheduler
 from orch.experiments.trial import CANCELLED, QUEUED, History, Trial
+from orch.launchers._exiting import begin_exit
 from orch.launchers.loaded import load_run
 from orch.launchers.run import Run, register_exit_hook
 from orch.launchers.spec import MAX_WORKERS_PER_CORE, LaunchSpec
@@ -310,8 +311,14 @@ def _track(sweep: Sweep) -> None:
     _SWEEPS.add(sweep)
     if not _atexit_registered:
         register_exit_hook()
-        atexit.register(close_all_sweeps)
+        atexit.register(_close_at_exit)
         _atexit_registered = True
+
+
+def _close_at_exit() -> None:
+    """The exit hook: the sweeps' runs still live end because their launcher exits."""
+    begin_exit()
+    close_all_sweeps()
 
 
 def live_sweeps() -> list[Sweep]:

@@ -23,10 +23,13 @@ from pathlib import Path
 from typing import Any
 
 from orch.errors import OrchError
+from orch.launchers._exiting import launcher_exit_message, launcher_exiting
 from orch.launchers._frozen import dump
 from orch.master.coordinator import Coordinator
 from orch.record.store import json_object, tail
+from orch.runtime._fatal import MAX_BYTES, explain
 from orch.runtime._memory import OomCounter
+from orch.runtime._source import SourceMap
 from orch.runtime.spec import WorkerSpec
 from orch.runtime.worker import spawn_main
 from orch.wire.states import RunState
@@ -98,12 +101,14 @@ class WorkerGroup:
         self.all_exited_at: float | None = None
         self._exited: dict[int, int] = {}
         self._oom: list[OomCounter] = []  # each worker's cgroup's OOM kills, counted from its start
+        self.sources = SourceMap()  # where the training function's code came from (cells)
 
     def start(self, specs: list[WorkerSpec]) -> None:
         import cloudpickle
 
         ctx = worker_context()
         self.worker_ids = [s.worker_id for s in specs]
+        self.sources = specs[0].sources if specs else SourceMap()
         self.procs, self._exited, self.all_exited_at, self._oom = [], {}, None, []
         for wspec in specs:
             p = ctx.Process(
@@ -126,6 +131,14 @@ class WorkerGroup:
             wid = self.worker_ids[i]
             self._exited[i] = p.exitcode
             self.exit_codes[wid] = p.exitcode
+            if launcher_exiting():
+                # The launcher is going away and its workers with it: the run ends for that
+                # reason, before any exit could name a rank (their codes may not even be
+                # readable: a forkserver terminated with the kernel makes each read 255).
+                self.coordinator.close_run(launcher_exit_message())
+                ended = "it ended with its launcher"
+                self.coordinator.rank_exited(wid, p.exitcode, detail=ended, expected=True)
+                continue
             # After a tear-down, a SIGTERM or SIGKILL is ours; any other death is the worker's own.
             ours = expected and p.exitcode in (-signal.SIGTERM, -signal.SIGKILL)
             code, record = p.exitcode, self._error_record(wid) if p.exitcode else {}
@@ -133,9 +146,9 @@ class WorkerGroup:
                 # A failed rank killed at the end of the grace while it delivered its last
                 # points: the code of its own failure stands, not our SIGKILL.
                 code = record["exit_code"]
-            detail = str(record.get("traceback", "")) if record else self._log_tail(wid, code)
+            detail, cause = (str(record.get("traceback", "")), "") if record else self._log_tail(wid, code)
             oom = code == -signal.SIGKILL and not ours and self._oom[i].rose()
-            self.coordinator.rank_exited(wid, code, detail=detail, expected=ours, oom_killed=oom)
+            self.coordinator.rank_exited(wid, code, detail=detail, expected=ours, cause=cause, oom_killed=oom)
         if self.all_exited and self.all_exited_at is None:
             self.all_exited_at = time.monotonic()
 
@@ -146,12 +159,15 @@ class WorkerGroup:
             return json_object(path.read_bytes(), str(path), "")
         return {}
 
-    def _log_tail(self, worker_id: str, code: int) -> str:
-        """The end of a dead worker's log, when it left no error file."""
+    def _log_tail(self, worker_id: str, code: int) -> tuple[str, str]:
+        """What a dead worker that left no error file left in its log: (its failure, one line
+        of it). A fatal error's dump is read as its training thread's stack and the native
+        library's explanation; any other log gives its last lines, and no line."""
         if code == 0:
-            return ""
-
-        return tail(self.run_dir / "logs" / f"{worker_id}.log", 30)
+            return "", ""
+        path = self.run_dir / "logs" / f"{worker_id}.log"
+        explained = explain(tail(path, 10_000, MAX_BYTES), self.sources, f"logs/{worker_id}.log")
+        return explained if explained is not None else (tail(path, 30), "")
 
     def _dump_frozen(self) -> None:
         """Before a tear-down: the stack of each rank the master lost while its process still

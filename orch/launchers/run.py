@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from orch.errors import RunFailed
+from orch.launchers._exiting import begin_exit, launcher_exit_message, launcher_exiting
 from orch.launchers.contract import RunHandle, RunResult, still_running
 from orch.launchers.group import WorkerGroup
 from orch.launchers.launcher import Launcher, RunParts
@@ -300,7 +301,9 @@ class Run(RunHandle):
             self.coordinator.give_up("the run was closed")
         elif not self.coordinator.state.done:
             self.coordinator.close_run(
-                "the run was closed while it was running (run.close(), the end of a `with` "
+                launcher_exit_message()
+                if launcher_exiting()
+                else "the run was closed while it was running (run.close(), the end of a `with` "
                 "block, or the process exiting): its ranks were terminated"
             )
         self.launcher.end()
@@ -393,12 +396,18 @@ def register_exit_hook() -> None:
     """Tear down this process's live runs when it exits (once; hooks registered later run first)."""
     global _atexit_registered
     if not _atexit_registered:
-        atexit.register(close_all_runs)
+        atexit.register(_close_at_exit)
         _atexit_registered = True
 
 
 def live_runs() -> list[Run]:
     return [r for r in list(_LIVE) if not r.done]
+
+
+def _close_at_exit() -> None:
+    """The exit hook: the runs still live end because their launcher exits."""
+    begin_exit()
+    close_all_runs()
 
 
 def close_all_runs() -> None:

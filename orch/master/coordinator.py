@@ -231,17 +231,26 @@ class Coordinator(RunFacade):
         exit_code: int,
         detail: str = "",
         expected: bool = False,
+        cause: str = "",
         oom_killed: bool = False,
     ) -> None:
         """The launcher saw a worker process exit with ``exit_code`` (negative: signal).
 
         ``detail`` is what the process left behind (its error file or the end of its log);
-        ``expected`` says the launcher ended it itself (tearing the group down); ``oom_killed``
-        that the worker's cgroup counted an out-of-memory kill since it started.
+        ``expected`` says the launcher ended it itself (tearing the group down); ``cause`` is
+        one line of ``detail`` that explains the exit (a native library's last words);
+        ``oom_killed`` that the worker's cgroup counted an out-of-memory kill since it started.
         """
         with self._lock:
             self.fate.exited(
-                worker_id, exit_code, detail, expected, self.registry, self._clock(), oom_killed=oom_killed
+                worker_id,
+                exit_code,
+                detail,
+                expected,
+                self.registry,
+                self._clock(),
+                cause,
+                oom_killed=oom_killed,
             )
 
     def rank_reported(self, worker_id: str) -> bool:

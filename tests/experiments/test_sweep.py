@@ -254,7 +254,9 @@ def test_a_sweep_ends_with_its_process_and_starts_nothing_more(
     assert proc.returncode == 0 and "RUNNING" in proc.stdout, proc.stderr
     [run_dir] = run_dirs(tmp_path / "runs")  # the runs queued behind it never started
     result = json.loads((run_dir / "result.json").read_text())
-    assert result["state"] == "FAILED" and "closed while it was running" in result["failure"]
+    launcher = json.loads((run_dir / "run.json").read_text())["pid"]
+    assert result["state"] == "FAILED" and result["failure"].startswith(f"launcher exited (pid {launcher})")
+    assert result["root_cause_rank"] == -1, result
 
 
 def test_a_rerun_reuses_only_what_ran_with_the_same_code_world_size_and_a_record_that_loads(

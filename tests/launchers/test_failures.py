@@ -99,6 +99,72 @@ def test_a_rank_that_dies_fails_the_run_and_takes_the_others_down(
     assert '"rank_failed"' in events and evidence.split("(")[0] in events
 
 
+def test_a_collective_mismatch_names_the_library_s_words_and_the_user_s_line(tmp_path: Path) -> None:
+    """gloo aborts rank 0 (SIGABRT, no Python exception): its explanation and the training
+    thread's stack, read from faulthandler's dump in the log, are the root cause."""
+    run = orch.launch("jobs:skips_an_all_reduce_on_rank1", world_size=2, run_root=str(tmp_path))
+    try:
+        with pytest.raises(orch.RunFailed) as e:
+            run.wait(timeout=120)
+    finally:
+        run.close()
+    message, text = str(e.value), e.value.traceback
+    assert (e.value.rank, e.value.exit_code) == (0, -signal.SIGABRT), message
+    # The message's one line: the signal, the op, the user's line and gloo's explanation.
+    assert "signal SIGABRT: gloo::EnforceNotMet in all_reduce (" in message, message
+    assert 'jobs.py, line' in message and "in skips_an_all_reduce_on_rank1)" in message, message
+    assert "Is there a distributed collective mismatch in your code?" in message, message
+    # The traceback: the training thread only, the user's frame with its source line, then gloo's words.
+    lines = text.splitlines()
+    assert lines[0].startswith("Traceback of the training thread"), text
+    user = next(i for i, ln in enumerate(lines) if "in skips_an_all_reduce_on_rank1" in ln)
+    assert lines[user + 1].strip() == "dist.all_reduce(total)  # the skipped collective", text
+    assert "_sender.py" not in text and "Extension modules" not in text, text
+    assert "what():" in text and "Fatal Python error: Aborted" in text, text
+    log_text = (run.run_dir / "logs" / f"{run.coordinator.ranks[0].worker_id}.log").read_text()
+    assert "Extension modules:" in log_text and "_sender.py" in log_text  # the whole dump stays in the log
+    assert "collective mismatch" in _result(run.run_dir)["failure"]
+
+
+def test_a_kernel_restarted_mid_run_ends_it_as_its_launcher_s_exit(tmp_path: Path) -> None:
+    """Kernel > Restart: the kernel's shutdown terminates its children (the forkserver, whose
+    workers' exits then read 255) before its exit hook runs; no rank is blamed for that."""
+    from conftest import notebook_kernel
+
+    with notebook_kernel(tmp_path) as (km, kc):
+        cell = (
+            f"import sys; sys.path.insert(0, {str(TESTS)!r})\n"
+            "import orch\nfrom orch.views.panel import wait_for\n"
+            f"run = orch.launch('jobs:long_barriers', world_size=2, run_root={str(tmp_path)!r})\n"
+            "assert wait_for(lambda: run.state().state.value == 'RUNNING', 90)\n"
+            "print(run.run_id, [r.pid for r in run.state().ranks])\n"
+        )
+        out: list[str] = []
+        reply = kc.execute_interactive(
+            cell, timeout=120, output_hook=lambda m: out.append(m["content"].get("text", ""))
+        )
+        assert reply["content"]["status"] == "ok", reply["content"]
+        run_id, pids = "".join(out).split(" ", 1)
+        kernel_pid = km.provisioner.pid  # type: ignore[union-attr]
+        km.restart_kernel(now=False)
+        until(all_gone([int(p) for p in pids.strip(" []\n").split(",")]), 30)
+    run_dir = tmp_path / run_id
+    words = f"launcher exited (pid {kernel_pid})"
+    result = _result(run_dir)
+    assert result["state"] == "FAILED" and result["failure"].startswith(words), result["failure"]
+    assert result["root_cause_rank"] == -1 and result["root_cause_error"] == ""
+    loaded = orch.load_run(run_dir).state()
+    assert loaded.failure.startswith(words) and "exit code 255" not in loaded.failure
+    row = orch.runs(tmp_path)[run_id]
+    assert row.state == "FAILED" and row.note.startswith(words) and row.root_cause_rank == -1
+
+
+def _result(run_dir: Path) -> dict[str, Any]:
+    import json
+
+    return dict(json.loads((run_dir / "result.json").read_text()))
+
+
 def test_a_rank_killed_from_outside(tmp_path: Path) -> None:
     run = orch.launch("jobs:long_barriers", world_size=3, run_root=str(tmp_path))
     try:
@@ -389,8 +455,10 @@ def test_load_run_and_csv_export(tmp_path: Path) -> None:
     out = loaded.to_csv(tmp_path / "points.csv")
     with out.open() as f:
         rows = list(csv.DictReader(f))
-    assert len(rows) == 2 * 2 * 12  # 2 ranks x 2 metrics x 12 steps
-    assert {r["metric"] for r in rows} == {"loss", "rank_seen"}
+    logged = [r for r in rows if not r["metric"].startswith("rank/")]  # orch's own: rank/memory
+    assert len(logged) == 2 * 2 * 12  # 2 ranks x 2 metrics x 12 steps
+    assert {r["metric"] for r in logged} == {"loss", "rank_seen"}
+    assert {r["metric"] for r in rows} <= {"loss", "rank_seen", "rank/memory"}
     panel = loaded.panel()
     assert panel.wait_done(30)
     assert 'data-state="SUCCEEDED"' in panel.header.value

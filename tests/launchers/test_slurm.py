@@ -152,6 +152,65 @@ def test_stop_ends_the_run_stopped_and_the_job_with_it(on_cluster: SlurmCluster,
     until(lambda: nothing_left(c), 20)
 
 
+def _watcher_of(run: orch.Run) -> psutil.Process:
+    (watcher,) = [p for p in psutil.process_iter() if "--cancel-when-orphaned" in " ".join(_argv(p))
+                  and f"orch-{run.run_id}" in _argv(p)]  # fmt: skip
+    return watcher
+
+
+def test_close_cancels_a_running_job_itself(on_cluster: SlurmCluster, tmp_path: Path) -> None:
+    """close() scancels the job while this process lives: the job ends CANCELLED (not
+    COMPLETED by its host agents once the master is gone), and the orphan watcher, which would
+    cancel it only once this process died, is released."""
+    c = on_cluster
+    run = orch.launch(
+        "jobs:long_barriers",
+        world_size=2,
+        cluster=orch.Slurm(nodes=2, tasks_per_node=1),
+        run_root=str(tmp_path),
+    )
+    try:
+        until(lambda: run.state().state is RunState.RUNNING and min(r.step for r in run.state().ranks) > 1,
+              90)
+        assert run.job is not None and run.job.job_id
+        job_id, watcher = int(run.job.job_id), _watcher_of(run)
+    finally:
+        run.close()
+    assert c.wait_job(job_id, 15)["state"] in ("CANCELLED", "GONE")
+    watcher.wait(10)  # released by the cancel, not waiting for this process to die
+    assert run.state().job is not None and run.state().job.state == "CANCELLED", run.state().job
+    until(lambda: nothing_left(c), 20)
+
+
+def test_close_cancels_a_job_still_waiting_in_the_queue(on_cluster: SlurmCluster, tmp_path: Path) -> None:
+    """A job PENDING behind another: close() takes it out of the queue at once; nothing else
+    would while this process lives (no host agent of it runs to notice the master is gone)."""
+    c = on_cluster
+    blocker = c.sbatch("-N2", "--exclusive", "--job-name=blocker", "-o", "/dev/null", "--wrap", "sleep 120")
+    try:
+        until(lambda: any(j["state"] == "RUNNING" for j in live_jobs(c, "blocker")), 30)
+        run = orch.launch(
+            "jobs:allreduce_steps",
+            world_size=2,
+            cluster=orch.Slurm(nodes=2, tasks_per_node=1),
+            run_root=str(tmp_path),
+        )
+        try:
+            until(lambda: run.state().job is not None and run.state().job.state == "PENDING", 30)
+            assert run.job is not None and run.job.job_id
+            job_id, watcher = int(run.job.job_id), _watcher_of(run)
+        finally:
+            run.close()
+        assert c.wait_job(job_id, 10)["state"] in ("CANCELLED", "GONE")
+        assert not [j for j in c.squeue(states=LIVE) if j["job_id"] == str(job_id)]
+        watcher.wait(10)
+        # The record says how the job ended: cancelled by close(), not left waiting.
+        assert run.state().job is not None and run.state().job.state == "CANCELLED", run.state().job
+    finally:
+        c.run("scancel", str(blocker), check=False)
+    until(lambda: nothing_left(c), 20)
+
+
 def test_a_rank_killed_on_node2_restarts_the_group_on_both_nodes(
     on_cluster: SlurmCluster, tmp_path: Path
 ) -> None:

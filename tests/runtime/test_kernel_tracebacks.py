@@ -115,3 +115,42 @@ def test_interrupting_wait_returns_and_says_the_run_goes_on(tmp_path: Path) -> N
             output_hook=lambda m: out.append(m["content"].get("text", "")),
         )["content"]
         assert reply["status"] == "ok" and "".join(out).split() == ["RUNNING", "FAILED"]
+
+
+MISMATCH_CELL = """\
+import torch
+import torch.distributed as dist
+
+
+def skips(ctx):
+    model = ctx.ddp(torch.nn.Linear(4, 1))
+    x = torch.randn(16, 4)
+    for step in ctx.steps(50):
+        model(x).pow(2).mean().backward()
+        total = torch.ones(1)
+        if not (ctx.rank == 1 and step == 3):
+            dist.all_reduce(total)  # rank 1 skips this once
+        ctx.log(step, loss=total.item())
+"""
+
+
+def test_a_collective_mismatch_in_a_cell_function_names_gloo_s_words_and_the_cell(tmp_path: Path) -> None:
+    """gloo aborts rank 0 (no Python exception, only faulthandler's dump): the cell's line is
+    still labelled as IPython labels it, with gloo's explanation beside it."""
+    run_cell = RUN_CELL.replace("bad_day", "skips")
+    with notebook_kernel(tmp_path) as (_, kc):
+        for code in ("import json\nimport orch", MISMATCH_CELL, run_cell.format(run_root=str(tmp_path))):
+            out: list[str] = []
+            reply = kc.execute_interactive(
+                code, timeout=180, output_hook=lambda m, out=out: out.append(m["content"].get("text", ""))
+            )
+            assert reply["content"]["status"] == "ok", reply["content"]
+    seen = json.loads("".join(out).strip().splitlines()[-1])
+    assert seen["rank"] == 0
+    # The one line (RunFailed's message, the panel's first line): gloo's words and the cell's line.
+    assert "gloo::EnforceNotMet in all_reduce (Cell In[2], line 12, in skips)" in seen["message"], seen
+    assert "Is there a distributed collective mismatch in your code?" in seen["message"], seen
+    for text in (seen["traceback"], html.unescape(seen["panel"])):
+        assert "Cell In[2], line 12, in skips" in text, text
+        assert "dist.all_reduce(total)  # rank 1 skips this once" in text, text
+        assert "ipykernel" not in text and "Extension modules" not in text, text

@@ -100,12 +100,14 @@ class Fate:
         expected: bool,
         registry: Registry,
         now: float,
+        cause: str = "",
         *,
         oom_killed: bool = False,
     ) -> None:
         """The launcher saw a worker's process exit (see ``Coordinator.rank_exited``). A worker
-        that never registered and failed is a failure from outside any rank. A SIGKILL it did
-        not send says whether the OOM killer sent it (``oom_killed``: the cgroup counted it)."""
+        that never registered and failed is a failure from outside any rank. ``cause``: one line
+        that explains the exit; it ends the error, so it is the root cause's line. A SIGKILL it
+        did not send says whether the OOM killer sent it (``oom_killed``: the cgroup counted it)."""
         rec = registry.get(worker_id)
         if rec is None:
             if exit_code != 0 and not self.state.done:
@@ -121,7 +123,7 @@ class Fate:
         elif exit_code == -signal.SIGKILL and not expected:
             oom = oom_cause(rec, rec.memory, oom_killed)
             what += f": {oom}" if oom else ""
-        error = f"process exited with {what}"
+        error = f"process exited with {what}" + (f": {cause}" if cause else "")
         kind = CauseKind.TORN_DOWN if expected or exit_code == EXIT_ABORTED else CauseKind.EXITED
         error = f"{detail.rstrip()}\n{error}" if detail else error
         self.end_rank(rec, RankState.FAILED, registry, now, error=error, kind=kind)

@@ -457,6 +457,21 @@ class Coordinator(RunFacade):
                 draft.recopy(built)
         return draft.finish(built)
 
+    def snapshot_bytes(self, cursor: bytes = b"", *, skip_series: bool = False, max_points: int = 0) -> bytes:
+        """:meth:`snapshot`, serialized, for the gRPC master: its points are encoded in small
+        pieces outside the lock, so that a catch-up never holds the GIL (and the event loop that
+        serves heartbeats) for long."""
+        prev = parse_cursor(cursor, max_points)
+        self.expire()
+        with self._lock:
+            now, wall = self._clock(), self._wall()
+            draft = draft_reply(self, cursor, prev, now, wall, skip_series=skip_series, max_points=max_points)
+        encoded = draft.encode()
+        if draft.trimmed_meanwhile():
+            with self._lock:
+                draft.reencode_trimmed(encoded)
+        return draft.finish_bytes(encoded)
+
     # -- internals (lock held) -------------------------------------------------------------
     def _event(self, kind: str, rank: int, message: str) -> None:
         event = pb.Event(time=self._wall(), kind=kind, rank=rank, message=message)

@@ -134,10 +134,9 @@ class OrchestratorServicer(pb_grpc.OrchestratorServicer):  # type: ignore[misc]
         heartbeats flow meanwhile; served with a pass-through serializer (see _add_servicer)."""
 
         def build() -> bytes:
-            reply = self.coordinator.snapshot(
+            return self.coordinator.snapshot_bytes(
                 request.cursor, skip_series=request.skip_series, max_points=request.max_points
             )
-            return reply.SerializeToString()
 
         try:
             return await asyncio.get_running_loop().run_in_executor(None, build)

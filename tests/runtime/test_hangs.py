@@ -25,7 +25,11 @@ def test_a_rank_blocked_in_its_own_code_shows_as_no_progress_with_every_ranks_st
     with orch.launch(
         "jobs:hang_rank1", world_size=4, config={"at": 10}, run_root=str(tmp_path), hang_timeout=hang_timeout
     ) as run:
-        mirror = until_value(lambda: (m := run.state()).progress_note and m.stacks and m, hang_timeout + 30)
+        # Rank 1 blocks at step 10; the note and the stacks come within the limit plus 10 s.
+        until_value(lambda: len(rs := run.state().ranks) == 4 and all(r.step >= 10 for r in rs), 60)
+        reached = time.monotonic()
+        mirror = until_value(lambda: (m := run.state()).progress_note and m.stacks and m, hang_timeout + 10)
+        assert time.monotonic() - reached < hang_timeout + 10
         assert mirror.state is RunState.RUNNING
         assert "no progress for" in mirror.progress_note and "ranks 0-3 at step 10" in mirror.progress_note
         # The odd rank out is named, at its own line; the others wait in the all-reduce.

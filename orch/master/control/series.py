@@ -4,6 +4,7 @@ memory budget per master (the run dir's metrics log keeps every point)."""
 from __future__ import annotations
 
 import bisect
+import time
 from array import array
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -16,6 +17,7 @@ from orch.wire.limits import MAX_METRICS_PER_RANK
 # the oldest points of the biggest series leave memory first, down to three quarters of it.
 MAX_POINTS_IN_MEMORY = 1_000_000
 MAX_POINTS_PER_REPLY = 250_000  # a GetState reply stays a few MiB; the caller asks again for more
+PIECE_POINTS = 8192  # points of a catch-up built at once (about 1 ms holding the GIL)
 
 
 class Series:
@@ -186,6 +188,24 @@ class SeriesLog:
         """The planned points, copied without the lock: appends (and the array slices here)
         are atomic under the GIL and never move held points."""
         return [sl.series.copy(sl.rank, sl.name, sl.base, sl.first, sl.last) for sl in plan]
+
+    @staticmethod
+    def encode(plan: list[Slice]) -> list[list[bytes]]:
+        """The planned points as serialized ``Series`` messages, each slice in pieces of at
+        most :data:`PIECE_POINTS` points, without the lock. Building a message holds the GIL
+        for as long as it takes (a 250k-point series: some 30 ms, during which the master's
+        event loop serves no heartbeat); between pieces this thread lets it go, so a catch-up
+        delays a heartbeat by one piece at most. A reader takes the pieces of one series
+        in order as one series (the panel's mirror extends it)."""
+        out: list[list[bytes]] = []
+        for sl in plan:
+            pieces = []
+            for first in range(sl.first, max(sl.first, sl.last), PIECE_POINTS):
+                last = min(sl.last, first + PIECE_POINTS)
+                pieces.append(sl.series.copy(sl.rank, sl.name, sl.base, first, last).SerializeToString())
+                time.sleep(0)  # the event loop's turn
+            out.append(pieces)
+        return out
 
     @staticmethod
     def recopy_trimmed(plan: list[Slice], built: list[pb.Series]) -> None:

@@ -39,6 +39,31 @@ class StateDraft:
         """Copy again the series trimmed meanwhile (call it under the lock)."""
         SeriesLog.recopy_trimmed(self.plan, built)
 
+    def encode(self) -> list[list[bytes]]:
+        """The planned points, serialized in pieces (call it without the lock)."""
+        return SeriesLog.encode(self.plan)
+
+    def reencode_trimmed(self, encoded: list[list[bytes]]) -> None:
+        """Under the lock: encode again the series trimmed while they were encoded."""
+        for i, sl in enumerate(self.plan):
+            if sl.series.base != sl.base:
+                fresh = Slice(
+                    sl.rank, sl.name, sl.series, sl.series.base, max(sl.first, sl.series.base), sl.last
+                )
+                encoded[i] = SeriesLog.encode([fresh])[0]
+
+    def finish_bytes(self, encoded: list[list[bytes]]) -> bytes:
+        """The reply, serialized: its fields, then each series piece as one more ``series``
+        entry (a repeated field's entries may follow the others in any order)."""
+        self.reply.cursor = self.cursor.SerializeToString()
+        head = self.reply.SerializeToString()
+        parts = [head]
+        for pieces in encoded:
+            for piece in pieces:
+                parts.append(SERIES_TAG + _varint(len(piece)))
+                parts.append(piece)
+        return b"".join(parts)
+
     def finish(self, built: list[pb.Series]) -> pb.GetStateResponse:
         self.reply.series.extend(p for p in built if p.steps)
         self.reply.cursor = self.cursor.SerializeToString()
@@ -102,3 +127,18 @@ def draft_reply(
     nxt.events = run.event_log.since(0 if full else max(0, prev.events), reply, wall)
     reply.more = reply.more or more
     return StateDraft(reply, nxt, plan)
+
+
+# GetStateResponse.series: field 8, length-delimited.
+SERIES_TAG = bytes([(pb.GetStateResponse.DESCRIPTOR.fields_by_name["series"].number << 3) | 2])
+
+
+def _varint(n: int) -> bytes:
+    out = bytearray()
+    while True:
+        byte, n = n & 0x7F, n >> 7
+        if n:
+            out.append(byte | 0x80)
+        else:
+            out.append(byte)
+            return bytes(out)

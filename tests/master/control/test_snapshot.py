@@ -187,3 +187,31 @@ def test_a_series_trimmed_between_the_plan_and_the_copy_is_copied_again() -> Non
     r = draft.finish(built)
     assert [list(s.steps) for s in r.series] == [[6, 7]]  # what the plan named and is still held
     assert list(pb.StateCursor.FromString(r.cursor).offsets) == [8]
+
+
+def test_the_serialized_reply_carries_the_same_points_in_pieces() -> None:
+    # The gRPC master's path: each series encoded in pieces of PIECE_POINTS outside the lock,
+    # the pieces appended to the reply's own fields. A reader gets the same run, in order.
+    from orch.master.control.series import PIECE_POINTS
+    from orch.wire.client import StateMirror
+
+    run = Run(2, max_points=10 * PIECE_POINTS).started()
+    n = 2 * PIECE_POINTS + 17
+    run.log_points("w0", 0, n)
+    run.log_points("w1", 0, 5)
+    draft = draft_reply(run, b"", parse_cursor(b"", 0), 110.0, 9.0)
+    encoded = draft.encode()
+    assert [len(pieces) for pieces in encoded] == [3, 1]  # rank 0's loss in three pieces
+    parsed = pb.GetStateResponse.FromString(draft.finish_bytes(encoded))
+    assert [(s.rank, len(s.steps)) for s in parsed.series] == [
+        (0, PIECE_POINTS),
+        (0, PIECE_POINTS),
+        (0, 17),
+        (1, 5),
+    ]
+    mirror, direct = StateMirror(), StateMirror()
+    mirror.apply(parsed)
+    direct.apply(reply(run))
+    assert mirror.history() == direct.history()
+    assert mirror.history()["loss"][0]["step"] == list(range(n))
+    assert parsed.cursor == direct.cursor and parsed.state == pb.RUNNING

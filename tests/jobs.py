@@ -389,3 +389,51 @@ def freeze_rank1(ctx: Any) -> None:
         dist.all_reduce(t)
         ctx.log(step, loss=1.0)
         time.sleep(0.02)
+
+
+def per_layer_norms(ctx: Any) -> None:
+    """A loss and 150 gradient norms ("grad_norm/layer000" ...) each step, for config seconds."""
+    end = time.monotonic() + float(ctx.config.get("seconds", 3.0))
+    step = 0
+    while time.monotonic() < end:
+        ctx.log(
+            step, loss=1.0 / (step + 1), **{f"grad_norm/layer{i:03d}": i + step / 1000 for i in range(150)}
+        )
+        step += 1
+        time.sleep(0.02)
+
+
+def long_metric_name(ctx: Any) -> None:
+    ctx.log(0, loss=1.0)
+    ctx.log(1, **{"m" * 300: 1.0})
+
+
+def huge_error_message_on_rank1(ctx: Any) -> None:
+    """Rank 1 raises with a message of 100 MB (as the repr of a big tensor or dataframe)."""
+    ctx.log(0, loss=1.0)
+    if ctx.rank == 1:
+        raise ValueError("0.123456 " * 11_650_000 + "(end of the message)")
+    time.sleep(60)
+
+
+def backlog_of_12_metrics(ctx: Any) -> None:
+    """100,000 points of 12 metrics logged while no heartbeat could go (its lock held, as a
+    master that did not answer for a while): a 21 MiB backlog, then sent."""
+    with ctx._sender._beat_lock:
+        for step in range(100_000):
+            ctx.log(step, **{f"m{i:02d}": step + i / 100 for i in range(12)})
+
+
+def a_beat_the_master_refuses(ctx: Any) -> None:
+    """A point whose name the master refuses (given to the heartbeat thread directly, as a
+    master with other caps than this worker would), then points for config seconds."""
+    ctx.log(0, loss=1.0)
+    ctx._sender.flush()
+    ctx._sender.log(1, {"x" * 300: 1.0})
+    ctx._sender.flush()
+    end = time.monotonic() + float(ctx.config.get("seconds", 3.0))
+    step = 1
+    while time.monotonic() < end:
+        ctx.log(step, loss=1.0 / (step + 1))
+        step += 1
+        time.sleep(0.02)

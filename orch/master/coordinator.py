@@ -166,7 +166,12 @@ class Coordinator(RunFacade):
         acknowledged, so that an acknowledged point is on disk; the gRPC master runs it on
         its writer thread, off its event loop and outside this coordinator's lock.
         """
-        check_heartbeat(req)
+        try:
+            check_heartbeat(req)
+        except Reject as e:
+            with self._lock:
+                self.intake.refused(req, self.run_id, e, self._clock())
+            raise
         with self._lock:
             return self._accept(req)
 
@@ -185,6 +190,8 @@ class Coordinator(RunFacade):
                         reply, write = self._accept(req)
                     except Reject as e:
                         refused = e
+                else:
+                    self.intake.refused(req, self.run_id, refused, self._clock())
                 if refused is not None:
                     replies.append(pb.BeatReply(code=STATUS_CODE[refused.kind], error=str(refused)))
                     continue
@@ -195,7 +202,11 @@ class Coordinator(RunFacade):
 
     def _accept(self, req: pb.HeartbeatRequest) -> tuple[pb.HeartbeatResponse, Callable[[], None] | None]:
         now = self._clock()
-        rec = self.intake.beat(req, self.run_id, self.attempt, now, self._wall())
+        try:
+            rec = self.intake.beat(req, self.run_id, self.attempt, now, self._wall())
+        except Reject as e:
+            self.intake.refused(req, self.run_id, e, now)
+            raise
         if req.HasField("stack"):
             rec.take_stack(req.stack, now)
         if MORE_SECTIONS in req.timing.sections and not rec.many_sections:

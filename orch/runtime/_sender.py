@@ -2,8 +2,12 @@
 
 ``log()`` runs in the training thread and only appends to a bounded deque (no lock, no
 I/O), so it never waits on the network. The thread wakes every ``interval`` seconds,
-drains the deque into one columnar ``HeartbeatRequest`` and keeps points it could not
-send for the next try. When the master has not answered for ``master_timeout`` seconds
+drains the deque into one columnar ``HeartbeatRequest`` of at most
+:data:`~orch.wire.limits.MAX_VALUES_PER_BEAT` values (a backlog goes in several beats, each
+one the master takes) and keeps points it could not send for the next try. A beat the
+master refuses for what it carries is not sent again: its points are dropped and counted,
+and the next beat says how many and why (``dropped_points``, ``dropped_reason``), so the
+rank's record shows it. When the master has not answered for ``master_timeout`` seconds
 the worker is ended: an orphaned rank must not train on alone.
 """
 
@@ -20,6 +24,7 @@ import grpc
 from orch.runtime._memory import ProcessReader
 from orch.wire._proto import orchestrator_pb2 as pb
 from orch.wire._proto import orchestrator_pb2_grpc as pb_grpc
+from orch.wire.limits import MAX_REASON_LEN, MAX_VALUES_PER_BEAT
 
 log = logging.getLogger(__name__)
 
@@ -61,6 +66,8 @@ class HeartbeatSender:
         self.logged = 0  # steps done by what ctx.log() was given: its highest step + 1
         self.total_steps = 0
         self.dropped = 0
+        self.dropped_reason = ""  # why points were last dropped, told with the next beat
+        self._untold = False  # points were dropped since the master last heard the count
         self.timing: Callable[[], pb.StepTiming | None] | None = None  # ctx's step times, taken per beat
         # The training thread's stack, taken when the master asks (see orch.runtime._stack).
         self.stack_of: Callable[[], pb.Stack] | None = None
@@ -83,6 +90,12 @@ class HeartbeatSender:
             self.logged = step + 1
         if len(self._queue) >= self.max_queue:
             self.dropped += 1
+            if not self._untold:
+                self.dropped_reason = (
+                    f"ctx.log's queue held {self.max_queue:,} points not yet sent: points were logged "
+                    "faster than the heartbeats carry them, or the master could not be reached"
+                )
+                self._untold = True
             return
         self._queue.append((step, time.time(), values))
 
@@ -109,7 +122,7 @@ class HeartbeatSender:
     def flush(self, timeout: float = 10.0) -> bool:
         """Send everything queued so far, from the calling thread; True when the master has it all."""
         deadline = time.monotonic() + timeout
-        while self._queue or self._retry is not None:
+        while self._unsent:
             if time.monotonic() > deadline:
                 return False
             if not self._beat():
@@ -120,20 +133,31 @@ class HeartbeatSender:
         """Send what is queued and stop the thread; True when everything went out."""
         self._closing.set()
         self._thread.join(timeout)
-        return not self._queue and self._retry is None
+        return not self._unsent
+
+    @property
+    def _unsent(self) -> bool:
+        """Points wait to be sent, or the master has not yet heard of the last ones dropped."""
+        return bool(self._queue) or self._retry is not None or self._untold
 
     def _loop(self) -> None:
         while not self._closing.wait(self.interval):
             self._beat()
         deadline = time.monotonic() + self.interval * 4 + 2.0
-        while (self._queue or self._retry is not None) and time.monotonic() < deadline:
+        while self._unsent and time.monotonic() < deadline:
             if not self._beat():
                 time.sleep(0.05)
 
     def _drain(self) -> list[Point]:
+        """The oldest points, at most ``max_batch`` of them holding at most MAX_VALUES_PER_BEAT
+        values (one point always goes, whatever it holds: ctx.log caps its names)."""
         points: list[Point] = []
         q = self._queue
+        values = 0
         while q and len(points) < self.max_batch:
+            values += len(q[0][2])
+            if values > MAX_VALUES_PER_BEAT and points:
+                break
             points.append(q.popleft())
         return points
 
@@ -159,6 +183,7 @@ class HeartbeatSender:
             step=self.progress,
             total_steps=self.total_steps,
             dropped_points=self.dropped,
+            dropped_reason=self.dropped_reason,
             series=series,
         )
         timing = self.timing() if self.timing is not None else None
@@ -205,9 +230,12 @@ class HeartbeatSender:
         try:
             reply = self._stub.SendHeartbeat(request, timeout=max(1.0, self.interval * 4))
         except grpc.RpcError as e:
+            code = e.code()
+            if _refused(e):
+                self._drop(request, e.details() or code.name)
+                return False
             self._retry = request  # the same points go again, in order, without rebuilding them
             silent = time.monotonic() - self._last_ok
-            code = e.code()
             if not self._obey:
                 pass
             elif code in (grpc.StatusCode.FAILED_PRECONDITION, grpc.StatusCode.NOT_FOUND):
@@ -228,6 +256,8 @@ class HeartbeatSender:
         self._retry = None
         self._refused = 0
         self._last_ok = time.monotonic()
+        if request.dropped_points == self.dropped:
+            self._untold = False
         if reply.send_stack and self.stack_of is not None and self._stack is None:
             self._stack = self.stack_of()  # it goes in the next beat
         if not self._obey:
@@ -238,6 +268,16 @@ class HeartbeatSender:
             self._deliver_logged()
             self._on_abort(f"the master ended this rank: {reply.reason or 'another rank failed'}")
         return True
+
+    def _drop(self, request: pb.HeartbeatRequest, why: str) -> None:
+        """The master refused this beat for what it carries: sending it again would be refused
+        again, forever. Its points are dropped and counted; the next beat tells why."""
+        self._retry = None
+        lost = sum(len(s.steps) for s in request.series)
+        self.dropped += lost
+        self.dropped_reason = f"the master refused a heartbeat of {lost:,} points: {why}"[:MAX_REASON_LEN]
+        self._untold = True
+        log.warning("dropped %d points: %s", lost, self.dropped_reason)
 
     def _deliver_logged(self) -> None:
         """Before an abort ends this process: send the points logged so far (at most
@@ -255,3 +295,13 @@ class HeartbeatSender:
                 self._stub.SendHeartbeat(self._request(points), timeout=max(0.2, deadline - time.monotonic()))
             except grpc.RpcError:
                 return
+
+
+def _refused(e: grpc.RpcError) -> bool:
+    """The master refused the beat for what it carries (a bad field, a cap, a message too big):
+    the same beat would be refused again. A full call budget (RESOURCE_EXHAUSTED, "retry
+    later") or an unreachable master is worth a retry."""
+    code = e.code()
+    if code is grpc.StatusCode.INVALID_ARGUMENT:
+        return True
+    return code is grpc.StatusCode.RESOURCE_EXHAUSTED and "larger than max" in (e.details() or "")

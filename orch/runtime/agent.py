@@ -32,7 +32,7 @@ import grpc
 from orch.wire._proto import orchestrator_pb2 as pb
 from orch.wire._rpc import status_code
 from orch.wire.auth import CHANNEL_OPTIONS, TokenInterceptor, bearer, channel_security
-from orch.wire.limits import MAX_BEATS_PER_BATCH
+from orch.wire.limits import MAX_BATCH_BYTES, MAX_BEATS_PER_BATCH
 from orch.wire.states import SERVICE_NAME, describe_exit
 
 log = logging.getLogger(__name__)
@@ -258,7 +258,7 @@ class HostAgent:
                     await asyncio.wait_for(self._arrived.wait(), left)
                 except TimeoutError:
                     break
-            batch = self._pending[:MAX_BEATS_PER_BATCH]
+            batch = _batch(self._pending)
             del self._pending[: len(batch)]
             if not self._pending:
                 self._arrived.clear()
@@ -316,6 +316,18 @@ class HostAgent:
                 )
             except grpc.aio.AioRpcError as e:
                 _settle(future, exception=_Refused(e.code(), e.details() or ""))
+
+
+def _batch(pending: list[tuple[pb.HeartbeatRequest, Any]]) -> list[tuple[pb.HeartbeatRequest, Any]]:
+    """The first beats waiting that fit in one call the master takes: at most
+    MAX_BEATS_PER_BATCH of them, in at most MAX_BATCH_BYTES (a bigger beat goes alone: its
+    rank's sender keeps each beat well under the master's message limit)."""
+    size = 0
+    for n, (request, _) in enumerate(pending[:MAX_BEATS_PER_BATCH]):
+        size += request.ByteSize() + 8  # its own field's tag and length in the batch
+        if size > MAX_BATCH_BYTES and n:
+            return pending[:n]
+    return pending[:MAX_BEATS_PER_BATCH]
 
 
 def _settle(

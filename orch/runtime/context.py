@@ -20,6 +20,7 @@ from orch.errors import StopTraining
 from orch.runtime._sender import HeartbeatSender
 from orch.runtime._timing import RESERVED, CollectiveWait, StepTimes, clock, enabled
 from orch.runtime.checkpoints import read_checkpoint, write_checkpoint
+from orch.wire.limits import MAX_METRICS_PER_RANK, MAX_NAME_LEN
 
 T = TypeVar("T")
 
@@ -64,6 +65,7 @@ class Context:
         self._step = -1
         self._stop_at = 0  # with a stop: the step count a loop without ctx.steps ends at
         self._uses_steps = False  # ctx.steps() drives the loop: it handles stops itself
+        self._names: set[str] = set()  # the metric names ctx.log took (see MAX_METRICS_PER_RANK)
         # Where each step's time goes (data, collectives, sections): see orch.runtime._timing.
         self.times: StepTimes | None = StepTimes() if enabled() else None
         self._ddp_models: list[nn.Module] = []
@@ -260,6 +262,10 @@ class Context:
         numpy scalars and one-element tensors (``.item()`` is taken: on a GPU that waits
         for the value). ``None`` logs nothing for that key. Anything else raises
         ``TypeError`` here, naming the key, so one bad value never costs the other points.
+        A name is 1 to 256 characters, and a rank logs at most 2,046 different names (with
+        orch's own ``rank/memory`` and ``rank/cuda_memory``, the 2,048 the master keeps per
+        rank): past either cap this call raises ``ValueError`` naming the cap and the name,
+        and logs nothing.
 
         In a loop without ``ctx.steps``, once the run is asked to stop, the call that logs
         the step every rank agreed to stop at raises :class:`orch.errors.StopTraining` after
@@ -276,11 +282,38 @@ class Context:
             if type(value) is not float:
                 scalars = _as_reals(scalars)
                 break
+        if not scalars.keys() <= self._names:
+            self._take_names(scalars)
         if self._sender is not None:
             self._sender.log(step, scalars)
         if self._stop_at and step + 1 >= self._stop_at and not self._uses_steps:
             self.stopped = True
             raise StopTraining(f"the run was asked to stop; every rank stops after step {step}")
+
+    def _take_names(self, scalars: dict[str, Any]) -> None:
+        """Check the names this rank logs for the first time against the master's caps: a
+        point it would refuse is refused here, at the call, rather than dropped later."""
+        new = [name for name in scalars if name not in self._names]
+        for name in new:
+            if not 0 < len(name) <= MAX_NAME_LEN:
+                shown = name if len(name) <= 60 else f"{name[:60]}..."
+                raise ValueError(
+                    f"ctx.log: the metric name {shown!r} is {len(name)} characters; the cap is "
+                    f"{MAX_NAME_LEN}: use a shorter name"
+                )
+            try:
+                name.encode()
+            except UnicodeEncodeError as e:  # a lone surrogate cannot travel
+                raise ValueError(f"ctx.log: the metric name {name!r} is not valid text: {e}") from e
+        if len(self._names) + len(new) > USER_METRICS:
+            past = new[max(USER_METRICS - len(self._names), 0)]
+            raise ValueError(
+                f"ctx.log: {past!r} would be metric name number {USER_METRICS + 1:,} of this rank; "
+                f"the cap is {USER_METRICS:,} different names per rank ({MAX_METRICS_PER_RANK:,} with "
+                "orch's own rank/memory and rank/cuda_memory): log fewer names, for example one per "
+                "group of layers"
+            )
+        self._names.update(new)
 
     @property
     def total_steps(self) -> int:
@@ -305,6 +338,7 @@ class Context:
 
 
 MAX_STEP = 2**63 - 1
+USER_METRICS = MAX_METRICS_PER_RANK - 2  # the names ctx.log takes: orch's own two fill the cap
 
 
 def _as_step(step: Any) -> int:

@@ -47,6 +47,7 @@ from orch.wire._proto import orchestrator_pb2 as pb
 from orch.wire._proto import orchestrator_pb2_grpc as pb_grpc
 from orch.wire._rpc import UNREACHABLE, rpc_error
 from orch.wire.auth import open_channel, token_from_env
+from orch.wire.limits import clip
 from orch.wire.states import EXIT_ABORTED
 
 log = logging.getLogger(__name__)
@@ -260,8 +261,10 @@ def _cuda_available() -> bool:
 
 
 def _format_exc(spec: WorkerSpec) -> str:
-    """The exception being handled, with notebook cells' frames as IPython shows them."""
-    return label_cells(traceback.format_exc(), spec.sources)
+    """The exception being handled, with notebook cells' frames as IPython shows them, cut to
+    MAX_ERROR_LEN (its head and tail): a message holding the repr of a big tensor stays small
+    in the rank's log, its error file and the run's record."""
+    return clip(label_cells(clip(traceback.format_exc()), spec.sources))
 
 
 def _write_error(path: Path, spec: WorkerSpec, rank: int, code: int, error: str) -> None:

@@ -113,6 +113,12 @@ MEMORY_WIDTH = len("999 MB 100%")
 
 
 # -- one run: plain text ----------------------------------------------------------------------
+def dropped_text(r: RankView) -> str:
+    """How many of the rank's logged points never reached the master, and why."""
+    text = f"{r.dropped_points:,} points dropped"
+    return f"{text}: {printable(r.dropped_reason, one_line=True)}" if r.dropped_reason else text
+
+
 def render(mirror: StateMirror, *, address: str = "") -> str:
     """The run as plain text, no escape codes: for files, pipes and ``orch status``."""
     done, total = mirror.progress()
@@ -136,7 +142,7 @@ def render(mirror: StateMirror, *, address: str = "") -> str:
         if r.diverged:
             marks.append("NaN/inf loss")
         if r.dropped_points:
-            marks.append(f"{r.dropped_points} points dropped")
+            marks.append(dropped_text(r))
         if still(mirror, r):
             marks.append(f"no step for {r.progress_age:.0f}s")
         if r.memory_note:
@@ -250,7 +256,7 @@ def run_table(mirror: StateMirror, *, address: str = "") -> RenderableType:
         if r.diverged:
             marks.append(("NaN/inf loss", "bold red"))
         if r.dropped_points:
-            marks.append((f"{r.dropped_points} points dropped", "yellow"))
+            marks.append((dropped_text(r), "yellow"))
         if still(m, r):
             marks.append((f"no step for {r.progress_age:.0f}s", "bold red"))
         if r.memory_note:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import html
 
-from orch.views.rendering import memory_text, still, stragglers
+from orch.views.rendering import dropped_text, memory_text, still, stragglers
 from orch.wire.client import StateMirror
 from orch.wire.ranks import RankView
 from orch.wire.states import RankState, RunState
@@ -110,10 +110,7 @@ def table_html(m: StateMirror) -> str:
         if r.diverged:
             marks.append('<span class="orch-nan" title="the loss is not finite">NaN/inf loss</span>')
         if r.dropped_points:
-            marks.append(
-                f'<span class="orch-dropped" title="ctx.log\'s queue was full while the master '
-                f'could not be reached">{r.dropped_points} points dropped</span>'
-            )
+            marks.append(f'<span class="orch-dropped">{html.escape(dropped_text(r))}</span>')
         if still(m, r):
             marks.append(
                 '<span class="orch-still" style="color:#cf222e;font-weight:bold" title="its step has '

@@ -43,7 +43,7 @@ class RankView:
     exit_code: int = 0
     address: str = ""
     has_loss: bool = False
-    dropped_points: int = 0  # points ctx.log dropped: its queue was full (the master unreachable)
+    dropped_points: int = 0  # points of ctx.log's that never reached the master (queue full, or refused)
     # Where a step's time goes, per step over the last few seconds (live; on disk, the last seen).
     timed: bool = False
     step_ms: float = 0.0
@@ -66,6 +66,7 @@ class RankView:
     memory_limit: int = 0
     limit_kind: str = ""
     memory_note: str = ""  # a warning about its memory: growing, or near its limit
+    dropped_reason: str = ""  # why it last dropped points (see dropped_points)
 
     @property
     def diverged(self) -> bool:

@@ -10,6 +10,7 @@ from coordinator_calls import Clock, beat, complete, reg
 from orch.master.coordinator import Coordinator, RankState, Reject, RunState
 from orch.wire._proto import orchestrator_pb2 as pb
 from orch.wire.client import StateMirror
+from orch.wire.limits import MAX_METRICS_PER_RANK
 
 
 def started(world: int = 2, clock: Clock | None = None) -> Coordinator:
@@ -184,6 +185,42 @@ def test_heartbeat_age_and_expiry_on_an_injected_clock() -> None:
     assert beat(c, "w1", step=3) == pb.ABORT
 
 
+def test_a_refused_beat_keeps_its_rank_alive_and_says_why() -> None:
+    """A rank whose every beat is refused for what it carries (here a name past the cap, in
+    a direct call and in a host agent's batch) still beats: never LOST, never "stuck in the
+    rendezvous"; its record says why its points went."""
+    clock = Clock()
+    c = started(world=2, clock=clock)
+    for _ in range(4):
+        clock.t += 2.0
+        with pytest.raises(Reject):
+            beat(c, "w0", **{"x" * 300: [1.0]})
+        bad = pb.HeartbeatRequest(
+            run_id="r1", worker_id="w1", series=[pb.Series(name="", steps=[0], values=[1])]
+        )
+        replies, _ = c.accept_heartbeats([bad])
+        assert replies[0].code == 3  # INVALID_ARGUMENT, for that beat alone
+        c.expire()
+    assert clock.t > 5.0 and c.state is RunState.RUNNING  # past the 5 s timeout
+    assert [r.state for r in c.ranks] == [RankState.RUNNING, RankState.RUNNING]
+    assert "refused a heartbeat" in c.ranks[0].dropped_reason
+    assert "name of 1-256 characters; one has 300" in c.ranks[0].dropped_reason
+    clock.t += 5.1  # then silence: lost as any rank, not "since the start barrier"
+    c.expire()
+    assert "no heartbeat for 5.1s" in c.failure and "start barrier" not in c.failure
+
+
+def test_a_beat_of_another_run_or_before_the_barrier_keeps_nothing_alive() -> None:
+    clock = Clock()
+    c = started(world=1, clock=clock)
+    clock.t += 4.0
+    with pytest.raises(Reject):
+        beat(c, "w0", run_id="other", **{"x" * 300: [1.0]})
+    clock.t += 1.1
+    c.expire()
+    assert c.ranks[0].state is RankState.LOST
+
+
 def test_steps_per_second_from_progress() -> None:
     clock = Clock()
     c = started(clock=clock)
@@ -343,15 +380,15 @@ def test_memory_holds_a_bounded_tail_and_cursors_stay_valid() -> None:
 
 def test_bounded_metric_names_and_series_per_heartbeat() -> None:
     c = started(world=1)
-    many = [pb.Series(name=f"m{i}", steps=[0], values=[0.0]) for i in range(65)]
+    many = [pb.Series(name=f"m{i}", steps=[0], values=[0.0]) for i in range(MAX_METRICS_PER_RANK + 1)]
     with pytest.raises(Reject) as e:
         c.heartbeat(pb.HeartbeatRequest(run_id="r1", worker_id="w0", series=many))
     assert kind(e) == "invalid_argument"
-    for i in range(64):
+    for i in range(MAX_METRICS_PER_RANK):
         beat(c, "w0", **{f"m{i}": [0.0]})
     with pytest.raises(Reject) as e:
         beat(c, "w0", one_more=[0.0])
-    assert kind(e) == "resource_exhausted"
+    assert kind(e) == "invalid_argument"
     assert beat(c, "w0", m3=[1.0]) == pb.CONTINUE  # known names still go in
 
 

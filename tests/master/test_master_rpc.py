@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import socket
-from collections.abc import Iterator
+import time
+from collections.abc import Iterable, Iterator
+from pathlib import Path
 
 import grpc
 import pytest
@@ -13,6 +15,7 @@ from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 from orch import PortInUseError
 from orch.master.coordinator import Coordinator, RunState
 from orch.master.server import SERVICE_NAME, MasterServer
+from orch.record.store import RunStore, read_metrics
 from orch.wire._proto import orchestrator_pb2 as pb
 from orch.wire._proto import orchestrator_pb2_grpc as pb_grpc
 from orch.wire.client import MasterClient, StateMirror
@@ -166,3 +169,44 @@ def test_default_port_taken_between_the_look_and_the_bind_falls_back(
             server.stop(grace=0.1)
         with pytest.raises(PortInUseError):  # a port the user named is never swapped
             MasterServer(Coordinator(1), host="127.0.0.1", port=taken).start()
+
+
+class _SlowStore(RunStore):
+    """A run dir whose metrics log takes half a second per append (a slow disk)."""
+
+    def append_points(self, rank: int, attempt: int, series: Iterable[pb.Series]) -> None:
+        time.sleep(0.5)
+        super().append_points(rank, attempt, series)
+
+
+def _points_on_disk(run_dir: Path) -> list[tuple[str, list[int]]]:
+    return [(s.name, list(s.steps)) for record in read_metrics(run_dir / "metrics.pb") for s in record.series]
+
+
+@pytest.mark.parametrize("batched", [False, True], ids=["SendHeartbeat", "SendHostHeartbeats"])
+def test_a_beat_is_answered_only_once_its_points_are_on_disk(tmp_path: Path, batched: bool) -> None:
+    """The reply to a heartbeat says its points are safe: the run dir already holds them when
+    it arrives, however slow the disk (an append that takes 0.5 s here)."""
+    store = _SlowStore(tmp_path / "run")
+    coord = Coordinator(1, run_id="r", store=store)
+    try:
+        with MasterServer(coord, port=0) as server, grpc.insecure_channel(server.address) as channel:
+            stub = pb_grpc.OrchestratorStub(channel)
+            stub.Register(pb.RegisterRequest(worker_id="w", rendezvous_port=1), timeout=RPC_DEADLINE)
+            assert stub.CanStartTraining(
+                pb.CanStartTrainingRequest(run_id="r", worker_id="w"), timeout=RPC_DEADLINE
+            ).ready
+            beat = pb.HeartbeatRequest(
+                run_id="r",
+                worker_id="w",
+                step=3,
+                series=[pb.Series(name="loss", steps=[0, 1, 2], values=[3, 2, 1])],
+            )
+            if batched:
+                reply = stub.SendHostHeartbeats(pb.HostHeartbeatsRequest(beats=[beat]), timeout=RPC_DEADLINE)
+                assert reply.replies[0].reply.command == pb.CONTINUE
+            else:
+                assert stub.SendHeartbeat(beat, timeout=RPC_DEADLINE).command == pb.CONTINUE
+            assert _points_on_disk(tmp_path / "run") == [("loss", [0, 1, 2])]
+    finally:
+        store.close()

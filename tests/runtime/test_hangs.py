@@ -119,7 +119,7 @@ def stuck(ctx):
 
 STACKS_CELL = """\
 run = orch.launch(stuck, world_size=3, run_root={run_root!r}, hang_timeout=3)
-for _ in range(300):
+for _ in range(1200):  # up to 2 minutes on a loaded machine
     if run.state().stacks:
         break
     time.sleep(0.1)

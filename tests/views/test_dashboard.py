@@ -102,12 +102,16 @@ def test_dropped_points_are_shown_in_the_dashboard_and_the_panel() -> None:
     c = Coordinator(1, run_id="d", clock=lambda: 0.0)
     c.register(pb.RegisterRequest(worker_id="w", host="h", pid=1, rendezvous_port=1))
     c.can_start(pb.CanStartTrainingRequest(run_id="d", worker_id="w"))
-    c.heartbeat(pb.HeartbeatRequest(run_id="d", worker_id="w", step=1, dropped_points=1234))
+    why = "the master refused a heartbeat of 1,234 points: <a series> is bad"
+    c.heartbeat(
+        pb.HeartbeatRequest(run_id="d", worker_id="w", step=1, dropped_points=1234, dropped_reason=why)
+    )
     m = StateMirror()
     m.apply(c.snapshot())
     assert m.ranks[0].dropped_points == 1234
-    assert "1234 points dropped" in render(m).splitlines()[4]
-    assert "1234 points dropped" in table_html(m)
+    assert f"1,234 points dropped: {why}" in render(m).splitlines()[4]  # orch status, plain dashboard
+    assert "1,234 points dropped: the master refused a heartbeat" in table_html(m)  # the panel
+    assert "&lt;a series&gt; is bad" in table_html(m)
 
 
 # -- the rich views -----------------------------------------------------------------------------

@@ -25,7 +25,7 @@ from orch.master.control.memory import oom_cause
 from orch.master.control.registry import RankRecord, Registry
 from orch.master.control.stopping import StopOrder, stop_step
 from orch.wire._proto import orchestrator_pb2 as pb
-from orch.wire.limits import MAX_ERROR_LEN
+from orch.wire.limits import clip
 from orch.wire.stacks import ranks_text
 from orch.wire.states import EXIT_ABORTED, RankState, RunState, describe_exit
 
@@ -83,7 +83,7 @@ class Fate:
             return  # a retried report, or a rank already declared failed: keep the first
         rec.step = max(rec.step, req.step)
         rec.param_checksum = req.param_checksum
-        error = req.error[:MAX_ERROR_LEN]
+        error = clip(req.error)  # its head and tail: where the exception and its frames are
         kind = reported_kind(error)
         if req.exit_code:  # its host agent saw the process die
             rec.exit_code = req.exit_code
@@ -125,7 +125,7 @@ class Fate:
             what += f": {oom}" if oom else ""
         error = f"process exited with {what}" + (f": {cause}" if cause else "")
         kind = CauseKind.TORN_DOWN if expected or exit_code == EXIT_ABORTED else CauseKind.EXITED
-        error = f"{detail.rstrip()}\n{error}" if detail else error
+        error = clip(f"{detail.rstrip()}\n{error}") if detail else error
         self.end_rank(rec, RankState.FAILED, registry, now, error=error, kind=kind)
 
     def lost(self, lost: list[RankRecord], registry: Registry, now: float, timeout: float) -> None:

@@ -55,7 +55,7 @@ class Intake:
                 "poll CanStartTraining until ready first",
             )
         self.points.check_names(rec.rank, req.series)
-        rec.beat(now, req.step, req.total_steps, req.dropped_points)
+        rec.beat(now, req.step, req.total_steps, req.dropped_points, req.dropped_reason)
         if req.HasField("timing"):
             rec.timing.add(now, req.timing)
         if req.HasField("process"):
@@ -64,3 +64,12 @@ class Intake:
         if loss is not None:
             rec.loss, rec.has_loss = loss, True
         return rec
+
+    def refused(self, req: pb.HeartbeatRequest, run_id: str, why: Reject, now: float) -> None:
+        """A heartbeat refused for what it carries (a bad field or a cap; not one out of order,
+        nor of another run): it still shows that its running rank lives."""
+        if why.kind != "invalid_argument" or req.run_id != run_id:
+            return
+        rec = self.registry.get(req.worker_id)
+        if rec is not None and rec.state is RankState.RUNNING:
+            rec.refused(now, str(why))

@@ -65,7 +65,9 @@ class RankRecord(RankView):
         self.heartbeat_age = -1.0 if self.last_heartbeat is None else max(0.0, now - self.last_heartbeat)
         return self.to_pb()
 
-    def beat(self, now: float, step: int, total_steps: int, dropped_points: int) -> None:
+    def beat(
+        self, now: float, step: int, total_steps: int, dropped_points: int, dropped_reason: str = ""
+    ) -> None:
         """A heartbeat arrived. An ended rank may still deliver the points it logged before
         it ended: they count as steps it did, but not towards its rate."""
         self.last_heartbeat = now
@@ -81,6 +83,15 @@ class RankRecord(RankView):
                 self.total_steps = total_steps
             self.progress.append((now, self.step))
         self.dropped_points = dropped_points
+        if dropped_reason:
+            self.dropped_reason = dropped_reason
+
+    def refused(self, now: float, why: str) -> None:
+        """A heartbeat refused for what it carries: its process lives (the rank counts as
+        alive, and as having beaten since the barrier); its sender drops its points."""
+        self.last_heartbeat = now
+        self.beats += 1
+        self.dropped_reason = f"the master refused a heartbeat: {why}"
 
 
 class Registry:

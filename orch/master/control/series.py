@@ -126,12 +126,13 @@ class SeriesLog:
         return any(s.base for s in self._series.values())
 
     def check_names(self, rank: int, series: Sequence[pb.Series]) -> None:
-        """A rank logs at most :data:`MAX_METRICS_PER_RANK` different metrics."""
+        """A rank logs at most :data:`MAX_METRICS_PER_RANK` different metrics (a cap on what
+        its beat carries, as the checks of :mod:`.validate`: the sender drops such a beat)."""
         known = self._names.get(rank, set())
         new = {s.name for s in series} - known
         if len(known) + len(new) > MAX_METRICS_PER_RANK:
             raise Reject(
-                "resource_exhausted",
+                "invalid_argument",
                 f"rank {rank} would log more than {MAX_METRICS_PER_RANK} different metrics",
             )
 

@@ -12,6 +12,8 @@ from orch.wire.limits import (
     MAX_ERROR_LEN,
     MAX_ID_LEN,
     MAX_METRICS_PER_RANK,
+    MAX_NAME_LEN,
+    MAX_REASON_LEN,
     MAX_SECTIONS,
 )
 from orch.wire.states import RANK_STATE_FROM_PB, RankState
@@ -71,11 +73,16 @@ def check_heartbeat(req: pb.HeartbeatRequest) -> None:
             "invalid_argument",
             f"a heartbeat carries {len(req.series)} series; the limit is {MAX_METRICS_PER_RANK}",
         )
+    if len(req.dropped_reason) > MAX_REASON_LEN:
+        raise Reject("invalid_argument", f"dropped_reason is longer than {MAX_REASON_LEN} characters")
     if req.HasField("timing"):
         check_timing(req.timing)
     for s in req.series:
-        if not s.name or len(s.name) > MAX_ID_LEN:
-            raise Reject("invalid_argument", f"every series needs a name of 1-{MAX_ID_LEN} characters")
+        if not s.name or len(s.name) > MAX_NAME_LEN:
+            raise Reject(
+                "invalid_argument",
+                f"every series needs a name of 1-{MAX_NAME_LEN} characters; one has {len(s.name)}",
+            )
         if len(s.steps) != len(s.values) or (s.times and len(s.times) != len(s.steps)):
             raise Reject(
                 "invalid_argument",

@@ -150,7 +150,7 @@ class Series(_message.Message):
     def __init__(self, rank: _Optional[int] = ..., name: _Optional[str] = ..., steps: _Optional[_Iterable[int]] = ..., values: _Optional[_Iterable[float]] = ..., times: _Optional[_Iterable[float]] = ...) -> None: ...
 
 class HeartbeatRequest(_message.Message):
-    __slots__ = ("run_id", "worker_id", "step", "total_steps", "series", "dropped_points", "timing", "process", "stack")
+    __slots__ = ("run_id", "worker_id", "step", "total_steps", "series", "dropped_points", "timing", "process", "stack", "dropped_reason")
     RUN_ID_FIELD_NUMBER: _ClassVar[int]
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     STEP_FIELD_NUMBER: _ClassVar[int]
@@ -160,6 +160,7 @@ class HeartbeatRequest(_message.Message):
     TIMING_FIELD_NUMBER: _ClassVar[int]
     PROCESS_FIELD_NUMBER: _ClassVar[int]
     STACK_FIELD_NUMBER: _ClassVar[int]
+    DROPPED_REASON_FIELD_NUMBER: _ClassVar[int]
     run_id: str
     worker_id: str
     step: int
@@ -169,7 +170,8 @@ class HeartbeatRequest(_message.Message):
     timing: StepTiming
     process: ProcessStats
     stack: Stack
-    def __init__(self, run_id: _Optional[str] = ..., worker_id: _Optional[str] = ..., step: _Optional[int] = ..., total_steps: _Optional[int] = ..., series: _Optional[_Iterable[_Union[Series, _Mapping]]] = ..., dropped_points: _Optional[int] = ..., timing: _Optional[_Union[StepTiming, _Mapping]] = ..., process: _Optional[_Union[ProcessStats, _Mapping]] = ..., stack: _Optional[_Union[Stack, _Mapping]] = ...) -> None: ...
+    dropped_reason: str
+    def __init__(self, run_id: _Optional[str] = ..., worker_id: _Optional[str] = ..., step: _Optional[int] = ..., total_steps: _Optional[int] = ..., series: _Optional[_Iterable[_Union[Series, _Mapping]]] = ..., dropped_points: _Optional[int] = ..., timing: _Optional[_Union[StepTiming, _Mapping]] = ..., process: _Optional[_Union[ProcessStats, _Mapping]] = ..., stack: _Optional[_Union[Stack, _Mapping]] = ..., dropped_reason: _Optional[str] = ...) -> None: ...
 
 class ProcessStats(_message.Message):
     __slots__ = ("rss_bytes", "cpu_percent", "cuda_allocated", "cuda_reserved", "cuda_peak", "cuda_total", "memory_limit", "limit_kind", "oom_kills", "limit_used")
@@ -343,7 +345,7 @@ class GetStateRequest(_message.Message):
     def __init__(self, cursor: _Optional[bytes] = ..., skip_series: _Optional[bool] = ..., max_points: _Optional[int] = ...) -> None: ...
 
 class RankInfo(_message.Message):
-    __slots__ = ("rank", "worker_id", "host", "pid", "state", "step", "total_steps", "steps_per_sec", "heartbeat_age", "loss", "param_checksum", "error", "exit_code", "dropped_points", "address", "has_loss", "timed", "step_ms", "data_ms", "compute_ms", "collective_ms", "other_ms", "relative_score", "individual_score", "slow_in", "progress_age", "stack", "rss_bytes", "cpu_percent", "cuda_allocated", "cuda_reserved", "cuda_peak", "cuda_total", "memory_limit", "limit_kind", "memory_note")
+    __slots__ = ("rank", "worker_id", "host", "pid", "state", "step", "total_steps", "steps_per_sec", "heartbeat_age", "loss", "param_checksum", "error", "exit_code", "dropped_points", "address", "has_loss", "timed", "step_ms", "data_ms", "compute_ms", "collective_ms", "other_ms", "relative_score", "individual_score", "slow_in", "progress_age", "stack", "rss_bytes", "cpu_percent", "cuda_allocated", "cuda_reserved", "cuda_peak", "cuda_total", "memory_limit", "limit_kind", "memory_note", "dropped_reason")
     RANK_FIELD_NUMBER: _ClassVar[int]
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     HOST_FIELD_NUMBER: _ClassVar[int]
@@ -380,6 +382,7 @@ class RankInfo(_message.Message):
     MEMORY_LIMIT_FIELD_NUMBER: _ClassVar[int]
     LIMIT_KIND_FIELD_NUMBER: _ClassVar[int]
     MEMORY_NOTE_FIELD_NUMBER: _ClassVar[int]
+    DROPPED_REASON_FIELD_NUMBER: _ClassVar[int]
     rank: int
     worker_id: str
     host: str
@@ -416,7 +419,8 @@ class RankInfo(_message.Message):
     memory_limit: int
     limit_kind: str
     memory_note: str
-    def __init__(self, rank: _Optional[int] = ..., worker_id: _Optional[str] = ..., host: _Optional[str] = ..., pid: _Optional[int] = ..., state: _Optional[_Union[RankState, str]] = ..., step: _Optional[int] = ..., total_steps: _Optional[int] = ..., steps_per_sec: _Optional[float] = ..., heartbeat_age: _Optional[float] = ..., loss: _Optional[float] = ..., param_checksum: _Optional[str] = ..., error: _Optional[str] = ..., exit_code: _Optional[int] = ..., dropped_points: _Optional[int] = ..., address: _Optional[str] = ..., has_loss: _Optional[bool] = ..., timed: _Optional[bool] = ..., step_ms: _Optional[float] = ..., data_ms: _Optional[float] = ..., compute_ms: _Optional[float] = ..., collective_ms: _Optional[float] = ..., other_ms: _Optional[float] = ..., relative_score: _Optional[float] = ..., individual_score: _Optional[float] = ..., slow_in: _Optional[str] = ..., progress_age: _Optional[float] = ..., stack: _Optional[str] = ..., rss_bytes: _Optional[int] = ..., cpu_percent: _Optional[float] = ..., cuda_allocated: _Optional[int] = ..., cuda_reserved: _Optional[int] = ..., cuda_peak: _Optional[int] = ..., cuda_total: _Optional[int] = ..., memory_limit: _Optional[int] = ..., limit_kind: _Optional[str] = ..., memory_note: _Optional[str] = ...) -> None: ...
+    dropped_reason: str
+    def __init__(self, rank: _Optional[int] = ..., worker_id: _Optional[str] = ..., host: _Optional[str] = ..., pid: _Optional[int] = ..., state: _Optional[_Union[RankState, str]] = ..., step: _Optional[int] = ..., total_steps: _Optional[int] = ..., steps_per_sec: _Optional[float] = ..., heartbeat_age: _Optional[float] = ..., loss: _Optional[float] = ..., param_checksum: _Optional[str] = ..., error: _Optional[str] = ..., exit_code: _Optional[int] = ..., dropped_points: _Optional[int] = ..., address: _Optional[str] = ..., has_loss: _Optional[bool] = ..., timed: _Optional[bool] = ..., step_ms: _Optional[float] = ..., data_ms: _Optional[float] = ..., compute_ms: _Optional[float] = ..., collective_ms: _Optional[float] = ..., other_ms: _Optional[float] = ..., relative_score: _Optional[float] = ..., individual_score: _Optional[float] = ..., slow_in: _Optional[str] = ..., progress_age: _Optional[float] = ..., stack: _Optional[str] = ..., rss_bytes: _Optional[int] = ..., cpu_percent: _Optional[float] = ..., cuda_allocated: _Optional[int] = ..., cuda_reserved: _Optional[int] = ..., cuda_peak: _Optional[int] = ..., cuda_total: _Optional[int] = ..., memory_limit: _Optional[int] = ..., limit_kind: _Optional[str] = ..., memory_note: _Optional[str] = ..., dropped_reason: _Optional[str] = ...) -> None: ...
 
 class Event(_message.Message):
     __slots__ = ("time", "kind", "rank", "message")

@@ -63,6 +63,7 @@ def full_view(state: RankState = RankState.FAILED, loss: float = 0.25) -> RankVi
         memory_limit=24_000_000_000,
         limit_kind="cgroup",
         memory_note="growing 20 MB a step",
+        dropped_reason="the master refused them: too many metrics",
     )
 
 
@@ -204,6 +205,7 @@ def test_from_fields_reads_each_field_by_its_type() -> None:
         "memory_limit": "integer",
         "limit_kind": "text",
         "memory_note": "text",
+        "dropped_reason": "text",
     }
 
 

@@ -167,7 +167,7 @@ def test_check_names_limits_the_metrics_of_one_rank() -> None:
     log.check_names(0, [points("m0", [2]), points("m0", [3])])
     with pytest.raises(Reject) as info:
         log.check_names(0, [points("one-more", [1])])
-    assert info.value.kind == "resource_exhausted"
+    assert info.value.kind == "invalid_argument"
     assert f"rank 0 would log more than {MAX_METRICS_PER_RANK} different metrics" in str(info.value)
     log.check_names(1, [points("one-more", [1])])  # every rank has its own limit
 

@@ -25,6 +25,7 @@ from orch.master.control.fate import Fate
 from orch.master.control.host_sync import HostSync
 from orch.master.control.intake import Intake
 from orch.master.control.memory_watch import MemoryWatch
+from orch.master.control.pace import beat_interval
 from orch.master.control.progress import STARTUP_TIMEOUT, ProgressWatch
 from orch.master.control.registry import RankRecord
 from orch.master.control.series import MAX_POINTS_IN_MEMORY
@@ -116,6 +117,8 @@ class Coordinator(RunFacade):
         self.stragglers = StragglerWatch()
         self.progress = ProgressWatch(hang_timeout, startup_timeout, on_hang, heartbeat_interval)
         self.stop_grace = stop_grace
+        self.heartbeat_interval = heartbeat_interval
+        self.beat_interval = heartbeat_interval  # what the ranks are asked for (see control.pace)
         self.memory = MemoryWatch()
 
     # -- worker RPCs -------------------------------------------------------------------
@@ -223,6 +226,8 @@ class Coordinator(RunFacade):
         self._changed.notify_all()
         command = self.fate.command(rec)
         reply = pb.HeartbeatResponse(command=command, send_stack=rec.stack_wanted)  # type: ignore[arg-type]
+        if self.beat_interval > self.heartbeat_interval:
+            reply.interval = self.beat_interval
         if command == pb.STOP:
             reply.stop_at_step = self.stop_at_step
         elif command == pb.ABORT:
@@ -318,6 +323,8 @@ class Coordinator(RunFacade):
         across hosts on (see :meth:`sync_host`) and judge the stragglers."""
         with self._lock:
             now = self._clock()
+            callers = len(self.hosts.hosts) or len(self.ranks)
+            self.beat_interval = beat_interval(callers, self.heartbeat_interval, self.heartbeat_timeout)
             self._settle_hosts(now)
             for rank, warning in self.memory.look(self.ranks, now):
                 self._event("memory", rank, warning)

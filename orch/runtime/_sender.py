@@ -51,6 +51,7 @@ class HeartbeatSender:
         self.run_id = run_id
         self.worker_id = worker_id
         self.interval = interval
+        self.base_interval = interval
         self.master_timeout = master_timeout
         self.max_queue = max_queue
         self.max_batch = max_batch
@@ -256,6 +257,9 @@ class HeartbeatSender:
         self._retry = None
         self._refused = 0
         self._last_ok = time.monotonic()
+        # The master spaces beats out as its callers grow (orch.master.control.pace); never
+        # more often than this rank's own interval.
+        self.interval = max(self.base_interval, reply.interval) if reply.interval > 0 else self.base_interval
         if request.dropped_points == self.dropped:
             self._untold = False
         if reply.send_stack and self.stack_of is not None and self._stack is None:

@@ -460,3 +460,25 @@ def test_a_rank_past_the_section_names_cap_is_told_once_in_the_event_log() -> No
     assert [(e.rank, e.message) for e in told] == [
         (1, "rank 1 marked more than 31 ctx.section names: the rest are timed together as '(other sections)'")
     ]
+
+
+def test_a_master_with_many_callers_asks_for_fewer_beats_and_a_rank_obeys() -> None:
+    from orch.runtime._sender import HeartbeatSender
+
+    c = Coordinator(512, run_id="big", heartbeat_timeout=30.0, heartbeat_interval=0.25, clock=Clock())
+    for i in range(512):
+        reg(c, f"w{i}")
+    for i in range(512):
+        c.can_start(pb.CanStartTrainingRequest(run_id="big", worker_id=f"w{i}"))
+    c.expire()
+    reply, _ = c.accept_heartbeat(pb.HeartbeatRequest(run_id="big", worker_id="w3", step=1))
+    assert reply.interval == pytest.approx(2.0)  # 512 callers at 256 calls a second
+
+    class Master:
+        def SendHeartbeat(self, request: pb.HeartbeatRequest, timeout: float) -> pb.HeartbeatResponse:
+            return reply
+
+    sender = HeartbeatSender(Master(), run_id="big", worker_id="w3", on_stop=lambda _: None, on_abort=print)  # type: ignore[arg-type]
+    assert sender._beat() and sender.interval == pytest.approx(2.0)
+    few, _ = started().accept_heartbeat(pb.HeartbeatRequest(run_id="r1", worker_id="w0", step=1))
+    assert few.interval == 0.0  # two ranks: their own interval

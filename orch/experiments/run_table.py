@@ -19,6 +19,7 @@ from orch._text import escape_html, printable
 from orch.errors import ConfigError
 from orch.experiments.run_row import COLUMNS, CRASHED, DAMAGED, RUN_FILES, STATES, RunRow, mtime, read_row
 from orch.launchers.run import live_runs
+from orch.record.owned import is_own_dir
 
 
 class RunTable(Sequence[RunRow]):
@@ -128,7 +129,8 @@ def runs(run_root: str | Path = "runs") -> RunTable:
     with contextlib.suppress(FileNotFoundError):
         for entry in os.scandir(root):
             path = Path(entry.path)
-            if entry.is_dir() and any((path / f).exists() for f in RUN_FILES):
+            # Only this user's run dirs: anyone who can write to a shared run root could plant one.
+            if is_own_dir(path) and any((path / f).exists() for f in RUN_FILES):
                 row = read_row(path, here.get(_key(path)))
                 rows.append((row.started or mtime(path), row))
     rows.sort(key=lambda pair: pair[0], reverse=True)

@@ -14,6 +14,7 @@ from typing import Any
 from orch._text import printable
 from orch.errors import OrchError
 from orch.experiments import catalog
+from orch.record.owned import MAX_LINE_BYTES, open_own, read_line
 
 
 def add_parsers(sub: Any) -> None:
@@ -70,9 +71,14 @@ def cmd_logs(args: argparse.Namespace) -> int:
             f"no log for rank {args.rank} of run {run_dir.name}: {why}; "
             + (f"{run_dir}/logs holds {', '.join(logs)}" if logs else f"{run_dir}/logs is empty")
         )
-    with open(path, "rb") as f:
-        for line in f:
+    with open_own(path) as f:  # a regular file of this user's: never a FIFO or a device
+        while True:
+            line, cut = read_line(f)  # a line past MAX_LINE_BYTES is cut, never held whole
+            if not line:
+                break
             sys.stdout.write(printable(line.decode("utf-8", "replace")))
+            if cut:
+                sys.stdout.write(f"[{cut:,} more bytes of this line not shown]\n")
     sys.stdout.flush()
     return 0
 
@@ -105,13 +111,18 @@ def _follow_log(run_dir: Path, rank: int, interval: float = 0.25) -> int:
                         print(f"--- rank {rank} restarted: {path.name} ---", flush=True)
                     current, position = path, 0
             if current is not None:
-                with contextlib.suppress(FileNotFoundError), open(current, "rb") as f:
+                with contextlib.suppress(FileNotFoundError), open_own(current) as f:
                     f.seek(position)
-                    data = f.read()
+                    data = f.read(MAX_LINE_BYTES)  # a read at a time: memory stays bounded
                     position += len(data)
                     *lines, partial = (partial + data).split(b"\n")
                     if lines:
                         flush(b"\n".join(lines) + b"\n")
+                    if len(partial) >= MAX_LINE_BYTES:  # a line that long is shown in pieces
+                        flush(partial + b"\n")
+                        partial = b""
+                    if len(data) == MAX_LINE_BYTES:
+                        continue  # more is waiting: read it before sleeping
             if ended:
                 flush(partial)
                 return 0

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import html
 import re
 
 # Terminal control sequences, whole: CSI (ESC [ or 0x9b ... final byte), OSC, DCS, SOS, PM and
@@ -14,15 +15,42 @@ _CONTROL = re.compile(
     r"|[\x00-\x08\x0b-\x1f\x7f-\x9f]"
 )
 
+# Unicode's format controls (category Cf: bidi embeddings, overrides and isolates such as
+# U+202E, zero-width characters, tag characters) and its line and paragraph separators: they
+# reorder or hide the text around them in a terminal and in a browser alike, so that a host
+# name or a config value can read as something else. They are shown as their escape (\u202e).
+_FORMAT = re.compile(
+    "[\u00ad\u0600-\u0605\u061c\u06dd\u070f\u0890-\u0891\u08e2\u180e\u200b-\u200f\u2028-\u202e"
+    "\u2060-\u2064\u2066-\u206f\ufeff\ufff9-\ufffb\U000110bd\U000110cd\U00013430-\U0001343f"
+    "\U0001bca0-\U0001bca3\U0001d173-\U0001d17a\U000e0001\U000e0020-\U000e007f]"
+)
+
+
+def _escape_format(match: re.Match[str]) -> str:
+    code = ord(match.group())
+    return f"\\u{code:04x}" if code < 0x10000 else f"\\U{code:08x}"
+
+
+def visible(text: str) -> str:
+    """``text`` with Unicode format controls and line separators written as their escapes."""
+    return _FORMAT.sub(_escape_format, text)
+
 
 def printable(text: str, *, one_line: bool = False) -> str:
     """``text`` without terminal control sequences: what a remote host or traceback says is shown,
-    never obeyed (a host name can carry an escape that retitles or clears the terminal).
+    never obeyed (a host name can carry an escape that retitles or clears the terminal), and
+    with Unicode format controls (U+202E, ...) written as escapes (:func:`visible`).
 
     ``one_line`` also turns newlines and tabs into spaces, for a field of one table row.
     """
-    text = _CONTROL.sub("", text)
+    text = visible(_CONTROL.sub("", text))
     return text.replace("\n", " ").replace("\t", " ") if one_line else text
+
+
+def escape_html(text: str, quote: bool = True) -> str:
+    """``text`` for an HTML page: :func:`printable` (a browser obeys Unicode's format controls as
+    a terminal does), then its markup escaped (``html.escape``)."""
+    return html.escape(printable(text), quote)
 
 
 def size_text(n: float) -> str:

@@ -257,6 +257,7 @@ _UNIT = {
     "test_master_rpc.py",
     "test_memory_reader.py",
     "test_proto.py",
+    "test_text.py",
     "test_pollers.py",
 }
 

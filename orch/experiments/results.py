@@ -8,11 +8,11 @@ terminal dashboard draws. All of them read trials and rows; none starts or stops
 
 from __future__ import annotations
 
-import html
 import math
 from collections.abc import Iterator, Sequence
 from typing import Any, Literal
 
+from orch._text import escape_html
 from orch.errors import ConfigError, OrchError
 from orch.experiments.metrics import default_mode
 from orch.experiments.trial import Trial
@@ -74,15 +74,15 @@ class SweepResults:
 
     def _repr_html_(self) -> str:
         head, body = self.table()
-        th = "".join(f"<th>{html.escape(h)}</th>" for h in head)
+        th = "".join(f"<th>{escape_html(h)}</th>" for h in head)
         trs = "".join(
-            f'<tr class="orch-trial" data-state="{html.escape(row["state"])}">'
-            + "".join(f"<td>{html.escape(c)}</td>" for c in cells)
+            f'<tr class="orch-trial" data-state="{escape_html(row["state"])}">'
+            + "".join(f"<td>{escape_html(c)}</td>" for c in cells)
             + "</tr>"
             for row, cells in zip(self.rows, body, strict=True)
         )
         return (
-            f'<table class="orch-sweep-results"><caption>sweep {html.escape(self.name)}</caption>'
+            f'<table class="orch-sweep-results"><caption>sweep {escape_html(self.name)}</caption>'
             f"<thead><tr>{th}</tr></thead><tbody>{trs}</tbody></table>"
         )
 

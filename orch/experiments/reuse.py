@@ -20,6 +20,7 @@ from orch._version import __version__
 from orch.errors import OrchError
 from orch.experiments.trial import Trial
 from orch.launchers.loaded import load_run
+from orch.record.owned import is_own_dir
 from orch.record.rundir import read_json
 from orch.runtime._target import resolve_fn
 from orch.wire.states import RunState
@@ -79,6 +80,8 @@ def reuse_earlier(trials: Sequence[Trial], run_root: Path, name: str) -> None:
     if not run_root.is_dir():
         return
     for run_dir in sorted(run_root.iterdir()):
+        if not is_own_dir(run_dir):
+            continue  # a run dir another user planted in a shared run root is no earlier run
         meta_path, result_path = run_dir / "run.json", run_dir / "result.json"
         if not result_path.is_file() or not meta_path.is_file():
             continue

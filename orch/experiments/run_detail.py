@@ -20,12 +20,22 @@ from orch._text import printable
 from orch.errors import ConfigError, OrchError
 from orch.experiments.run_row import CRASHED, DAMAGED, RUN_FILES, UNKNOWN, RunRow, format_seconds
 from orch.experiments.run_table import runs
+from orch.record.owned import check_own_dir, is_own_dir, open_own, read_line
 from orch.record.rundir import read_json
+from orch.record.store import MAX_EVENT_LINE_BYTES
 from orch.wire.states import RunState, describe_exit
 
 
 def find_run(run: str | Path, run_root: str | Path = "runs") -> Path:
-    """The run dir ``run`` names: a run dir, a run id under ``run_root``, or a unique start of one."""
+    """The run dir ``run`` names: a run dir, a run id under ``run_root``, or a unique start of one.
+
+    A folder another user owns is refused, naming its owner (:mod:`orch.record.owned`)."""
+    found = _find_run(run, run_root)
+    check_own_dir(found)
+    return found
+
+
+def _find_run(run: str | Path, run_root: str | Path) -> Path:
     path, root, text = Path(run), Path(run_root), str(run)
     if path.is_dir() and any((path / f).exists() for f in RUN_FILES):
         return path
@@ -33,7 +43,9 @@ def find_run(run: str | Path, run_root: str | Path = "runs") -> Path:
         if (root / text).is_dir():
             return root / text
         with contextlib.suppress(OSError):
-            matches = sorted(e.name for e in os.scandir(root) if e.is_dir() and e.name.startswith(text))
+            matches = sorted(
+                e.name for e in os.scandir(root) if e.name.startswith(text) and is_own_dir(e.path)
+            )
             if len(matches) == 1:
                 return root / matches[0]
             if matches:
@@ -58,8 +70,9 @@ def worker_of(path: Path, rank: int) -> str | None:
             if isinstance(r, dict) and r.get("rank") == rank and isinstance(r.get("worker_id"), str):
                 return str(r["worker_id"])
     found = None
-    with contextlib.suppress(OSError), open(path / "events.jsonl", "rb") as f:
-        for line in f:  # tolerant: a torn or damaged line is skipped, the last registration wins
+    with contextlib.suppress(OSError, OrchError), open_own(path / "events.jsonl") as f:
+        while line := read_line(f, MAX_EVENT_LINE_BYTES)[0]:
+            # Tolerant: a torn, damaged or cut line is skipped, the last registration wins.
             with contextlib.suppress(ValueError):
                 event = json.loads(line)
                 if (

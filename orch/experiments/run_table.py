@@ -10,16 +10,16 @@ as text for a terminal and as an HTML table for a notebook.
 from __future__ import annotations
 
 import contextlib
-import html
 import os
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, overload
 
-from orch._text import printable
+from orch._text import escape_html, printable
 from orch.errors import ConfigError
 from orch.experiments.run_row import COLUMNS, CRASHED, DAMAGED, RUN_FILES, STATES, RunRow, mtime, read_row
 from orch.launchers.run import live_runs
+from orch.record.owned import is_own_dir
 
 
 class RunTable(Sequence[RunRow]):
@@ -95,14 +95,14 @@ class RunTable(Sequence[RunRow]):
         head = "".join(f"<th>{c}</th>" for c in COLUMNS)
         body = []
         for r in self:
-            cells = [html.escape(printable(c, one_line=True)) for c in r.cells()]
-            cells[3] = f'<span style="color:{_COLOURS.get(r.state, "inherit")}">{html.escape(r.state)}</span>'
+            cells = [escape_html(printable(c, one_line=True)) for c in r.cells()]
+            cells[3] = f'<span style="color:{_COLOURS.get(r.state, "inherit")}">{escape_html(r.state)}</span>'
             if r.live_here:
                 cells[3] += ' <b title="runs in this kernel: row.run is the Run">● live here</b>'
-            short = html.escape(_clip(printable(r.note, one_line=True), 60))
+            short = escape_html(_clip(printable(r.note, one_line=True), 60))
             cells[-1] = f'<span title="{cells[-1]}">{short}</span>'
             body.append("<tr>" + "".join(f"<td>{c}</td>" for c in cells) + "</tr>")
-        caption = f"{len(self.rows)} runs under {html.escape(str(self.run_root))}/"
+        caption = f"{len(self.rows)} runs under {escape_html(str(self.run_root))}/"
         return (
             f'<table class="orch-runs"><caption style="text-align:left">{caption}</caption>'
             f"<thead><tr>{head}</tr></thead><tbody>{''.join(body)}</tbody></table>"
@@ -129,7 +129,8 @@ def runs(run_root: str | Path = "runs") -> RunTable:
     with contextlib.suppress(FileNotFoundError):
         for entry in os.scandir(root):
             path = Path(entry.path)
-            if entry.is_dir() and any((path / f).exists() for f in RUN_FILES):
+            # Only this user's run dirs: anyone who can write to a shared run root could plant one.
+            if is_own_dir(path) and any((path / f).exists() for f in RUN_FILES):
                 row = read_row(path, here.get(_key(path)))
                 rows.append((row.started or mtime(path), row))
     rows.sort(key=lambda pair: pair[0], reverse=True)

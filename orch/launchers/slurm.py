@@ -19,8 +19,8 @@ to end it. ``sacct`` is not used: clusters without accounting have none.
 What crosses to the nodes, and how:
 
 - the training function, through the run dir on the shared file system, never the network:
-  ``function.pkl``, 0600, carrying an HMAC-SHA256 keyed by the run's token, which the worker
-  checks before it unpickles anything (:func:`read_function`);
+  ``function.pkl``, 0600, carrying an HMAC-SHA256 of the run id and the pickle keyed by the
+  run's token, which the worker checks before it unpickles anything (:func:`read_function`);
 - the token, in the job's environment (sbatch exports the submitting environment), never on
   a command line, where ``ps`` and ``squeue`` would show it;
 - the master's address, in the job script.

@@ -23,6 +23,7 @@ from typing import Any, TypeVar
 
 from orch.errors import ConfigError, OrchError
 from orch.record._replay import Attempts, Replaced, SeriesKey
+from orch.record.owned import check_own_dir, read_own
 from orch.record.store import (
     MetricsDamage,
     json_object,
@@ -71,6 +72,7 @@ class RunRecord:
 
     def __init__(self, path: str | Path, *, max_points: int | None = DEFAULT_MAX_POINTS) -> None:
         self._run_dir = Path(path)
+        check_own_dir(self._run_dir)  # another user's folder in a shared run root is not read
         if not (self.run_dir / "run.json").exists() and not (self.run_dir / "metrics.pb").exists():
             raise ConfigError(f"{self.run_dir} is not an orch run directory (no run.json or metrics.pb)")
         if max_points is not None and (
@@ -370,9 +372,10 @@ def _kind(value: Any) -> str:
 
 
 def read_json(path: Path) -> dict[str, Any]:
-    """A JSON object file of the run dir; ``{}`` when it is missing."""
+    """A JSON object file of the run dir; ``{}`` when it is missing. Only a regular file this
+    user owns, of at most MAX_JSON_BYTES, is read (:mod:`orch.record.owned`)."""
     try:
-        data = path.read_bytes()
+        data = read_own(path)
     except FileNotFoundError:
         return {}
     except OSError as e:

@@ -28,6 +28,7 @@ from typing import Any
 from google.protobuf.message import DecodeError
 
 from orch.errors import OrchError
+from orch.record.owned import open_own, read_line
 from orch.wire._proto import orchestrator_pb2 as pb
 
 log = logging.getLogger(__name__)
@@ -187,7 +188,7 @@ def read_metrics(path: Path, damage: MetricsDamage | None = None) -> Iterator[pb
     """
     report = damage if damage is not None else MetricsDamage()
     try:
-        f = open(path, "rb")  # noqa: SIM115 - closed by the with below, around the mapping
+        f = open_own(path)  # a regular file of this user's: never a FIFO or a device
     except FileNotFoundError:
         return
     with f:
@@ -292,6 +293,9 @@ def _incomplete(buf: mmap.mmap, pos: int) -> bool:
     return length <= MAX_RECORD and pos + HEADER.size + length > len(buf)
 
 
+MAX_EVENT_LINE_BYTES = 1024 * 1024  # an event's line: a traceback of 64 KiB, escaped, fits
+
+
 def read_events(path: Path) -> list[dict[str, Any]]:
     """The event log, every line checked; a torn last line (its writer died mid-line) is ignored.
 
@@ -299,13 +303,23 @@ def read_events(path: Path) -> list[dict[str, Any]]:
     JSON (anywhere but last) or not an event object.
     """
     try:
-        f = open(path, "rb")  # noqa: SIM115 - closed by the with below
+        f = open_own(path)
     except FileNotFoundError:
         return []
     events: list[dict[str, Any]] = []
     with f:
         pending: tuple[int, bytes] | None = None
-        for number, line in enumerate(f, 1):
+        number = 0
+        while True:
+            line, cut = read_line(f, MAX_EVENT_LINE_BYTES)
+            if not line:
+                break
+            number += 1
+            if cut:
+                raise OrchError(
+                    f"{path}, line {number}: over {MAX_EVENT_LINE_BYTES:,} bytes, not an event orch "
+                    "wrote; move the event log aside to load the run without its events"
+                )
             if pending is not None:
                 events.append(_event(path, *pending))
             pending = (number, line)
@@ -360,13 +374,16 @@ def _event(path: Path, number: int, line: bytes) -> dict[str, Any]:
 
 
 def tail(path: Path, lines: int, max_bytes: int = 16384) -> str:
-    """The last ``lines`` lines of a file, reading at most ``max_bytes`` from its end."""
+    """The last ``lines`` lines of a file, reading at most ``max_bytes`` from its end; a file
+    that is not a regular one of this user's shows why instead."""
     try:
-        with open(path, "rb") as f:
+        with open_own(path) as f:
             f.seek(0, 2)
             size = f.tell()
             f.seek(max(0, size - max_bytes))
-            data = f.read().decode(errors="replace")
+            data = f.read(max_bytes).decode(errors="replace")
     except OSError:
         return ""
+    except OrchError as e:
+        return str(e)
     return "\n".join(data.splitlines()[-lines:])

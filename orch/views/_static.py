@@ -56,10 +56,11 @@ more than once: each call sends the record again.
 from __future__ import annotations
 
 import base64
-import html as html_lib
 import threading
 import uuid
 from typing import Any
+
+from orch._text import escape_html
 
 #: Where the picture goes in :meth:`Record.publish`'s ``html`` (without it, it goes first).
 IMAGE = "<!-- orch:image -->"
@@ -113,7 +114,7 @@ class Record:
         """Replace every output of this record with ``html`` (the PNG inlined at :data:`IMAGE`),
         ``png`` and ``text``. Any thread; each call sends the record again."""
         b64 = base64.b64encode(png).decode("ascii")
-        alt = html_lib.escape(alt or (text.splitlines() or [""])[0])
+        alt = escape_html(alt or (text.splitlines() or [""])[0])
         img = f'<img src="data:image/png;base64,{b64}" alt="{alt}" style="max-width:100%">'
         page = html.replace(IMAGE, img, 1) if IMAGE in html else img + html
         static = {"text/html": f'<div class="orch-record">{page}</div>', "image/png": b64, "text/plain": text}

@@ -10,7 +10,6 @@ the sweep panel shares.
 
 from __future__ import annotations
 
-import html
 import io
 import logging
 import re
@@ -25,6 +24,7 @@ import ipywidgets as widgets
 import numpy as np
 import numpy.typing as npt
 
+from orch._text import escape_html
 from orch.errors import ConfigError, OrchError
 from orch.experiments.sweep import Sweep, Trial, default_mode
 from orch.launchers.attached import open_run
@@ -392,7 +392,7 @@ class RunsView:
     def _header_html(self) -> str:
         states = [m.state for m in self.mirrors]
         live = sum(not s.done for s in states)
-        note = f" &middot; <i>{html.escape(self.last_error)}</i>" if self.last_error else ""
+        note = f" &middot; <i>{escape_html(self.last_error)}</i>" if self.last_error else ""
         return f"<b>orch compare</b> &middot; {len(states)} runs, {live} live{note}"
 
 
@@ -418,15 +418,15 @@ class ComparePanel(RunsView):
             best = f"{_best_of(c.mean, metric):.4g}" if len(c.mean) else "-"
             color = STATE_COLORS.get(m.state, "#777")
             rows.append(
-                f'<tr class="orch-compared" data-run="{html.escape(m.run_id)}">'
-                f'<td><span style="color:{_swatch(i)}">&#9632;</span> {html.escape(f.label)}</td>'
+                f'<tr class="orch-compared" data-run="{escape_html(m.run_id)}">'
+                f'<td><span style="color:{_swatch(i)}">&#9632;</span> {escape_html(f.label)}</td>'
                 f'<td style="color:{color}">{m.state.value}</td><td>{m.progress()[0]}</td>'
                 f"<td>{last}</td><td>{best}</td></tr>"
             )
         self.legend.value = (
             '<table class="orch-compare-runs" style="border-collapse:collapse">'
-            f"<thead><tr><th>run</th><th>state</th><th>step</th><th>{html.escape(metric)} last</th>"
-            f"<th>{html.escape(metric)} best</th></tr></thead><tbody>{''.join(rows)}</tbody></table>"
+            f"<thead><tr><th>run</th><th>state</th><th>step</th><th>{escape_html(metric)} last</th>"
+            f"<th>{escape_html(metric)} best</th></tr></thead><tbody>{''.join(rows)}</tbody></table>"
         )
 
 

@@ -20,7 +20,6 @@ run runs, the output is the live widget; ``display(panel.widget)`` shows it agai
 
 from __future__ import annotations
 
-import html
 import logging
 import threading
 import time
@@ -29,6 +28,7 @@ from typing import Any
 
 import ipywidgets as widgets
 
+from orch._text import escape_html
 from orch.errors import MasterUnavailable
 from orch.launchers.contract import PanelSource
 from orch.record.store import tail
@@ -305,4 +305,4 @@ class Panel:
         if self.logs.selected_index is None and not m.state.done:
             return  # collapsed: do not read files nobody looks at
         rank = self.log_rank.value if self.log_rank.value in by_rank else min(by_rank)
-        self.log_tail.value = f"<pre>{html.escape(tail(by_rank[rank], self.log_lines))}</pre>"
+        self.log_tail.value = f"<pre>{escape_html(tail(by_rank[rank], self.log_lines))}</pre>"

@@ -10,8 +10,7 @@ view (the comparison and the sweep panel too).
 
 from __future__ import annotations
 
-import html
-
+from orch._text import escape_html
 from orch.views.rendering import dropped_text, memory_text, still, stragglers
 from orch.wire.client import StateMirror
 from orch.wire.ranks import RankView
@@ -71,9 +70,9 @@ def header_html(m: StateMirror, *, live: bool = True, address: str = "", last_er
     color = STATE_COLORS[m.state]
     note = f" &middot; attempt {m.attempt}/{m.max_attempts}" if m.max_attempts > 1 or not live else ""
     if live:
-        note = f" &middot; master {html.escape(address)}{note}"
+        note = f" &middot; master {escape_html(address)}{note}"
         if last_error:
-            note += f" &middot; <i>{html.escape(last_error)}</i>"
+            note += f" &middot; <i>{escape_html(last_error)}</i>"
     else:
         done, total = m.progress()
         note += f" &middot; step {done}/{total}" if total else f" &middot; step {done}"
@@ -83,9 +82,9 @@ def header_html(m: StateMirror, *, live: bool = True, address: str = "", last_er
             f"not progressing for {m.stalled_for:.0f}s</span>{note}"
         )
     if m.job is not None:  # the scheduler's job: its queue state while it waits, then its nodes
-        note += f' &middot; <span class="orch-job">{html.escape(m.job.describe())}</span>'
+        note += f' &middot; <span class="orch-job">{escape_html(m.job.describe())}</span>'
     return (
-        f'<div class="orch-header"><b>orch run {html.escape(m.run_id)}</b> &middot; '
+        f'<div class="orch-header"><b>orch run {escape_html(m.run_id)}</b> &middot; '
         f'<span class="orch-state" data-state="{m.state.value}" style="color:{color};'
         f'font-weight:bold">{m.state.value}</span> &middot; '
         f'<span class="orch-elapsed">{m.elapsed:.1f}s</span> &middot; '
@@ -102,25 +101,25 @@ def table_html(m: StateMirror) -> str:
     for r in m.ranks:
         marks = []
         if r.rank in slow:
-            section = html.escape(m.straggler_section)
+            section = escape_html(m.straggler_section)
             marks.append(
-                f'<span class="orch-slow" title="{html.escape(m.straggler_note)}" '
+                f'<span class="orch-slow" title="{escape_html(m.straggler_note)}" '
                 f'style="color:#9a6700;font-weight:bold">straggler: {section}</span>'
             )
         if r.diverged:
             marks.append('<span class="orch-nan" title="the loss is not finite">NaN/inf loss</span>')
         if r.dropped_points:
-            marks.append(f'<span class="orch-dropped">{html.escape(dropped_text(r))}</span>')
+            marks.append(f'<span class="orch-dropped">{escape_html(dropped_text(r))}</span>')
         if still(m, r):
             marks.append(
                 '<span class="orch-still" style="color:#cf222e;font-weight:bold" title="its step has '
-                "not advanced; its heartbeats only show its process lives\">"
+                'not advanced; its heartbeats only show its process lives">'
                 f"no step for {r.progress_age:.0f}s</span>"
             )
         if r.memory_note:
             marks.append(
                 '<span class="orch-memory" style="color:#9a6700;font-weight:bold">'
-                f"{html.escape(r.memory_note)}</span>"
+                f"{escape_html(r.memory_note)}</span>"
             )
         color = "#cf222e" if r.state in (RankState.FAILED, RankState.LOST) else "inherit"
         age = "-" if r.heartbeat_age < 0 else f"{r.heartbeat_age:.1f}s"
@@ -128,9 +127,9 @@ def table_html(m: StateMirror) -> str:
             f'<tr class="orch-rank" data-rank="{r.rank}" style="color:{color}">'
             f"<td>{r.rank}</td><td>{r.state.value}</td><td>{r.step}</td><td>{r.loss_text()}</td>"
             f"<td>{r.steps_per_sec:.1f}</td><td>{age}</td>"
-            f'<td class="orch-mem">{html.escape(memory_text(r))}</td><td>{_split_html(r, longest)}</td>'
+            f'<td class="orch-mem">{escape_html(memory_text(r))}</td><td>{_split_html(r, longest)}</td>'
             f"<td>{_scores_html(r)}</td>"
-            f'<td>{html.escape(r.host)}/{r.pid}</td><td class="orch-marks">{" ".join(marks)}</td></tr>'
+            f'<td>{escape_html(r.host)}/{r.pid}</td><td class="orch-marks">{" ".join(marks)}</td></tr>'
         )
     head = "".join(
         f"<th>{h}</th>"
@@ -156,7 +155,7 @@ def table_html(m: StateMirror) -> str:
     note = ""
     if m.straggler_note:
         style = "color:#9a6700;font-weight:bold" if m.straggler_rank >= 0 else "color:#57606a"
-        note = f'<div class="orch-stragglers" style="{style}">{html.escape(m.straggler_note)}</div>'
+        note = f'<div class="orch-stragglers" style="{style}">{escape_html(m.straggler_note)}</div>'
     return (
         "<style>.orch-ranks td, .orch-ranks th {padding: 0 .6em; white-space: nowrap} "
         ".orch-ranks td.orch-marks {white-space: normal; text-align: left}</style>"
@@ -175,13 +174,13 @@ def progress_html(m: StateMirror, asked: str = "") -> str:
         color = "#cf222e" if m.stalled_for > 0 else "#9a6700"
         parts.append(
             f'<div class="orch-progress" style="color:{color};font-weight:bold">'
-            f"{html.escape(m.progress_note)}</div>"
+            f"{escape_html(m.progress_note)}</div>"
         )
     stacks = asked or (m.stacks if m.stalled_for > 0 else "")
     if stacks:
         parts.append(
             '<pre class="orch-stacks" style="font-size:85%;max-height:24em;overflow:auto;'
-            f'border-left:3px solid #cf222e;padding-left:.6em">{html.escape(stacks)}</pre>'
+            f'border-left:3px solid #cf222e;padding-left:.6em">{escape_html(stacks)}</pre>'
         )
     return "".join(parts)
 
@@ -190,8 +189,8 @@ def failure_html(m: StateMirror) -> str:
     """A failed run's root cause and its traceback (nothing for a run that did not fail)."""
     if m.state is not RunState.FAILED:
         return ""
-    tb = f"<pre>{html.escape(m.root_cause_error)}</pre>" if m.root_cause_error else ""
+    tb = f"<pre>{escape_html(m.root_cause_error)}</pre>" if m.root_cause_error else ""
     return (
         f'<div class="orch-failure" style="color:#cf222e"><b>Root cause:</b> '
-        f"{html.escape(m.failure)}{tb}</div>"
+        f"{escape_html(m.failure)}{tb}</div>"
     )

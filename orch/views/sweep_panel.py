@@ -9,12 +9,12 @@ button opens that run's per-rank panel under the table.
 
 from __future__ import annotations
 
-import html
 import math
 from typing import TYPE_CHECKING, Any
 
 import ipywidgets as widgets
 
+from orch._text import escape_html
 from orch.experiments.sweep import default_mode
 from orch.views.comparison import RunsView, _swatch, _TrialFollower, curve
 from orch.views.run_html import STATE_COLORS
@@ -96,7 +96,7 @@ class SweepPanel(RunsView):
         self.opened = index
         title = widgets.HTML(
             f'<b class="orch-opened" data-index="{index}">run #{index}</b> '
-            f"{html.escape(_config_text(trial.config))}"
+            f"{escape_html(_config_text(trial.config))}"
         )
         self.detail.children = [title, source.panel().widget]
 
@@ -125,9 +125,9 @@ class SweepPanel(RunsView):
         failed = sum(t.state == RunState.FAILED.value for t in trials)
         running = sum(not t.done and t.run is not None for t in trials)
         state = "done" if self.sweep.done else "running"
-        note = f" &middot; <i>{html.escape(self.last_error)}</i>" if self.last_error else ""
+        note = f" &middot; <i>{escape_html(self.last_error)}</i>" if self.last_error else ""
         return (
-            f'<div class="orch-header"><b>orch sweep {html.escape(self.sweep.name)}</b> &middot; '
+            f'<div class="orch-header"><b>orch sweep {escape_html(self.sweep.name)}</b> &middot; '
             f'<span class="orch-sweep-state" data-state="{state}">{state}</span> &middot; '
             f"{len(trials)} configs &middot; {running} in progress &middot; {failed} failed{note}</div>"
         )
@@ -140,8 +140,8 @@ class SweepPanel(RunsView):
         if best is not None:
             trial = self.sweep.trials[best]
             note = (
-                f'<div class="orch-best">best by final {html.escape(metric)}: #{best} '
-                f"{html.escape(_config_text(trial.config))} (run {html.escape(trial.run_id)})</div>"
+                f'<div class="orch-best">best by final {escape_html(metric)}: #{best} '
+                f"{escape_html(_config_text(trial.config))} (run {escape_html(trial.run_id)})</div>"
             )
         return super()._record_html() + note + self.sweep.results()._repr_html_()
 
@@ -188,7 +188,7 @@ class SweepPanel(RunsView):
             if trial.failure and trial.state != RunState.SUCCEEDED.value:
                 html_cells.value += (
                     f'<div class="orch-trial-failure" style="color:#cf222e;font-size:85%">'
-                    f"{html.escape(trial.failure)[:300]}</div>"
+                    f"{escape_html(trial.failure)[:300]}</div>"
                 )
         if self.sort.value:
             sign = -1.0 if self.sort.value == "max" else 1.0
@@ -208,14 +208,14 @@ def _state_html(trial: Trial) -> str:
     except ValueError:  # QUEUED, CANCELLED: the sweep's own
         color = "#777"
     earlier = " (earlier)" if trial.reused else ""
-    return f'<span class="orch-trial-state" style="color:{color}">{html.escape(trial.state)}{earlier}</span>'
+    return f'<span class="orch-trial-state" style="color:{color}">{escape_html(trial.state)}{earlier}</span>'
 
 
 def _cells(values: list[str], widths: list[int], *, header: bool = False, raw: set[int] | None = None) -> str:
     """One row as fixed-width cells (``ch`` units), so rows line up under the header."""
     spans = []
     for i, (v, w) in enumerate(zip(values, widths, strict=True)):
-        text = v if raw and i in raw else html.escape(v)
+        text = v if raw and i in raw else escape_html(v)
         if header:
             text = f"<b>{text}</b>"
         spans.append(f'<span style="display:inline-block;min-width:{w}ch;padding-right:1ch">{text}</span>')

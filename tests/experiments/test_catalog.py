@@ -34,7 +34,7 @@ CRASHED_ID = "c0ffee000001"
 HALF_WRITTEN_ID = "da0000000001"  # result.json cut short
 EDITED_RESULT_ID = "da0000000002"  # result.json: a state orch has no name for
 EDITED_META_ID = "da0000000003"  # run.json: world_size "four"
-EVIL_NAME = "\x1b]0;pwned\x07<b>x</b>\x1b[2J"
+EVIL_NAME = "\x1b]0;pwned\x07<b>x</b>\x1b[2J\u202egnp.exe"
 
 
 class Root:
@@ -253,9 +253,10 @@ def test_html_and_text_show_what_was_edited_by_hand_harmlessly(root: Root) -> No
     for run_id, state in root.states.items():
         assert run_id in page and state in page
     assert "&lt;b&gt;x&lt;/b&gt;" in page and "<b>x</b>" not in page
-    assert "\x1b" not in page and "\x07" not in page
+    assert "\x1b" not in page and "\x07" not in page and "\u202e" not in page and "\\u202egnp" in page
     text = repr(table)
     assert f"{len(table)} runs under" in text and "\x1b" not in text and "\x07" not in text
+    assert "\u202e" not in text
     assert all(run_id in text for run_id in root.states)
     assert "DAMAGED" in repr(table.filter(state="DAMAGED"))
     assert repr(table.filter(lr=0.3)).startswith("no runs under")

@@ -3,6 +3,7 @@ the arguments, and what sbatch's refusals become. (Against a real Slurm: tests/l
 
 from __future__ import annotations
 
+import os
 import pickle
 import stat
 import subprocess
@@ -54,8 +55,28 @@ def test_a_file_that_does_not_match_the_token_is_refused_before_unpickling(tmp_p
         read_function(path, token)
     said = str(e.value)
     assert str(path) in said
-    assert ("ORCH_TOKEN" in said) if how == "no token" else ("does not carry this run's signature" in said)
+    assert ("ORCH_TOKEN" in said) if how == "no token" else ("does not carry the signature of run" in said)
     assert not marker.exists()
+
+
+def test_another_runs_file_dropped_into_a_run_dir_is_refused_before_unpickling(tmp_path: Path) -> None:
+    # Both runs share one token (ORCH_TOKEN set once): only the run id in the signature tells them apart.
+    old, new = tmp_path / "run-old", tmp_path / "run-new"
+    old.mkdir()
+    new.mkdir()
+    marker = tmp_path / "marker"
+    write_function(old, _Marks(str(marker)), {}, "shared-token")
+    (new / FUNCTION_FILE).write_bytes((old / FUNCTION_FILE).read_bytes())
+    with pytest.raises(orch.WorkerError, match="does not carry the signature of run run-new"):
+        read_function(new / FUNCTION_FILE, "shared-token")
+    assert not marker.exists()
+
+
+def test_a_function_file_that_is_a_fifo_is_refused_without_hanging(tmp_path: Path) -> None:
+    fifo = tmp_path / FUNCTION_FILE
+    os.mkfifo(fifo)
+    with pytest.raises(orch.WorkerError, match="not a regular file"):
+        read_function(fifo, "t")
 
 
 def test_a_file_that_is_not_a_function_file_or_is_missing_is_named(tmp_path: Path) -> None:
@@ -81,7 +102,7 @@ def test_orch_worker_refuses_a_tampered_function_file(tmp_path: Path, subprocess
         timeout=120,
     )
     assert proc.returncode == 1, proc.stderr
-    assert "does not carry this run's signature" in proc.stderr, proc.stderr
+    assert "does not carry the signature of run" in proc.stderr, proc.stderr
     assert not marker.exists()
 
 

@@ -179,7 +179,7 @@ def test_run_table_of_a_failed_run_names_the_root_cause_in_red() -> None:
     assert "root cause" in row
 
 
-HOSTILE_HOST = "[bold red]x\x1b]0;pwned\x07"
+HOSTILE_HOST = "[bold red]x\x1b]0;pwned\x07\u202e"
 HOSTILE_ERROR = "Traceback:\n[link=https://evil.example]click[/link] \x1b[2J\x1b]8;;https://evil\x1b\\here"
 
 
@@ -187,8 +187,8 @@ def test_markup_and_escapes_from_workers_are_shown_literally() -> None:
     m = failed_mirror(host=HOSTILE_HOST, error=HOSTILE_ERROR)
     text = rich_text(run_table(m, address="127.0.0.1:1"))
     assert_only_colours(text)  # no OSC title or hyperlink, no screen clear: only our colours
-    assert "pwned" not in text and "evil\x1b" not in text
-    assert "[bold red]x/7" in text and "[bold red]x/8" in text
+    assert "pwned" not in text and "evil\x1b" not in text and "\u202e" not in text
+    assert "[bold red]x\\u202e/7" in text and "[bold red]x\\u202e/8" in text
     assert "[link=https://evil.example]click[/link]" in text
     assert "\x1b[1;31mx" not in text  # the tag was not obeyed
     rows = [dict(sweep_row(0, "FAILED"), failure=HOSTILE_ERROR, config={"tag": "[blink]y"})]

@@ -124,12 +124,16 @@ def cmd_run(args: argparse.Namespace) -> int:
         return 0
     with Run(spec) as run:
         run.start()
-        rdzv = run.coordinator.rendezvous_port or "chosen by rank 0 (29500 when free)"
+        rdzv = run.coordinator.rendezvous_port or (
+            "a file in the run dir"
+            if run.coordinator.rendezvous_file
+            else "chosen by rank 0 (29500 when free)"
+        )
         if run.job is not None:
             where = f"Slurm job {run.job.job_id} ({cluster.describe()}), its output in {run.job.output}"
         else:
             where = f"logs in {run.run_dir}/logs"
-        print(f"orch: run {run.run_id}: master on {run.address}, rendezvous port {rdzv}, {where}", flush=True)
+        print(f"orch: run {run.run_id}: master on {run.address}, rendezvous {rdzv}, {where}", flush=True)
         _interrupt_to_stop(run.stop)
         client = run.connect()
         assert client is not None

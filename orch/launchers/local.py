@@ -23,6 +23,9 @@ class LocalLauncher(Launcher):
     def __init__(self, spec: LaunchSpec, coordinator: Coordinator, run_dir: Path) -> None:
         super().__init__(spec, coordinator, run_dir)
         self.group = WorkerGroup(coordinator, run_dir, spec.grace)
+        # Every rank is on this machine: they meet through a file in the run dir (0700), not a
+        # TCP store any local user could write to; a port the user named keeps TCP.
+        coordinator.rendezvous_file = not spec.rdzv_port
 
     def supervise(self, parts: RunParts) -> None:
         agent = LocalAgent(
@@ -68,6 +71,9 @@ class LocalLauncher(Launcher):
                 tls_server_name=parts.tls_server_name,
                 workdir=spec.workdir,
                 sources=parts.sources,
+                rendezvous_file=str(self.run_dir / "rendezvous")
+                if self.coordinator.rendezvous_file
+                else None,
             )
             for i in range(spec.world_size)
         ]

@@ -102,6 +102,7 @@ class Coordinator(RunFacade):
         self.config_json = config_json
         self.total_steps = total_steps
         self.rendezvous_port = rendezvous_port
+        self.rendezvous_file = False  # the ranks meet through a file store (one host): no port
         self.backend = backend
         self.heartbeat_timeout = heartbeat_timeout
         self.store = store
@@ -149,6 +150,7 @@ class Coordinator(RunFacade):
                 rec,
                 open_=self.state in (RunState.RUNNING, RunState.STOPPING),
                 fixed_port=self.rendezvous_port,
+                file_store=self.rendezvous_file,
                 backend=self.backend,
                 now=self._clock(),
             )

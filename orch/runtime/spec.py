@@ -45,6 +45,9 @@ class WorkerSpec:
     env: dict[str, str] = field(default_factory=dict)
     workdir: str | None = None  # the folder to run in and to find ``fn`` from (default: this one)
     sources: SourceMap = field(default_factory=SourceMap)  # where ``fn``'s code came from
+    # On one host: the ranks meet through a file store at this path (one file per attempt, in
+    # the 0700 run dir) instead of a TCP store on a port any local user could reach.
+    rendezvous_file: str | None = None
     # Started by torchrun or srun: the rank (and world size) its launcher gave, which this
     # worker asks the master for. None: the master's next free rank.
     launched: LaunchedAs | None = None

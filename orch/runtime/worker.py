@@ -237,6 +237,16 @@ def _serve_rendezvous(
     return store
 
 
+def _file_store(prefix: str, reg: pb.RegisterResponse, world: int, timeout: float) -> Any:
+    """The rendezvous of ranks on one host: a file store in the run dir (0700), one file per
+    attempt, which only this user can open; torch removes it once every rank let it go."""
+    from torch._C._distributed_c10d import FileStore
+
+    store = FileStore(f"{prefix}.a{reg.attempt or 1}", world)
+    store.set_timeout(datetime.timedelta(seconds=timeout))
+    return store
+
+
 def _barrier(stub: pb_grpc.OrchestratorStub, spec: WorkerSpec, run_id: str) -> pb.CanStartTrainingResponse:
     deadline = time.monotonic() + spec.barrier_timeout
     delay = 0.02
@@ -362,7 +372,11 @@ def run_worker(spec: WorkerSpec) -> int:
         fn = resolve_fn(fn_name, spec.workdir)
         install(fn, spec.sources)
         config = spec.config if spec.config is not None else json.loads(reg.config_json or "{}")
-        store = _serve_rendezvous(stub, spec, reg, spec.collective_timeout) if rank == 0 else None
+        store = None
+        if spec.rendezvous_file:
+            store = _file_store(spec.rendezvous_file, reg, world, spec.collective_timeout)
+        elif rank == 0:
+            store = _serve_rendezvous(stub, spec, reg, spec.collective_timeout)
         go = _barrier(stub, spec, run_id)
         backend = go.backend or "gloo"
         _pin_interface(advertised_address(spec), backend)

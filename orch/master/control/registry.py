@@ -187,12 +187,20 @@ class Registry:
         return fixed or (rank0.rendezvous_port if rank0 is not None else 0)
 
     def barrier(
-        self, rec: RankRecord, *, open_: bool, fixed_port: int, backend: str, now: float
+        self,
+        rec: RankRecord,
+        *,
+        open_: bool,
+        fixed_port: int,
+        backend: str,
+        now: float,
+        file_store: bool = False,
     ) -> pb.CanStartTrainingResponse:
         """The start barrier, as ``rec`` sees it: open once every rank registered, the run
-        is RUNNING (``open_``) and rank 0 said where its store listens."""
-        port = self.rendezvous_port(fixed_port)
-        ready = open_ and self.full and port > 0
+        is RUNNING (``open_``) and rank 0 said where its store listens (or, with a
+        ``file_store`` on one host, at once: the ranks know the file)."""
+        port = 0 if file_store else self.rendezvous_port(fixed_port)
+        ready = open_ and self.full and (port > 0 or file_store)
         reply = pb.CanStartTrainingResponse(
             ready=ready, registered=len(self.ranks), world_size=self.world_size
         )

@@ -16,6 +16,7 @@ from orch._text import escape_html
 from orch.errors import ConfigError, OrchError
 from orch.experiments.metrics import default_mode
 from orch.experiments.trial import Trial
+from orch.wire.limits import OWN_METRICS
 from orch.wire.states import RunState
 
 
@@ -122,7 +123,7 @@ def best_trial(
         if value is not None and math.isfinite(value):
             candidates.append((value if mode == "min" else -value, trial.index, trial))
     if not candidates:
-        logged = sorted({m for t in trials for m in t.history()})
+        logged = sorted({m for t in trials for m in t.history() if not m.startswith(OWN_METRICS)})
         raise OrchError(
             f"no succeeded run of sweep {name} logged {metric!r}"
             + (f" (metrics logged: {', '.join(logged)})" if logged else "")

@@ -17,6 +17,7 @@ from orch.experiments.metrics import default_mode, summarize
 from orch.launchers.loaded import LoadedRun, load_run
 from orch.launchers.run import Run
 from orch.wire.client import StateMirror
+from orch.wire.limits import OWN_METRICS
 
 History = dict[str, dict[int, dict[str, list[float]]]]
 
@@ -100,6 +101,8 @@ class Trial:
             "best": {},
         }
         for metric, by_rank in self.history().items():
+            if metric.startswith(OWN_METRICS) and metric not in (modes or {}):
+                continue  # the processes' memory is no result to rank configs by, unless asked
             _, mean, _, _ = summarize(by_rank)
             if len(mean) == 0:
                 continue

@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from orch.wire._proto import orchestrator_pb2 as pb
+from orch.wire.limits import OWN_METRICS
 
 log = logging.getLogger(__name__)
 
@@ -187,10 +188,14 @@ class ProcessReader:
         if step <= self._point_step or now - self._point_at < POINT_EVERY or not stats.rss_bytes:
             return []
         self._point_at, self._point_step = now, step
-        points = [pb.Series(name="rank/memory", steps=[step], values=[stats.rss_bytes / MB], times=[now])]
+        points = [
+            pb.Series(name=f"{OWN_METRICS}memory", steps=[step], values=[stats.rss_bytes / MB], times=[now])
+        ]
         if stats.cuda_total:
             allocated = stats.cuda_allocated / MB
-            points.append(pb.Series(name="rank/cuda_memory", steps=[step], values=[allocated], times=[now]))
+            points.append(
+                pb.Series(name=f"{OWN_METRICS}cuda_memory", steps=[step], values=[allocated], times=[now])
+            )
         return points
 
     def _cpu_percent(self) -> float:

@@ -13,7 +13,6 @@ import contextlib
 import logging
 import math
 import queue
-import resource
 import threading
 from collections.abc import Mapping
 from pathlib import Path
@@ -26,11 +25,18 @@ from grpc_reflection.v1alpha import reflection
 from orch.errors import ConfigError, PortInUseError
 from orch.master.control.validate import STATUS_CODE
 from orch.master.coordinator import Coordinator, Reject
-from orch.wire._net import DEFAULT_MASTER_PORT, choose_port, free_port, is_loopback
+from orch.wire._net import DEFAULT_MASTER_PORT, choose_port, free_port, is_loopback, raise_fd_limit
 from orch.wire._proto import orchestrator_pb2 as pb
 from orch.wire._proto import orchestrator_pb2_grpc as pb_grpc
 from orch.wire._rpc import status_code
-from orch.wire.auth import MAX_METADATA_BYTES, CallBudget, TokenInterceptor, server_credentials
+from orch.wire.auth import (
+    IDLE_CONNECTION_SECONDS,
+    MAX_METADATA_BYTES,
+    CallBudget,
+    TokenInterceptor,
+    idle_limit,
+    server_credentials,
+)
 from orch.wire.states import SERVICE_NAME
 
 log = logging.getLogger(__name__)
@@ -200,6 +206,7 @@ class MasterServer:
         token: str | None = None,
         tls_cert: str | Path | None = None,
         tls_key: str | Path | None = None,
+        idle_timeout: float = IDLE_CONNECTION_SECONDS,
     ) -> None:
         if not is_loopback(host) and not token:
             raise ConfigError(
@@ -214,6 +221,7 @@ class MasterServer:
         self.requested_port = port
         self.port = 0
         self.expire_interval = expire_interval
+        self.idle_timeout = idle_timeout  # seconds a connection may carry no call before it is closed
         self._server: grpc.aio.Server | None = None
         self._health = health.aio.HealthServicer()  # type: ignore[attr-defined]
         self._thread: threading.Thread | None = None
@@ -236,7 +244,7 @@ class MasterServer:
         return f"{host}:{self.port}"
 
     def start(self) -> MasterServer:
-        _raise_fd_limit()
+        raise_fd_limit()
         host = self.host if self.host not in ("", "::") else "0.0.0.0"
         port = choose_port(
             self.requested_port,
@@ -296,6 +304,7 @@ class MasterServer:
                 # Room for a long token: the token check itself refuses headers past 64 KiB.
                 ("grpc.max_metadata_size", MAX_METADATA_BYTES),
                 ("grpc.absolute_max_metadata_size", MAX_METADATA_BYTES),
+                idle_limit(self.idle_timeout),
             ],
         )
         servicer = OrchestratorServicer(self.coordinator)
@@ -368,14 +377,3 @@ class MasterServer:
         self.stop()
 
 
-def _raise_fd_limit() -> None:
-    """Raise the soft limit on open files to the hard one: each connection to the master is one."""
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    # Linux refuses an unlimited soft limit on open files: its own ceiling (fs.nr_open) is 2**20.
-    target = hard if hard != resource.RLIM_INFINITY else 2**20
-    if soft == resource.RLIM_INFINITY or soft >= target:
-        return
-    try:
-        resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
-    except (ValueError, OSError) as e:
-        log.debug("could not raise the open-file limit from %s to %s: %s", soft, target, e)

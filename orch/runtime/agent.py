@@ -29,9 +29,10 @@ from typing import Any
 
 import grpc
 
+from orch.wire._net import raise_fd_limit
 from orch.wire._proto import orchestrator_pb2 as pb
 from orch.wire._rpc import status_code
-from orch.wire.auth import CHANNEL_OPTIONS, TokenInterceptor, bearer, channel_security
+from orch.wire.auth import CHANNEL_OPTIONS, TokenInterceptor, bearer, channel_security, idle_limit
 from orch.wire.limits import MAX_BATCH_BYTES, MAX_BEATS_PER_BATCH
 from orch.wire.states import SERVICE_NAME, describe_exit
 
@@ -127,8 +128,10 @@ class HostAgent:
         self._stopping = asyncio.Event()
         self._arrived = asyncio.Event()
         self._upstream = self._channel()
+        raise_fd_limit()  # each connection to the relay is an open file, a stranger's too
         server = grpc.aio.server(
-            interceptors=[TokenInterceptor(self.token)] if self.token else [], options=CHANNEL_OPTIONS
+            interceptors=[TokenInterceptor(self.token)] if self.token else [],
+            options=[*CHANNEL_OPTIONS, idle_limit()],
         )
         handlers = {}
         for method in pb.DESCRIPTOR.services_by_name["Orchestrator"].methods:

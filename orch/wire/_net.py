@@ -4,9 +4,13 @@ from __future__ import annotations
 
 import contextlib
 import ipaddress
+import logging
+import resource
 import socket
 
 from orch.errors import ConfigError, PortInUseError
+
+log = logging.getLogger(__name__)
 
 DEFAULT_MASTER_PORT = 50051
 DEFAULT_RENDEZVOUS_PORT = 29500
@@ -105,3 +109,16 @@ def interface_for(address: str) -> str | None:
             if socket.inet_ntoa(packed[20:24]) == address:
                 return name
     return None
+
+
+def raise_fd_limit() -> None:
+    """Raise the soft limit on open files to the hard one: each connection to a server is one."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    # Linux refuses an unlimited soft limit on open files: its own ceiling (fs.nr_open) is 2**20.
+    target = hard if hard != resource.RLIM_INFINITY else 2**20
+    if soft == resource.RLIM_INFINITY or soft >= target:
+        return
+    try:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+    except (ValueError, OSError) as e:
+        log.debug("could not raise the open-file limit from %s to %s: %s", soft, target, e)

@@ -37,6 +37,17 @@ HEALTH_PREFIX = "/grpc.health.v1.Health/"
 MAX_AUTH_HEADER_BYTES = 64 * 1024
 MAX_METADATA_BYTES = 80 * 1024
 MAX_MESSAGE_BYTES = 64 * 1024 * 1024
+# A connection that carried no call for this long is closed by the server (HTTP/2 GOAWAY; a
+# client that calls again reconnects by itself): connections a stranger opens and leaves idle
+# do not pile up to the process's open-file limit. Every caller of orch calls far more often.
+IDLE_CONNECTION_SECONDS = 30.0
+
+
+def idle_limit(seconds: float = IDLE_CONNECTION_SECONDS) -> tuple[str, int]:
+    """The server option that closes connections idle for ``seconds``."""
+    return ("grpc.max_connection_idle_ms", max(1, round(seconds * 1000)))
+
+
 CHANNEL_OPTIONS = [
     ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
     ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),

@@ -387,3 +387,40 @@ def test_budget_constants_are_what_the_security_page_states() -> None:
     security = (TESTS.parent / "docs" / "security.md").read_text()
     assert f"{coordinator_module.MAX_POINTS_IN_MEMORY:,}" in security
     assert f"{coordinator_module.MAX_EVENTS_IN_MEMORY:,}" in security
+
+
+def test_connections_left_idle_are_closed_by_the_master() -> None:
+    """A stranger who opens connections, completes the HTTP/2 handshake and then sends nothing
+    holds them only until the idle limit: the master closes them (GOAWAY), so they cannot pile
+    up to its open-file limit; a client that calls again reconnects by itself."""
+    coord = Coordinator(1, run_id="idle")
+    with MasterServer(coord, token=TOKEN, idle_timeout=1.0) as server:
+        port = server.port
+        channels = [
+            grpc.insecure_channel(server.address, options=[("grpc.use_local_subchannel_pool", 1)])
+            for _ in range(40)
+        ]
+        try:
+            for ch in channels:
+                grpc.channel_ready_future(ch).result(timeout=10)  # the handshake done, no call
+
+            def held() -> int:
+                return sum(
+                    1
+                    for c in psutil.Process().net_connections("tcp")
+                    if c.laddr and c.laddr.port == port and c.status == psutil.CONN_ESTABLISHED
+                )
+
+            assert held() == 40
+            assert wait_for(lambda: held() == 0, 15), held()
+            # A caller that comes back is served: its channel reconnects.
+            stub = channels[0].unary_unary(
+                f"/{SERVICE_NAME}/GetState",
+                request_serializer=pb.GetStateRequest.SerializeToString,
+                response_deserializer=pb.GetStateResponse.FromString,
+            )
+            reply = stub(pb.GetStateRequest(), timeout=10, metadata=(("authorization", f"Bearer {TOKEN}"),))
+            assert reply.run_id == "idle"
+        finally:
+            for ch in channels:
+                ch.close()

@@ -242,7 +242,11 @@ def _file_store(prefix: str, reg: pb.RegisterResponse, world: int, timeout: floa
     attempt, which only this user can open; torch removes it once every rank let it go."""
     from torch._C._distributed_c10d import FileStore
 
-    store = FileStore(f"{prefix}.a{reg.attempt or 1}", world)
+    path = f"{prefix}.a{reg.attempt or 1}"
+    # Created 0600 by whichever rank comes first (torch would create it 0644): every file of
+    # the run dir is its user's alone.
+    os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW, 0o600))
+    store = FileStore(path, world)
     store.set_timeout(datetime.timedelta(seconds=timeout))
     return store
 

@@ -25,7 +25,7 @@ from orch.master.control.fate import Fate
 from orch.master.control.host_sync import HostSync
 from orch.master.control.intake import Intake
 from orch.master.control.memory_watch import MemoryWatch
-from orch.master.control.pace import beat_interval
+from orch.master.control.pace import beat_interval, sync_interval
 from orch.master.control.progress import STARTUP_TIMEOUT, ProgressWatch
 from orch.master.control.registry import RankRecord
 from orch.master.control.series import MAX_POINTS_IN_MEMORY
@@ -420,6 +420,7 @@ class Coordinator(RunFacade):
                 heartbeat_timeout=self.heartbeat_timeout,
                 state=RUN_STATE_PB[self.state.value],
                 action=self.host_sync.action(req.host, rec, self.state, self.attempt),
+                interval=sync_interval(len(self.hosts.hosts), self.heartbeat_timeout),
             )
 
     def _settle_hosts(self, now: float) -> None:

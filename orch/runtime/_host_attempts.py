@@ -48,6 +48,7 @@ class _Watch(threading.Thread):
         super().__init__(name="orch-host-sync", daemon=True)
         self.agent, self.host, self.attempt, self.worker_ids = agent, host, attempt, worker_ids
         self.running = True
+        self.interval = SYNC_INTERVAL
         self._done = threading.Event()
         self._over_since: float | None = None  # when the master first said this attempt is over
 
@@ -61,7 +62,9 @@ class _Watch(threading.Thread):
                 over = reply.action in (pb.HOST_WAIT, pb.HOST_EXIT) or reply.attempt > self.attempt
                 if over and self._over_since is None:
                     self._over_since = time.monotonic()
-            self._done.wait(SYNC_INTERVAL)
+                # The master spaces syncs out as hosts grow (orch.master.control.pace).
+                self.interval = max(SYNC_INTERVAL, reply.interval) if reply.interval > 0 else SYNC_INTERVAL
+            self._done.wait(self.interval)
 
     def should_end(self) -> bool:
         """True once the master has said END_GRACE ago that this attempt is over (its ranks
@@ -70,7 +73,7 @@ class _Watch(threading.Thread):
 
     def stop(self) -> None:
         self._done.set()
-        self.join(SYNC_INTERVAL + 6.0)
+        self.join(self.interval + 6.0)
 
 
 def run_attempts(specs: list[WorkerSpec], agent: HostAgent, poll_interval: float, run_group: RunGroup) -> int:

@@ -20,3 +20,15 @@ def beat_interval(callers: int, base: float, heartbeat_timeout: float) -> float:
     calls stay under :data:`MAX_CALLS_PER_SECOND`, then longer, up to ``heartbeat_timeout / 8``."""
     paced = max(base, callers / MAX_CALLS_PER_SECOND)
     return min(paced, max(base, heartbeat_timeout / 8))
+
+
+SYNCS_PER_SECOND = 128.0  # SyncHost calls a second (one per host agent, 1 s apart at most)
+SYNC_INTERVAL = 1.0
+
+
+def sync_interval(hosts: int, heartbeat_timeout: float) -> float:
+    """Seconds between a host agent's SyncHost calls while its ranks run: 1 s while the hosts
+    stay under :data:`SYNCS_PER_SECOND`, then longer, up to ``heartbeat_timeout / 8`` (a host
+    that fell silent is still told within its timeout)."""
+    paced = max(SYNC_INTERVAL, hosts / SYNCS_PER_SECOND)
+    return min(paced, max(SYNC_INTERVAL, heartbeat_timeout / 8))

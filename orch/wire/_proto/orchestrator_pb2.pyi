@@ -299,20 +299,22 @@ class HostSyncRequest(_message.Message):
     def __init__(self, host: _Optional[str] = ..., attempt: _Optional[int] = ..., worker_ids: _Optional[_Iterable[str]] = ..., running: _Optional[bool] = ..., failure: _Optional[str] = ...) -> None: ...
 
 class HostSyncResponse(_message.Message):
-    __slots__ = ("action", "attempt", "run_id", "restarts", "heartbeat_timeout", "state")
+    __slots__ = ("action", "attempt", "run_id", "restarts", "heartbeat_timeout", "state", "interval")
     ACTION_FIELD_NUMBER: _ClassVar[int]
     ATTEMPT_FIELD_NUMBER: _ClassVar[int]
     RUN_ID_FIELD_NUMBER: _ClassVar[int]
     RESTARTS_FIELD_NUMBER: _ClassVar[int]
     HEARTBEAT_TIMEOUT_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
+    INTERVAL_FIELD_NUMBER: _ClassVar[int]
     action: HostAction
     attempt: int
     run_id: str
     restarts: bool
     heartbeat_timeout: float
     state: RunState
-    def __init__(self, action: _Optional[_Union[HostAction, str]] = ..., attempt: _Optional[int] = ..., run_id: _Optional[str] = ..., restarts: _Optional[bool] = ..., heartbeat_timeout: _Optional[float] = ..., state: _Optional[_Union[RunState, str]] = ...) -> None: ...
+    interval: float
+    def __init__(self, action: _Optional[_Union[HostAction, str]] = ..., attempt: _Optional[int] = ..., run_id: _Optional[str] = ..., restarts: _Optional[bool] = ..., heartbeat_timeout: _Optional[float] = ..., state: _Optional[_Union[RunState, str]] = ..., interval: _Optional[float] = ...) -> None: ...
 
 class CompletionRequest(_message.Message):
     __slots__ = ("run_id", "worker_id", "outcome", "error", "param_checksum", "step", "exit_code")

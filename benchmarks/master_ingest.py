@@ -368,9 +368,9 @@ def _line(r: Case) -> str:
     return (
         f"  {r.name}: {r.hosts} x {r.per_host} ranks, {r.rate:g} calls/s per host: p50 {_ms(r.p(50))}, "
         f"p99 {_ms(r.p(99))}; served {_pct(r.served_fraction)} of {sum(r.offered):,} beats within "
-        f"{r.deadline:g} s (worst second {_pct(r.worst_second, 1)}) {r.codes or ''}; SyncHost p99 {_ms(sync)}, "
-        f"failed {r.sync_failed}; master CPU {m['cpu']:.0%} (event loop {m['loop_cpu']:.0%}), waited for a "
-        f"CPU {m['wait']:.0%} (event loop {m['loop_wait']:.0%}); load {m['load']:.2f}, others' CPU "
+        f"{r.deadline:g} s (worst second {_pct(r.worst_second, 1)}) {r.codes or ''}; SyncHost p99 "
+        f"{_ms(sync)}, failed {r.sync_failed}; master CPU {m['cpu']:.0%} (event loop "
+        f"{m['loop_cpu']:.0%}), waited for a CPU {m['wait']:.0%} (event loop {m['loop_wait']:.0%}); load {m['load']:.2f}, others' CPU "
         f"{m['others_cpu']:.0%}; generators {', '.join(f'{x:.0%}' for x in r.generator_cpu)}, panels "
         f"{r.panel['cpu']:.0%}; panel polls p99 {_ms(c.percentile(polls, 99) * 1e3) if polls else '-'}, "
         f"{len(catchups)} catch-ups (slowest {_ms(max(catchups) * 1e3) if catchups else '-'}), panel errors "
@@ -451,7 +451,7 @@ def main() -> None:
         return
 
     def served(r: Case) -> str:
-        return f"{r.served_fraction:.2%} served (worst second {_pct(r.worst_second, 1)})"
+        return f"{_pct(r.served_fraction)} served (worst second {_pct(r.worst_second, 1)})"
 
     def conditions(r: Case) -> str:
         m = r.master

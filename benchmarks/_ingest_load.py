@@ -280,9 +280,10 @@ async def _agents(spec: dict[str, Any]) -> dict[str, Any]:
         await runner
 
     tasks = [asyncio.create_task(one(i, ids)) for i, ids in enumerate(hosts)]
-    all_ready = asyncio.ensure_future(asyncio.gather(*(r.wait() for r in readies)))
+    all_ready: asyncio.Future[Any] = asyncio.ensure_future(asyncio.gather(*(r.wait() for r in readies)))
     while not all_ready.done():
-        done, _ = await asyncio.wait([all_ready, *tasks], return_when=asyncio.FIRST_COMPLETED)
+        waiting: list[asyncio.Future[Any]] = [all_ready, *tasks]
+        done, _ = await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
         for t in done:
             if t is not all_ready:
                 t.result()  # a host that ended before the go failed: raise its error
@@ -357,7 +358,7 @@ class Panel(threading.Thread):
                         self.polls.append(time.monotonic() - now)
                     next_poll = max(next_poll + interval, time.monotonic())
             except grpc.RpcError as e:
-                code = e.code().name  # type: ignore[attr-defined]
+                code = e.code().name
                 self.failed[code] = self.failed.get(code, 0) + 1
                 next_poll = time.monotonic() + interval
             if not back_to_back:

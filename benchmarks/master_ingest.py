@@ -43,7 +43,6 @@ import os
 import re
 import secrets
 import subprocess
-import sys
 import tempfile
 import time
 from dataclasses import dataclass, field
@@ -177,7 +176,7 @@ async def _join(address: str, n: int, per_host: int) -> str:
             )
 
         first = await stub.Register(request(0), wait_for_ready=True, metadata=AUTH)
-        run_id = first.run_id
+        run_id: str = first.run_id
         sem = asyncio.Semaphore(64)
 
         async def reg(i: int) -> None:
@@ -312,10 +311,11 @@ def run_case(tmp: Path, case: Case, *, generators: int, seconds: float, warmup: 
                 procs.append(_spawn("agents", spec))
                 first += count
             procs.append(_spawn("panels", {**common, "panels": case.panels}))
+            roles = {p.pid: "generator" for p in procs[:-1]} | {procs[-1].pid: "panels"}
             for proc in procs:
                 assert proc.stdout is not None
                 if proc.stdout.readline().strip() != "ready":
-                    raise RuntimeError(f"a load process ({proc.args[2]}) did not start")
+                    raise RuntimeError(f"a load process ({roles[proc.pid]}) did not start")
             watch = Watch(master.proc.pid, [p.pid for p in procs])
             t0 = time.monotonic() + 0.2
             for proc in procs:
@@ -330,7 +330,7 @@ def run_case(tmp: Path, case: Case, *, generators: int, seconds: float, warmup: 
             for proc in procs:
                 out, _ = proc.communicate(timeout=seconds + 120)
                 if proc.returncode != 0:
-                    raise RuntimeError(f"a load process ({proc.args[2]}) failed: exit {proc.returncode}")
+                    raise RuntimeError(f"a load process ({roles[proc.pid]}) failed: exit {proc.returncode}")
                 outs.append(json.loads(out.strip().splitlines()[-1]))
         finally:
             for proc in procs:
@@ -365,13 +365,14 @@ def _line(r: Case) -> str:
     polls = [x for p in pan for x in p["polls"]]
     catchups = [x for p in pan for x in p["catchups"]]
     sync = c.percentile(r.sync_latencies, 99) * 1e3 if r.sync_latencies else float("nan")
+    gens = ", ".join(f"{x:.0%}" for x in r.generator_cpu)
     return (
         f"  {r.name}: {r.hosts} x {r.per_host} ranks, {r.rate:g} calls/s per host: p50 {_ms(r.p(50))}, "
         f"p99 {_ms(r.p(99))}; served {_pct(r.served_fraction)} of {sum(r.offered):,} beats within "
         f"{r.deadline:g} s (worst second {_pct(r.worst_second, 1)}) {r.codes or ''}; SyncHost p99 "
         f"{_ms(sync)}, failed {r.sync_failed}; master CPU {m['cpu']:.0%} (event loop "
-        f"{m['loop_cpu']:.0%}), waited for a CPU {m['wait']:.0%} (event loop {m['loop_wait']:.0%}); load {m['load']:.2f}, others' CPU "
-        f"{m['others_cpu']:.0%}; generators {', '.join(f'{x:.0%}' for x in r.generator_cpu)}, panels "
+        f"{m['loop_cpu']:.0%}), waited for a CPU {m['wait']:.0%} (event loop {m['loop_wait']:.0%}); "
+        f"load {m['load']:.2f}, others' CPU {m['others_cpu']:.0%}; generators {gens}, panels "
         f"{r.panel['cpu']:.0%}; panel polls p99 {_ms(c.percentile(polls, 99) * 1e3) if polls else '-'}, "
         f"{len(catchups)} catch-ups (slowest {_ms(max(catchups) * 1e3) if catchups else '-'}), panel errors "
         f"{[p['failed'] for p in pan]}; ranks at {pan[0]['steps_per_sec']:.1f} steps/s, "
@@ -565,4 +566,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    main()

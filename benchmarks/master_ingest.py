@@ -88,7 +88,7 @@ class Case:
     sync_failed: int = 0
     generator_cpu: list[float] = field(default_factory=list)
     panel: dict[str, Any] = field(default_factory=dict)
-    master: dict[str, float] = field(default_factory=dict)
+    master: dict[str, Any] = field(default_factory=dict)
 
     @property
     def ranks(self) -> int:
@@ -226,12 +226,17 @@ def _schedstat(pid: int) -> dict[int, tuple[int, int]]:
     return out
 
 
+def _waited(stat: dict[int, tuple[int, int]]) -> int:
+    return sum(w for _, w in stat.values())
+
+
 class Watch:
     """The master's CPU and CPU wait, the machine's load and everyone else's CPU, over a window."""
 
-    def __init__(self, master: int, ours: list[int]) -> None:
+    def __init__(self, master: int, ours: list[int], generators: list[int]) -> None:
         self.master = psutil.Process(master)
         self.ours = [psutil.Process(p) for p in ours] + [psutil.Process()]
+        self.generators = generators
 
     def _ours_cpu(self) -> float:
         total = 0.0
@@ -244,11 +249,13 @@ class Watch:
         t = self.master.cpu_times()
         self.m0, self.s0, self.w0 = t.user + t.system, _schedstat(self.master.pid), time.monotonic()
         self.machine0, self.ours0 = psutil.cpu_times(), self._ours_cpu()
+        self.g0 = [_waited(_schedstat(g)) for g in self.generators]
 
-    def stop(self) -> dict[str, float]:
+    def stop(self) -> dict[str, Any]:
         t = self.master.cpu_times()
         m1, s1, w1 = t.user + t.system, _schedstat(self.master.pid), time.monotonic()
         machine1, ours1 = psutil.cpu_times(), self._ours_cpu()
+        g1 = [_waited(_schedstat(g)) for g in self.generators]
         wall = w1 - self.w0
         deltas = {tid: (s1[tid][0] - r0, s1[tid][1] - q0) for tid, (r0, q0) in self.s0.items() if tid in s1}
         busiest = max(deltas.values(), default=(0, 0))
@@ -264,6 +271,8 @@ class Watch:
             "load": os.getloadavg()[0],
             "others_cpu": (busy - (ours1 - self.ours0)) / wall,  # every process not of this benchmark
             "rss_mb": self.master.memory_info().rss / 2**20,
+            # The generators' own wait for a CPU: in their calls' latencies, and not the master's doing.
+            "generator_wait": [(b - a) / 1e9 / wall for a, b in zip(self.g0, g1, strict=True)],
         }
 
 
@@ -316,7 +325,7 @@ def run_case(tmp: Path, case: Case, *, generators: int, seconds: float, warmup: 
                 assert proc.stdout is not None
                 if proc.stdout.readline().strip() != "ready":
                     raise RuntimeError(f"a load process ({roles[proc.pid]}) did not start")
-            watch = Watch(master.proc.pid, [p.pid for p in procs])
+            watch = Watch(master.proc.pid, [p.pid for p in procs], [p.pid for p in procs[:-1]])
             t0 = time.monotonic() + 0.2
             for proc in procs:
                 assert proc.stdin is not None
@@ -365,7 +374,9 @@ def _line(r: Case) -> str:
     polls = [x for p in pan for x in p["polls"]]
     catchups = [x for p in pan for x in p["catchups"]]
     sync = c.percentile(r.sync_latencies, 99) * 1e3 if r.sync_latencies else float("nan")
-    gens = ", ".join(f"{x:.0%}" for x in r.generator_cpu)
+    gens = ", ".join(
+        f"{x:.0%} (waited {w:.0%})" for x, w in zip(r.generator_cpu, m["generator_wait"], strict=True)
+    )
     return (
         f"  {r.name}: {r.hosts} x {r.per_host} ranks, {r.rate:g} calls/s per host: p50 {_ms(r.p(50))}, "
         f"p99 {_ms(r.p(99))}; served {_pct(r.served_fraction)} of {sum(r.offered):,} beats within "
@@ -502,7 +513,9 @@ def main() -> None:
             f"{m['wait']:.0%} ({m['loop_wait']:.0%})",
             f"{m['load']:.2f}",
             f"{m['others_cpu']:.0%}",
-            " + ".join(f"{x:.0%}" for x in r.generator_cpu),
+            " + ".join(
+                f"{x:.0%} ({w:.0%})" for x, w in zip(r.generator_cpu, m["generator_wait"], strict=True)
+            ),
             f"{r.panel['cpu']:.0%}",
             f"{c.percentile(polls, 99) * 1e3:.0f}" if polls else "-",
             f"{len(catchups)}, {max(catchups) * 1e3:.0f}" if catchups else "-",
@@ -533,7 +546,8 @@ def main() -> None:
             "counts as infinitely slow in the percentiles. Master CPU is a fraction of one core; its wait "
             "is the run-queue time of all its threads (`/proc/PID/task/*/schedstat`) per second of the "
             "window, the event loop's (its busiest thread) in brackets; others' CPU is what every process "
-            "not of this benchmark used meanwhile. The machine has "
+            "not of this benchmark used meanwhile; each generator's run-queue wait is in brackets beside "
+            "its CPU (a generator kept waiting adds to the latencies it measures). The machine has "
             f"{os.cpu_count()} cores, shared by the master, the load and other users.",
             "",
             c.table(
@@ -550,7 +564,7 @@ def main() -> None:
                     "master CPU wait (loop)",
                     "load (1 min)",
                     "others' CPU",
-                    "generators' CPU",
+                    "generators' CPU (wait)",
                     "panels' CPU",
                     "panel poll p99 ms",
                     "catch-ups, slowest ms",

@@ -191,15 +191,17 @@ async def _host(
                     return
                 sent = loop.time()
                 try:
-                    await sync(req, timeout=SYNC_TIMEOUT, metadata=meta)
+                    answer = await sync(req, timeout=SYNC_TIMEOUT, metadata=meta)
                     ok = True
                 except grpc.aio.AioRpcError:
-                    ok = False
+                    ok, answer = False, None
                 if t_start <= at < t_end:
                     tally.sync_latencies.append(loop.time() - sent if ok else math.inf)
                     tally.sync_failed += not ok
-                # The agent's sync thread waits SYNC_INTERVAL after each answer.
-                at = loop.time() + SYNC_INTERVAL
+                # The agent's sync thread waits SYNC_INTERVAL after each answer, or what the
+                # master asks for in it (it spaces syncs out as hosts grow).
+                asked = answer.interval if answer is not None else 0.0
+                at = loop.time() + max(SYNC_INTERVAL, asked)
 
         sync_task = asyncio.create_task(syncing()) if agent else None
         slot = t0 + rng.uniform(0, period)
@@ -241,6 +243,11 @@ async def _host(
                             tally.count("beats left unanswered", len(ranks) - len(reply.replies))
                 else:
                     ok_beats = 1
+                # The ranks beat as often as the master asks in its replies (it spaces beats out
+                # as callers grow), never more often than their own interval.
+                answers = [b.reply for b in reply.replies if not b.code] if agent else [reply]
+                asked = max((a.interval for a in answers), default=0.0)
+                period = max(1.0 / spec["rate"], asked)
             took = loop.time() - sent
             if k is None:
                 continue

@@ -28,10 +28,10 @@ EXPECTED = {
     "log_cost": ["healthy_us_per_call", "slow_us_per_call", "gone_us_per_call", "burst_us_per_call"],
     "launch_latency": ["torchrun_s", "orch_cold_s", "orch_second_s", "torchrun_retries"],
     "master_ingest": [
-        "points_per_s",
         "host_agents_p99_ms",
-        "single_64_ranks_p99_ms",
+        "host_agents_4k_p99_ms",
         "catchup_heartbeat_p99_ms",
+        "points_per_s",
     ],
     "panel_redraw": ["redraw_ms_1000", "redraw_ms_20000"],
     "teardown": ["orch_kill_failed_s", "torchrun_kill_failed_s", "orch_stop_failed_s", "torchrun_retries"],

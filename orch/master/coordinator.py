@@ -472,7 +472,8 @@ class Coordinator(RunFacade):
         with self._lock:
             now, wall = self._clock(), self._wall()
             draft = draft_reply(self, cursor, prev, now, wall, skip_series=skip_series, max_points=max_points)
-        built = draft.copy()  # outside the lock: heartbeats never wait for a catch-up's copies
+        draft.publish()  # outside the lock: heartbeats never wait for a thousand ranks' records
+        built = draft.copy()  # ... nor for a catch-up's copies
         if draft.trimmed_meanwhile():
             with self._lock:
                 draft.recopy(built)
@@ -483,10 +484,11 @@ class Coordinator(RunFacade):
         pieces outside the lock, so that a catch-up never holds the GIL (and the event loop that
         serves heartbeats) for long."""
         prev = parse_cursor(cursor, max_points)
-        self.expire()
+        # No expire() here: the server's expiry thread runs it four times a second.
         with self._lock:
             now, wall = self._clock(), self._wall()
             draft = draft_reply(self, cursor, prev, now, wall, skip_series=skip_series, max_points=max_points)
+        draft.publish()
         encoded = draft.encode()
         if draft.trimmed_meanwhile():
             with self._lock:

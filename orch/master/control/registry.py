@@ -58,12 +58,15 @@ class RankRecord(RankView):
         self.stacks_received += 1
 
     def published(self, now: float) -> pb.RankInfo:
-        """The record as clients see it at ``now``."""
-        self.steps_per_sec = self.steps_per_second() if not self.state.done else 0.0
-        running = self.state is RankState.RUNNING and self.moved_at is not None
-        self.progress_age = max(0.0, now - self.moved_at) if running else -1.0  # type: ignore[operator]
-        self.heartbeat_age = -1.0 if self.last_heartbeat is None else max(0.0, now - self.last_heartbeat)
-        return self.to_pb()
+        """The record as clients see it at ``now``. It writes nothing of the record: replies
+        are built outside the run's lock, several at once, while heartbeats update it."""
+        info = self.to_pb()
+        info.steps_per_sec = self.steps_per_second() if not self.state.done else 0.0
+        moved, beat = self.moved_at, self.last_heartbeat
+        running = self.state is RankState.RUNNING and moved is not None
+        info.progress_age = max(0.0, now - moved) if running and moved is not None else -1.0
+        info.heartbeat_age = -1.0 if beat is None else max(0.0, now - beat)
+        return info
 
     def beat(
         self, now: float, step: int, total_steps: int, dropped_points: int, dropped_reason: str = ""

@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from orch.master.control.facade import RunFacade
+from orch.master.control.registry import RankRecord
 from orch.master.control.series import MAX_POINTS_PER_REPLY, SeriesLog, Slice
 from orch.wire._proto import orchestrator_pb2 as pb
 from orch.wire.states import RUN_STATE_PB, RunState
@@ -25,6 +26,17 @@ class StateDraft:
     reply: pb.GetStateResponse
     cursor: pb.StateCursor
     plan: list[Slice]
+    ranks: list[RankRecord]
+    at: float  # the master's clock the ranks' ages are read at
+
+    published: bool = False
+
+    def publish(self) -> None:
+        """The ranks, as clients see them (call it without the lock: a thousand ranks take
+        milliseconds, which heartbeats need not wait for); once."""
+        if not self.published:
+            self.published = True
+            self.reply.ranks.extend(rec.published(self.at) for rec in self.ranks)
 
     def copy(self) -> list[pb.Series]:
         """The planned points (call it without the lock)."""
@@ -55,6 +67,7 @@ class StateDraft:
     def finish_bytes(self, encoded: list[list[bytes]]) -> bytes:
         """The reply, serialized: its fields, then each series piece as one more ``series``
         entry (a repeated field's entries may follow the others in any order)."""
+        self.publish()
         self.reply.cursor = self.cursor.SerializeToString()
         head = self.reply.SerializeToString()
         parts = [head]
@@ -65,6 +78,7 @@ class StateDraft:
         return b"".join(parts)
 
     def finish(self, built: list[pb.Series]) -> pb.GetStateResponse:
+        self.publish()
         self.reply.series.extend(p for p in built if p.steps)
         self.reply.cursor = self.cursor.SerializeToString()
         return self.reply
@@ -119,14 +133,14 @@ def draft_reply(
     grouped = run.progress.grouped(run.ranks, now)
     if grouped is not None:
         reply.stacks, reply.stacks_taken = str(grouped), run.progress.stacks_taken
-    # An ended run's ages stand still at its end (a finished rank beats no more).
+    # An ended run's ages stand still at its end (a finished rank beats no more). The ranks'
+    # records are turned into the reply's after the lock (see StateDraft.publish).
     at = run.ended_at if run.ended_at is not None else now
-    reply.ranks.extend(rec.published(at) for rec in run.ranks)
     nxt = pb.StateCursor(run_id=run.run_id, epoch=run.points.epoch)
     plan, more = ([], False) if skip_series else run.points.plan(sent, budget, nxt)
     nxt.events = run.event_log.since(0 if full else max(0, prev.events), reply, wall)
     reply.more = reply.more or more
-    return StateDraft(reply, nxt, plan)
+    return StateDraft(reply, nxt, plan, list(run.ranks), at)
 
 
 # GetStateResponse.series: field 8, length-delimited.

@@ -4,6 +4,7 @@ memory budget per master (the run dir's metrics log keeps every point)."""
 from __future__ import annotations
 
 import bisect
+import sys
 import time
 from array import array
 from collections.abc import Iterator, Sequence
@@ -70,12 +71,44 @@ class Series:
         del self.steps[:drop], self.values[:drop], self.times[:drop]
         self.base += drop
 
+    def encode(self, rank: int, name: str, base: int, first: int, last: int) -> bytes:
+        """:meth:`copy`, serialized, the fast way: protobuf converts only the steps (varints);
+        the values and the times are the arrays' own bytes, as packed doubles are on the wire."""
+        if not RAW_DOUBLES:
+            return self.copy(rank, name, base, first, last).SerializeToString()
+        a, b = first - base, max(first, last) - base
+        head = pb.Series(rank=rank, name=name, steps=self.steps[a:b]).SerializeToString()
+        values, times = self.values[a:b].tobytes(), self.times[a:b].tobytes()
+        return b"".join(
+            (head, VALUES_TAG, _varint(len(values)), values, TIMES_TAG, _varint(len(times)), times)
+        )
+
     def copy(self, rank: int, name: str, base: int, first: int, last: int) -> pb.Series:
         """Points ``first`` to ``last`` (absolute indexes), as held when the first point held was ``base``."""
         a, b = first - base, max(first, last) - base
         return pb.Series(
             rank=rank, name=name, steps=self.steps[a:b], values=self.values[a:b], times=self.times[a:b]
         )
+
+
+def _varint(n: int) -> bytes:
+    out = bytearray()
+    while True:
+        byte, n = n & 0x7F, n >> 7
+        if n:
+            out.append(byte | 0x80)
+        else:
+            out.append(byte)
+            return bytes(out)
+
+
+def _packed_tag(field: str) -> bytes:
+    return bytes([(pb.Series.DESCRIPTOR.fields_by_name[field].number << 3) | 2])  # length-delimited
+
+
+VALUES_TAG, TIMES_TAG = _packed_tag("values"), _packed_tag("times")
+# Doubles go on the wire as little-endian 8-byte floats: the arrays' own bytes on such a machine.
+RAW_DOUBLES = sys.byteorder == "little"
 
 
 def water_level(lengths: list[int], excess: int) -> int:
@@ -203,7 +236,7 @@ class SeriesLog:
             pieces = []
             for first in range(sl.first, max(sl.first, sl.last), PIECE_POINTS):
                 last = min(sl.last, first + PIECE_POINTS)
-                pieces.append(sl.series.copy(sl.rank, sl.name, sl.base, first, last).SerializeToString())
+                pieces.append(sl.series.encode(sl.rank, sl.name, sl.base, first, last))
                 time.sleep(0)  # the event loop's turn
             out.append(pieces)
         return out

@@ -352,3 +352,16 @@ def test_recopy_trimmed_past_the_plan_is_empty() -> None:
     built = SeriesLog.copy(plan)
     SeriesLog.recopy_trimmed(plan, built)
     assert list(built[0].steps) == []
+
+
+def test_a_slice_encoded_from_the_arrays_bytes_is_the_message_protobuf_would_write() -> None:
+    from orch.master.control.series import Series
+
+    s = Series()
+    s.add([0, 1, 2, 300, 2**40], [0.5, -1.0, float("nan"), 1e300, 3.0], [1.7e9, 1.7e9 + 1, 0.0, 5.0, 6.0], 1)
+    s.trim(1)  # the oldest point left memory: absolute indexes go on
+    for first, last in ((1, 5), (2, 4), (3, 3)):
+        mine = pb.Series.FromString(s.encode(4, "loss", s.base, first, last))
+        want = s.copy(4, "loss", s.base, first, last)
+        assert mine.SerializeToString(deterministic=True) == want.SerializeToString(deterministic=True)
+        assert list(mine.steps) == list(want.steps)

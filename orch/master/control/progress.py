@@ -174,7 +174,7 @@ class ProgressWatch:
         if not taken and not force:
             return None
         missing = {
-            r.rank: FROZEN if self._silent(r, now) else "it did not answer in time"
+            r.rank: FROZEN if self._silent(r, now) else "it did not answer in time; its heartbeats go on"
             for r in ranks
             if r.rank in asked
         }

@@ -130,7 +130,9 @@ def draft_reply(
     reply.stalled_for = run.progress.stalled_for(now) if live else 0.0
     reply.progress_note = run.progress.note(now) if live else ""
     reply.progress_note = reply.progress_note or run.fate.stop.note
-    grouped = run.progress.grouped(run.ranks, now)
+    # The stacks as last told (a stall's, once every rank answered or the wait was over; or
+    # the last ones asked for): never a half-answered picture while the ranks' answers come.
+    grouped = run.progress.stacks
     if grouped is not None:
         reply.stacks, reply.stacks_taken = str(grouped), run.progress.stacks_taken
     # An ended run's ages stand still at its end (a finished rank beats no more). The ranks'

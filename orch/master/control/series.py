@@ -28,7 +28,7 @@ class Series:
     under the budget, and cursors, which count absolute points, stay valid.
     """
 
-    __slots__ = ("attempt", "base", "steps", "times", "values")
+    __slots__ = ("attempt", "base", "blocks", "steps", "times", "values")
 
     def __init__(self) -> None:
         self.steps = array("q")
@@ -36,6 +36,9 @@ class Series:
         self.times = array("d")
         self.attempt = 0
         self.base = 0
+        # Encoded pieces of whole blocks of PIECE_POINTS points (absolute index // PIECE_POINTS):
+        # held points never change, so a block is encoded once for every catch-up after it.
+        self.blocks: dict[int, bytes] = {}
 
     def __len__(self) -> int:
         return len(self.steps)
@@ -59,6 +62,7 @@ class Series:
         if attempt > self.attempt and self.steps and steps[0] <= self.steps[-1]:
             cut = bisect.bisect_left(self.steps, steps[0])
             del self.steps[cut:], self.values[cut:], self.times[cut:]
+            self.blocks.clear()  # a rewind rewrites points: no encoded block stands
             rewound = True
         self.attempt = max(self.attempt, attempt)
         self.steps.extend(steps)
@@ -70,6 +74,8 @@ class Series:
         """Let the oldest ``drop`` points leave memory."""
         del self.steps[:drop], self.values[:drop], self.times[:drop]
         self.base += drop
+        for k in [k for k in self.blocks if k * PIECE_POINTS < self.base]:
+            del self.blocks[k]  # no longer whole in memory
 
     def encode(self, rank: int, name: str, base: int, first: int, last: int) -> bytes:
         """:meth:`copy`, serialized, the fast way: protobuf converts only the steps (varints);
@@ -234,10 +240,21 @@ class SeriesLog:
         out: list[list[bytes]] = []
         for sl in plan:
             pieces = []
-            for first in range(sl.first, max(sl.first, sl.last), PIECE_POINTS):
-                last = min(sl.last, first + PIECE_POINTS)
-                pieces.append(sl.series.encode(sl.rank, sl.name, sl.base, first, last))
-                time.sleep(0)  # the event loop's turn
+            series, first = sl.series, sl.first
+            while first < sl.last:
+                # Pieces follow the blocks of PIECE_POINTS absolute points: a whole block held
+                # is encoded once and kept; the ends of a slice are encoded afresh.
+                k = first // PIECE_POINTS
+                last = min(sl.last, (k + 1) * PIECE_POINTS)
+                whole = first == k * PIECE_POINTS and last == (k + 1) * PIECE_POINTS and first >= sl.base
+                piece = series.blocks.get(k) if whole else None
+                if piece is None or sl.base != series.base:
+                    piece = series.encode(sl.rank, sl.name, sl.base, first, last)
+                    if whole and sl.base == series.base:
+                        series.blocks[k] = piece
+                    time.sleep(0)  # the event loop's turn
+                pieces.append(piece)
+                first = last
             out.append(pieces)
         return out
 

@@ -365,3 +365,21 @@ def test_a_slice_encoded_from_the_arrays_bytes_is_the_message_protobuf_would_wri
         want = s.copy(4, "loss", s.base, first, last)
         assert mine.SerializeToString(deterministic=True) == want.SerializeToString(deterministic=True)
         assert list(mine.steps) == list(want.steps)
+
+
+def test_whole_blocks_are_encoded_once_for_every_catch_up_and_dropped_when_points_change() -> None:
+    from orch.master.control.series import PIECE_POINTS, SeriesLog
+
+    log = SeriesLog(10 * PIECE_POINTS)
+    n = 2 * PIECE_POINTS + 5
+    log.add(0, [pb.Series(name="loss", steps=list(range(n)), values=[1.0] * n)], 1, 7.0)
+    cursor = pb.StateCursor()
+    plan, _ = log.plan({}, 10 * PIECE_POINTS, cursor)
+    first = SeriesLog.encode(plan)
+    series = log.get(0, "loss")
+    assert sorted(series.blocks) == [0, 1]  # the two whole blocks; the tail is not one
+    again = SeriesLog.encode(plan)
+    assert again == first and again[0][0] is first[0][0]  # the same bytes, not encoded again
+    # A restart that replays from step 100 rewrites points: no block stands.
+    log.add(0, [pb.Series(name="loss", steps=[100], values=[2.0])], 2, 8.0)
+    assert series.blocks == {}

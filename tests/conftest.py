@@ -6,6 +6,7 @@ import contextlib
 import datetime
 import ipaddress
 import os
+import shutil
 import subprocess
 import sys
 import threading
@@ -271,3 +272,24 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(pytest.mark.serial)
         if name in _UNIT or item.path.parent.name == "control":
             item.add_marker(pytest.mark.unit)
+
+
+# A second user on this machine, for tests of what another user can do: nobody's uid, taken
+# with setpriv (which needs root; CI runs as root).
+NOBODY = 65534
+
+
+def can_switch_uid() -> bool:
+    if os.geteuid() != 0 or shutil.which("setpriv") is None:
+        return False
+    probe = subprocess.run(
+        ["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups", "id", "-u"],
+        capture_output=True,
+        text=True,
+    )
+    return probe.returncode == 0 and probe.stdout.strip() == str(NOBODY)
+
+
+needs_second_uid = pytest.mark.skipif(
+    not can_switch_uid(), reason="needs root and setpriv to act as a second user"
+)

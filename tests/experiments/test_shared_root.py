@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 import orch
-from conftest import orch_cli
+from conftest import NOBODY, needs_second_uid, orch_cli
 from orch.experiments import catalog
 from orch.experiments.reuse import reuse_earlier
 from orch.experiments.trial import Trial
@@ -27,7 +27,6 @@ from orch.record.rundir import read_json
 
 pytestmark = pytest.mark.timeout(300)
 
-NOBODY = 65534
 PLANT = r"""
 import json, os, sys
 root = sys.argv[1]
@@ -48,22 +47,6 @@ os.mkdir(os.path.join(d, "logs"))
 with open(os.path.join(d, "logs", "w0.log"), "wb") as f:
     f.truncate(64 * 1024 * 1024)  # a log of one line, no newline
 """
-
-
-def _can_switch_uid() -> bool:
-    if os.geteuid() != 0 or shutil.which("setpriv") is None:
-        return False
-    probe = subprocess.run(
-        ["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups", "id", "-u"],
-        capture_output=True,
-        text=True,
-    )
-    return probe.returncode == 0 and probe.stdout.strip() == str(NOBODY)
-
-
-needs_second_uid = pytest.mark.skipif(
-    not _can_switch_uid(), reason="needs root and setpriv to act as a second user"
-)
 
 
 @pytest.fixture

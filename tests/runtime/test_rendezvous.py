@@ -3,7 +3,6 @@ port any local user can reach; another user cannot write into it, and the run tr
 
 from __future__ import annotations
 
-import os
 import shutil
 import subprocess
 import sys
@@ -14,21 +13,8 @@ from pathlib import Path
 import pytest
 
 import orch
-from conftest import until
+from conftest import NOBODY, needs_second_uid, until
 from orch.wire.states import RunState
-
-NOBODY = 65534
-
-
-def _can_switch_uid() -> bool:
-    if os.geteuid() != 0 or shutil.which("setpriv") is None:
-        return False
-    probe = subprocess.run(
-        ["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups", "id", "-u"],
-        capture_output=True,
-        text=True,
-    )
-    return probe.returncode == 0 and probe.stdout.strip() == str(NOBODY)
 
 
 @pytest.fixture
@@ -51,7 +37,7 @@ def as_nobody(code: str) -> subprocess.CompletedProcess[str]:
     )
 
 
-@pytest.mark.skipif(not _can_switch_uid(), reason="needs root and setpriv to act as a second user")
+@needs_second_uid
 def test_another_user_cannot_write_into_the_rendezvous_and_the_run_trains(open_root: Path) -> None:
     with orch.launch(
         "jobs:allreduce_steps", world_size=2, config={"steps": 150, "sleep": 0.02}, run_root=str(open_root)

@@ -86,7 +86,7 @@ class Series:
         head = pb.Series(rank=rank, name=name, steps=self.steps[a:b]).SerializeToString()
         values, times = self.values[a:b].tobytes(), self.times[a:b].tobytes()
         return b"".join(
-            (head, VALUES_TAG, _varint(len(values)), values, TIMES_TAG, _varint(len(times)), times)
+            (head, VALUES_TAG, varint(len(values)), values, TIMES_TAG, varint(len(times)), times)
         )
 
     def copy(self, rank: int, name: str, base: int, first: int, last: int) -> pb.Series:
@@ -97,7 +97,8 @@ class Series:
         )
 
 
-def _varint(n: int) -> bytes:
+def varint(n: int) -> bytes:
+    """``n`` as a protobuf varint."""
     out = bytearray()
     while True:
         byte, n = n & 0x7F, n >> 7

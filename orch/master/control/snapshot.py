@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from orch.master.control.facade import RunFacade
 from orch.master.control.registry import RankRecord
-from orch.master.control.series import MAX_POINTS_PER_REPLY, SeriesLog, Slice
+from orch.master.control.series import MAX_POINTS_PER_REPLY, SeriesLog, Slice, varint
 from orch.wire._proto import orchestrator_pb2 as pb
 from orch.wire.states import RUN_STATE_PB, RunState
 
@@ -73,7 +73,7 @@ class StateDraft:
         parts = [head]
         for pieces in encoded:
             for piece in pieces:
-                parts.append(SERIES_TAG + _varint(len(piece)))
+                parts.append(SERIES_TAG + varint(len(piece)))
                 parts.append(piece)
         return b"".join(parts)
 
@@ -148,13 +148,3 @@ def draft_reply(
 # GetStateResponse.series: field 8, length-delimited.
 SERIES_TAG = bytes([(pb.GetStateResponse.DESCRIPTOR.fields_by_name["series"].number << 3) | 2])
 
-
-def _varint(n: int) -> bytes:
-    out = bytearray()
-    while True:
-        byte, n = n & 0x7F, n >> 7
-        if n:
-            out.append(byte | 0x80)
-        else:
-            out.append(byte)
-            return bytes(out)

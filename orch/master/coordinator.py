@@ -393,8 +393,8 @@ class Coordinator(RunFacade):
     def stacks(self) -> pb.GetStacksResponse:
         """Every rank's last stack, and the stacks grouped by frame."""
         with self._lock:
-            grouped = self.progress.grouped(self.ranks, self._clock(), force=True)
-            reply = pb.GetStacksResponse(grouped=str(grouped) if grouped is not None else "")
+            grouped = self.progress.grouped(self.ranks, self._clock())
+            reply = pb.GetStacksResponse(grouped=str(grouped))
             for r in self.ranks:
                 if r.stack_pb is not None:
                     reply.ranks.append(pb.RankStack(rank=r.rank, stack=r.stack_pb, text=r.stack))

@@ -72,7 +72,6 @@ class ProgressWatch:
         self._limit = (HANG_FLOOR, "")
         self.stacks: Stacks | None = None  # the grouped stacks last taken
         self.stacks_taken = 0.0  # unix seconds
-        self._stacks_version = -1
         self._looked = -math.inf
 
     def new_attempt(self) -> None:
@@ -130,7 +129,7 @@ class ProgressWatch:
         cause = None
         if not self._told_stacks and (self._all_answered(running) or now - self._asked > STACK_WAIT):
             self._told_stacks = True
-            stacks = self.grouped(ranks, now, force=True)
+            stacks = self.grouped(ranks, now)
             tells.append(Tell("stacks", -1, str(stacks)))
             if self.on_hang == "fail" and not self._failed:
                 self._failed = True
@@ -163,16 +162,11 @@ class ProgressWatch:
         return f"no progress for {now - self.since:.0f}s: {who} {at}{limit}"
 
     # -- stacks ------------------------------------------------------------------------------
-    def grouped(self, ranks: Sequence[RankRecord], now: float, force: bool = False) -> Stacks | None:
-        """Every rank's last stack, grouped (cached until a new stack arrives)."""
-        version = sum(r.stacks_received for r in ranks)
-        if not force and version == self._stacks_version:
-            return self.stacks
+    def grouped(self, ranks: Sequence[RankRecord], now: float) -> Stacks:
+        """Every rank's last stack, grouped; kept as :attr:`stacks`, what the run's state shows."""
         # A rank asked again and yet to answer shows as missing, not with its older stack.
         asked = {r.rank for r in ranks if r.state is RankState.RUNNING and r.stack_wanted}
         taken = {r.rank: r.stack_pb for r in ranks if r.stack_pb is not None and r.rank not in asked}
-        if not taken and not force:
-            return None
         missing = {
             r.rank: FROZEN if self._silent(r, now) else "it did not answer in time; its heartbeats go on"
             for r in ranks
@@ -180,7 +174,6 @@ class ProgressWatch:
         }
         self.stacks = group(taken, missing)
         self.stacks_taken = max((s.taken for s in taken.values()), default=0.0)
-        self._stacks_version = version
         return self.stacks
 
     def _silent(self, rec: RankRecord, now: float) -> bool:

@@ -38,7 +38,6 @@ class RankRecord(RankView):
     stack_wanted: bool = False
     stack_pb: pb.Stack | None = None
     stack_at: float | None = None  # the master's clock when it arrived
-    stacks_received: int = 0
     forced: bool = False  # ended by the master (a stop past its grace), not by its own report
     many_sections: bool = False  # it marked more ctx.section names than are timed apart
     memory: MemoryWindow = field(default_factory=MemoryWindow)
@@ -55,7 +54,6 @@ class RankRecord(RankView):
         self.stack = format_stack(stack)
         self.stack_at = now
         self.stack_wanted = False
-        self.stacks_received += 1
 
     def published(self, now: float) -> pb.RankInfo:
         """The record as clients see it at ``now``. It writes nothing of the record: replies

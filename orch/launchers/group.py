@@ -66,6 +66,13 @@ def worker_context() -> mp.context.ForkServerContext:
 
 
 _preload_set = False
+_pool_started = False  # the forkserver has imported torch: a start forks in milliseconds
+
+
+def starting_phase(workers: int) -> str:
+    """What a start of ``workers`` workers is busy with, for the panel before they register."""
+    what = f"starting {workers} worker{'s' if workers != 1 else ''}"
+    return what if _pool_started else f"{what}: importing torch (the worker pool's first start)"
 
 
 @contextlib.contextmanager
@@ -118,6 +125,8 @@ class WorkerGroup:
                 p.start()
             self.procs.append(p)
             self._oom.append(OomCounter(p.pid or 0))
+        global _pool_started
+        _pool_started = True
 
     @property
     def all_exited(self) -> bool:
@@ -234,7 +243,7 @@ class LocalAgent:
         coord, group = self.coordinator, self.group
         done_since: float | None = None
         try:
-            group.start(self.specs_for(coord.attempt))
+            self.start_group()
         except Exception as e:
             log.exception("run %s: could not start its workers", coord.run_id)
             coord.fail(f"could not start the worker processes: {e}")
@@ -256,7 +265,7 @@ class LocalAgent:
                         coord.attempt,
                         coord.max_attempts,
                     )
-                    group.start(self.specs_for(coord.attempt))
+                    self.start_group()
                     continue
                 coord.give_up(reason or "")
                 return
@@ -272,6 +281,13 @@ class LocalAgent:
                     group.terminate()
                     return
             time.sleep(self.poll_interval)
+
+    def start_group(self) -> None:
+        """Start this attempt's workers, telling the master what it waits for meanwhile."""
+        specs = self.specs_for(self.coordinator.attempt)
+        self.coordinator.starting(starting_phase(len(specs)))
+        self.group.start(specs)
+        self.coordinator.starting(f"{len(specs)} workers started: waiting for them to register")
 
     def restart_refused(self) -> str | None:
         """Why this failure must not restart the group (None: restart it): the coordinator's

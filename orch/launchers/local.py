@@ -7,7 +7,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from orch.launchers.group import LocalAgent, WorkerGroup
+from orch.launchers.group import LocalAgent, WorkerGroup, starting_phase
 from orch.launchers.launcher import Launcher, RunParts
 from orch.launchers.spec import LaunchSpec
 from orch.master.coordinator import Coordinator
@@ -26,6 +26,7 @@ class LocalLauncher(Launcher):
         # Every rank is on this machine: they meet through a file in the run dir (0700), not a
         # TCP store any local user could write to; a port the user named keeps TCP.
         coordinator.rendezvous_file = not spec.rdzv_port
+        coordinator.starting(starting_phase(spec.world_size))  # from the launch on, not its thread's start
 
     def supervise(self, parts: RunParts) -> None:
         agent = LocalAgent(

@@ -30,6 +30,7 @@ from orch.master.control.progress import STARTUP_TIMEOUT, ProgressWatch
 from orch.master.control.registry import RankRecord
 from orch.master.control.series import MAX_POINTS_IN_MEMORY
 from orch.master.control.snapshot import draft_reply
+from orch.master.control.startup import StartupWatch
 from orch.master.control.stopping import STOP_GRACE
 from orch.master.control.straggler_watch import StragglerWatch
 from orch.master.control.validate import (
@@ -121,6 +122,7 @@ class Coordinator(RunFacade):
         self.heartbeat_interval = heartbeat_interval
         self.beat_interval = heartbeat_interval  # what the ranks are asked for (see control.pace)
         self.memory = MemoryWatch()
+        self.startup = StartupWatch(clock())
 
     # -- worker RPCs -------------------------------------------------------------------
     def register(self, req: pb.RegisterRequest) -> pb.RegisterResponse:
@@ -302,6 +304,7 @@ class Coordinator(RunFacade):
         self.stragglers.new_attempt()
         self.progress.new_attempt()
         self.intake.new_attempt(self.world_size)
+        self.startup.set_phase("", now, new_attempt=True)
         return self.fate.new_attempt(now)
 
     def close_run(self, message: str) -> None:
@@ -433,6 +436,13 @@ class Coordinator(RunFacade):
             self.world_size = settled.world_size
         if self.fate.settle(settled, self.registry, now):
             self._restart(now)
+
+    def starting(self, phase: str, *, new_attempt: bool = False) -> None:
+        """The launcher's words for what it does before the ranks register ("starting 4
+        workers: importing torch"); ``new_attempt``: the start-up of a restart begins."""
+        with self._lock:
+            if self.startup.set_phase(phase, self._clock(), new_attempt=new_attempt):
+                self._changed.notify_all()
 
     def set_job(self, job: pb.ClusterJob) -> None:
         """What the scheduler last said of the run's job; a change is an event."""

@@ -155,6 +155,7 @@ class Dashboard:
         self._screen = _Screen(self.out)
         self._tty = self._screen.tty
         self._job = ""  # the scheduler job's state last written (plain lines)
+        self._startup = ""  # the start-up note last written (plain lines)
 
     def poll(self) -> StateMirror:
         return self.mirror.poll(self.client, skip_series=True)  # the table needs no points
@@ -167,6 +168,14 @@ class Dashboard:
         if job != self._job:  # a line each time the job's state changes: queued, running, over
             self._job = job
             self.out.write(printable(job, one_line=True) + "\n")
+        startup = self.mirror.startup_note
+        if startup:  # before the first step: a line for each thing the run waits for, once
+            if startup != self._startup:
+                self._startup = startup
+                seconds = self.mirror.startup_seconds
+                self.out.write(f"[{seconds:6.1f}s] starting: {printable(startup, one_line=True)}\n")
+                self.out.flush()
+            return
         now = time.monotonic()
         if now - self._last_plain < self.plain_every and not self.mirror.state.done:
             return

@@ -119,6 +119,11 @@ def dropped_text(r: RankView) -> str:
     return f"{text}: {printable(r.dropped_reason, one_line=True)}" if r.dropped_reason else text
 
 
+def startup_text(m: StateMirror) -> str:
+    """What the run does before its first step, and for how long: "3/4 registered (7 s)"."""
+    return f"{printable(m.startup_note, one_line=True)} ({m.startup_seconds:.0f} s)"
+
+
 def render(mirror: StateMirror, *, address: str = "") -> str:
     """The run as plain text, no escape codes: for files, pipes and ``orch status``."""
     done, total = mirror.progress()
@@ -154,6 +159,8 @@ def render(mirror: StateMirror, *, address: str = "") -> str:
             f"{memory_text(r):<{MEMORY_WIDTH}}  {split_text(r):<{SPLIT_WIDTH}}  {host}/{r.pid}"
             + (f"  <- {', '.join(marks)}" if marks else "")
         )
+    if mirror.startup_note:
+        lines += ["", f"starting: {startup_text(mirror)}"]
     if mirror.straggler_note:
         lines += ["", f"stragglers: {printable(mirror.straggler_note, one_line=True)}"]
     if mirror.progress_note:
@@ -275,6 +282,8 @@ def run_table(mirror: StateMirror, *, address: str = "") -> RenderableType:
             _marks(marks),
         )
     parts: list[RenderableType] = [head, _progress(*m.progress(), m.state.value), table]
+    if m.startup_note:
+        parts.append(Text.assemble(("starting: ", "bold"), (startup_text(m), "")))
     if m.straggler_note:
         style = "yellow" if m.straggler_rank >= 0 else ("" if m.stragglers_judged else "dim")
         parts.append(

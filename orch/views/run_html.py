@@ -88,13 +88,23 @@ def header_html(m: StateMirror, *, live: bool = True, address: str = "", last_er
         f'<span class="orch-state" data-state="{m.state.value}" style="color:{color};'
         f'font-weight:bold">{m.state.value}</span> &middot; '
         f'<span class="orch-elapsed">{m.elapsed:.1f}s</span> &middot; '
-        f"{m.registered}/{m.world_size} ranks{note}</div>"
+        f"{m.registered}/{m.world_size} ranks{note}{_startup_html(m)}</div>"
+    )
+
+
+def _startup_html(m: StateMirror) -> str:
+    """What the run does before its first step, with the seconds its start-up has taken."""
+    if not m.startup_note:
+        return ""
+    return (
+        f'<div class="orch-startup" style="color:#57606a">{escape_html(m.startup_note)} '
+        f"({m.startup_seconds:.0f} s)</div>"
     )
 
 
 def table_html(m: StateMirror) -> str:
-    """A row per rank (state, step, loss, rate, heartbeat, step split, scores, host, marks),
-    the split's legend and the straggler note."""
+    """A row per rank (state, step, loss, rate, memory, step split, scores, marks; its host, pid
+    and last heartbeat on hover), the split's legend and the straggler note."""
     slow = stragglers(m)
     longest = max((r.step_ms for r in m.ranks if r.timed), default=0.0)
     rows = []
@@ -122,14 +132,17 @@ def table_html(m: StateMirror) -> str:
                 f"{escape_html(r.memory_note)}</span>"
             )
         color = "#cf222e" if r.state in (RankState.FAILED, RankState.LOST) else "inherit"
-        age = "-" if r.heartbeat_age < 0 else f"{r.heartbeat_age:.1f}s"
+        # Where it runs and its last heartbeat are on hover (its rank and its state): the
+        # table fits a notebook's output at 1,100 px with the file browser open.
+        where = escape_html(f"{r.host or '?'}, pid {r.pid}" + (f", {r.worker_id}" if r.worker_id else ""))
+        beat = "no heartbeat yet" if r.heartbeat_age < 0 else f"last heartbeat {r.heartbeat_age:.1f}s ago"
         rows.append(
             f'<tr class="orch-rank" data-rank="{r.rank}" style="color:{color}">'
-            f"<td>{r.rank}</td><td>{r.state.value}</td><td>{r.step}</td><td>{r.loss_text()}</td>"
-            f"<td>{r.steps_per_sec:.1f}</td><td>{age}</td>"
+            f'<td class="orch-where" title="{where}">{r.rank}</td>'
+            f'<td title="{beat}">{r.state.value}</td><td>{r.step}</td><td>{r.loss_text()}</td>'
+            f"<td>{r.steps_per_sec:.1f}</td>"
             f'<td class="orch-mem">{escape_html(memory_text(r))}</td><td>{_split_html(r, longest)}</td>'
-            f"<td>{_scores_html(r)}</td>"
-            f'<td>{escape_html(r.host)}/{r.pid}</td><td class="orch-marks">{" ".join(marks)}</td></tr>'
+            f'<td>{_scores_html(r)}</td><td class="orch-marks">{" ".join(marks)}</td></tr>'
         )
     head = "".join(
         f"<th>{h}</th>"
@@ -139,11 +152,9 @@ def table_html(m: StateMirror) -> str:
             "step",
             "loss",
             "steps/s",
-            "heartbeat",
             "memory cpu",
             "step time",
             "vs best",
-            "host/pid",
             "",
         )
     )

@@ -206,6 +206,9 @@ class StateMirror:
     progress_note: str = ""
     stacks: str = ""
     stacks_taken: float = 0.0
+    # Before the first step: what the run does, in words, and the seconds its start-up took so far.
+    startup_note: str = ""
+    startup_seconds: float = 0.0
     ranks: list[RankView] = field(default_factory=list)
     series: dict[tuple[int, str], SeriesBuffer] = field(default_factory=dict)
     events: list[tuple[float, str, int, str]] = field(default_factory=list)
@@ -239,6 +242,7 @@ class StateMirror:
         self.straggler_section = reply.straggler_section if self.straggler_rank >= 0 else ""
         self.stalled_for, self.progress_note = reply.stalled_for, reply.progress_note
         self.stacks, self.stacks_taken = reply.stacks, reply.stacks_taken
+        self.startup_note, self.startup_seconds = reply.startup_note, reply.startup_seconds
         self.last_points = 0
         for s in reply.series:
             buf = self.series.get((s.rank, s.name))

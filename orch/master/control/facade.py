@@ -22,6 +22,7 @@ from orch.master.control.lifecycle import Lifecycle
 from orch.master.control.progress import ProgressWatch
 from orch.master.control.registry import RankRecord, Registry
 from orch.master.control.series import SeriesLog
+from orch.master.control.startup import StartupWatch
 from orch.master.control.straggler_watch import StragglerWatch
 from orch.master.control.stragglers import Verdict
 from orch.wire._proto import orchestrator_pb2 as pb
@@ -42,6 +43,7 @@ class RunFacade:
     cluster_job: JobWatch
     stragglers: StragglerWatch
     progress: ProgressWatch
+    startup: StartupWatch
 
     # -- the state machine and the root cause ------------------------------------------------
     @property

@@ -126,6 +126,7 @@ def draft_reply(
     v = run.verdict
     reply.stragglers_judged, reply.straggler_rank = v.judged, v.rank
     reply.straggler_section, reply.straggler_note = v.section, v.note
+    reply.startup_note, reply.startup_seconds = run.startup.note(run.state, run.ranks, run.world_size, now)
     live = run.state in (RunState.RUNNING, RunState.STOPPING)
     reply.stalled_for = run.progress.stalled_for(now) if live else 0.0
     reply.progress_note = run.progress.note(now) if live else ""

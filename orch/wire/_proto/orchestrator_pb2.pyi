@@ -439,7 +439,7 @@ class Event(_message.Message):
     def __init__(self, time: _Optional[float] = ..., kind: _Optional[str] = ..., rank: _Optional[int] = ..., message: _Optional[str] = ...) -> None: ...
 
 class GetStateResponse(_message.Message):
-    __slots__ = ("run_id", "state", "world_size", "registered", "total_steps", "elapsed", "ranks", "series", "events", "failure", "cursor", "full", "root_cause_rank", "attempt", "max_attempts", "root_cause_error", "root_cause_exit_code", "rendezvous", "more", "job", "stragglers_judged", "straggler_rank", "straggler_section", "straggler_note", "stalled_for", "progress_note", "stacks", "stacks_taken")
+    __slots__ = ("run_id", "state", "world_size", "registered", "total_steps", "elapsed", "ranks", "series", "events", "failure", "cursor", "full", "root_cause_rank", "attempt", "max_attempts", "root_cause_error", "root_cause_exit_code", "rendezvous", "more", "job", "stragglers_judged", "straggler_rank", "straggler_section", "straggler_note", "stalled_for", "progress_note", "stacks", "stacks_taken", "startup_note", "startup_seconds")
     RUN_ID_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
     WORLD_SIZE_FIELD_NUMBER: _ClassVar[int]
@@ -468,6 +468,8 @@ class GetStateResponse(_message.Message):
     PROGRESS_NOTE_FIELD_NUMBER: _ClassVar[int]
     STACKS_FIELD_NUMBER: _ClassVar[int]
     STACKS_TAKEN_FIELD_NUMBER: _ClassVar[int]
+    STARTUP_NOTE_FIELD_NUMBER: _ClassVar[int]
+    STARTUP_SECONDS_FIELD_NUMBER: _ClassVar[int]
     run_id: str
     state: RunState
     world_size: int
@@ -496,7 +498,9 @@ class GetStateResponse(_message.Message):
     progress_note: str
     stacks: str
     stacks_taken: float
-    def __init__(self, run_id: _Optional[str] = ..., state: _Optional[_Union[RunState, str]] = ..., world_size: _Optional[int] = ..., registered: _Optional[int] = ..., total_steps: _Optional[int] = ..., elapsed: _Optional[float] = ..., ranks: _Optional[_Iterable[_Union[RankInfo, _Mapping]]] = ..., series: _Optional[_Iterable[_Union[Series, _Mapping]]] = ..., events: _Optional[_Iterable[_Union[Event, _Mapping]]] = ..., failure: _Optional[str] = ..., cursor: _Optional[bytes] = ..., full: _Optional[bool] = ..., root_cause_rank: _Optional[int] = ..., attempt: _Optional[int] = ..., max_attempts: _Optional[int] = ..., root_cause_error: _Optional[str] = ..., root_cause_exit_code: _Optional[int] = ..., rendezvous: _Optional[str] = ..., more: _Optional[bool] = ..., job: _Optional[_Union[ClusterJob, _Mapping]] = ..., stragglers_judged: _Optional[bool] = ..., straggler_rank: _Optional[int] = ..., straggler_section: _Optional[str] = ..., straggler_note: _Optional[str] = ..., stalled_for: _Optional[float] = ..., progress_note: _Optional[str] = ..., stacks: _Optional[str] = ..., stacks_taken: _Optional[float] = ...) -> None: ...
+    startup_note: str
+    startup_seconds: float
+    def __init__(self, run_id: _Optional[str] = ..., state: _Optional[_Union[RunState, str]] = ..., world_size: _Optional[int] = ..., registered: _Optional[int] = ..., total_steps: _Optional[int] = ..., elapsed: _Optional[float] = ..., ranks: _Optional[_Iterable[_Union[RankInfo, _Mapping]]] = ..., series: _Optional[_Iterable[_Union[Series, _Mapping]]] = ..., events: _Optional[_Iterable[_Union[Event, _Mapping]]] = ..., failure: _Optional[str] = ..., cursor: _Optional[bytes] = ..., full: _Optional[bool] = ..., root_cause_rank: _Optional[int] = ..., attempt: _Optional[int] = ..., max_attempts: _Optional[int] = ..., root_cause_error: _Optional[str] = ..., root_cause_exit_code: _Optional[int] = ..., rendezvous: _Optional[str] = ..., more: _Optional[bool] = ..., job: _Optional[_Union[ClusterJob, _Mapping]] = ..., stragglers_judged: _Optional[bool] = ..., straggler_rank: _Optional[int] = ..., straggler_section: _Optional[str] = ..., straggler_note: _Optional[str] = ..., stalled_for: _Optional[float] = ..., progress_note: _Optional[str] = ..., stacks: _Optional[str] = ..., stacks_taken: _Optional[float] = ..., startup_note: _Optional[str] = ..., startup_seconds: _Optional[float] = ...) -> None: ...
 
 class GetStacksRequest(_message.Message):
     __slots__ = ("wait",)

@@ -16,6 +16,7 @@ from orch.master.control.intake import Intake
 from orch.master.control.judge import CauseKind
 from orch.master.control.progress import ProgressWatch
 from orch.master.control.snapshot import draft_reply
+from orch.master.control.startup import StartupWatch
 from orch.master.control.straggler_watch import StragglerWatch
 from orch.master.control.stragglers import Verdict
 from orch.master.control.validate import parse_cursor
@@ -35,6 +36,7 @@ class Run(RunFacade):
         self.cluster_job = JobWatch()
         self.stragglers = StragglerWatch()
         self.progress = ProgressWatch()
+        self.startup = StartupWatch(90.0)
 
     def tell(self, kind: str, rank: int, message: str) -> None:
         self.event_log.append(pb.Event(time=5.0, kind=kind, rank=rank, message=message))
@@ -83,6 +85,7 @@ def test_the_header_says_the_runs_state() -> None:
     assert (r.stragglers_judged, r.straggler_rank, r.straggler_note) == (
         False, -1, "stragglers are judged once every rank runs",
     )  # fmt: skip
+    assert (r.startup_note, r.startup_seconds) == ("", 0.0)  # a rank reported a step: no note
     run.total_steps = 80
     assert reply(run).total_steps == 80
 
@@ -91,6 +94,7 @@ def test_no_rendezvous_is_shown_before_rank_0_says_where() -> None:
     run = Run(2)
     run.intake.register(pb.RegisterRequest(worker_id="w0", address="10.0.0.0"), "r1", run.state)
     assert reply(run).rendezvous == ""
+    assert (reply(run).startup_note, reply(run).startup_seconds) == ("1/2 registered", 20.0)  # since 90
     run.rendezvous_port = 29999  # a fixed port: known at once
     assert reply(run).rendezvous == "10.0.0.0:29999"
 

@@ -217,18 +217,25 @@ def attach(
     tls_ca: str | Path | None = None,
     timeout: float = 10.0,
     run_root: str | Path = "runs",
-) -> AttachedRun | DetachedRun:
+) -> AttachedRun | DetachedRun | Run:
     """Watch a run started elsewhere, by its run dir, its run id or its master's address.
 
     ``attach("runs/<id>")`` or ``attach("<id>")`` (under ``run_root``) reconnects to a run
     launched with ``detach=True``, reading its master's address and token from
     ``runs/<id>/attach.json`` (refused unless only you can read it); a run that ended shows
-    its final state, read from the run dir. It returns an :class:`orch.launchers.detach.DetachedRun`.
+    its final state, read from the run dir. It returns an :class:`orch.launchers.detach.DetachedRun`,
+    or, for a run this process launched and still runs, that :class:`orch.Run` itself (so
+    ``orch.attach("<id>").stop()`` reaches a run that ``run`` no longer names).
     ``attach("HOST:PORT", token=...)`` watches any master (``orch master``) and returns an
     :class:`AttachedRun`; ``token`` defaults to ``$ORCH_TOKEN``, ``tls_ca`` verifies a
     master serving TLS.
     """
     run_dir = run_dir_of(target, Path(run_root))
+    for live in live_runs():  # a run of this process, by its id or dir: itself
+        if str(target) == live.run_id or (
+            run_dir is not None and live.run_dir.resolve() == run_dir.resolve()
+        ):
+            return live
     if run_dir is not None:
         if token is not None or tls_ca is not None:
             raise ConfigError(

@@ -19,7 +19,7 @@ from typing import Any
 from orch import _runs_cli, _sweep_cli, _worker_cli
 from orch._cli_common import Parser, positive, run_command, seconds, token_of, token_options
 from orch._text import printable
-from orch.errors import ConfigError, RunFailed
+from orch.errors import ConfigError, PortInUseError, RunFailed
 from orch.experiments import catalog
 from orch.launchers.attached import open_run
 from orch.launchers.contract import exit_code
@@ -27,7 +27,7 @@ from orch.launchers.detach import start_detached
 from orch.launchers.loaded import LoadedRun
 from orch.launchers.run import Run, run_meta, serve
 from orch.launchers.slurm import Slurm
-from orch.launchers.spec import LaunchSpec, add_flag
+from orch.launchers.spec import LaunchSpec, add_flag, as_flag
 from orch.master.coordinator import Coordinator
 from orch.record.rundir import write_result
 from orch.record.store import RunStore
@@ -94,6 +94,13 @@ def _cluster(args: argparse.Namespace) -> Any:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
+    try:
+        return _run(args)
+    except PortInUseError as e:  # named as this command's flag (--master-port), not launch()'s
+        raise as_flag(e) from e
+
+
+def _run(args: argparse.Namespace) -> int:
     cluster = _cluster(args)
     spec = LaunchSpec(
         fn=args.fn,

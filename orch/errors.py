@@ -28,7 +28,7 @@ class PortInUseError(ConfigError):
     """A port the user asked for is taken."""
 
     def __init__(self, port: int, what: str, option: str) -> None:
-        self.port = port
+        self.port, self.what, self.option = port, what, option
         super().__init__(
             f"port {port} ({what}) is already in use on this machine: "
             f"stop whatever holds it, or pass {option}=<another port> "

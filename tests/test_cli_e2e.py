@@ -157,16 +157,25 @@ def test_failed_rank_fails_the_run_with_its_traceback(tmp_path: Path, subprocess
     assert 'jobs.py", line' in proc.stdout  # the traceback itself, not just the message
 
 
-def test_taken_master_port_is_named(tmp_path: Path, subprocess_env: dict[str, str]) -> None:
+@pytest.mark.parametrize(
+    ("command", "flag"),
+    [
+        (["master", "--world-size", "1", "--port"], "--port"),
+        (["run", "--workers", "1", "--master-port"], "--master-port"),
+    ],
+)
+def test_taken_master_port_is_named(
+    tmp_path: Path, subprocess_env: dict[str, str], command: list[str], flag: str
+) -> None:
     with socket.socket() as holder:
         holder.bind(("127.0.0.1", 0))
         holder.listen()
         port = holder.getsockname()[1]
-        proc = orch_cli(
-            "master", "--world-size", "1", "--port", str(port), env=subprocess_env, cwd=tmp_path, timeout=60
-        )
-    assert proc.returncode == 2
+        proc = orch_cli(*command, str(port), env=subprocess_env, cwd=tmp_path, timeout=120)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
     assert f"port {port}" in proc.stderr and "already in use" in proc.stderr
+    # The hint names the flag of the command that was used: orch run has no --port.
+    assert f"pass {flag}=<another port>" in proc.stderr, proc.stderr
 
 
 def test_status_of_a_missing_master_says_so(subprocess_env: dict[str, str]) -> None:

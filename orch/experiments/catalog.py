@@ -83,6 +83,7 @@ def live_notice() -> str | None:
         return None
     now = time.time()
     described = []
+    ids = [run.run_id for run in live]
     for run in live:
         started = None
         with contextlib.suppress(OrchError, ValueError, TypeError):
@@ -94,13 +95,15 @@ def live_notice() -> str | None:
     if len(described) == 1:
         what, when, state = described[0]
         return (
-            f"orch: run {what} ({when}) is still {state} in this kernel; "
-            "run.stop() or orch.close_all() ends it"
+            f"orch: run {what} ({when}) is still {state} in this kernel; `run` will name the new "
+            f"run: orch.attach({ids[0]!r}).stop() ends this one, orch.close_all() every run of "
+            "this kernel (the new one too)"
         )
     listed = ", ".join(f"{what} ({state}, {when})" for what, when, state in described)
     return (
         f"orch: {len(described)} runs are still live in this kernel: {listed}; "
-        "run.stop() on each, or orch.close_all(), ends them"
+        f"orch.attach('<id>').stop() ends one (e.g. orch.attach({ids[0]!r}).stop()), "
+        "orch.close_all() every run of this kernel (the new one too)"
     )
 
 

@@ -52,6 +52,7 @@ class RunRow:
     sweep: str = ""
     config_key: str = ""
     fn: str = ""
+    origin: str = ""  # where the function came from: a notebook and cell, a script (else: fn)
     config: dict[str, Any] = field(default_factory=dict)
     world_size: int = 0
     attempts: int = 0
@@ -94,6 +95,7 @@ class RunRow:
             "sweep": self.sweep,
             "config_key": self.config_key,
             "fn": self.fn,
+            "origin": self.origin or self.fn,
             "config": self.config,
             "world_size": self.world_size,
             "attempts": self.attempts,
@@ -111,7 +113,7 @@ class RunRow:
         return [
             self.run_id,
             self.label,
-            self.fn,
+            self.origin or self.fn,
             self.state + (" (live here)" if self.live_here else ""),
             f"{self.attempts}/{self.max_attempts}" if self.max_attempts > 1 else str(self.attempts or ""),
             time.strftime("%Y-%m-%d %H:%M", time.localtime(self.started)) if self.started else "",
@@ -157,6 +159,7 @@ def _read_meta(row: RunRow, meta: dict[str, Any], where: Path) -> None:
     row.run_id = f.text("run_id") or row.run_id
     row.world_size = f.integer("world_size")
     row.fn, row.host, row.master = f.text("fn"), f.text("host"), f.text("master")
+    row.origin = f.text("origin")
     row.name, row.sweep, row.config_key = f.text("name"), f.text("sweep"), f.text("config_key")
     config = meta.get("config", {})
     if not isinstance(config, dict):
@@ -199,6 +202,7 @@ def _read_live(row: RunRow, run: Run) -> None:
         spec.fn_name,
         spec.config,
     )
+    row.origin = run.origin
     row.name, row.sweep, row.config_key = spec.name or "", spec.sweep or "", spec.config_key or ""
     reply = run.coordinator.snapshot(skip_series=True)
     row.state = run.coordinator.state.value

@@ -95,6 +95,12 @@ class Run(RunHandle):
     def run_dir(self) -> Path:
         return self._run_dir
 
+    @property
+    def origin(self) -> str:
+        """Where its function came from: ``analysis.ipynb:train (Cell In[3])``, ``train.py:main``,
+        or ``package.module:function`` (``run.json``'s ``origin``, else its ``fn``)."""
+        return self._sources.origin or self.spec.fn_name
+
     # -- lifecycle --------------------------------------------------------------------
     def start(self) -> Run:
         try:
@@ -115,6 +121,8 @@ class Run(RunHandle):
         for key in ("name", "sweep", "config_key"):
             if getattr(spec, key) is not None:
                 meta[key] = getattr(spec, key)
+        if self.origin:
+            meta["origin"] = self.origin
         self.server, self._meta = serve(
             self.coordinator,
             self.store,
@@ -124,6 +132,7 @@ class Run(RunHandle):
             token=self.token,
             tls_cert=spec.tls_cert,
             tls_key=spec.tls_key,
+            port_option="master_port",
         )
         if spec.rdzv_port:  # a port the user named must be free; otherwise rank 0 binds one
             self.coordinator.rendezvous_port = choose_port(
@@ -363,6 +372,7 @@ def serve(
     token: str,
     tls_cert: str | None,
     tls_key: str | None,
+    port_option: str = "--port",
 ) -> tuple[MasterServer, dict[str, Any]]:
     """A run's master, serving: ``run.json`` is written first (a master that cannot start still
     leaves a record), then again with the address it serves on. ``orch.launch``, ``orch run``
@@ -370,7 +380,13 @@ def serve(
     store.write_meta(meta)
     coordinator.store = store
     server = MasterServer(
-        coordinator, host=host, port=port, token=token, tls_cert=tls_cert, tls_key=tls_key
+        coordinator,
+        host=host,
+        port=port,
+        token=token,
+        tls_cert=tls_cert,
+        tls_key=tls_key,
+        port_option=port_option,
     ).start()
     meta = {**meta, "master": server.address}
     store.write_meta(meta)

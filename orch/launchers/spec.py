@@ -20,7 +20,7 @@ from typing import Any
 
 import cloudpickle
 
-from orch.errors import ConfigError
+from orch.errors import ConfigError, PortInUseError
 from orch.launchers.slurm_options import Slurm, check_commands
 from orch.master.control.progress import ON_HANG, STARTUP_TIMEOUT
 from orch.master.control.stopping import STOP_GRACE
@@ -311,6 +311,15 @@ def options() -> dict[str, tuple[Option, Any]]:
         default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
         out[f.name] = (declared, default)
     return out
+
+
+def as_flag(error: PortInUseError) -> PortInUseError:
+    """A taken port named as the command line names it: ``master_port`` is ``--master-port``
+    (the error itself when its option has no flag)."""
+    declared = options().get(error.option)
+    if declared is None or declared[0].flag is None:
+        return error
+    return PortInUseError(error.port, error.what, declared[0].flag)
 
 
 def add_flag(parser: Any, name: str, *aliases: str, **override: Any) -> None:

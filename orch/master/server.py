@@ -207,6 +207,7 @@ class MasterServer:
         tls_cert: str | Path | None = None,
         tls_key: str | Path | None = None,
         idle_timeout: float = IDLE_CONNECTION_SECONDS,
+        port_option: str = "--port",
     ) -> None:
         if not is_loopback(host) and not token:
             raise ConfigError(
@@ -219,6 +220,7 @@ class MasterServer:
         self.coordinator = coordinator
         self.host = host
         self.requested_port = port
+        self.port_option = port_option  # how the caller names the port, for a port taken
         self.port = 0
         self.expire_interval = expire_interval
         self.idle_timeout = idle_timeout  # seconds a connection may carry no call before it is closed
@@ -250,7 +252,7 @@ class MasterServer:
             self.requested_port,
             DEFAULT_MASTER_PORT,
             what="orch master",
-            option="--port" if self.requested_port else "master_port",
+            option=self.port_option,
             host=host,
         )
         try:
@@ -330,7 +332,7 @@ class MasterServer:
             for name in ("", SERVICE_NAME):
                 await self._health.set(name, health_pb2.HealthCheckResponse.SERVING)
         except RuntimeError:
-            started.put(PortInUseError(port, "orch master", "--port"))
+            started.put(PortInUseError(port, "orch master", self.port_option))
             await server.stop(None)
             servicer.close()
             return

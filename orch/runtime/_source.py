@@ -34,6 +34,8 @@ class SourceMap:
     files: dict[CodeKey, str] = field(default_factory=dict)  # code -> its original file name
     lines: dict[str, list[str]] = field(default_factory=dict)  # file name -> source lines
     labels: dict[str, str] = field(default_factory=dict)  # file name -> "Cell In[2]"
+    # Where a function of __main__ was defined, as a person names it (see :func:`origin_of`).
+    origin: str = ""
 
     def __bool__(self) -> bool:
         return bool(self.files)
@@ -97,6 +99,7 @@ def capture(fn: Any) -> SourceMap:
     if not callable(fn):
         return sources
     labels = _ipython_labels()
+    sources.origin = origin_of(fn, labels)
     size = 0
     for func in _reachable_functions(fn):
         for code in _codes(func.__code__):
@@ -111,6 +114,35 @@ def capture(fn: Any) -> SourceMap:
                 if filename in labels:
                     sources.labels[filename] = f"Cell In[{labels[filename]}]"
     return sources
+
+
+def origin_of(fn: Any, labels: dict[str, int]) -> str:
+    """Where ``fn`` came from when its module is ``__main__`` (which names no file): the notebook
+    the kernel runs (``$JPY_SESSION_NAME``, which Jupyter sets, or the ``__session__`` it gives
+    the kernel's namespace) and the cell, or the script; "" when neither is known, or when
+    ``fn``'s module names it already."""
+    if getattr(fn, "__module__", None) != "__main__":
+        return ""
+    name = getattr(fn, "__qualname__", None) or getattr(fn, "__name__", "?")
+    main = sys.modules.get("__main__")
+    notebook = os.environ.get("JPY_SESSION_NAME") or getattr(main, "__session__", "")
+    code = getattr(fn, "__code__", None)
+    cell = labels.get(code.co_filename) if code is not None else None
+    if isinstance(notebook, str) and notebook:
+        return f"{_near(notebook)}:{name}" + (f" (Cell In[{cell}])" if cell is not None else "")
+    if cell is not None:
+        return f"Cell In[{cell}]:{name}"
+    script = getattr(main, "__file__", None)
+    return f"{_near(script)}:{name}" if isinstance(script, str) and script else ""
+
+
+def _near(path: str) -> str:
+    """``path`` relative to the current folder when it is under it."""
+    with contextlib.suppress(ValueError):
+        relative = os.path.relpath(path)
+        if not relative.startswith(".."):
+            return relative
+    return path
 
 
 def _ipython_labels() -> dict[str, int]:

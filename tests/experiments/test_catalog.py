@@ -27,6 +27,7 @@ from conftest import ORCH, orch_cli, until
 from orch.experiments import catalog
 from orch.launchers.run import Run
 from orch.launchers.spec import LaunchSpec
+from orch.wire.states import RunState
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -349,12 +350,19 @@ def test_a_launch_cell_run_twice_names_the_run_still_live(
             assert f"orch: run {first.run_id} (" in out and "is still" in out and "orch.close_all()" in out
             table = orch.runs(str(tmp_path))
             assert {row.run_id for row in table if row.live_here} == {first.run_id, second.run_id}
+            # `run` now names the second run: the notice's command reaches the first one.
+            command = f"orch.attach({first.run_id!r}).stop()"
+            assert command in out
+            assert eval(command, {"orch": orch}) in (RunState.STOPPING, RunState.STOPPED)
+            assert first.wait(timeout=120).state is RunState.STOPPED
+            assert second.state().state is RunState.RUNNING  # the new run goes on
         finally:
-            assert orch.close_all() == 2
+            assert orch.close_all() == 1
     finally:
         first.close()
     assert orch.close_all() == 0
-    assert {row.state for row in orch.runs(str(tmp_path))} == {"FAILED"}  # closed while running
+    states = {row.run_id: row.state for row in orch.runs(str(tmp_path))}
+    assert states == {first.run_id: "STOPPED", second.run_id: "FAILED"}  # the second closed while running
 
 
 def test_close_all_ends_a_sweep_too(tmp_path: Path) -> None:

@@ -55,7 +55,10 @@ def test_a_launch_that_fails_on_a_taken_port_leaves_a_failed_record(tmp_path: Pa
         port = holder.getsockname()[1]
         with pytest.raises(orch.PortInUseError, match=str(port)):
             orch.launch("jobs:long_barriers", world_size=2, run_root=str(tmp_path), rdzv_port=port)
-    (run_dir,) = tmp_path.iterdir()
+        # launch() names its own argument, not a flag of orch run or orch master.
+        with pytest.raises(orch.PortInUseError, match="pass master_port=<another port>"):
+            orch.launch("jobs:long_barriers", world_size=2, run_root=str(tmp_path / "m"), master_port=port)
+    (run_dir,) = [d for d in tmp_path.iterdir() if d.name != "m"]
     record = _result(run_dir)
     assert record["state"] == "FAILED"
     assert "launch failed" in str(record["failure"]) and str(port) in str(record["failure"])

@@ -21,7 +21,7 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-from orch import _viewable
+from orch import _tracebacks, _viewable
 from orch._version import __version__ as __version__
 
 if TYPE_CHECKING:
@@ -147,3 +147,4 @@ def _panel_for(kind: str) -> Any:
 
 
 _viewable.set_panel_factory(_panel_for)
+_tracebacks.install()  # in a notebook, orch's errors lead with their message

@@ -112,6 +112,17 @@ def cmd_worker(args: argparse.Namespace) -> int:
         # Checked against the run's token before anything in it is unpickled.
         fn, sources = read_function(args.fn_file, token_from_env(token_of(args)))
 
+    if fn is None and args.tls_ca is None and not args.trust_master:
+        # Said before the worker joins: its refusal, once the master names another function,
+        # fails the run of every other rank too.
+        print(
+            "orch worker: warning: without --fn, --tls-ca or --trust-master this worker runs only "
+            "the built-in example; if the master names another training function, it refuses "
+            "it and that fails the whole run. Pass --fn package.module:function (the function "
+            "the run trains), --tls-ca CA.pem (a master serving TLS) or --trust-master",
+            file=sys.stderr,
+            flush=True,
+        )
     nproc = args.nproc_per_node or 1
     specs = [
         WorkerSpec(

@@ -15,6 +15,10 @@
 
 from __future__ import annotations
 
+import os
+import re
+import sysconfig
+
 
 class OrchError(Exception):
     """Base class of every orch error."""
@@ -64,7 +68,45 @@ class RunFailed(OrchError):
         self.exit_code = exit_code
         self.traceback = traceback
         self.state = state
+        where = raised_at(traceback)
+        if where and where not in message:  # the user's file and line, not only the error's words
+            message = f"{message} (at {where})"
         super().__init__(message)
+
+
+# A frame of a formatted traceback: as Python writes it, and as IPython labels a notebook cell.
+_FRAME = re.compile(
+    r'^\s*(?:File "(?P<file>[^"]+)"|(?P<cell>Cell In\[\d+\])), line (?P<line>\d+), in (?P<fn>.+)$'
+)
+_NOT_USER = tuple(
+    os.path.join(os.path.abspath(p), "")
+    for p in {
+        os.path.dirname(os.path.abspath(__file__)),  # orch itself
+        *(sysconfig.get_paths().get(k, "") for k in ("stdlib", "platstdlib", "purelib", "platlib")),
+    }
+    if p
+)
+
+
+def raised_at(traceback: str) -> str:
+    """Where the user's code raised, read from a formatted traceback: its deepest frame in a
+    notebook cell or a file outside orch, the standard library and installed packages
+    (``Cell In[3], line 7, in train`` or ``train.py, line 12, in main``); "" when none is."""
+    found = ""
+    for line in traceback.splitlines():
+        m = _FRAME.match(line)
+        if m is None:
+            continue
+        if m["cell"]:
+            found = f"{m['cell']}, line {m['line']}, in {m['fn']}"
+            continue
+        path = m["file"]
+        if path.startswith("<") or (os.path.abspath(path).startswith(_NOT_USER) and not path.endswith(
+            os.path.join("orch", "example.py")
+        )):
+            continue
+        found = f"{path}, line {m['line']}, in {m['fn']}"
+    return found
 
 
 class StopTraining(BaseException):

@@ -111,8 +111,9 @@ def _master_named_fn(spec: WorkerSpec, named: str) -> str:
         return name
     raise WorkerError(
         f"the master at {spec.master} names the training function {name[:200]!r}, but this worker "
-        "runs a function named by its master only over TLS it verifies or when told to trust it: "
-        "pass --fn package.module:function (the function to run), --tls-ca CA.pem (for a master "
+        "runs a function named by its master only over TLS it verifies or when told to trust it, "
+        "so it refuses, and its refusal fails the whole run: start the workers again with "
+        "--fn package.module:function (the function to run), --tls-ca CA.pem (for a master "
         "serving TLS), or --trust-master (WorkerSpec fn=, tls_ca= or trust_master=True)"
     )
 

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import html
 import json
+import re
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -154,3 +156,50 @@ def test_a_collective_mismatch_in_a_cell_function_names_gloo_s_words_and_the_cel
         assert "Cell In[2], line 12, in skips" in text, text
         assert "dist.all_reduce(total)  # rank 1 skips this once" in text, text
         assert "ipykernel" not in text and "Extension modules" not in text, text
+
+
+ANSI = re.compile(r"\x1b\[[0-9;]*m")
+
+TYPO_CELL = """\
+def typo(ctx):
+    for step in ctx.steps(20):
+        ctx.log(step, loss=1.0)
+        if step == 2:
+            undefined_name + 1  # line 5
+"""
+
+
+def _error(kc: Any, code: str) -> dict[str, Any]:
+    reply = kc.execute_interactive(code, timeout=180)["content"]
+    assert reply["status"] == "error", reply
+    return {**reply, "text": ANSI.sub("", "\n".join(reply["traceback"]))}
+
+
+def test_orch_errors_lead_with_their_message_and_name_the_users_line(tmp_path: Path) -> None:
+    """In a kernel, orch's own frames are left out of a ConfigError's and a RunFailed's
+    traceback (the cell that called orch stays); %tb still prints them; and a RunFailed names
+    the cell and line the rank raised at."""
+    with notebook_kernel(tmp_path) as (_, kc):
+        assert kc.execute_interactive("import orch", timeout=120)["content"]["status"] == "ok"
+        bad = _error(kc, f"orch.launch(world_size=0, run_root={str(tmp_path)!r})")
+        assert bad["ename"] == "ConfigError" and "world_size" in bad["evalue"]
+        text = bad["text"]
+        assert "Cell In[2], line 1" in text, text  # the user's own call
+        # None of orch's frames: its files, and the __init__ a dataclass of orch made.
+        assert "orch/" not in text and "launchers" not in text and "__create_fn__" not in text, text
+        assert len(text.splitlines()) <= 12, text  # the message is near the top, not after 40 lines
+        assert text.rstrip().endswith(bad["evalue"]), text
+        full: list[str] = []
+        kc.execute_interactive(
+            "%tb", timeout=60, output_hook=lambda m: full.append(m["content"].get("text", "")) or
+            full.extend(m["content"].get("traceback", []))
+        )  # fmt: skip
+        assert "orch/launchers/spec.py" in ANSI.sub("", "\n".join(full)), full  # all of it, on request
+
+        assert kc.execute_interactive(TYPO_CELL, timeout=60)["content"]["status"] == "ok"
+        launch = f"with orch.launch(typo, world_size=2, run_root={str(tmp_path)!r}) as run:\n"
+        failed = _error(kc, launch + "    run.wait(timeout=120)")
+        assert failed["ename"] == "RunFailed", failed["evalue"]
+        assert "NameError: name 'undefined_name' is not defined" in failed["evalue"]
+        assert "(at Cell In[4], line 5, in typo)" in failed["evalue"], failed["evalue"]
+        assert "Cell In[5], line 2" in failed["text"] and "orch/" not in failed["text"], failed["text"]

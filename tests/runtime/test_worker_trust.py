@@ -168,6 +168,29 @@ def test_a_function_named_by_a_plaintext_master_is_refused(
     # The master hears why, so that a real one shows it instead of waiting for the rank.
     (done,) = servicer.completions
     assert done.outcome == pb.RANK_FAILED and "--trust-master" in done.error
+    assert "fails the whole run" in message
+
+
+def test_orch_worker_without_trust_warns_before_it_joins(
+    fake: tuple[FakeMaster, str], tmp_path: Path, subprocess_env: dict[str, str]
+) -> None:
+    servicer, address = fake
+    servicer.fn = "some_module_of_the_master:train"
+    worker = orch_cli(
+        "worker", "--master", address, "--run-root", str(tmp_path / "root"), env=subprocess_env, timeout=120
+    )
+    assert worker.returncode != 0
+    warning = worker.stderr.find("warning: without --fn, --tls-ca or --trust-master")
+    refusal = worker.stderr.find("names the training function 'some_module_of_the_master:train'")
+    assert 0 <= warning < refusal, worker.stderr  # said first, then the refusal it warned of
+    assert "fails the whole run" in worker.stderr[warning:refusal]
+    # Told what to run (or to trust the master), it says nothing of the kind.
+    servicer.fn = ""
+    quiet = orch_cli(
+        "worker", "--master", address, "--trust-master", "--run-root", str(tmp_path / "r2"),
+        env=subprocess_env, timeout=120,
+    )  # fmt: skip
+    assert "warning: without --fn" not in quiet.stderr, quiet.stderr
 
 
 def test_trust_master_runs_the_named_function_and_the_example_always_runs(

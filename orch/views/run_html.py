@@ -55,13 +55,14 @@ def _split_html(r: RankView, longest_ms: float) -> str:
     )
 
 
-def _scores_html(r: RankView) -> str:
-    """Compute against the fastest rank's and against the rank's own best."""
+def _scores_text(r: RankView) -> str:
+    """Compute against the fastest rank's and against the rank's own best, in words (the step
+    time's tooltip: a column of its own made the table too wide for a notebook beside the
+    file browser)."""
     if not r.timed:
-        return "-"
+        return ""
     return (
-        f'<span title="compute against the fastest rank\'s">x{r.relative_score:.2f}</span> / '
-        f'<span title="compute against its own best">x{r.individual_score:.2f}</span>'
+        f"compute x{r.relative_score:.2f} the fastest rank's, x{r.individual_score:.2f} its own best"
     )
 
 
@@ -103,8 +104,9 @@ def _startup_html(m: StateMirror) -> str:
 
 
 def table_html(m: StateMirror) -> str:
-    """A row per rank (state, step, loss, rate, memory, step split, scores, marks; its host, pid
-    and last heartbeat on hover), the split's legend and the straggler note."""
+    """A row per rank (state, step, loss, rate, memory, step split, marks; on hover its host and
+    pid, its last heartbeat and its compute against the fastest rank's and its own best), the
+    split's legend and the straggler note."""
     slow = stragglers(m)
     longest = max((r.step_ms for r in m.ranks if r.timed), default=0.0)
     rows = []
@@ -141,8 +143,10 @@ def table_html(m: StateMirror) -> str:
             f'<td class="orch-where" title="{where}">{r.rank}</td>'
             f'<td title="{beat}">{r.state.value}</td><td>{r.step}</td><td>{r.loss_text()}</td>'
             f"<td>{r.steps_per_sec:.1f}</td>"
-            f'<td class="orch-mem">{escape_html(memory_text(r))}</td><td>{_split_html(r, longest)}</td>'
-            f'<td>{_scores_html(r)}</td><td class="orch-marks">{" ".join(marks)}</td></tr>'
+            f'<td class="orch-mem">{escape_html(memory_text(r))}</td>'
+            f'<td class="orch-step-time" title="{escape_html(_scores_text(r))}">'
+            f"{_split_html(r, longest)}</td>"
+            f'<td class="orch-marks">{" ".join(marks)}</td></tr>'
         )
     head = "".join(
         f"<th>{h}</th>"
@@ -154,7 +158,6 @@ def table_html(m: StateMirror) -> str:
             "steps/s",
             "memory cpu",
             "step time",
-            "vs best",
             "",
         )
     )
@@ -168,7 +171,8 @@ def table_html(m: StateMirror) -> str:
         style = "color:#9a6700;font-weight:bold" if m.straggler_rank >= 0 else "color:#57606a"
         note = f'<div class="orch-stragglers" style="{style}">{escape_html(m.straggler_note)}</div>'
     return (
-        "<style>.orch-ranks td, .orch-ranks th {padding: 0 .6em; white-space: nowrap} "
+        "<style>.orch-ranks td, .orch-ranks th {padding: 0 .4em; white-space: nowrap} "
+        ".orch-ranks th {white-space: normal} "
         ".orch-ranks td.orch-marks {white-space: normal; text-align: left}</style>"
         '<table class="orch-ranks" style="border-collapse:collapse;text-align:right">'
         f"<thead><tr>{head}</tr></thead><tbody>{''.join(rows)}</tbody></table>"

@@ -215,7 +215,7 @@ class Lab:
 
 @contextlib.contextmanager
 def lab_browser(
-    tmp_path: Path, root: Path, home: Path, run_root: Path, height: int
+    tmp_path: Path, root: Path, home: Path, run_root: Path, height: int, width: int = 1280
 ) -> Iterator[tuple[Lab, Any]]:
     """JupyterLab serving ``root`` and a headless Chromium context on it; both gone after.
     On a failure JupyterLab's log and the runs' worker logs are kept (test-artifacts/)."""
@@ -233,7 +233,7 @@ def lab_browser(
                 executable_path=str(CHROMIUM),
                 headless=True,
                 args=CHROMIUM_ARGS,
-                viewport={"width": 1280, "height": height},
+                viewport={"width": width, "height": height},
             )
             try:
                 yield lab, ctx
@@ -680,4 +680,95 @@ def test_a_hang_in_the_panel(tmp_path: Path) -> None:
         except BaseException:
             with contextlib.suppress(Exception):
                 page.screenshot(path=str(ARTIFACTS / "panel-hang-failure.png"), full_page=True)
+            raise
+
+
+def write_startup_notebook(path: Path, run_root: Path) -> None:
+    """A cold kernel's first launch (its worker pool imports torch), rank 2 a straggler in a
+    marked section; the panel at once."""
+    cells = [
+        _code_cell(1, f"import sys\nsys.path.insert(0, {str(TESTS)!r})\nimport orch"),
+        _code_cell(
+            2,
+            'run = orch.launch("jobs:straggler", world_size=4,\n'
+            '                  config={"slow_rank": 2, "delay": 0.03, "where": "augment"},\n'
+            f"                  run_root={str(run_root)!r})\n"
+            "run.panel(interval=0.3)",
+        ),
+    ]
+    write_cells(path, cells)
+
+
+# Every part of the panel's output that sticks out of it, in one evaluation of the page: the
+# output area's overflow, and each header, cell and mark whose right edge passes its own.
+CLIPPED = """out => {
+    const right = out.getBoundingClientRect().right + 0.5;
+    const over = [...out.querySelectorAll('.orch-ranks th, .orch-ranks td, .orch-slow, .orch-startup')]
+        .filter(e => e.getBoundingClientRect().right > right)
+        .map(e => `${e.tagName} ${e.className} "${e.textContent.trim().slice(0, 30)}"`);
+    const table = out.querySelector('.orch-ranks');
+    return {over, scroll: out.scrollWidth, client: out.clientWidth,
+            table: table ? table.getBoundingClientRect().width : 0,
+            output: out.getBoundingClientRect().width};
+}"""
+
+
+@pytest.mark.timeout(360)
+def test_start_up_is_narrated_and_the_table_fits_1100_px_with_the_file_browser_open(tmp_path: Path) -> None:
+    """At 1,100 px with JupyterLab's file browser open: while the cold start runs, the panel
+    says what it waits for with the seconds moving; then no column of the rank table, and not
+    the straggler's mark, passes the edge of the cell's output."""
+    from playwright.sync_api import expect
+
+    root, home, run_root = tmp_path / "lab", tmp_path / "home", tmp_path / "runs"
+    root.mkdir()
+    home.mkdir()
+    write_startup_notebook(root / "startup.ipynb", run_root)
+    ARTIFACTS.mkdir(exist_ok=True)
+    with lab_browser(tmp_path, root, home, run_root, 900, width=1100) as (lab, ctx):
+        try:
+            page = ctx.pages[0] if ctx.pages else ctx.new_page()
+            page.set_default_timeout(60_000)
+            page.goto(f"{lab.base}/lab/tree/startup.ipynb?token={lab.token}")
+            page.locator(".jp-Notebook .jp-Cell").first.wait_for()
+            files = page.locator("#filebrowser")
+            if not files.is_visible():  # JupyterLab's default layout has it open; make sure
+                page.locator(".jp-SideBar [data-id='filebrowser']").click()
+            expect(files).to_be_visible()
+            run_all_cells(page, lab)
+
+            panel = page.locator(".orch-panel")
+            startup = panel.locator(".orch-startup")
+            expect(startup).to_contain_text("importing torch", timeout=120_000)
+            first = startup.inner_text()
+            page.screenshot(path=str(ARTIFACTS / "panel-startup.png"))
+            seconds = re.compile(r"\((\d+) s\)$")
+            wait_until(
+                lambda: (m := seconds.search(startup.inner_text() if startup.count() else "")) is not None
+                and int(m.group(1)) > int(seconds.search(first).group(1)),  # type: ignore[union-attr]
+                60,
+                "the start-up's seconds to move",
+            )
+            rows = panel.locator("tr.orch-rank")
+            expect(rows).to_have_count(4, timeout=120_000)
+            expect(startup).to_have_count(0, timeout=120_000)  # gone with the first step
+            expect(rows.nth(2).locator(".orch-slow")).to_be_visible(timeout=120_000)
+            output = page.locator(".jp-Notebook .jp-Cell").nth(1).locator(".jp-OutputArea-output")
+            fit = output.evaluate(CLIPPED)
+            print(f"\nat 1,100 px: table {fit['table']:.0f} px in an output of {fit['output']:.0f} px")
+            assert fit["over"] == [], fit
+            assert fit["scroll"] <= fit["client"], fit
+            # What left the table is on hover: the rank's host and pid, the state's last heartbeat.
+            assert "pid" in (rows.nth(0).locator("td.orch-where").get_attribute("title") or "")
+            assert "heartbeat" in (rows.nth(0).locator("td").nth(1).get_attribute("title") or "")
+            scores = rows.nth(2).locator("td.orch-step-time").get_attribute("title") or ""
+            assert "the fastest rank's" in scores, scores
+            page.screenshot(path=str(ARTIFACTS / "panel-1100.png"))
+            panel.get_by_role("button", name="Stop").click()
+            record = page.locator(".jp-Notebook .jp-Cell").nth(1).locator(".orch-record")
+            expect(record.locator(".orch-state")).to_have_attribute("data-state", "STOPPED", timeout=60_000)
+            assert output.evaluate(CLIPPED)["over"] == []  # the record fits as well
+        except BaseException:
+            with contextlib.suppress(Exception):
+                page.screenshot(path=str(ARTIFACTS / "panel-1100-failure.png"), full_page=True)
             raise

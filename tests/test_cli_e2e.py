@@ -162,6 +162,7 @@ def test_failed_rank_fails_the_run_with_its_traceback(tmp_path: Path, subprocess
     [
         (["master", "--world-size", "1", "--port"], "--port"),
         (["run", "--workers", "1", "--master-port"], "--master-port"),
+        (["run", "--workers", "1", "--rdzv-port"], "--rdzv-port"),
     ],
 )
 def test_taken_master_port_is_named(

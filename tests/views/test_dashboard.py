@@ -29,7 +29,7 @@ from orch.views.dashboard import (
     summary,
     sweep_table,
 )
-from orch.views.run_html import progress_html, table_html
+from orch.views.run_html import header_html, progress_html, table_html
 from orch.wire._proto import orchestrator_pb2 as pb
 from orch.wire.client import StateMirror
 
@@ -438,3 +438,38 @@ def test_a_run_that_stands_still_says_so_with_the_stacks_in_every_view() -> None
     assert rich.count("no step for 7s") == 2
     page = progress_html(m) + table_html(m)
     assert "no progress for 7s" in page and 'class="orch-stacks"' in page and "time.sleep(10**6)" in page
+
+
+def test_the_start_up_note_is_in_every_view_and_a_plain_dashboard_writes_each_once() -> None:
+    clock = [0.0]
+    c = Coordinator(2, run_id="run-s", clock=lambda: clock[0])
+    c.starting("starting 2 workers: importing torch")
+    clock[0] = 6.0
+    m = StateMirror()
+    m.apply(c.snapshot())
+    assert (m.startup_note, m.startup_seconds) == ("starting 2 workers: importing torch", 6.0)
+    assert "starting: starting 2 workers: importing torch (6 s)" in render(m)
+    assert "starting: starting 2 workers: importing torch (6 s)" in SGR.sub("", rich_text(run_table(m)))
+    assert 'class="orch-startup"' in header_html(m) and "importing torch (6 s)" in header_html(m)
+
+    class Client:
+        """A master seen through a plain dashboard: each poll, a second later."""
+
+        address = "127.0.0.1:9"
+
+        def get_state(self, cursor: bytes = b"", **_: Any) -> pb.GetStateResponse:
+            clock[0] += 1.0
+            if clock[0] == 9.0:
+                c.register(pb.RegisterRequest(worker_id="w0", host="h", pid=1))
+            if clock[0] == 11.0:
+                c.close_run("ended by the test")
+            return c.snapshot(cursor)
+
+    out = io.StringIO()
+    Dashboard(cast(Any, Client()), out=out, interval=0, plain_every=0).run()
+    lines = [line for line in out.getvalue().splitlines() if "starting: " in line]
+    assert lines == [
+        "[   7.0s] starting: starting 2 workers: importing torch",
+        "[   9.0s] starting: 1/2 registered",
+    ], out.getvalue()
+    assert "PENDING step" not in out.getvalue()  # no line that only says it is PENDING meanwhile

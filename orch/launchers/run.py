@@ -124,6 +124,7 @@ class Run(RunHandle):
             token=self.token,
             tls_cert=spec.tls_cert,
             tls_key=spec.tls_key,
+            local_socket=self.launcher.ranks_on_this_machine,
         )
         if spec.rdzv_port:  # a port the user named must be free; otherwise rank 0 binds one
             self.coordinator.rendezvous_port = choose_port(
@@ -139,7 +140,7 @@ class Run(RunHandle):
             coordinator=self.coordinator,
             store=self.store,
             meta=self._meta,
-            master=self.server.address,
+            master=self.server.local_address or self.server.address,
             token=self.token,
             tls_ca=self.tls_ca,
             tls_server_name=self.tls_server_name,
@@ -205,8 +206,13 @@ class Run(RunHandle):
         """A client of this run's master (with its token), or None once it is closed."""
         if self.server is None:
             return None
+        # The private listener where there is one: strangers filling the TCP port never blind
+        # the run's own panel.
         return MasterClient(
-            self.address, token=self.token, tls_ca=self.tls_ca, tls_server_name=self.tls_server_name
+            self.server.local_address or self.address,
+            token=self.token,
+            tls_ca=self.tls_ca,
+            tls_server_name=self.tls_server_name,
         )
 
     def _supervise(self) -> None:
@@ -363,6 +369,7 @@ def serve(
     token: str,
     tls_cert: str | None,
     tls_key: str | None,
+    local_socket: bool = False,
 ) -> tuple[MasterServer, dict[str, Any]]:
     """A run's master, serving: ``run.json`` is written first (a master that cannot start still
     leaves a record), then again with the address it serves on. ``orch.launch``, ``orch run``
@@ -370,7 +377,13 @@ def serve(
     store.write_meta(meta)
     coordinator.store = store
     server = MasterServer(
-        coordinator, host=host, port=port, token=token, tls_cert=tls_cert, tls_key=tls_key
+        coordinator,
+        host=host,
+        port=port,
+        token=token,
+        tls_cert=tls_cert,
+        tls_key=tls_key,
+        local_socket=local_socket,
     ).start()
     meta = {**meta, "master": server.address}
     store.write_meta(meta)

@@ -11,6 +11,7 @@ detached (:class:`~orch.launchers.detach.DetachedRun`), attached by address
     run.wait()    -> RunResult     blocks until it ended (at once for an ended run);
                                    raises orch.RunFailed, naming the root cause, if it failed
     run.stop()    -> RunState      asks its ranks to end after their step (no-op once ended)
+    run.best_checkpoint            its best checkpoint: path, step, value (None: no checkpoint)
     run.log_files(), run.panel(), run.close(), ``with run: ...``
 
 The panel reads a run through this contract: ``connect()`` (a client to poll, or None when
@@ -27,6 +28,7 @@ from typing import Any, Protocol
 
 from orch._viewable import Viewable
 from orch.errors import RunFailed
+from orch.record.checkpoint_index import Checkpoint, best_checkpoint
 from orch.wire.client import MasterClient, StateMirror
 from orch.wire.stacks import Stacks, stacks_of
 from orch.wire.states import RunState
@@ -119,6 +121,12 @@ class RunHandle(Viewable, ABC):
     def address(self) -> str:
         """Its master's HOST:PORT ("" when there is no master to reach)."""
         return ""
+
+    @property
+    def best_checkpoint(self) -> Checkpoint | None:
+        """Its best checkpoint on disk (``.path``, ``.step``, ``.value``, ``.metric``): the best by
+        the value it was saved with, or the newest when none has one; None without any."""
+        return best_checkpoint(self.run_dir / "checkpoints") if self.run_dir is not None else None
 
     @abstractmethod
     def state(self) -> StateMirror: ...

@@ -1,11 +1,20 @@
 """Checkpoints taken by ``ctx.steps``: rank 0 writes one only once every rank's points up to it
-are at the master, so a restart from it finds no hole in any rank's history."""
+are at the master, so a restart from it finds no hole in any rank's history; ``keep=k`` by a
+metric keeps the k best plus the newest; a damaged newest checkpoint falls back to the previous."""
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
+import pytest
+import torch
+
 import orch
+from orch.record.checkpoint_index import Checkpoint, best_checkpoint, keep_best
+from orch.runtime.checkpoints import read_checkpoint, write_checkpoint
+
+CPU = torch.device("cpu")
 
 
 def test_rank0_writes_a_checkpoint_only_after_every_rank_handed_over_its_points(tmp_path: Path) -> None:
@@ -29,3 +38,164 @@ def test_rank0_writes_a_checkpoint_only_after_every_rank_handed_over_its_points(
     # Every point of both ranks is in the run's history.
     history = orch.load_run(run_dir).history()
     assert [history["loss"][r]["step"] for r in (0, 1)] == [list(range(10))] * 2
+
+
+# -- checkpoints kept by merit ----------------------------------------------------------------------
+
+
+def test_keep_2_by_a_metric_leaves_the_2_best_and_the_newest(tmp_path: Path) -> None:
+    with orch.launch("jobs:checkpoints_by_merit", world_size=2, run_root=str(tmp_path)) as run:
+        result = run.wait(timeout=120)
+        best = run.best_checkpoint
+    assert result.state is orch.RunState.SUCCEEDED
+    checkpoints = run.run_dir / "checkpoints"
+    # Checkpoints at steps 1, 3, ..., 11 carry the means 5, 1, 4, 2, 3, 6: the best two are
+    # steps 3 (1.0) and 7 (2.0), the newest is step 11.
+    assert sorted(p.name for p in checkpoints.glob("step-*.pt")) == [
+        "step-000000003.pt",
+        "step-000000007.pt",
+        "step-000000011.pt",
+    ]
+    assert (checkpoints / "latest").read_text() == "step-000000011.pt"
+    assert best is not None
+    # The mean over the ranks (rank 0 logged 0.5, rank 1 logged 1.5), not rank 0's own value.
+    assert (best.path, best.step, best.value, best.metric) == (
+        checkpoints / "step-000000003.pt",
+        3,
+        1.0,
+        "val",
+    )
+    saved = torch.load(best.path, weights_only=True)
+    assert saved["step"] == 3 and saved["value"] == 1.0 and torch.equal(saved["state"]["w"], torch.zeros(4))
+    # The same from the record on disk.
+    loaded = orch.load_run(run.run_dir).best_checkpoint
+    assert loaded == best
+
+
+def test_a_corrupt_newest_checkpoint_falls_back_to_the_previous_and_says_so(tmp_path: Path) -> None:
+    # Checkpoints at steps 9 and 19; at step 22 step 19's file loses its second half; rank 1
+    # dies at 25; the restarted group must resume after step 9, not fail and not start over.
+    config = {"die_at": 25, "corrupt_at": 22, "steps": 30}
+    with orch.launch(
+        "jobs:checkpointed", world_size=2, config=config, max_restarts=1, run_root=str(tmp_path)
+    ) as run:
+        result = run.wait(timeout=180)
+        run_dir = run.run_dir
+    assert result.state is orch.RunState.SUCCEEDED
+    assert run.state().attempt == 2
+    history = orch.load_run(run_dir).history()
+    for rank in (0, 1):
+        assert history["loss"][rank]["step"] == list(range(30))  # each step once
+        steps, attempts = history["attempt"][rank]["step"], history["attempt"][rank]["value"]
+        assert min(s for s, a in zip(steps, attempts, strict=True) if a == 2.0) == 10  # resumed after step 9
+    checkpoints = run_dir / "checkpoints"
+    assert (checkpoints / "step-000000019.pt.corrupt").exists()  # set aside by rank 0
+    logs = "".join(p.read_text() for p in (run_dir / "logs").glob("*.log"))
+    said = [line for line in logs.splitlines() if "checkpoint fallback" in line and "resuming from" in line]
+    assert len(said) == 2, logs[-3000:]  # each rank says so
+    for line in said:
+        assert "step-000000019.pt is unreadable" in line and "step-000000009.pt (step 9)" in line
+
+
+# -- the pieces, alone ---------------------------------------------------------------------------------
+
+
+def _points(values: list[float | None]) -> list[Checkpoint]:
+    return [Checkpoint(Path(f"step-{i:09d}.pt"), i, v, "val") for i, v in enumerate(values)]
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize(
+    ("values", "keep", "mode", "kept"),
+    [
+        ([5.0, 1.0, 4.0, 2.0, 3.0, 6.0], 2, "min", [1, 3, 5]),  # the 2 best plus the newest
+        ([5.0, 1.0, 4.0, 2.0, 3.0, 6.0], 2, "max", [0, 5]),  # the newest is among the best
+        ([None, None, None, None], 2, "min", [2, 3]),  # no values: the newest two, as before
+        ([1.0, math.nan, None, 2.0, math.nan], 1, "min", [0, 4]),  # NaN never counts as best
+        ([2.0, 1.0, 1.0, 3.0], 1, "min", [2, 3]),  # a tie: the newer
+    ],
+)
+def test_keep_best(values: list[float | None], keep: int, mode: str, kept: list[int]) -> None:
+    assert [c.step for c in keep_best(_points(values), keep, mode)] == kept  # type: ignore[arg-type]
+
+
+@pytest.mark.unit
+def test_writes_keep_the_best_and_the_index_ranks_them(tmp_path: Path) -> None:
+    folder = tmp_path / "run" / "checkpoints"
+    for step, value in [(1, 0.5), (2, 0.9), (3, 0.2), (4, 0.7), (5, 0.8)]:
+        write_checkpoint(folder, step, 1, {"x": torch.ones(1)}, value=value, metric="val", keep=2, mode="min")
+    assert sorted(p.name for p in folder.glob("step-*.pt")) == [
+        "step-000000001.pt",
+        "step-000000003.pt",
+        "step-000000005.pt",
+    ]
+    best = best_checkpoint(folder)
+    assert best == Checkpoint(folder / "step-000000003.pt", 3, 0.2, "val")
+    # A restart replays step 3 with a worse value: the new file's value counts.
+    write_checkpoint(folder, 3, 2, {"x": torch.ones(1)}, value=0.95, metric="val", keep=2, mode="min")
+    assert best_checkpoint(folder) == Checkpoint(folder / "step-000000001.pt", 1, 0.5, "val")
+    assert best_checkpoint(tmp_path / "nowhere") is None
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("damage", ["truncated", "empty", "garbage", "flipped", "missing", "no record"])
+def test_a_damaged_newest_checkpoint_falls_back_to_the_previous(
+    tmp_path: Path, damage: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    folder = tmp_path / "run" / "checkpoints"
+    write_checkpoint(folder, 4, 1, {"w": torch.full((64,), 4.0)})
+    newest = write_checkpoint(folder, 9, 1, {"w": torch.full((64,), 9.0)})
+    data = newest.read_bytes()
+    if damage == "truncated":
+        newest.write_bytes(data[: len(data) // 2])
+    elif damage == "empty":
+        newest.write_bytes(b"")
+    elif damage == "garbage":
+        newest.write_bytes(bytes(range(256)) * 4)
+    elif damage == "flipped":  # a few bytes of the pickle inside the archive change
+        at = data.index(b"\x80\x02", data.index(b"data.pkl")) + 4
+        newest.write_bytes(data[:at] + bytes(b ^ 0x5A for b in data[at : at + 4]) + data[at + 4 :])
+    elif damage == "missing":
+        newest.unlink()
+    else:  # a whole archive, but not what orch writes
+        torch.save([1, 2, 3], newest)
+    other_rank = read_checkpoint(folder, CPU, weights_only=True)  # reads only
+    assert newest.exists() or damage == "missing"
+    with caplog.at_level("WARNING"):
+        saved = read_checkpoint(folder, CPU, weights_only=True, writer=True)
+    assert other_rank["step"] == saved["step"] == 4 and torch.equal(
+        saved["state"]["w"], torch.full((64,), 4.0)
+    )
+    said = caplog.text
+    assert (
+        f"{newest} is unreadable" in said and "resuming from" in said and "step-000000004.pt (step 4)" in said
+    )
+    # Rank 0 set it aside: latest and the ranking name the one loaded.
+    assert not newest.exists()
+    assert (folder / "latest").read_text() == "step-000000004.pt"
+    assert best_checkpoint(folder) == Checkpoint(folder / "step-000000004.pt", 4)
+    if damage != "missing":
+        assert (folder / "step-000000009.pt.corrupt").exists()
+
+
+@pytest.mark.unit
+def test_no_readable_checkpoint_is_an_error_naming_each(tmp_path: Path) -> None:
+    folder = tmp_path / "run" / "checkpoints"
+    for step in (4, 9):
+        write_checkpoint(folder, step, 1, {}).write_bytes(b"\0" * 10)
+    with pytest.raises(
+        orch.OrchError, match=r"no checkpoint .* can be read back: step-000000009.pt: .*step-000000004.pt"
+    ):
+        read_checkpoint(folder, CPU, weights_only=True)
+
+
+@pytest.mark.unit
+def test_a_damaged_index_only_loses_the_ranking(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    folder = tmp_path / "run" / "checkpoints"
+    write_checkpoint(folder, 1, 1, {}, value=0.1, keep=1)
+    write_checkpoint(folder, 2, 1, {}, value=0.9, keep=1)
+    (folder / "index.json").write_text('{"mode": "min", "checkpoints": [{"name": "../x.pt", "step": 1}]}')
+    with caplog.at_level("WARNING"):
+        best = best_checkpoint(folder)
+    assert "index.json is damaged" in caplog.text
+    assert best is not None and best.step == 2 and best.value is None  # the newest, unranked

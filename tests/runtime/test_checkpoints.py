@@ -72,6 +72,18 @@ def test_keep_2_by_a_metric_leaves_the_2_best_and_the_newest(tmp_path: Path) -> 
     assert loaded == best
 
 
+def test_a_sweep_trial_names_its_best_checkpoint_on_its_row(tmp_path: Path) -> None:
+    configs = [{"mode": "min"}, {"mode": "max"}]
+    with orch.sweep("jobs:checkpoints_by_merit", configs, world_size=2, run_root=str(tmp_path)) as sweep:
+        rows = sweep.wait(180)
+    assert [row["state"] for row in rows] == ["SUCCEEDED", "SUCCEEDED"]
+    for trial, row, (step, value) in zip(sweep.trials, rows, [(3, 1.0), (11, 6.0)], strict=True):
+        best = trial.best_checkpoint
+        assert best is not None and (best.step, best.value, best.metric) == (step, value, "val")
+        assert best.path == trial.run_dir / "checkpoints" / f"step-{step:09d}.pt"
+        assert row["checkpoint"] == {"path": str(best.path), "step": step, "value": value, "metric": "val"}
+
+
 def test_a_corrupt_newest_checkpoint_falls_back_to_the_previous_and_says_so(tmp_path: Path) -> None:
     # Checkpoints at steps 9 and 19; at step 22 step 19's file loses its second half; rank 1
     # dies at 25; the restarted group must resume after step 9, not fail and not start over.

@@ -211,3 +211,43 @@ def test_a_damaged_index_only_loses_the_ranking(tmp_path: Path, caplog: pytest.L
         best = best_checkpoint(folder)
     assert "index.json is damaged" in caplog.text
     assert best is not None and best.step == 2 and best.value is None  # the newest, unranked
+
+
+def _context(checkpoint_dir: Path) -> orch.Context:
+    return orch.Context(
+        rank=0,
+        world_size=1,
+        local_rank=0,
+        device=CPU,
+        config={},
+        run_id="r",
+        sender=None,
+        checkpoint_dir=checkpoint_dir,
+    )
+
+
+@pytest.mark.unit
+def test_bad_ranking_arguments_are_refused_naming_them(tmp_path: Path) -> None:
+    ctx = _context(tmp_path / "run" / "checkpoints")
+    with pytest.raises(ValueError, match="keep must be an integer >= 1"):
+        next(ctx.steps(3, checkpoint=dict, every=1, keep=0))
+    with pytest.raises(ValueError, match="mode must be 'min' or 'max'"):
+        next(ctx.steps(3, checkpoint=dict, every=1, mode="best"))  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match=r"metric=.* with checkpoint="):
+        next(ctx.steps(3, metric="val"))
+    with pytest.raises(TypeError, match="value='low' is a str, not a real number"):
+        ctx.save_checkpoint({}, step=1, value="low")
+    assert not (tmp_path / "run" / "checkpoints").exists()  # nothing was written
+
+
+@pytest.mark.unit
+def test_one_rank_loop_ranks_by_its_own_logged_metric_and_a_tensor_value_counts(tmp_path: Path) -> None:
+    folder = tmp_path / "run" / "checkpoints"
+    ctx = _context(folder)
+    for step in ctx.steps(6, checkpoint=dict, every=2, keep=1, metric="val", mode="max"):
+        ctx.log(step, val=[0.1, 0.9, 0.3, 0.2, 0.5, 0.4][step])
+    # Checkpoints at steps 1 (0.9), 3 (0.2), 5 (0.4): the best and the newest stay.
+    assert sorted(p.name for p in folder.glob("step-*.pt")) == ["step-000000001.pt", "step-000000005.pt"]
+    assert best_checkpoint(folder) == Checkpoint(folder / "step-000000001.pt", 1, 0.9, "val")
+    ctx.save_checkpoint({}, step=7, value=torch.tensor(2.5), metric="val", keep=1, mode="max")
+    assert best_checkpoint(folder) == Checkpoint(folder / "step-000000007.pt", 7, 2.5, "val")

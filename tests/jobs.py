@@ -130,9 +130,28 @@ def checkpointed(ctx: Any) -> None:
         loss.backward()
         opt.step()
         ctx.log(step, loss=loss.item(), attempt=float(ctx.attempt))
+        if ctx.rank == 0 and step == ctx.config.get("corrupt_at") and ctx.attempt == 1:
+            # The newest checkpoint loses its second half, as on a disk that lost the write.
+            newest = ctx.checkpoint_dir / (ctx.checkpoint_dir / "latest").read_text()
+            newest.write_bytes(newest.read_bytes()[: newest.stat().st_size // 2])
         if ctx.rank == 1 and step == die_at and ctx.attempt in die_on:
             os.kill(os.getpid(), signal.SIGKILL)
         time.sleep(float(ctx.config.get("sleep", 0.01)))
+
+
+# ctx.steps' checkpoints (every 2 steps: at steps 1, 3, ..., 11) carry "val", the mean over the
+# two ranks of what each logged last: these means, rank 0 logging 0.5 less and rank 1 0.5 more.
+MERIT_MEANS = [5.0, 1.0, 4.0, 2.0, 3.0, 6.0]
+
+
+def checkpoints_by_merit(ctx: Any) -> None:
+    """12 steps, a checkpoint every 2 carrying the mean of "val" (:data:`MERIT_MEANS`), keep=2."""
+    mode = ctx.config.get("mode", "min")
+    snapshot = lambda: {"w": torch.full((4,), float(ctx.rank))}  # noqa: E731
+    for step in ctx.steps(12, checkpoint=snapshot, every=2, keep=2, metric="val", mode=mode):
+        mean = MERIT_MEANS[step // 2]
+        ctx.log(step, loss=1.0 / (step + 1), val=mean + (0.5 if ctx.rank else -0.5))
+        dist.barrier()
 
 
 def fails_at_startup(ctx: Any) -> None:

@@ -44,6 +44,7 @@ from orch.launchers._exiting import begin_exit
 from orch.launchers.loaded import load_run
 from orch.launchers.run import Run, register_exit_hook
 from orch.launchers.spec import MAX_WORKERS_PER_CORE, LaunchSpec
+from orch.record.mlflow_export import export_mlflow
 from orch.record.tensorboard import export_runs
 from orch.runtime._target import TrainFn
 
@@ -293,6 +294,17 @@ class Sweep:
         return export_runs(
             [(f"{t.index}-{t.run_id}", t.run_dir) for t in self.trials if t.run_dir is not None and t.done],
             logdir,
+            load=load_run,
+        )
+
+    def to_mlflow(self, tracking_uri: str | None = None, experiment: str | None = None) -> list[str]:
+        """Every ended run of the sweep as one MLflow run each (named ``<sweep>[<index>]``) in
+        ``experiment`` (default: the sweep's name) at ``tracking_uri``; returns their MLflow run
+        ids. Written here, once per run, never by the ranks; exporting again replaces them."""
+        return export_mlflow(
+            [(f"{self.name}[{t.index}]", t.run_dir) for t in self.trials if t.run_dir is not None and t.done],
+            tracking_uri=tracking_uri,
+            experiment=self.name if experiment is None else experiment,
             load=load_run,
         )
 

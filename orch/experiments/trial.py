@@ -16,6 +16,7 @@ from orch.errors import OrchError
 from orch.experiments.metrics import default_mode, summarize
 from orch.launchers.loaded import LoadedRun, load_run
 from orch.launchers.run import Run
+from orch.record.checkpoint_index import Checkpoint, best_checkpoint
 from orch.wire.client import StateMirror
 from orch.wire.limits import OWN_METRICS
 
@@ -53,6 +54,11 @@ class Trial:
     @property
     def done(self) -> bool:
         return self.ended
+
+    @property
+    def best_checkpoint(self) -> Checkpoint | None:
+        """Its run's best checkpoint (path, step, value; see ``run.best_checkpoint``), or None."""
+        return best_checkpoint(self.run_dir / "checkpoints") if self.run_dir is not None else None
 
     def load(self) -> LoadedRun:
         """The trial's run read back from its run dir."""
@@ -97,9 +103,13 @@ class Trial:
             "total": mirror.total_steps if mirror else 0,
             "duration": round(self.duration or (mirror.elapsed if mirror else 0.0), 3),
             "failure": self.failure,
+            "checkpoint": None,  # its best checkpoint: {"path", "step", "value", "metric"}
             "final": {},
             "best": {},
         }
+        best = self.best_checkpoint
+        if best is not None:
+            row["checkpoint"] = best.as_dict()
         for metric, by_rank in self.history().items():
             if metric.startswith(OWN_METRICS) and metric not in (modes or {}):
                 continue  # the processes' memory is no result to rank configs by, unless asked

@@ -231,7 +231,7 @@ def test_table_marks_nan_losses_and_stragglers(widget_messages: list[Any]) -> No
         try:
             assert wait_for(lambda: panel.polls >= 2, 60)
             rows = panel.table.value.split('<tr class="orch-rank"')[1:]
-            assert "NaN/inf loss" in rows[1] and "NaN/inf loss" not in rows[0]
+            assert "loss nan from step 0" in rows[1] and "orch-nan" not in rows[0]
             assert "straggler" in rows[2] and "straggler" not in rows[0]
             panel.stop_button.click()
             assert panel.source.stopped  # type: ignore[attr-defined]

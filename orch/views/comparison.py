@@ -258,7 +258,7 @@ class _RunsPlot:
             color = f"C{color_index % 10}"
             if x == "step" and c.nonfinite:
                 first = c.nonfinite[0]
-                nan_marks.append((first.step, number_text(first.value), color))
+                nan_marks.append((first.step, f"{number_text(first.value)} from step {first.step}", color))
             if len(c.x) == 0:
                 continue
             px, mean = downsample(c.x, c.mean, self.width_px // 2)

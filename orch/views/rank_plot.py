@@ -217,9 +217,12 @@ class RankPlot:
         self.y_range = robust_range([self.lines[r].get_data() for r in ranks], log_scale)
         if self.y_range is not None:
             self.marks += mark_clipped(ax, self.y_range, [f"C{r % 10}" for r in ranks])
-        bad = mirror.nonfinite(metric)
         self.marks += mark_nonfinite(
-            ax, [(d.step, f"rank {d.rank}: {number_text(d.value)}", f"C{d.rank % 10}") for d in bad]
+            ax,
+            [
+                (d.step, f"rank {d.rank}: {number_text(d.value)} from step {d.step}", f"C{d.rank % 10}")
+                for d in mirror.nonfinite(metric)
+            ],
         )
         if self.lines:
             show_ticks(ax, True)

@@ -135,7 +135,7 @@ def test_the_panel_plot_keeps_its_range_and_marks_the_spike_and_the_nan_step() -
     assert high < 2 and low < 0.05  # the spike did not flatten both curves onto the axis
     texts = [t.get_text() for t in plot.ax.texts]
     assert "6.433e+35" in texts  # its value, at the edge it passed
-    assert "rank 1: nan" in texts  # where it went NaN
+    assert "rank 1: nan from step 41" in texts  # where it went NaN
     assert plot.y_range is not None and plot.y_range.clipped[0].x == 40
     plot.draw(m, "loss", True)  # log scale: still a robust range
     assert plot.ax.get_ylim()[1] < 10

@@ -1,4 +1,5 @@
-"""Text from elsewhere (a remote host, a traceback, a file in a run root), made safe to show."""
+"""Text from elsewhere (a remote host, a traceback, a file in a run root), made safe to show;
+and numbers as every view writes them (:func:`number_text`, :func:`rate_text`, :func:`size_text`)."""
 
 from __future__ import annotations
 

@@ -188,10 +188,12 @@ def render(mirror: StateMirror, *, address: str = "") -> str:
 
 def summary(mirror: StateMirror) -> str:
     lines = [f"run {printable(mirror.run_id, one_line=True)} {mirror.state.value} in {mirror.elapsed:.1f}s"]
+    bad = nonfinite_marks(mirror)
     for r in mirror.ranks:
         lines.append(
             f"  rank {r.rank}: {r.state.value}, step {r.step}, loss {r.loss_text()}"
             + (f", params {printable(r.param_checksum, one_line=True)[:12]}" if r.param_checksum else "")
+            + (f" ({bad[r.rank]})" if r.rank in bad else "")
         )
     if mirror.failure:
         lines.append(f"root cause: {printable(mirror.failure)}")

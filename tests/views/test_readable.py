@@ -19,7 +19,7 @@ from orch.experiments.metrics import last_value, nonfinite
 from orch.experiments.results import SweepResults, nonfinite_text, wall_time_text
 from orch.views.comparison import Curve, _Mirrored, _RunsPlot, config_label, followers
 from orch.views.rank_plot import RankPlot, robust_range
-from orch.views.rendering import rate_of, render
+from orch.views.rendering import rate_of, render, summary
 from orch.views.run_html import table_html
 from orch.wire.client import NonFinite, SeriesBuffer, StateMirror
 from orch.wire.ranks import RankView
@@ -86,6 +86,7 @@ def test_the_mirror_says_which_rank_went_nan_at_which_step_and_the_record_keeps_
     rows = table_html(m).split('<tr class="orch-rank"')[1:]
     assert "loss nan from step 3 (last finite 5e+30 at step 2)" in rows[0] and "orch-nan" not in rows[1]
     assert "<- loss nan from step 3" in render(m).splitlines()[4]
+    assert "rank 0: RUNNING, step 3, loss nan (loss nan from step 3" in summary(m)
 
 
 def test_an_ended_rank_shows_its_mean_rate_not_zero() -> None:

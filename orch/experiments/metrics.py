@@ -59,13 +59,16 @@ def last_value(by_rank: dict[int, dict[str, list[float]]]) -> float | None:
 def nonfinite(by_rank: dict[int, dict[str, list[float]]]) -> dict[str, Any] | None:
     """Where the metric first became NaN or inf on any rank: ``{"step", "rank", "value",
     "last_finite", "last_finite_step", "stays"}`` (the last finite value over the ranks' points
-    and its step; ``stays``: the rank's last value is not finite either). None: always finite."""
+    and its step; ``stays``: some rank's last value is not finite, so the mean over the ranks
+    ends NaN or inf). None: always finite."""
     first: dict[str, Any] | None = None
+    stays = False
     for rank, s in sorted(by_rank.items()):
         values = np.asarray(s["value"], dtype=np.float64)
         finite = np.isfinite(values)
         if finite.all():
             continue
+        stays = stays or not finite[-1]
         i = int(np.argmin(finite))
         step = int(s["step"][i])
         if first is None or step < first["step"]:
@@ -76,6 +79,7 @@ def nonfinite(by_rank: dict[int, dict[str, list[float]]]) -> dict[str, Any] | No
                 "value": float(values[i]),
                 "last_finite": float(values[j]) if j >= 0 else None,
                 "last_finite_step": int(s["step"][j]) if j >= 0 else -1,
-                "stays": not finite[-1],
             }
+    if first is not None:
+        first["stays"] = stays
     return first

@@ -269,3 +269,10 @@ def test_final_values_keep_nan_and_say_where_it_began() -> None:
         True,
     )
     assert nonfinite({1: by_rank[1]}) is None
+    # A rank that came back does not hide another that stayed NaN: the mean ends NaN.
+    mixed = {
+        0: {"step": [0, 1, 2], "value": [1.0, INF, 0.5]},
+        1: {"step": [0, 1, 2], "value": [1.0, 0.9, NAN]},
+    }
+    first = nonfinite(mixed)
+    assert first is not None and (first["step"], first["rank"], first["stays"]) == (1, 0, True)

@@ -212,13 +212,20 @@ def logs_a_string_at_step_30(ctx: Any) -> None:
 
 
 def lr_job(ctx: Any) -> None:
-    """A sweep's job: a real DDP fit whose loss depends on ``lr``; ``fail: true`` raises at step 3."""
+    """A sweep's job: a real DDP fit whose loss depends on ``lr``; ``fail: true`` raises at step 3.
+    ``nan_at: k`` makes it diverge as training does: its weights blow up at step k - 1 (a loss
+    near 1e34) and are NaN from step k on, so its loss is NaN from step k."""
     torch.manual_seed(0)
     model = ctx.ddp(torch.nn.Linear(4, 1))
     opt = torch.optim.SGD(model.parameters(), lr=float(ctx.config["lr"]))
     x = torch.randn(64, 4)
     y = x.sum(1, keepdim=True)
+    nan_at = int(ctx.config.get("nan_at", -10))
     for step in ctx.steps(int(ctx.config.get("steps", 20))):
+        if step in (nan_at - 1, nan_at):
+            with torch.no_grad():
+                for p in model.parameters():
+                    p.mul_(1e17) if step == nan_at - 1 else p.fill_(float("nan"))
         loss = ((model(x) - y) ** 2).mean()
         opt.zero_grad()
         loss.backward()

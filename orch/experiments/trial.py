@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from orch.errors import OrchError
-from orch.experiments.metrics import default_mode, summarize
+from orch.experiments.metrics import default_mode, last_value, nonfinite, summarize
 from orch.launchers.loaded import LoadedRun, load_run
 from orch.launchers.run import Run
 from orch.record.checkpoint_index import Checkpoint, best_checkpoint
@@ -42,7 +42,8 @@ class Trial:
     failure: str = ""
     error: str = ""  # the root cause's traceback
     started: float = 0.0  # unix seconds
-    duration: float = 0.0
+    duration: float = 0.0  # from its launch to its record, the pool's cold start included
+    pool_start: float = 0.0  # of which: seconds its launch spent starting the workers' pool
     _loaded: LoadedRun | None = field(default=None, repr=False)
 
     @property
@@ -104,8 +105,10 @@ class Trial:
             "duration": round(self.duration or (mirror.elapsed if mirror else 0.0), 3),
             "failure": self.failure,
             "checkpoint": None,  # its best checkpoint: {"path", "step", "value", "metric"}
+            "pool_start": round(self.pool_start, 3),
             "final": {},
             "best": {},
+            "nonfinite": {},
         }
         best = self.best_checkpoint
         if best is not None:
@@ -113,10 +116,17 @@ class Trial:
         for metric, by_rank in self.history().items():
             if metric.startswith(OWN_METRICS) and metric not in (modes or {}):
                 continue  # the processes' memory is no result to rank configs by, unless asked
-            _, mean, _, _ = summarize(by_rank)
-            if len(mean) == 0:
+            final = last_value(by_rank)
+            if final is None:
                 continue
-            mode = (modes or {}).get(metric) or default_mode(metric)
-            row["final"][metric] = float(mean[-1])
-            row["best"][metric] = float(mean.max() if mode == "max" else mean.min())
+            # The final value is what the run ended with, NaN included; the best is over the
+            # finite points; where it first went NaN or inf is kept beside them.
+            row["final"][metric] = final
+            _, mean, _, _ = summarize(by_rank)
+            if len(mean):
+                mode = (modes or {}).get(metric) or default_mode(metric)
+                row["best"][metric] = float(mean.max() if mode == "max" else mean.min())
+            bad = nonfinite(by_rank)
+            if bad is not None:
+                row["nonfinite"][metric] = bad
         return row

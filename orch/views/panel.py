@@ -89,7 +89,7 @@ class Panel:
         self.redraws = 0
         self.last_error = ""
         self._plot = RankPlot(width_px, height_px)
-        self._drawn_points = -1
+        self._drawn: tuple[int, bool] = (-1, False)  # the points and whether the run ended, as drawn
         self._closed = threading.Event()
         self._tick_lock = threading.Lock()
         self._build(width_px)
@@ -262,9 +262,10 @@ class Panel:
             self.table.value = table_html(m)
             self.progress_box.value = progress_html(m, self.asked_stacks)
             self.failure.value = failure_html(m)
-            if force or points != self._drawn_points:
+            # Redrawn for new points, and once as the run ends (a plot without points then says so).
+            if force or (points, m.state.done) != self._drawn:
                 self.plot.value = self._plot.draw(m, self.metric.value or "loss", self.log_scale.value)
-                self._drawn_points = points
+                self._drawn = (points, m.state.done)
                 self.redraws += 1
             self._draw_logs(m)
             if m.state.done:

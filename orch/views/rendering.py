@@ -14,7 +14,6 @@ never obeyed, whether it holds a terminal escape or a ``[bold red]`` tag.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterable
 from typing import Any
 
@@ -24,7 +23,9 @@ from rich.progress_bar import ProgressBar
 from rich.table import Table
 from rich.text import Text
 
-from orch._text import printable, size_text
+from orch._text import number_text as number_text  # the sweep's views import it from here
+from orch._text import printable, rate_text, size_text
+from orch.experiments.results import nonfinite_text
 from orch.wire.client import StateMirror
 from orch.wire.ranks import RankView
 from orch.wire.states import RankState
@@ -65,6 +66,25 @@ STILL_AFTER = 5.0  # seconds without a step after which a rank of a stalled run 
 def still(mirror: StateMirror, r: RankView) -> bool:
     """``r`` is a running rank of a run that is not progressing, and its step stands still."""
     return mirror.stalled_for > 0 and r.state is RankState.RUNNING and r.progress_age >= STILL_AFTER
+
+
+def nonfinite_marks(mirror: StateMirror) -> dict[int, str]:
+    """Each rank whose metric went NaN or inf, and the words its row is marked with: ``loss nan
+    from step 45 (last finite 6.433e+35 at step 44)``; a rank whose last loss is not finite but
+    whose points are not here (a poll without series) is marked ``NaN/inf loss``."""
+    marks: dict[int, list[str]] = {}
+    for d in mirror.nonfinite():
+        marks.setdefault(d.rank, []).append(d.text())
+    out = {rank: "; ".join(texts) for rank, texts in marks.items()}
+    for r in mirror.ranks:
+        if r.diverged and r.rank not in out:
+            out[r.rank] = "NaN/inf loss"
+    return out
+
+
+def rate_of(r: RankView) -> str:
+    """A rank's steps/s: its rate while it runs, its mean over the run once it ended."""
+    return rate_text(r.steps_per_sec) + (" mean" if r.state.done and r.steps_per_sec else "")
 
 
 def stragglers(mirror: StateMirror) -> set[int]:
@@ -135,12 +155,13 @@ def render(mirror: StateMirror, *, address: str = "") -> str:
         f"{'memory cpu':<{MEMORY_WIDTH}}  {SPLIT_HEADER:<{SPLIT_WIDTH}}  host/pid",
     ]
     slow = stragglers(mirror)
+    bad = nonfinite_marks(mirror)
     for r in mirror.ranks:
         marks = []
         if r.rank in slow:
             marks.append(f"straggler: {printable(mirror.straggler_section, one_line=True)}")
-        if r.diverged:
-            marks.append("NaN/inf loss")
+        if r.rank in bad:
+            marks.append(bad[r.rank])
         if r.dropped_points:
             marks.append(dropped_text(r))
         if still(mirror, r):
@@ -150,7 +171,7 @@ def render(mirror: StateMirror, *, address: str = "") -> str:
         host = printable(r.host, one_line=True)  # what the worker says its host is called
         lines.append(
             f"{r.rank:>4}  {r.state.value:<10} {r.step:>7} {r.loss_text():>10} "
-            f"{r.steps_per_sec:>8.1f} {_fmt_age(r.heartbeat_age):>9}  "
+            f"{rate_of(r):>8} {_fmt_age(r.heartbeat_age):>9}  "
             f"{memory_text(r):<{MEMORY_WIDTH}}  {split_text(r):<{SPLIT_WIDTH}}  {host}/{r.pid}"
             + (f"  <- {', '.join(marks)}" if marks else "")
         )
@@ -167,10 +188,12 @@ def render(mirror: StateMirror, *, address: str = "") -> str:
 
 def summary(mirror: StateMirror) -> str:
     lines = [f"run {printable(mirror.run_id, one_line=True)} {mirror.state.value} in {mirror.elapsed:.1f}s"]
+    bad = nonfinite_marks(mirror)
     for r in mirror.ranks:
         lines.append(
             f"  rank {r.rank}: {r.state.value}, step {r.step}, loss {r.loss_text()}"
             + (f", params {printable(r.param_checksum, one_line=True)[:12]}" if r.param_checksum else "")
+            + (f" ({bad[r.rank]})" if r.rank in bad else "")
         )
     if mirror.failure:
         lines.append(f"root cause: {printable(mirror.failure)}")
@@ -246,6 +269,7 @@ def run_table(mirror: StateMirror, *, address: str = "") -> RenderableType:
     table.add_column("host/pid", no_wrap=True, overflow="ellipsis")
     table.add_column("marks", no_wrap=True, overflow="ellipsis")
     slow = stragglers(m)
+    bad = nonfinite_marks(m)
     longest = max((r.step_ms for r in m.ranks if r.timed), default=0.0)
     for r in m.ranks:
         marks = []
@@ -253,8 +277,8 @@ def run_table(mirror: StateMirror, *, address: str = "") -> RenderableType:
             marks.append(("root cause", "bold red"))
         if r.rank in slow:
             marks.append((f"straggler: {printable(m.straggler_section, one_line=True)}", "bold yellow"))
-        if r.diverged:
-            marks.append(("NaN/inf loss", "bold red"))
+        if r.rank in bad:
+            marks.append((bad[r.rank], "bold red"))
         if r.dropped_points:
             marks.append((dropped_text(r), "yellow"))
         if still(m, r):
@@ -267,7 +291,7 @@ def run_table(mirror: StateMirror, *, address: str = "") -> RenderableType:
             _state(r.state.value),
             Text(str(r.step)),
             Text(r.loss_text(), style="red" if r.diverged else ""),
-            Text(f"{r.steps_per_sec:.1f}"),
+            Text(rate_of(r)),
             Text(_fmt_age(r.heartbeat_age)),
             Text(size_text(r.rss_bytes).replace(" ", "") if r.rss_bytes else "-", style=mem_style),
             split_bar(r, scale_ms=longest),
@@ -300,13 +324,6 @@ def run_table(mirror: StateMirror, *, address: str = "") -> RenderableType:
 
 
 # -- a sweep ----------------------------------------------------------------------------------
-def number_text(value: float | None) -> str:
-    """A metric's value in a sweep's table: four significant digits, ``-`` for none."""
-    if value is None:
-        return "-"
-    return f"{value:.4g}" if math.isfinite(value) else str(value)
-
-
 def _config_text(config: dict[str, Any]) -> str:
     return printable(", ".join(f"{k}={v!r}" for k, v in config.items()), one_line=True)
 
@@ -343,6 +360,9 @@ def render_sweep_plain(rows: list[dict[str, Any]], metric: str = "loss") -> str:
         )
         if row.get("best_run"):
             line += "  <- best"
+        bad = row.get("nonfinite", {}).get(metric)
+        if bad:
+            line += f"  {name} {nonfinite_text(bad)}"
         if row.get("failure"):
             line += f"  {state}: {printable(str(row['failure']), one_line=True)}"
         lines.append(line)
@@ -370,6 +390,9 @@ def sweep_table(rows: list[dict[str, Any]], metric: str = "loss") -> RenderableT
         note = Text("")
         if row.get("best_run"):
             note = Text("★ best", style="bold green")
+        bad = row.get("nonfinite", {}).get(metric)
+        if bad:
+            note = Text(f"{name} {nonfinite_text(bad)}", style="bold red")
         if row.get("failure"):
             note = Text(printable(str(row["failure"]), one_line=True), style="red")
         table.add_row(

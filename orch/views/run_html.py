@@ -11,7 +11,7 @@ view (the comparison and the sweep panel too).
 from __future__ import annotations
 
 from orch._text import escape_html
-from orch.views.rendering import dropped_text, memory_text, still, stragglers
+from orch.views.rendering import dropped_text, memory_text, nonfinite_marks, rate_of, still, stragglers
 from orch.wire.client import StateMirror
 from orch.wire.ranks import RankView
 from orch.wire.states import RankState, RunState
@@ -56,12 +56,15 @@ def _split_html(r: RankView, longest_ms: float) -> str:
 
 
 def _scores_html(r: RankView) -> str:
-    """Compute against the fastest rank's and against the rank's own best."""
+    """Compute against the fastest rank's and against the rank's own best, in words:
+    ``3.86x fastest, 1.00x own best``."""
     if not r.timed:
         return "-"
     return (
-        f'<span title="compute against the fastest rank\'s">x{r.relative_score:.2f}</span> / '
-        f'<span title="compute against its own best">x{r.individual_score:.2f}</span>'
+        f'<span title="its compute time per step against the fastest rank\'s">'
+        f"{r.relative_score:.2f}x fastest</span>, "
+        f'<span title="its compute time per step against its own best">'
+        f"{r.individual_score:.2f}x own best</span>"
     )
 
 
@@ -96,6 +99,7 @@ def table_html(m: StateMirror) -> str:
     """A row per rank (state, step, loss, rate, heartbeat, step split, scores, host, marks),
     the split's legend and the straggler note."""
     slow = stragglers(m)
+    bad = nonfinite_marks(m)
     longest = max((r.step_ms for r in m.ranks if r.timed), default=0.0)
     rows = []
     for r in m.ranks:
@@ -106,8 +110,11 @@ def table_html(m: StateMirror) -> str:
                 f'<span class="orch-slow" title="{escape_html(m.straggler_note)}" '
                 f'style="color:#9a6700;font-weight:bold">straggler: {section}</span>'
             )
-        if r.diverged:
-            marks.append('<span class="orch-nan" title="the loss is not finite">NaN/inf loss</span>')
+        if r.rank in bad:
+            marks.append(
+                '<span class="orch-nan" style="color:#cf222e;font-weight:bold" title="a logged value '
+                f'is NaN or infinite">{escape_html(bad[r.rank])}</span>'
+            )
         if r.dropped_points:
             marks.append(f'<span class="orch-dropped">{escape_html(dropped_text(r))}</span>')
         if still(m, r):
@@ -126,7 +133,7 @@ def table_html(m: StateMirror) -> str:
         rows.append(
             f'<tr class="orch-rank" data-rank="{r.rank}" style="color:{color}">'
             f"<td>{r.rank}</td><td>{r.state.value}</td><td>{r.step}</td><td>{r.loss_text()}</td>"
-            f"<td>{r.steps_per_sec:.1f}</td><td>{age}</td>"
+            f"<td>{rate_of(r)}</td><td>{age}</td>"
             f'<td class="orch-mem">{escape_html(memory_text(r))}</td><td>{_split_html(r, longest)}</td>'
             f"<td>{_scores_html(r)}</td>"
             f'<td>{escape_html(r.host)}/{r.pid}</td><td class="orch-marks">{" ".join(marks)}</td></tr>'
@@ -142,7 +149,7 @@ def table_html(m: StateMirror) -> str:
             "heartbeat",
             "memory cpu",
             "step time",
-            "vs best",
+            "compute time vs",
             "host/pid",
             "",
         )

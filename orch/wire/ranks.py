@@ -13,6 +13,7 @@ import math
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from orch._text import number_text
 from orch.wire._proto import orchestrator_pb2 as pb
 from orch.wire.states import RANK_STATE_FROM_PB, RANK_STATE_PB, RankState
 
@@ -35,7 +36,7 @@ class RankView:
     state: RankState = RankState.REGISTERED
     step: int = 0
     total_steps: int = 0
-    steps_per_sec: float = 0.0  # live only: 0 once the rank ended, and in a record on disk
+    steps_per_sec: float = 0.0  # live: its rate now; once it ended, its mean (StateMirror.fill_mean_rates)
     heartbeat_age: float = -1.0  # seconds since its last heartbeat; -1: none yet (or on disk)
     loss: float = math.nan
     param_checksum: str = ""
@@ -76,7 +77,7 @@ class RankView:
     def loss_text(self) -> str:
         if not self.has_loss:
             return "-"
-        return f"{self.loss:.4f}" if math.isfinite(self.loss) else str(self.loss)
+        return number_text(self.loss)
 
     def to_pb(self) -> pb.RankInfo:
         values = {f.name: getattr(self, f.name) for f in _FIELDS}
@@ -102,7 +103,7 @@ class RankView:
         """From a JSON object written by :meth:`as_dict`; the live-only fields read as unknown."""
         values: dict[str, Any] = {"state": state}
         for f in _FIELDS:
-            if f.name in ("state", "steps_per_sec", "heartbeat_age", "progress_age"):
+            if f.name in ("state", "heartbeat_age", "progress_age"):
                 continue
             if f.name == "rank":
                 values["rank"] = r.integer("rank", None)

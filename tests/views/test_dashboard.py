@@ -66,8 +66,9 @@ def test_rows_mark_no_loss_yet_divergence_and_stragglers() -> None:
     assert lines[0].startswith("orch run run-x  RUNNING") and "3/3 ranks" in lines[0]
     assert lines[3].split()[:3] == ["rank", "state", "step"]
     rows = dict(enumerate(lines[4:7]))
-    assert "1.2500" in rows[0] and "<-" not in rows[0]
-    assert "nan" in rows[1] and "NaN/inf loss" in rows[1]
+    assert "1.25 " in rows[0] and "<-" not in rows[0]  # four significant digits, not fixed decimals
+    # Where the loss went NaN, and its last finite value.
+    assert "nan" in rows[1] and "<- loss nan from step 1 (last finite 2 at step 0)" in rows[1]
     assert rows[2].split()[3] == "-" and "straggler: compute" in rows[2]  # no loss logged yet
     assert "straggler" not in rows[0] + rows[1]
     # Each rank's step split, in ms per step, and its compute against the fastest rank's.
@@ -157,8 +158,8 @@ def test_run_table_colours_the_states_and_marks_the_ranks() -> None:
     assert "\x1b[1;36mRUNNING\x1b[0m" in text  # the run's state and each rank's, bold cyan
     assert "rank  state" in text and "steps/s" in text and "heartbeat" in text  # the header, unstyled
     rows = {line.split()[0]: line for line in plain.splitlines() if line[:4].strip().isdigit()}
-    assert "1.2500" in rows["0"] and "h0/100" in rows["0"]
-    assert "NaN/inf loss" in rows["1"] and "\x1b[1;31mNaN/inf loss" in text
+    assert "1.25 " in rows["0"] and "h0/100" in rows["0"]
+    assert "loss nan from step 1" in rows["1"] and "\x1b[1;31mloss nan from step 1" in text
     assert (
         "straggler: compute" in rows["2"] and "\x1b[1;33mstraggler: compute" in text and "h2/102" in rows["2"]
     )

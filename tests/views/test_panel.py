@@ -146,6 +146,24 @@ def test_panel_names_the_root_cause_of_a_failure(tmp_path: Path, widget_messages
         run.close()
 
 
+def test_a_run_that_logged_no_points_says_so_instead_of_empty_axes(
+    tmp_path: Path, widget_messages: list[Any]
+) -> None:
+    run = orch.launch("jobs:fails_at_startup", world_size=1, run_root=str(tmp_path))
+    try:
+        panel = run.panel(interval=0.1)
+        with pytest.raises(orch.RunFailed):
+            run.wait(timeout=120)
+        assert panel.wait_done(30)
+        assert [t.get_text() for t in panel._plot.ax.texts] == ["no points were logged"]
+        record = orch.load_run(run.run_dir).panel()  # the run read back from disk says the same
+        assert [t.get_text() for t in record._plot.ax.texts] == ["no points were logged"]
+        record.close()
+        panel.close()
+    finally:
+        run.close()
+
+
 def test_a_record_replaces_its_output_from_any_thread(tmp_path: Path) -> None:
     """In a real kernel: the live widget is shown with a display id; publish() from a thread
     of the user's while a cell runs updates it, with that cell as its parent (the messages
@@ -231,7 +249,7 @@ def test_table_marks_nan_losses_and_stragglers(widget_messages: list[Any]) -> No
         try:
             assert wait_for(lambda: panel.polls >= 2, 60)
             rows = panel.table.value.split('<tr class="orch-rank"')[1:]
-            assert "NaN/inf loss" in rows[1] and "NaN/inf loss" not in rows[0]
+            assert "loss nan from step 0" in rows[1] and "orch-nan" not in rows[0]
             assert "straggler" in rows[2] and "straggler" not in rows[0]
             panel.stop_button.click()
             assert panel.source.stopped  # type: ignore[attr-defined]

@@ -113,6 +113,7 @@ def describe(row: RunRow) -> str:
             "final loss",
             "" if row.final_loss is None else f"{row.final_loss:.6g} (mean of the ranks' last loss)",
         ),
+        ("stragglers", row.stragglers),
     ]
     lines += [f"  {k:<11}{v}" for k, v in facts if v]
     if row.ranks:

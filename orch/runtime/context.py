@@ -18,7 +18,17 @@ from torch import nn
 
 from orch.errors import StopTraining
 from orch.runtime._sender import HeartbeatSender
-from orch.runtime._timing import RESERVED, CollectiveWait, StepTimes, clock, enabled
+from orch.runtime._timing import (
+    BY_DATA,
+    BY_LOG,
+    BY_STEPS,
+    OFF,
+    RESERVED,
+    CollectiveWait,
+    StepTimes,
+    clock,
+    enabled,
+)
 from orch.runtime.checkpoints import read_checkpoint, write_checkpoint
 from orch.wire.limits import MAX_METRICS_PER_RANK, MAX_NAME_LEN
 
@@ -70,8 +80,10 @@ class Context:
         self.times: StepTimes | None = StepTimes() if enabled() else None
         self._ddp_models: list[nn.Module] = []
         self._waits = CollectiveWait(self._ddp_models)
-        if sender is not None and self.times is not None:
-            sender.timing = self.times.take
+        self._logged_step, self._logged_at = -1, 0.0  # ctx.log's last new step, and when (BY_LOG)
+        if sender is not None:
+            # The master is told when this rank does not time its steps: never "not yet" for that.
+            sender.timing = self.times.take if self.times is not None else lambda: OFF
 
     @property
     def is_main(self) -> bool:
@@ -110,11 +122,19 @@ class Context:
 
     def data(self, batches: Iterable[T]) -> Iterator[T]:
         """Iterate ``batches`` (a DataLoader, any iterable), timing the wait for each one:
-        ``for x, y in ctx.data(loader):``. The panel shows it as the step's "data" time."""
+        ``for x, y in ctx.data(loader):``. The panel shows it as the step's "data" time.
+
+        In a loop that ``ctx.steps`` does not drive, each batch is a step: timed from one
+        request for a batch to the next (the wait for the batch included), so that the usual
+        ``for epoch in range(n): for x, y in ctx.data(loader):`` has its steps timed."""
         times = self.times
         it = iter(batches)
+        started = 0.0  # when the batch before was asked for: its step's start (BY_DATA)
         while True:
             start = clock()
+            if times is not None and times.marks(BY_DATA) and started:
+                self._step_done(times, start - started)
+            started = start
             try:
                 batch = next(it)
             except StopIteration:
@@ -122,6 +142,17 @@ class Context:
             if times is not None:
                 times.data(clock() - start)
             yield batch
+
+    def _step_done(self, times: StepTimes, seconds: float, own: float = 0.0, count: int = 1) -> None:
+        """``count`` steps ended, ``seconds`` long in all (``own`` of it orch's): with the wait
+        for the peers in the gradient collectives that DDP's timers read since the last ones."""
+        waited = self._waits.take() if self._ddp_models else None
+        if waited is not None:
+            times.collectives = True
+            # Several iterations since the last reading (ctx.log every k steps): the last one's
+            # wait stands for each.
+            times.collective(waited * max(1, min(count, self._waits.iterations)))
+        times.step(seconds, own, count)
 
     @contextlib.contextmanager
     def section(self, name: str) -> Iterator[None]:
@@ -153,6 +184,8 @@ class Context:
         if every < 0 or (every and checkpoint is None):
             raise ValueError("ctx.steps(every=k) needs k >= 0 and a checkpoint function")
         self._uses_steps = True
+        if self.times is not None:
+            self.times.marks(BY_STEPS)
         if self._sender is not None:
             self._sender.total_steps = n
         pending: Any = None
@@ -190,11 +223,7 @@ class Context:
                 if times is not None:
                     now = clock()
                     if started:  # the step before: body, then orch's own work until now
-                        waited = self._waits.take() if self._ddp_models else None
-                        if waited is not None:
-                            times.collectives = True
-                            times.collective(waited)
-                        times.step(now - started, now - resumed)
+                        self._step_done(times, now - started, now - resumed)
                     started = now
                 yield step
                 if times is not None:
@@ -284,11 +313,22 @@ class Context:
                 break
         if not scalars.keys() <= self._names:
             self._take_names(scalars)
+        if step != self._logged_step and self.times is not None:
+            self._log_step(self.times, step)
         if self._sender is not None:
             self._sender.log(step, scalars)
         if self._stop_at and step + 1 >= self._stop_at and not self._uses_steps:
             self.stopped = True
             raise StopTraining(f"the run was asked to stop; every rank stops after step {step}")
+
+    def _log_step(self, times: StepTimes, step: int) -> None:
+        """A new step logged: in a loop that neither ctx.steps nor ctx.data marks, the steps
+        since the last one logged are timed, from that call to this one (compute is all of it
+        but the collective wait: ctx.log cannot tell data from compute)."""
+        now = clock()
+        if 0 <= self._logged_step < step and times.marks(BY_LOG):
+            self._step_done(times, now - self._logged_at, count=step - self._logged_step)
+        self._logged_step, self._logged_at = step, now
 
     def _take_names(self, scalars: dict[str, Any]) -> None:
         """Check the names this rank logs for the first time against the master's caps: a

@@ -81,6 +81,9 @@ class Context:
         self._ddp_models: list[nn.Module] = []
         self._waits = CollectiveWait(self._ddp_models)
         self._logged_step, self._logged_at = -1, 0.0  # ctx.log's last new step, and when (BY_LOG)
+        self._log_steps = 0  # steps ctx.log counted since _logged_at, not handed to self.times yet
+        self._log_fast = False  # ctx.log may count the next step itself (see _log_step)
+        self._log_timed = self.times is not None  # ctx.log marks the steps: nothing stronger did yet
         if sender is not None:
             # The master is told when this rank does not time its steps: never "not yet" for that.
             sender.timing = self.times.take if self.times is not None else lambda: OFF
@@ -132,6 +135,8 @@ class Context:
         started = 0.0  # when the batch before was asked for: its step's start (BY_DATA)
         while True:
             start = clock()
+            if times is not None and self._log_timed:
+                self._stop_log_count(times)
             if times is not None and times.marks(BY_DATA) and started:
                 self._step_done(times, start - started)
             started = start
@@ -185,6 +190,7 @@ class Context:
             raise ValueError("ctx.steps(every=k) needs k >= 0 and a checkpoint function")
         self._uses_steps = True
         if self.times is not None:
+            self._stop_log_count(self.times)
             self.times.marks(BY_STEPS)
         if self._sender is not None:
             self._sender.total_steps = n
@@ -313,22 +319,46 @@ class Context:
                 break
         if not scalars.keys() <= self._names:
             self._take_names(scalars)
-        if step != self._logged_step and self.times is not None:
-            self._log_step(self.times, step)
+        if step != self._logged_step and self._log_timed:
+            if step == self._logged_step + 1 and self._log_fast:  # the usual next step: no call, no lock
+                self._logged_step = step
+                self._log_steps += 1
+                if self._log_steps >= LOG_EVERY:
+                    self._log_step(step)
+            else:
+                self._log_step(step)
         if self._sender is not None:
             self._sender.log(step, scalars)
         if self._stop_at and step + 1 >= self._stop_at and not self._uses_steps:
             self.stopped = True
             raise StopTraining(f"the run was asked to stop; every rank stops after step {step}")
 
-    def _log_step(self, times: StepTimes, step: int) -> None:
+    def _log_step(self, step: int) -> None:
         """A new step logged: in a loop that neither ctx.steps nor ctx.data marks, the steps
         since the last one logged are timed, from that call to this one (compute is all of it
-        but the collective wait: ctx.log cannot tell data from compute)."""
+        but the collective wait: ctx.log cannot tell data from compute). Without a model of
+        ctx.ddp's to read, steps one after another are counted in :meth:`log` itself and
+        handed over here every LOG_EVERY steps: ctx.log stays a few attribute updates."""
+        times = self.times
+        if times is None:
+            return
         now = clock()
-        if 0 <= self._logged_step < step and times.marks(BY_LOG):
-            self._step_done(times, now - self._logged_at, count=step - self._logged_step)
+        last = self._logged_step
+        count = self._log_steps + (step - last if 0 <= last < step else 0)
+        self._log_steps = 0
+        if count and (times.timed_by == BY_LOG or times.marks(BY_LOG)):
+            self._step_done(times, now - self._logged_at, count=count)
         self._logged_step, self._logged_at = step, now
+        # The next steps one after another are counted without a call while nothing but ctx.log
+        # marks them and no collective is to be read after each.
+        self._log_fast = times.timed_by == BY_LOG and not self._ddp_models
+
+    def _stop_log_count(self, times: StepTimes) -> None:
+        """ctx.steps or ctx.data marks the steps from now on: hand over the steps ctx.log
+        counted, and count no more there."""
+        if self._log_steps and times.timed_by == BY_LOG:
+            self._log_step(self._logged_step)
+        self._log_timed = self._log_fast = False
 
     def _take_names(self, scalars: dict[str, Any]) -> None:
         """Check the names this rank logs for the first time against the master's caps: a
@@ -378,6 +408,7 @@ class Context:
 
 
 MAX_STEP = 2**63 - 1
+LOG_EVERY = 16  # steps one after another ctx.log counts before handing them to the rank's timing
 USER_METRICS = MAX_METRICS_PER_RANK - 2  # the names ctx.log takes: orch's own two fill the cap
 
 

@@ -64,6 +64,25 @@ def test_a_loop_that_only_logs_is_timed_from_one_logged_step_to_the_next() -> No
     assert t.data_seconds == 0.0 and not t.sections  # nothing split: compute is all of it
 
 
+def test_a_loop_logging_every_step_is_counted_in_ctx_log_and_handed_over_in_bunches() -> None:
+    ctx = context()
+    assert ctx.times is not None
+    start = time.perf_counter()
+    for step in range(100):
+        time.sleep(0.001)
+        ctx.log(step, loss=1.0)
+    took = time.perf_counter() - start
+    t = ctx.times.take()
+    assert t is not None and t.timed_by == "ctx.log"
+    # handed over every 16 steps after the first: the last few wait for the next bunch
+    assert 99 - 16 < t.steps <= 99, t.steps
+    assert t.steps * 0.001 <= t.step_seconds <= took
+    for step in range(100, 116):  # the next bunch
+        ctx.log(step, loss=1.0)
+    more = ctx.times.take()
+    assert more is not None and t.steps + more.steps > 99
+
+
 def test_ctx_steps_marks_the_steps_and_ctx_data_and_ctx_log_inside_it_add_none() -> None:
     ctx = context()
     assert ctx.times is not None

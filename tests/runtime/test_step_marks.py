@@ -122,3 +122,27 @@ def test_a_rank_with_timing_off_tells_the_master_so(monkeypatch: pytest.MonkeyPa
     )  # fmt: skip
     assert ctx.times is None and sender.timing() == OFF and OFF.timed_by == "off" and OFF.steps == 0
     check_timing(OFF)
+
+
+def test_ctx_log_every_k_steps_counts_the_last_collective_wait_for_each_of_the_k() -> None:
+    ctx = context()
+    assert ctx.times is not None
+
+    class Reducer:
+        """DDP's logging data as a model of ctx.ddp's gives it: one iteration per backward."""
+
+        iteration = 0
+
+        def _get_ddp_logging_data(self) -> dict[str, int]:
+            return {"iteration": self.iteration, "backward_comm_time": 3_000_000}  # 3 ms, no overlap
+
+    model = Reducer()
+    ctx._ddp_models.append(model)  # type: ignore[arg-type]
+    for step in range(0, 31):
+        model.iteration += 1
+        if step % 10 == 0:
+            ctx.log(step, loss=1.0)
+    t = ctx.times.take()
+    assert t is not None and t.timed_by == "ctx.log" and t.collectives
+    # steps 0 to 30: three times 10 steps, each read once, its last wait standing for all 10
+    assert t.steps == 30 and abs(t.collective_seconds - 30 * 0.003) < 1e-9

@@ -185,19 +185,16 @@ def table_html(m: StateMirror) -> str:
             "",
         )
     )
-    entries = [(n, c) for n, c in SPLIT_COLORS if n != "compute"]
-    entries[1:1] = [*sections.items(), ("compute", dict(SPLIT_COLORS)["compute"])]
-    if any(r.timed and r.timed_by == "ctx.log" for r in m.ranks):
-        entries.append(("own time: ctx.log timed the step, not split into data and compute", ""))
+    # The legend names the parts the bars draw: a section's colour, and "own time" for a step
+    # timed by ctx.log, whose bar has no data part.
+    drawn = {name: color for r in m.ranks if r.timed for name, color, _ in split_parts(r, sections)}
+    order = ["data", *sections, "compute", "own time", "collective wait", "other"]
+    entries = [(name, drawn[name]) for name in order if name in drawn] or list(SPLIT_COLORS)
+    labels = {"own time": "own time (timed by ctx.log: not split into data and compute)"}
     legend = "".join(
         f'<span class="orch-key" data-part="{escape_html(name)}">'
-        + (
-            f'<span style="display:inline-block;width:.8em;height:.8em;background:{c};margin:0 .2em 0 .8em">'
-            "</span>"
-            if c
-            else '<span style="margin-left:.8em"></span>'
-        )
-        + f"{escape_html(name)}</span>"
+        f'<span style="display:inline-block;width:.8em;height:.8em;background:{c};margin:0 .2em 0 .8em">'
+        f"</span>{escape_html(labels.get(name, name))}</span>"
         for name, c in entries
     )
     note = ""

@@ -125,7 +125,10 @@ def test_a_step_timed_by_ctx_log_claims_no_data_part() -> None:
     rows = page.split('<tr class="orch-rank"')[1:]
     assert list(parts_of(rows[0])) == ["own time", "collective wait", "other"]
     assert "orch-slow-part" in parts_of(rows[2])["own time"]
-    assert "not split into data and compute" in page[page.index('class="orch-legend"') :]
+    legend = page[page.index('class="orch-legend"') :]
+    keys = re.findall(r'class="orch-key" data-part="([^"]+)"', legend)
+    assert keys == ["own time", "collective wait", "other"], keys  # no data, no compute claimed
+    assert "own time (timed by ctx.log: not split into data and compute)" in legend
     assert all(r.timed_by == "ctx.log" for r in m.ranks)
     row = next(line for line in render(m).splitlines() if line.startswith("   2 "))
     assert "-/39/1/0 x" in row and "straggler: own time" in row, row

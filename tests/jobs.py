@@ -296,6 +296,55 @@ def straggler(ctx: Any) -> None:
         ctx.log(step, loss=loss.item())
 
 
+def epoch_data_loop(ctx: Any) -> None:
+    """The usual epoch loop over a DataLoader through ``ctx.data`` alone (no ctx.steps), DDP;
+    rank ``slow_rank`` sleeps ``delay`` s more per step in its compute."""
+    from torch.utils.data import DataLoader, TensorDataset
+
+    model = ctx.ddp(torch.nn.Linear(16, 1))
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    x = torch.randn(512, 16)
+    loader = DataLoader(TensorDataset(x, x.sum(1, keepdim=True)), batch_size=8)
+    delay = float(ctx.config.get("delay", 0.03)) if ctx.rank == int(ctx.config.get("slow_rank", -1)) else 0.0
+    for epoch in range(int(ctx.config.get("epochs", 1000))):
+        for i, (xb, yb) in enumerate(ctx.data(loader)):
+            time.sleep(0.01 + delay)
+            loss = ((model(xb) - yb) ** 2).mean()
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            ctx.log(epoch * len(loader) + i, loss=loss.item())
+
+
+def log_only_loop(ctx: Any) -> None:
+    """A plain loop (no ctx.steps, no ctx.data) that logs every step, DDP; rank ``slow_rank``
+    sleeps ``delay`` s more per step."""
+    model = ctx.ddp(torch.nn.Linear(16, 1))
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    delay = float(ctx.config.get("delay", 0.03)) if ctx.rank == int(ctx.config.get("slow_rank", -1)) else 0.0
+    for step in range(int(ctx.config.get("steps", 1_000_000))):
+        time.sleep(0.01 + delay)
+        loss = model(torch.randn(8, 16)).pow(2).mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        ctx.log(step, loss=loss.item())
+
+
+def fails_at_step_10(ctx: Any) -> None:
+    """``for step in ctx.steps(100)``, DDP; rank 1 raises at step 10 (an allocation error)."""
+    model = ctx.ddp(torch.nn.Linear(16, 1))
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    for step in ctx.steps(100):
+        if ctx.rank == 1 and step == 10:
+            raise MemoryError("could not allocate the activations of step 10")
+        loss = model(torch.randn(8, 16)).pow(2).mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        ctx.log(step, loss=loss.item())
+
+
 def untimed_loop(ctx: Any) -> None:
     """A loop without ctx.steps or ctx.ddp (it logs, and all-reduces by hand)."""
     for step in range(int(ctx.config.get("steps", 1_000_000))):

@@ -114,6 +114,7 @@ def describe(row: RunRow) -> str:
             "" if row.final_loss is None else f"{row.loss_text()} (mean of the ranks' last loss)",
         ),
         *(("not finite", f"rank {d.rank}: {d.text()}") for d in row.nonfinite),
+        ("stragglers", row.stragglers),
     ]
     lines += [f"  {k:<11}{v}" for k, v in facts if v]
     if row.ranks:

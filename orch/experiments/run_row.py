@@ -68,6 +68,7 @@ class RunRow:
     ranks: list[RankView] = field(default_factory=list)  # from result.json, or the live master
     root_cause_rank: int = -1
     root_cause_error: str = ""
+    stragglers: str = ""  # the straggler judgement as the run ended, in words
     run: Run | None = field(default=None, repr=False)
 
     @property
@@ -199,6 +200,8 @@ def _read_result(row: RunRow, result: dict[str, Any], where: Path) -> None:
         for r in f.objects("ranks")
     ]
     row.state, row.note = state.value, f.text("failure")
+    stragglers = f.object("stragglers")
+    row.stragglers = stragglers.text("note") if stragglers is not None else ""
     row.final_loss = _mean_loss(row.ranks)
     row.nonfinite = read_nonfinite(result, where)
     if row.started is not None:

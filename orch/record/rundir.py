@@ -135,6 +135,11 @@ class RunRecord:
                 for r in result.objects("ranks")
             ]
             m.registered = len(m.ranks)
+            stragglers = result.object("stragglers")
+            if stragglers is not None:  # the judgement as the run ended: the panel's record shows it
+                m.stragglers_judged, m.straggler_note = stragglers.flag("judged"), stragglers.text("note")
+                m.straggler_rank = stragglers.integer("rank", -1) if m.stragglers_judged else -1
+                m.straggler_section = stragglers.text("section") if m.straggler_rank >= 0 else ""
             progress = result.object("progress")
             if progress is not None:
                 m.progress_note, m.stacks = progress.text("note"), progress.text("stacks")
@@ -339,6 +344,16 @@ class _Fields:
         if not isinstance(v, bool):
             raise self._wrong(key, v, "true or false")
         return v
+
+    def numbers(self, key: str) -> dict[str, float]:
+        """An object of names to numbers (empty when absent)."""
+        v = self.value.get(key, {})
+        if not isinstance(v, dict) or not all(
+            isinstance(n, str) and isinstance(x, int | float) and not isinstance(x, bool)
+            for n, x in v.items()
+        ):
+            raise self._wrong(key, v, "an object of names to numbers")
+        return {n: float(x) for n, x in v.items()}
 
     def choice(self, key: str, kind: type[_E], default: _E | None = None) -> _E:
         """A member of ``kind`` by value; required when there is no default."""

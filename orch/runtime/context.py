@@ -20,7 +20,17 @@ from torch import nn
 from orch.errors import StopTraining
 from orch.record.checkpoint_index import Mode, check_keep
 from orch.runtime._sender import HeartbeatSender
-from orch.runtime._timing import RESERVED, CollectiveWait, StepTimes, clock, enabled
+from orch.runtime._timing import (
+    BY_DATA,
+    BY_LOG,
+    BY_STEPS,
+    OFF,
+    RESERVED,
+    CollectiveWait,
+    StepTimes,
+    clock,
+    enabled,
+)
 from orch.runtime.checkpoints import read_checkpoint, write_checkpoint
 from orch.wire.limits import MAX_METRICS_PER_RANK, MAX_NAME_LEN
 
@@ -74,8 +84,13 @@ class Context:
         self.times: StepTimes | None = StepTimes() if enabled() else None
         self._ddp_models: list[nn.Module] = []
         self._waits = CollectiveWait(self._ddp_models)
-        if sender is not None and self.times is not None:
-            sender.timing = self.times.take
+        self._logged_step, self._logged_at = -1, 0.0  # ctx.log's last new step, and when (BY_LOG)
+        self._log_steps = 0  # steps ctx.log counted since _logged_at, not handed to self.times yet
+        self._log_fast = False  # ctx.log may count the next step itself (see _log_step)
+        self._log_timed = self.times is not None  # ctx.log marks the steps: nothing stronger did yet
+        if sender is not None:
+            # The master is told when this rank does not time its steps: never "not yet" for that.
+            sender.timing = self.times.take if self.times is not None else lambda: OFF
 
     @property
     def is_main(self) -> bool:
@@ -114,11 +129,21 @@ class Context:
 
     def data(self, batches: Iterable[T]) -> Iterator[T]:
         """Iterate ``batches`` (a DataLoader, any iterable), timing the wait for each one:
-        ``for x, y in ctx.data(loader):``. The panel shows it as the step's "data" time."""
+        ``for x, y in ctx.data(loader):``. The panel shows it as the step's "data" time.
+
+        In a loop that ``ctx.steps`` does not drive, each batch is a step: timed from one
+        request for a batch to the next (the wait for the batch included), so that the usual
+        ``for epoch in range(n): for x, y in ctx.data(loader):`` has its steps timed."""
         times = self.times
         it = iter(batches)
+        started = 0.0  # when the batch before was asked for: its step's start (BY_DATA)
         while True:
             start = clock()
+            if times is not None and self._log_timed:
+                self._stop_log_count(times)
+            if times is not None and times.marks(BY_DATA) and started:
+                self._step_done(times, start - started)
+            started = start
             try:
                 batch = next(it)
             except StopIteration:
@@ -126,6 +151,17 @@ class Context:
             if times is not None:
                 times.data(clock() - start)
             yield batch
+
+    def _step_done(self, times: StepTimes, seconds: float, own: float = 0.0, count: int = 1) -> None:
+        """``count`` steps ended, ``seconds`` long in all (``own`` of it orch's): with the wait
+        for the peers in the gradient collectives that DDP's timers read since the last ones."""
+        waited = self._waits.take() if self._ddp_models else None
+        if waited is not None:
+            times.collectives = True
+            # Several iterations since the last reading (ctx.log every k steps): the last one's
+            # wait stands for each.
+            times.collective(waited * max(1, min(count, self._waits.iterations)))
+        times.step(seconds, own, count)
 
     @contextlib.contextmanager
     def section(self, name: str) -> Iterator[None]:
@@ -179,6 +215,9 @@ class Context:
         if metric != self._watched:
             self._watched, self._watched_value = metric, None
         self._uses_steps = True
+        if self.times is not None:
+            self._stop_log_count(self.times)
+            self.times.marks(BY_STEPS)
         if self._sender is not None:
             self._sender.total_steps = n
         pending: Any = None
@@ -216,11 +255,7 @@ class Context:
                 if times is not None:
                     now = clock()
                     if started:  # the step before: body, then orch's own work until now
-                        waited = self._waits.take() if self._ddp_models else None
-                        if waited is not None:
-                            times.collectives = True
-                            times.collective(waited)
-                        times.step(now - started, now - resumed)
+                        self._step_done(times, now - started, now - resumed)
                     started = now
                 yield step
                 if times is not None:
@@ -350,11 +385,48 @@ class Context:
             self._take_names(scalars)
         if self._watched is not None and self._watched in scalars:
             self._watched_value = float(scalars[self._watched])
+        if step != self._logged_step and self._log_timed:
+            if step == self._logged_step + 1 and self._log_fast:  # the usual next step: no call, no lock
+                self._logged_step = step
+                self._log_steps += 1
+                if self._log_steps >= LOG_EVERY:
+                    self._log_step(step)
+            else:
+                self._log_step(step)
         if self._sender is not None:
             self._sender.log(step, scalars)
         if self._stop_at and step + 1 >= self._stop_at and not self._uses_steps:
             self.stopped = True
             raise StopTraining(f"the run was asked to stop; every rank stops after step {step}")
+
+    def _log_step(self, step: int) -> None:
+        """A new step logged: in a loop that neither ctx.steps nor ctx.data marks, the steps
+        since the last one logged are timed, from that call to this one (compute is all of it
+        but the collective wait: ctx.log cannot tell data from compute). Without a model of
+        ctx.ddp's to read, steps one after another are counted in :meth:`log` itself and
+        handed over here every LOG_EVERY steps: ctx.log stays a few attribute updates."""
+        times = self.times
+        if times is None:
+            return
+        now = clock()
+        last = self._logged_step
+        count = self._log_steps + (step - last if 0 <= last < step else 0)
+        self._log_steps = 0
+        if count and (times.timed_by == BY_LOG or times.marks(BY_LOG)):
+            self._step_done(times, now - self._logged_at, count=count)
+        elif self._ddp_models:
+            self._waits.take()  # the iterations before this step are not of a timed one
+        self._logged_step, self._logged_at = step, now
+        # The next steps one after another are counted without a call while nothing but ctx.log
+        # marks them and no collective is to be read after each.
+        self._log_fast = times.timed_by == BY_LOG and not self._ddp_models
+
+    def _stop_log_count(self, times: StepTimes) -> None:
+        """ctx.steps or ctx.data marks the steps from now on: hand over the steps ctx.log
+        counted, and count no more there."""
+        if self._log_steps and times.timed_by == BY_LOG:
+            self._log_step(self._logged_step)
+        self._log_timed = self._log_fast = False
 
     def _take_names(self, scalars: dict[str, Any]) -> None:
         """Check the names this rank logs for the first time against the master's caps: a
@@ -404,6 +476,7 @@ class Context:
 
 
 MAX_STEP = 2**63 - 1
+LOG_EVERY = 16  # steps one after another ctx.log counts before handing them to the rank's timing
 USER_METRICS = MAX_METRICS_PER_RANK - 2  # the names ctx.log takes: orch's own two fill the cap
 
 

@@ -20,6 +20,7 @@ from typing import Any
 from rich import box
 from rich.console import Group, RenderableType
 from rich.progress_bar import ProgressBar
+from rich.spinner import Spinner
 from rich.table import Table
 from rich.text import Text
 
@@ -93,31 +94,64 @@ def stragglers(mirror: StateMirror) -> set[int]:
 
 
 # Each rank's step, split (ms per step over the last seconds), and its compute against the
-# fastest rank's: "data/compute/wait/other x1.00".
+# fastest rank's: "data/compute/wait/other x1.00". A section of ctx.section's is drawn out of
+# compute in a colour of its own; the part the straggler is slow in, in red.
 SPLIT_HEADER = "ms data/comp/wait/oth  rel"
 SPLIT_WIDTH = len(SPLIT_HEADER)
 PARTS = (("data", "blue"), ("compute", "yellow"), ("wait", "bright_black"), ("other", "magenta"))
+SECTION_STYLES = ("green", "bright_red", "bright_magenta", "cyan", "bright_green", "bright_blue")
+SLOW_STYLE = "bold red"
+
+
+def section_styles(mirror: StateMirror) -> dict[str, str]:
+    """A colour for each section a rank marked, the same on every row and in the legend."""
+    names = sorted({name for r in mirror.ranks if r.timed for name in r.section_ms})
+    return {name: SECTION_STYLES[i % len(SECTION_STYLES)] for i, name in enumerate(names)}
 
 
 def split_text(r: RankView) -> str:
-    """``2/33/5/1 x1.25``: a rank's step split in ms, and its relative score ("-": not timed)."""
+    """``2/33/5/1 x1.25``: a rank's step split in ms, and its relative score ("-": not timed).
+    A step timed by ctx.log alone has no data part (``-/33/5/1``: not split); its sections
+    follow, as parts of compute (``augment 20``)."""
     if not r.timed:
         return "-"
-    parts = "/".join(f"{v:.0f}" for v in (r.data_ms, r.compute_ms, r.collective_ms, r.other_ms))
-    return f"{parts} x{r.relative_score:.2f}"
+    data = "-" if r.timed_by == "ctx.log" else f"{r.data_ms:.0f}"
+    parts = "/".join([data, *(f"{v:.0f}" for v in (r.compute_ms, r.collective_ms, r.other_ms))])
+    marked = "".join(f" {printable(n, one_line=True)} {ms:.0f}" for n, ms in sorted(r.section_ms.items()))
+    return f"{parts} x{r.relative_score:.2f}{marked}"
 
 
-def split_bar(r: RankView, width: int = 8, scale_ms: float = 0.0) -> Text:
-    """A rank's step as a stacked bar of ``width`` cells (data, compute, wait, other), scaled
-    to ``scale_ms`` (the longest step shown), then its text."""
+def split_bar(
+    r: RankView, width: int = 8, scale_ms: float = 0.0, sections: dict[str, str] | None = None
+) -> Text:
+    """A rank's step as a stacked bar of ``width`` cells (data, its sections, the rest of
+    compute, wait, other), scaled to ``scale_ms`` (the longest step shown), the part the
+    straggler is slow in red; then its text."""
     if not r.timed:
         return Text("-")
-    values = (r.data_ms, r.compute_ms, r.collective_ms, r.other_ms)
-    total = max(scale_ms, sum(values)) or 1.0
+    styles = dict(PARTS)
+    own = "own time" if r.timed_by == "ctx.log" else "compute"
+    colors = sections or {}
+    marked = [(n, colors.get(n, SECTION_STYLES[0]), ms) for n, ms in sorted(r.section_ms.items())]
+    rest = max(0.0, r.compute_ms - sum(ms for _, _, ms in marked))
+    parts = [("data", styles["data"], r.data_ms), *marked, (own, styles["compute"], rest)]
+    parts += [("wait", styles["wait"], r.collective_ms), ("other", styles["other"], r.other_ms)]
+    total = max(scale_ms, sum(v for _, _, v in parts)) or 1.0
     bar = Text()
-    for (_, style), v in zip(PARTS, values, strict=True):
-        bar.append("█" * round(width * v / total), style=style)
+    for name, style, v in parts:
+        bar.append("█" * round(width * v / total), style=SLOW_STYLE if name == r.slow_in else style)
     return bar + Text(" " + split_text(r))
+
+
+def sections_legend(sections: dict[str, str]) -> Text:
+    """The sections' colours, under the rank table: ``sections: ██ augment``."""
+    legend = Text()
+    legend.append("sections (parts of compute):", style="dim")
+    for name, style in sections.items():
+        legend.append(" ")
+        legend.append("██", style=style)
+        legend.append(" " + printable(name, one_line=True))
+    return legend
 
 
 def memory_text(r: RankView) -> str:
@@ -220,7 +254,9 @@ def _bar_of(done: int, total: int, state: str, width: int) -> ProgressBar:
 
 
 def _progress(done: int, total: int, state: str) -> RenderableType:
-    if total <= 0:
+    if total <= 0:  # no known total: a count (and a spinner while it runs), never a bar
+        if state in ("RUNNING", "STOPPING"):
+            return Spinner("dots", text=Text(f"step {done}"), style="cyan")
         return Text(f"step {done}")
     bar = _bar_of(done, total, state, 40)
     grid = Table.grid(padding=(0, 1))
@@ -271,6 +307,7 @@ def run_table(mirror: StateMirror, *, address: str = "") -> RenderableType:
     slow = stragglers(m)
     bad = nonfinite_marks(m)
     longest = max((r.step_ms for r in m.ranks if r.timed), default=0.0)
+    sections = section_styles(m)
     for r in m.ranks:
         marks = []
         if m.failure and r.rank == m.root_cause_rank:
@@ -294,11 +331,13 @@ def run_table(mirror: StateMirror, *, address: str = "") -> RenderableType:
             Text(rate_of(r)),
             Text(_fmt_age(r.heartbeat_age)),
             Text(size_text(r.rss_bytes).replace(" ", "") if r.rss_bytes else "-", style=mem_style),
-            split_bar(r, scale_ms=longest),
+            split_bar(r, scale_ms=longest, sections=sections),
             Text(f"{printable(r.host, one_line=True)}/{r.pid}"),  # what the worker says its host is
             _marks(marks),
         )
     parts: list[RenderableType] = [head, _progress(*m.progress(), m.state.value), table]
+    if sections:
+        parts.append(sections_legend(sections))
     if m.straggler_note:
         style = "yellow" if m.straggler_rank >= 0 else ("" if m.stragglers_judged else "dim")
         parts.append(

@@ -27,31 +27,67 @@ STATE_COLORS = {
     RunState.STOPPING: "#bc4c00",
 }
 
-# The parts of a step, as the rank table's stacked bar draws them.
+# The parts of a step, as the rank table's stacked bar draws them; a section marked with
+# ctx.section is a part of its own (drawn out of compute), in a colour of SECTION_COLORS.
 SPLIT_COLORS = (
     ("data", "#54aeff"),
     ("compute", "#d4a72c"),
     ("collective wait", "#afb8c1"),
     ("other", "#a475f9"),
 )
+SECTION_COLORS = ("#2da44e", "#fb8f44", "#bf3989", "#1b7c83", "#8c959f", "#6639ba", "#e16f24", "#57ab5a")
 SPLIT_WIDTH_PX = 90
+OWN_TITLE = "its own time per step: the step less its wait for the other ranks in the collectives"
+WALL_TITLE = (
+    "the step's wall time, from one step's start to the next (under DDP every rank steps "
+    "together, so it is about the same on every rank)"
+)
+SLOW_PART = "outline:2px solid #cf222e;outline-offset:-1px"  # the straggler's part of its bar
 
 
-def _split_html(r: RankView, longest_ms: float) -> str:
-    """A rank's step as a stacked bar (data, compute, collective wait, other), its length the
-    step's against the longest shown, with the milliseconds on hover and beside it."""
+def section_colors(m: StateMirror) -> dict[str, str]:
+    """A colour for each section a rank marked, the same on every rank's bar and the legend."""
+    names = sorted({name for r in m.ranks if r.timed for name in r.section_ms})
+    return {name: SECTION_COLORS[i % len(SECTION_COLORS)] for i, name in enumerate(names)}
+
+
+def split_parts(r: RankView, sections: dict[str, str]) -> list[tuple[str, str, float]]:
+    """A rank's step as (part, colour, ms) in the bar's order: data, its sections, the rest of
+    compute, collective wait, other. A step timed by ctx.log alone is not split into data and
+    compute: its part is "own time" there."""
+    colors = dict(SPLIT_COLORS)
+    marked = [(name, sections.get(name, SECTION_COLORS[0]), ms) for name, ms in sorted(r.section_ms.items())]
+    rest = max(0.0, r.compute_ms - sum(ms for _, _, ms in marked))
+    parts = [] if r.timed_by == "ctx.log" else [("data", colors["data"], r.data_ms)]
+    parts += marked
+    parts.append(("own time" if r.timed_by == "ctx.log" else "compute", colors["compute"], rest))
+    parts.append(("collective wait", colors["collective wait"], r.collective_ms))
+    parts.append(("other", colors["other"], r.other_ms))
+    return parts
+
+
+def _split_html(r: RankView, longest_ms: float, sections: dict[str, str]) -> str:
+    """A rank's step as a stacked bar (data, sections, compute, collective wait, other), its
+    length the step's against the longest shown, the part the straggler is slow in outlined;
+    then its own time and the step's wall time, each saying what it is."""
     if not r.timed:
         return "-"
-    values = (r.data_ms, r.compute_ms, r.collective_ms, r.other_ms)
-    scale = SPLIT_WIDTH_PX / (max(longest_ms, sum(values)) or 1.0)
-    cells = "".join(
-        f'<span class="orch-part" data-part="{name}" title="{name}: {v:.1f} ms" style="display:inline-block;'
-        f'height:.9em;width:{max(0.0, v * scale):.1f}px;background:{color}"></span>'
-        for (name, color), v in zip(SPLIT_COLORS, values, strict=True)
-    )
+    parts = split_parts(r, sections)
+    scale = SPLIT_WIDTH_PX / (max(longest_ms, sum(v for _, _, v in parts)) or 1.0)
+    cells = []
+    for name, color, v in parts:
+        slow = r.slow_in == name
+        cells.append(
+            f'<span class="orch-part{" orch-slow-part" if slow else ""}" data-part="{escape_html(name)}" '
+            f'title="{escape_html(name)}: {v:.1f} ms{" (the straggler is slow here)" if slow else ""}" '
+            f'style="display:inline-block;height:.9em;width:{max(0.0, v * scale):.1f}px;background:{color}'
+            f'{";" + SLOW_PART if slow else ""}"></span>'
+        )
     return (
         f'<span class="orch-split" style="display:inline-block;width:{SPLIT_WIDTH_PX}px;text-align:left;'
-        f'white-space:nowrap">{cells}</span> {r.step_ms:.1f} ms'
+        f'white-space:nowrap">{"".join(cells)}</span> '
+        f'<span class="orch-own" title="{OWN_TITLE}">own {r.own_ms:.1f}</span> / '
+        f'<span class="orch-wall" title="{WALL_TITLE}">step {r.step_ms:.1f} ms</span>'
     )
 
 
@@ -101,6 +137,7 @@ def table_html(m: StateMirror) -> str:
     slow = stragglers(m)
     bad = nonfinite_marks(m)
     longest = max((r.step_ms for r in m.ranks if r.timed), default=0.0)
+    sections = section_colors(m)
     rows = []
     for r in m.ranks:
         marks = []
@@ -134,7 +171,8 @@ def table_html(m: StateMirror) -> str:
             f'<tr class="orch-rank" data-rank="{r.rank}" style="color:{color}">'
             f"<td>{r.rank}</td><td>{r.state.value}</td><td>{r.step}</td><td>{r.loss_text()}</td>"
             f"<td>{rate_of(r)}</td><td>{age}</td>"
-            f'<td class="orch-mem">{escape_html(memory_text(r))}</td><td>{_split_html(r, longest)}</td>'
+            f'<td class="orch-mem">{escape_html(memory_text(r))}</td>'
+            f"<td>{_split_html(r, longest, sections)}</td>"
             f"<td>{_scores_html(r)}</td>"
             f'<td>{escape_html(r.host)}/{r.pid}</td><td class="orch-marks">{" ".join(marks)}</td></tr>'
         )
@@ -154,10 +192,17 @@ def table_html(m: StateMirror) -> str:
             "",
         )
     )
+    # The legend names the parts the bars draw: a section's colour, and "own time" for a step
+    # timed by ctx.log, whose bar has no data part.
+    drawn = {name: color for r in m.ranks if r.timed for name, color, _ in split_parts(r, sections)}
+    order = ["data", *sections, "compute", "own time", "collective wait", "other"]
+    entries = [(name, drawn[name]) for name in order if name in drawn] or list(SPLIT_COLORS)
+    labels = {"own time": "own time (timed by ctx.log: not split into data and compute)"}
     legend = "".join(
+        f'<span class="orch-key" data-part="{escape_html(name)}">'
         f'<span style="display:inline-block;width:.8em;height:.8em;background:{c};margin:0 .2em 0 .8em">'
-        f"</span>{name}"
-        for name, c in SPLIT_COLORS
+        f"</span>{escape_html(labels.get(name, name))}</span>"
+        for name, c in entries
     )
     note = ""
     if m.straggler_note:

@@ -439,3 +439,18 @@ def test_a_run_that_stands_still_says_so_with_the_stacks_in_every_view() -> None
     assert rich.count("no step for 7s") == 2
     page = progress_html(m) + table_html(m)
     assert "no progress for 7s" in page and 'class="orch-stacks"' in page and "time.sleep(10**6)" in page
+
+
+def test_with_no_known_total_the_dashboard_shows_a_spinner_and_a_count_never_a_bar() -> None:
+    from rich.progress_bar import ProgressBar
+    from rich.spinner import Spinner
+
+    m = mirror_of({0: [1.0, 1.0, 1.0]}, {0: 5, 1: 5, 2: 5})
+    assert m.total_steps == 0 and m.state.value == "RUNNING"
+    parts = cast(Any, run_table(m)).renderables
+    assert isinstance(parts[1], Spinner) and not any(isinstance(p, ProgressBar) for p in parts)
+    console = Console(width=120, record=True)
+    console.print(parts[1])
+    assert console.export_text().strip()[2:] == "step 10"
+    assert render(m).splitlines()[1] == "step 10"  # the plain view: a count, no bar of dots
+

@@ -257,6 +257,36 @@ def test_table_marks_nan_losses_and_stragglers(widget_messages: list[Any]) -> No
             panel.close()
 
 
+def test_with_no_known_total_the_progress_is_a_turning_count_never_a_full_bar(
+    widget_messages: list[Any],
+) -> None:
+    coord = Coordinator(1, run_id="r", clock=lambda: 100.0)  # a still clock: no heartbeat expires
+    coord.register(pb.RegisterRequest(worker_id="w", host="h", pid=1, rendezvous_port=29400))
+    coord.can_start(pb.CanStartTrainingRequest(run_id="r", worker_id="w"))
+    coord.heartbeat(pb.HeartbeatRequest(run_id="r", worker_id="w", step=37))  # no total_steps
+    with MasterServer(coord, port=0) as server:
+        panel = Panel(_Source(server.address), interval=0.05)
+        try:
+            assert wait_for(lambda: panel.polls >= 3, 60)
+            assert panel.progress.layout.visibility == "hidden"  # no bar, so none reads full
+            assert panel.progress.value == 0
+            labels = set()
+            for _ in range(3):
+                polls = panel.polls
+                assert wait_for(lambda p=polls: panel.polls > p + 1, 60)
+                label = panel.progress_label.value
+                assert label[0] in "⠋⠙⠹⠸⠼⠴⠦⠧⠇⠏" and label[2:] == "step 37 (total unknown)", label
+                labels.add(label)
+            assert len(labels) > 1  # it turns while the run goes
+            # a total told later: a bar of it
+            coord.heartbeat(pb.HeartbeatRequest(run_id="r", worker_id="w", step=40, total_steps=160))
+            assert wait_for(lambda: panel.progress_label.value == "step 40/160 (25%)", 60)
+            assert panel.progress.layout.visibility == "visible"
+            assert (panel.progress.value, panel.progress.max) == (40, 160)
+        finally:
+            panel.close()
+
+
 def test_a_poll_without_new_points_does_not_redraw_the_plot(widget_messages: list[Any]) -> None:
     """Counted in polls, not in time: the time a redraw takes is benchmarks/panel_redraw.py's."""
     coord = Coordinator(1, run_id="r", clock=lambda: 100.0)  # a still clock: no heartbeat expires

@@ -65,6 +65,8 @@ def full_view(state: RankState = RankState.FAILED, loss: float = 0.25) -> RankVi
         limit_kind="cgroup",
         memory_note="growing 20 MB a step",
         dropped_reason="the master refused them: too many metrics",
+        timed_by="ctx.data",
+        section_ms={"augment": 20.5, "load": 1.25},
     )
 
 
@@ -169,6 +171,9 @@ class DictReader:
     def flag(self, key: str, default: bool = False) -> bool:
         return bool(self._get("flag", key, default))
 
+    def numbers(self, key: str) -> dict[str, float]:
+        return dict(self._get("numbers", key, {}))
+
 
 def test_from_fields_reads_each_field_by_its_type() -> None:
     reader = DictReader(full_view().as_dict())
@@ -208,6 +213,8 @@ def test_from_fields_reads_each_field_by_its_type() -> None:
         "limit_kind": "text",
         "memory_note": "text",
         "dropped_reason": "text",
+        "timed_by": "text",
+        "section_ms": "numbers",
     }
 
 

@@ -1,8 +1,10 @@
-"""Text from elsewhere (a remote host, a traceback, a file in a run root), made safe to show."""
+"""Text from elsewhere (a remote host, a traceback, a file in a run root), made safe to show;
+and numbers as every view writes them (:func:`number_text`, :func:`rate_text`, :func:`size_text`)."""
 
 from __future__ import annotations
 
 import html
+import math
 import re
 
 # Terminal control sequences, whole: CSI (ESC [ or 0x9b ... final byte), OSC, DCS, SOS, PM and
@@ -61,3 +63,23 @@ def size_text(n: float) -> str:
     if n >= 1e6:
         return f"{n / 1e6:.0f} MB"
     return f"{n / 1e3:.0f} kB"
+
+
+def number_text(value: float | None, digits: int = 4) -> str:
+    """A measured number (a loss, a metric) as people read it, one form in every view: ``digits``
+    significant digits, never fixed decimals, so that a small loss does not read 0.0000:
+    ``1.068e-06``, ``0.01234``, ``123.4``, ``6.433e+35``; ``nan``, ``inf``, ``-inf`` as they
+    are; ``-`` for none."""
+    if value is None:
+        return "-"
+    value = float(value)
+    if not math.isfinite(value):
+        return str(value)
+    return f"{value:.{digits}g}"
+
+
+def rate_text(steps_per_sec: float) -> str:
+    """Steps per second: three significant digits (``0.0412``, ``12.5``, ``2340``); ``-`` for none."""
+    if not steps_per_sec or not math.isfinite(steps_per_sec):
+        return "-"
+    return f"{steps_per_sec:.3g}" if steps_per_sec < 1000 else f"{steps_per_sec:.0f}"

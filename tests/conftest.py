@@ -260,6 +260,7 @@ _UNIT = {
     "test_proto.py",
     "test_text.py",
     "test_pollers.py",
+    "test_readable.py",
 }
 
 

@@ -130,9 +130,28 @@ def checkpointed(ctx: Any) -> None:
         loss.backward()
         opt.step()
         ctx.log(step, loss=loss.item(), attempt=float(ctx.attempt))
+        if ctx.rank == 0 and step == ctx.config.get("corrupt_at") and ctx.attempt == 1:
+            # The newest checkpoint loses its second half, as on a disk that lost the write.
+            newest = ctx.checkpoint_dir / (ctx.checkpoint_dir / "latest").read_text()
+            newest.write_bytes(newest.read_bytes()[: newest.stat().st_size // 2])
         if ctx.rank == 1 and step == die_at and ctx.attempt in die_on:
             os.kill(os.getpid(), signal.SIGKILL)
         time.sleep(float(ctx.config.get("sleep", 0.01)))
+
+
+# ctx.steps' checkpoints (every 2 steps: at steps 1, 3, ..., 11) carry "val", the mean over the
+# two ranks of what each logged last: these means, rank 0 logging 0.5 less and rank 1 0.5 more.
+MERIT_MEANS = [5.0, 1.0, 4.0, 2.0, 3.0, 6.0]
+
+
+def checkpoints_by_merit(ctx: Any) -> None:
+    """12 steps, a checkpoint every 2 carrying the mean of "val" (:data:`MERIT_MEANS`), keep=2."""
+    mode = ctx.config.get("mode", "min")
+    snapshot = lambda: {"w": torch.full((4,), float(ctx.rank))}  # noqa: E731
+    for step in ctx.steps(12, checkpoint=snapshot, every=2, keep=2, metric="val", mode=mode):
+        mean = MERIT_MEANS[step // 2]
+        ctx.log(step, loss=1.0 / (step + 1), val=mean + (0.5 if ctx.rank else -0.5))
+        dist.barrier()
 
 
 def fails_at_startup(ctx: Any) -> None:
@@ -193,13 +212,20 @@ def logs_a_string_at_step_30(ctx: Any) -> None:
 
 
 def lr_job(ctx: Any) -> None:
-    """A sweep's job: a real DDP fit whose loss depends on ``lr``; ``fail: true`` raises at step 3."""
+    """A sweep's job: a real DDP fit whose loss depends on ``lr``; ``fail: true`` raises at step 3.
+    ``nan_at: k`` makes it diverge as training does: its weights blow up at step k - 1 (a loss
+    near 1e34) and are NaN from step k on, so its loss is NaN from step k."""
     torch.manual_seed(0)
     model = ctx.ddp(torch.nn.Linear(4, 1))
     opt = torch.optim.SGD(model.parameters(), lr=float(ctx.config["lr"]))
     x = torch.randn(64, 4)
     y = x.sum(1, keepdim=True)
+    nan_at = int(ctx.config.get("nan_at", -10))
     for step in ctx.steps(int(ctx.config.get("steps", 20))):
+        if step in (nan_at - 1, nan_at):
+            with torch.no_grad():
+                for p in model.parameters():
+                    p.mul_(1e17) if step == nan_at - 1 else p.fill_(float("nan"))
         loss = ((model(x) - y) ** 2).mean()
         opt.zero_grad()
         loss.backward()
@@ -264,6 +290,55 @@ def straggler(ctx: Any) -> None:
             with ctx.section("augment"):
                 time.sleep(delay)
         loss = model(x).pow(2).mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        ctx.log(step, loss=loss.item())
+
+
+def epoch_data_loop(ctx: Any) -> None:
+    """The usual epoch loop over a DataLoader through ``ctx.data`` alone (no ctx.steps), DDP;
+    rank ``slow_rank`` sleeps ``delay`` s more per step in its compute."""
+    from torch.utils.data import DataLoader, TensorDataset
+
+    model = ctx.ddp(torch.nn.Linear(16, 1))
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    x = torch.randn(512, 16)
+    loader = DataLoader(TensorDataset(x, x.sum(1, keepdim=True)), batch_size=8)
+    delay = float(ctx.config.get("delay", 0.03)) if ctx.rank == int(ctx.config.get("slow_rank", -1)) else 0.0
+    for epoch in range(int(ctx.config.get("epochs", 1000))):
+        for i, (xb, yb) in enumerate(ctx.data(loader)):
+            time.sleep(0.01 + delay)
+            loss = ((model(xb) - yb) ** 2).mean()
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            ctx.log(epoch * len(loader) + i, loss=loss.item())
+
+
+def log_only_loop(ctx: Any) -> None:
+    """A plain loop (no ctx.steps, no ctx.data) that logs every step, DDP; rank ``slow_rank``
+    sleeps ``delay`` s more per step."""
+    model = ctx.ddp(torch.nn.Linear(16, 1))
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    delay = float(ctx.config.get("delay", 0.03)) if ctx.rank == int(ctx.config.get("slow_rank", -1)) else 0.0
+    for step in range(int(ctx.config.get("steps", 1_000_000))):
+        time.sleep(0.01 + delay)
+        loss = model(torch.randn(8, 16)).pow(2).mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        ctx.log(step, loss=loss.item())
+
+
+def fails_at_step_10(ctx: Any) -> None:
+    """``for step in ctx.steps(100)``, DDP; rank 1 raises at step 10 (an allocation error)."""
+    model = ctx.ddp(torch.nn.Linear(16, 1))
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    for step in ctx.steps(100):
+        if ctx.rank == 1 and step == 10:
+            raise MemoryError("could not allocate the activations of step 10")
+        loss = model(torch.randn(8, 16)).pow(2).mean()
         opt.zero_grad()
         loss.backward()
         opt.step()

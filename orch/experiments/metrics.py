@@ -41,3 +41,45 @@ def summarize(by_rank: dict[int, dict[str, list[float]]]) -> tuple[Any, Any, Any
     unique, start = np.unique(steps, return_index=True)
     mean = np.add.reduceat(values, start) / np.diff(np.append(start, len(values)))
     return unique, mean, np.minimum.reduceat(values, start), np.maximum.reduceat(values, start)
+
+
+def last_value(by_rank: dict[int, dict[str, list[float]]]) -> float | None:
+    """The metric's final value: the mean over the ranks of what they logged at the last step
+    any of them logged, NaN and inf included (a run whose loss ended NaN ends NaN, whatever
+    it was before). None: no point at all."""
+    steps = [s["step"][-1] for s in by_rank.values() if s["step"]]
+    if not steps:
+        return None
+    last = max(steps)
+    values = [s["value"][-1] for s in by_rank.values() if s["step"] and s["step"][-1] == last]
+    with np.errstate(all="ignore"):
+        return float(np.mean(values))
+
+
+def nonfinite(by_rank: dict[int, dict[str, list[float]]]) -> dict[str, Any] | None:
+    """Where the metric first became NaN or inf on any rank: ``{"step", "rank", "value",
+    "last_finite", "last_finite_step", "stays"}`` (the last finite value over the ranks' points
+    and its step; ``stays``: some rank's last value is not finite, so the mean over the ranks
+    ends NaN or inf). None: always finite."""
+    first: dict[str, Any] | None = None
+    stays = False
+    for rank, s in sorted(by_rank.items()):
+        values = np.asarray(s["value"], dtype=np.float64)
+        finite = np.isfinite(values)
+        if finite.all():
+            continue
+        stays = stays or not finite[-1]
+        i = int(np.argmin(finite))
+        step = int(s["step"][i])
+        if first is None or step < first["step"]:
+            j = len(values) - 1 - int(np.argmax(finite[::-1])) if finite.any() else -1
+            first = {
+                "step": step,
+                "rank": rank,
+                "value": float(values[i]),
+                "last_finite": float(values[j]) if j >= 0 else None,
+                "last_finite_step": int(s["step"][j]) if j >= 0 else -1,
+            }
+    if first is not None:
+        first["stays"] = stays
+    return first

@@ -12,10 +12,10 @@ import math
 from collections.abc import Iterator, Sequence
 from typing import Any, Literal
 
-from orch._text import escape_html
+from orch._text import escape_html, number_text
 from orch.errors import ConfigError, OrchError
 from orch.experiments.metrics import default_mode
-from orch.experiments.trial import Trial
+from orch.experiments.trial import CANCELLED, Trial
 from orch.wire.limits import OWN_METRICS
 from orch.wire.states import RunState
 
@@ -40,14 +40,10 @@ class SweepResults:
         return sorted({m for row in self.rows for m in row["final"]})
 
     def sorted(self, metric: str = "loss", mode: Literal["min", "max"] = "min") -> SweepResults:
-        """The rows by the final value of ``metric``, best first; rows without it last."""
+        """The rows by the final value of ``metric``, best first; then those whose value ended
+        NaN or inf, or that never logged it; the FAILED and CANCELLED configs last of all."""
         sign = -1.0 if mode == "max" else 1.0
-
-        def key(row: dict[str, Any]) -> tuple[bool, float]:
-            value = row["final"].get(metric)
-            return (value is None or not math.isfinite(value), sign * value if value is not None else 0.0)
-
-        return SweepResults(sorted(self.rows, key=key), self.name)
+        return SweepResults(sorted(self.rows, key=lambda row: _order(row, metric, sign)), self.name)
 
     def table(self) -> tuple[list[str], list[list[str]]]:
         """Column names and the rows as text: config values, then state, steps, time, metrics."""
@@ -64,9 +60,13 @@ class SweepResults:
             steps = f"{row['steps']}/{row['total']}" if row["total"] else str(row["steps"])
             state = row["state"] + (" (earlier)" if row["reused"] else "")
             cells = [str(row["index"]), *(_fmt(row["config"].get(k, "")) for k in keys), state, steps]
-            cells.append(f"{row['duration']:.1f}s")
+            cells.append(wall_time_text(row["duration"], row.get("pool_start", 0.0)))
             for m in metrics:
-                cells += [_fmt(row["final"].get(m, "")), _fmt(row["best"].get(m, ""))]
+                final = _fmt(row["final"].get(m, ""))
+                bad = row.get("nonfinite", {}).get(m)
+                if bad is not None:
+                    final = nonfinite_text(bad, final)
+                cells += [final, _fmt(row["best"].get(m, ""))]
             if failures:
                 text = " ".join(row["failure"].split())
                 cells.append(text if len(text) <= 160 else text[:157] + "...")
@@ -77,7 +77,13 @@ class SweepResults:
         head, body = self.table()
         th = "".join(f"<th>{escape_html(h)}</th>" for h in head)
         trs = "".join(
-            f'<tr class="orch-trial" data-state="{escape_html(row["state"])}">'
+            f'<tr class="orch-trial" data-state="{escape_html(row["state"])}"'
+            + "".join(
+                f' data-nonfinite-{escape_html(m)}="{bad["step"]}"'
+                for m, bad in row.get("nonfinite", {}).items()
+                if m.replace("_", "").isalnum()
+            )
+            + ">"
             + "".join(f"<td>{escape_html(c)}</td>" for c in cells)
             + "</tr>"
             for row, cells in zip(self.rows, body, strict=True)
@@ -96,8 +102,44 @@ class SweepResults:
 
 def _fmt(value: Any) -> str:
     if isinstance(value, float):
-        return f"{value:.4g}"
+        return number_text(value)
     return str(value)
+
+
+def nonfinite_text(bad: dict[str, Any], final: str = "") -> str:
+    """A metric that went NaN or inf, as its cell: ``nan from step 45 (last finite 6.433e+35)``,
+    or, for one that came back, its final value and ``(inf at step 45)``."""
+    value = number_text(bad["value"])
+    if not bad["stays"]:
+        return f"{final} ({value} at step {bad['step']})"
+    last = "" if bad["last_finite"] is None else f" (last finite {number_text(bad['last_finite'])})"
+    return f"{final or value} from step {bad['step']}{last}"
+
+
+def wall_time_text(duration: float, pool_start: float = 0.0) -> str:
+    """A run's wall time, the workers' pool's cold start apart: ``2.1s (+14.8s pool start)``."""
+    if pool_start >= 0.05:
+        return f"{max(0.0, duration - pool_start):.1f}s (+{pool_start:.1f}s pool start)"
+    return f"{duration:.1f}s"
+
+
+_FAILED = (RunState.FAILED.value, CANCELLED)
+
+
+def _order(row: dict[str, Any], metric: str, sign: float) -> tuple[int, float]:
+    """Where a row sorts: the finite values first (best first), then the rows whose value is
+    NaN or inf or missing, then the failed and cancelled ones (their finite values first)."""
+    value = row["final"].get(metric)
+    finite = value is not None and math.isfinite(value)
+    if row["state"] in _FAILED:
+        return (2 if finite else 3, sign * value if finite else 0.0)
+    return (0 if finite else 1, sign * value if finite else 0.0)
+
+
+def stays_nonfinite(row: dict[str, Any], metric: str) -> bool:
+    """The row's ``metric`` went NaN or inf and its final value is not finite."""
+    bad = row.get("nonfinite", {}).get(metric)
+    return bad is not None and bool(bad["stays"])
 
 
 def best_trial(
@@ -119,14 +161,23 @@ def best_trial(
         if trial.state != RunState.SUCCEEDED.value:
             continue
         row = trial.summary({metric: mode})
+        if stays_nonfinite(row, metric):
+            continue  # it ended NaN or inf: whatever it reached before, it is no result
         value = row["final" if scope == "last" else "best"].get(metric)
         if value is not None and math.isfinite(value):
             candidates.append((value if mode == "min" else -value, trial.index, trial))
     if not candidates:
         logged = sorted({m for t in trials for m in t.history() if not m.startswith(OWN_METRICS)})
+        diverged = [
+            str(t.index)
+            for t in trials
+            if t.state == RunState.SUCCEEDED.value and stays_nonfinite(t.summary({metric: mode}), metric)
+        ]
+        why = f": configs {', '.join(diverged)} ended with it NaN or inf" if diverged else ""
         raise OrchError(
             f"no succeeded run of sweep {name} logged {metric!r}"
-            + (f" (metrics logged: {', '.join(logged)})" if logged else "")
+            + (" as a finite number" + why if diverged else "")
+            + (f" (metrics logged: {', '.join(logged)})" if logged and not diverged else "")
         )
     return min(candidates, key=lambda c: (c[0], c[1]))[2]
 
@@ -145,6 +196,7 @@ def dashboard_rows(results: SweepResults, metric: str = "loss") -> list[dict[str
                 "total": row["total"],
                 "last": row["final"],
                 "best": row["best"],
+                "nonfinite": row.get("nonfinite", {}),
                 "failure": row["failure"],
                 "best_run": False,
             }

@@ -16,7 +16,7 @@ import re
 import time
 from pathlib import Path
 
-from orch._text import printable
+from orch._text import printable, rate_text
 from orch.errors import ConfigError, OrchError
 from orch.experiments.run_row import CRASHED, DAMAGED, RUN_FILES, UNKNOWN, RunRow, format_seconds
 from orch.experiments.run_table import runs
@@ -111,15 +111,19 @@ def describe(row: RunRow) -> str:
         ("duration", format_seconds(row.duration)),
         (
             "final loss",
-            "" if row.final_loss is None else f"{row.final_loss:.6g} (mean of the ranks' last loss)",
+            "" if row.final_loss is None else f"{row.loss_text()} (mean of the ranks' last loss)",
         ),
+        *(("not finite", f"rank {d.rank}: {d.text()}") for d in row.nonfinite),
+        ("stragglers", row.stragglers),
     ]
     lines += [f"  {k:<11}{v}" for k, v in facts if v]
     if row.ranks:
-        table = [["rank", "worker", "host", "state", "step", "loss", "exit"]]
+        table = [["rank", "worker", "host", "state", "step", "loss", "steps/s", "exit"]]
         for r in row.ranks:
             exit_text = describe_exit(r.exit_code) if r.state.done and r.exit_code else ""
-            cells = [str(r.rank), r.worker_id, r.host, r.state.value, str(r.step), r.loss_text(), exit_text]
+            rate = rate_text(r.steps_per_sec) + (" mean" if r.state.done and r.steps_per_sec else "")
+            cells = [str(r.rank), r.worker_id, r.host, r.state.value, str(r.step), r.loss_text(), rate]
+            cells.append(exit_text)
             table.append(cells)
         widths = [max(len(printable(t[i], one_line=True)) for t in table) for i in range(len(table[0]))]
         for t in table:

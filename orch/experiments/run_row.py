@@ -22,11 +22,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from orch._text import number_text
 from orch.errors import OrchError
 from orch.launchers.loaded import LoadedRun, load_run
 from orch.launchers.run import Run
-from orch.record.rundir import _Fields, read_json
+from orch.record.rundir import _Fields, read_json, read_nonfinite
 from orch.runtime._owner import process_alive
+from orch.wire.client import NonFinite
 from orch.wire.ranks import RankView
 from orch.wire.states import RankState, RunState
 
@@ -60,12 +62,14 @@ class RunRow:
     started: float | None = None  # time.time() at launch
     duration: float | None = None  # seconds from launch to its record (or to now, while it runs)
     final_loss: float | None = None  # mean over the ranks of each one's last loss
+    nonfinite: list[NonFinite] = field(default_factory=list)  # metrics that went NaN or inf, by step
     pid: int | None = None  # of the process that launched it
     host: str = ""
     master: str = ""
     ranks: list[RankView] = field(default_factory=list)  # from result.json, or the live master
     root_cause_rank: int = -1
     root_cause_error: str = ""
+    stragglers: str = ""  # the straggler judgement as the run ended, in words
     run: Run | None = field(default=None, repr=False)
 
     @property
@@ -103,6 +107,7 @@ class RunRow:
             "started": self.started,
             "duration": None if self.duration is None else round(self.duration, 3),
             "final_loss": loss,
+            "nonfinite": [d.as_dict() for d in self.nonfinite],
             "live_here": self.live_here,
             "pid": self.pid,
             "host": self.host,
@@ -118,10 +123,24 @@ class RunRow:
             f"{self.attempts}/{self.max_attempts}" if self.max_attempts > 1 else str(self.attempts or ""),
             time.strftime("%Y-%m-%d %H:%M", time.localtime(self.started)) if self.started else "",
             format_seconds(self.duration),
-            "" if self.final_loss is None else f"{self.final_loss:.4g}",
+            self.loss_text(),
             _config_text(self.config),
             self.note,
         ]
+
+    def loss_text(self) -> str:
+        """The final loss; one that went NaN or inf says from which step, and its last finite
+        value: ``nan from step 45 (last finite 6.433e+35)``."""
+        if self.final_loss is None:
+            return ""
+        text = number_text(self.final_loss)
+        bad = next((d for d in self.nonfinite if d.metric == "loss"), None)
+        if bad is None:
+            return text
+        if not bad.stays:
+            return f"{text} ({number_text(bad.value)} at step {bad.step})"
+        last = "" if bad.last_finite is None else f" (last finite {number_text(bad.last_finite)})"
+        return f"{text} from step {bad.step}{last}"
 
     def __repr__(self) -> str:
         return f"<orch run {self.run_id} {self.state}{' live here' if self.live_here else ''} at {self.path}>"
@@ -184,7 +203,10 @@ def _read_result(row: RunRow, result: dict[str, Any], where: Path) -> None:
         for r in f.objects("ranks")
     ]
     row.state, row.note = state.value, f.text("failure")
+    stragglers = f.object("stragglers")
+    row.stragglers = stragglers.text("note") if stragglers is not None else ""
     row.final_loss = _mean_loss(row.ranks)
+    row.nonfinite = read_nonfinite(result, where)
     if row.started is not None:
         with contextlib.suppress(OSError):
             row.duration = max(0.0, where.stat().st_mtime - row.started)  # launch to record

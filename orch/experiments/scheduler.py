@@ -131,6 +131,7 @@ class Scheduler:
         coord = run.coordinator
         trial.state, trial.ended = coord.state.value, True
         trial.duration = time.time() - trial.started
+        trial.pool_start = run.group.pool_start_seconds  # a cold pool's start, within duration
         if coord.state is RunState.FAILED:
             cause = coord.root_cause
             trial.failure = error or coord.failure

@@ -44,6 +44,7 @@ from orch.launchers._exiting import begin_exit
 from orch.launchers.loaded import load_run
 from orch.launchers.run import Run, register_exit_hook
 from orch.launchers.spec import MAX_WORKERS_PER_CORE, LaunchSpec
+from orch.record.mlflow_export import export_mlflow
 from orch.record.tensorboard import export_runs
 from orch.runtime._target import TrainFn
 
@@ -246,10 +247,13 @@ class Sweep:
     # -- what it found ------------------------------------------------------------------
     def results(self, modes: dict[str, str] | None = None) -> SweepResults:
         """A row per config: config, state, steps, final and best value of each logged scalar
-        (its mean over ranks), duration (wall time from its launch to its record, start-up
-        included: a run's own elapsed time counts from its training's start). Best is the
-        greatest value for a metric named like an accuracy or a score (:func:`default_mode`),
-        else the least; ``modes`` overrides it: ``results(modes={"margin": "max"})``."""
+        (its mean over ranks; the final value is NaN or inf if the run ended so, and
+        ``nonfinite`` says from which step, with the last finite value), duration (wall time
+        from its launch to its record, start-up included: a run's own elapsed time counts from
+        its training's start) and ``pool_start``, the part of it spent starting the workers'
+        pool (the first launch of a process). Best is the greatest value for a metric named
+        like an accuracy or a score (:func:`default_mode`), else the least; ``modes`` overrides
+        it: ``results(modes={"margin": "max"})``."""
         trials = self._scheduler.snapshot()
         return SweepResults([t.summary(modes) for t in trials], self.name)
 
@@ -262,7 +266,8 @@ class Sweep:
         """The succeeded config whose ``metric`` (mean over ranks) is best: by its last value
         (``scope="last"``) or by its best value over the run (``scope="all"``). Best is the
         least, or the greatest for a metric named like an accuracy or a score
-        (:func:`default_mode`); ``mode`` says which."""
+        (:func:`default_mode`); ``mode`` says which. A config whose metric ended NaN or inf
+        is never the best."""
         return best_trial(self.trials, self.name, metric, mode, scope)
 
     def rows(self, metric: str = "loss") -> list[dict[str, Any]]:
@@ -293,6 +298,17 @@ class Sweep:
         return export_runs(
             [(f"{t.index}-{t.run_id}", t.run_dir) for t in self.trials if t.run_dir is not None and t.done],
             logdir,
+            load=load_run,
+        )
+
+    def to_mlflow(self, tracking_uri: str | None = None, experiment: str | None = None) -> list[str]:
+        """Every ended run of the sweep as one MLflow run each (named ``<sweep>[<index>]``) in
+        ``experiment`` (default: the sweep's name) at ``tracking_uri``; returns their MLflow run
+        ids. Written here, once per run, never by the ranks; exporting again replaces them."""
+        return export_mlflow(
+            [(f"{self.name}[{t.index}]", t.run_dir) for t in self.trials if t.run_dir is not None and t.done],
+            tracking_uri=tracking_uri,
+            experiment=self.name if experiment is None else experiment,
             load=load_run,
         )
 

@@ -13,9 +13,10 @@ from pathlib import Path
 from typing import Any
 
 from orch.errors import OrchError
-from orch.experiments.metrics import default_mode, summarize
+from orch.experiments.metrics import default_mode, last_value, nonfinite, summarize
 from orch.launchers.loaded import LoadedRun, load_run
 from orch.launchers.run import Run
+from orch.record.checkpoint_index import Checkpoint, best_checkpoint
 from orch.wire.client import StateMirror
 from orch.wire.limits import OWN_METRICS
 
@@ -41,7 +42,8 @@ class Trial:
     failure: str = ""
     error: str = ""  # the root cause's traceback
     started: float = 0.0  # unix seconds
-    duration: float = 0.0
+    duration: float = 0.0  # from its launch to its record, the pool's cold start included
+    pool_start: float = 0.0  # of which: seconds its launch spent starting the workers' pool
     _loaded: LoadedRun | None = field(default=None, repr=False)
 
     @property
@@ -53,6 +55,11 @@ class Trial:
     @property
     def done(self) -> bool:
         return self.ended
+
+    @property
+    def best_checkpoint(self) -> Checkpoint | None:
+        """Its run's best checkpoint (path, step, value; see ``run.best_checkpoint``), or None."""
+        return best_checkpoint(self.run_dir / "checkpoints") if self.run_dir is not None else None
 
     def load(self) -> LoadedRun:
         """The trial's run read back from its run dir."""
@@ -97,16 +104,29 @@ class Trial:
             "total": mirror.total_steps if mirror else 0,
             "duration": round(self.duration or (mirror.elapsed if mirror else 0.0), 3),
             "failure": self.failure,
+            "checkpoint": None,  # its best checkpoint: {"path", "step", "value", "metric"}
+            "pool_start": round(self.pool_start, 3),
             "final": {},
             "best": {},
+            "nonfinite": {},
         }
+        best = self.best_checkpoint
+        if best is not None:
+            row["checkpoint"] = best.as_dict()
         for metric, by_rank in self.history().items():
             if metric.startswith(OWN_METRICS) and metric not in (modes or {}):
                 continue  # the processes' memory is no result to rank configs by, unless asked
-            _, mean, _, _ = summarize(by_rank)
-            if len(mean) == 0:
+            final = last_value(by_rank)
+            if final is None:
                 continue
-            mode = (modes or {}).get(metric) or default_mode(metric)
-            row["final"][metric] = float(mean[-1])
-            row["best"][metric] = float(mean.max() if mode == "max" else mean.min())
+            # The final value is what the run ended with, NaN included; the best is over the
+            # finite points; where it first went NaN or inf is kept beside them.
+            row["final"][metric] = final
+            _, mean, _, _ = summarize(by_rank)
+            if len(mean):
+                mode = (modes or {}).get(metric) or default_mode(metric)
+                row["best"][metric] = float(mean.max() if mode == "max" else mean.min())
+            bad = nonfinite(by_rank)
+            if bad is not None:
+                row["nonfinite"][metric] = bad
         return row

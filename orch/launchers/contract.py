@@ -11,6 +11,8 @@ detached (:class:`~orch.launchers.detach.DetachedRun`), attached by address
     run.wait()    -> RunResult     blocks until it ended (at once for an ended run);
                                    raises orch.RunFailed, naming the root cause, if it failed
     run.stop()    -> RunState      asks its ranks to end after their step (no-op once ended)
+    run.best_checkpoint            its best checkpoint: path, step, value (None: no checkpoint)
+    run.to_mlflow()                the ended run as one MLflow run (config, per-rank metrics, mean)
     run.log_files(), run.panel(), run.close(), ``with run: ...``
 
 The panel reads a run through this contract: ``connect()`` (a client to poll, or None when
@@ -26,7 +28,10 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from orch._viewable import Viewable
-from orch.errors import RunFailed
+from orch.errors import OrchError, RunFailed
+from orch.record.checkpoint_index import Checkpoint, best_checkpoint
+from orch.record.mlflow_export import export_mlflow
+from orch.record.rundir import RunRecord
 from orch.wire.client import MasterClient, StateMirror
 from orch.wire.stacks import Stacks, stacks_of
 from orch.wire.states import RunState
@@ -120,6 +125,12 @@ class RunHandle(Viewable, ABC):
         """Its master's HOST:PORT ("" when there is no master to reach)."""
         return ""
 
+    @property
+    def best_checkpoint(self) -> Checkpoint | None:
+        """Its best checkpoint on disk (``.path``, ``.step``, ``.value``, ``.metric``): the best by
+        the value it was saved with, or the newest when none has one; None without any."""
+        return best_checkpoint(self.run_dir / "checkpoints") if self.run_dir is not None else None
+
     @abstractmethod
     def state(self) -> StateMirror: ...
 
@@ -165,6 +176,30 @@ class RunHandle(Viewable, ABC):
                     return stacks_of(client.stacks(wait=timeout))
         mirror = self.state()
         return Stacks(grouped=mirror.stacks or f"no stacks: run {mirror.run_id} is {mirror.state.value}")
+
+    def to_mlflow(
+        self, tracking_uri: str | None = None, experiment: str = "orch", *, name: str | None = None
+    ) -> str:
+        """Write the ended run as one MLflow run (named ``name``, default its run id) in
+        ``experiment`` at ``tracking_uri`` (None: MLflow's own); returns its MLflow run id.
+
+        The config as params, each rank's metrics (``rank0/loss``) and their mean (``loss``)
+        with their steps, the state and root cause as tags (see :mod:`orch.record.mlflow_export`).
+        Written here, from the run dir, once; exporting again replaces it."""
+        run_dir = self.run_dir
+        if run_dir is None:
+            raise OrchError(
+                f"run {self.run_id} has no run dir here (a master known by its address): export it "
+                "where its run dir is, with orch.load_run(path).to_mlflow()"
+            )
+        if self.final_state() is None:
+            raise OrchError(
+                f"run {self.run_id} is still {self.state().state.value}: export it once it ended (run.wait())"
+            )
+        source = self if isinstance(self, RunRecord) else run_dir
+        return export_mlflow(
+            [(name or self.run_id, source)], tracking_uri=tracking_uri, experiment=experiment, load=RunRecord
+        )[0]
 
     def log_files(self) -> dict[str, Path]:
         """Each rank's log by worker id (empty when the logs are on other hosts)."""

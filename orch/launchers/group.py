@@ -19,6 +19,7 @@ import threading
 import time
 import types
 from collections.abc import Callable, Iterator
+from multiprocessing import forkserver
 from pathlib import Path
 from typing import Any
 
@@ -75,6 +76,12 @@ def starting_phase(workers: int) -> str:
     return what if _pool_started else f"{what}: importing torch (the worker pool's first start)"
 
 
+def pool_running() -> bool:
+    """The workers' forkserver of this process is started (a launch forks from it at once)."""
+    server = getattr(forkserver, "_forkserver", None)
+    return getattr(server, "_forkserver_pid", None) is not None
+
+
 @contextlib.contextmanager
 def _main_not_inherited() -> Iterator[None]:
     """Start children without re-running this process's ``__main__`` in them.
@@ -109,6 +116,9 @@ class WorkerGroup:
         self._exited: dict[int, int] = {}
         self._oom: list[OomCounter] = []  # each worker's cgroup's OOM kills, counted from its start
         self.sources = SourceMap()  # where the training function's code came from (cells)
+        # Seconds its first start spent starting the workers' pool (the forkserver importing
+        # torch): 0 when the pool was warm. A sweep shows it apart from the run's own time.
+        self.pool_start_seconds = 0.0
 
     def start(self, specs: list[WorkerSpec]) -> None:
         import cloudpickle
@@ -117,12 +127,17 @@ class WorkerGroup:
         self.worker_ids = [s.worker_id for s in specs]
         self.sources = specs[0].sources if specs else SourceMap()
         self.procs, self._exited, self.all_exited_at, self._oom = [], {}, None, []
+        cold = not pool_running()
         for wspec in specs:
             p = ctx.Process(
                 target=spawn_main, args=(cloudpickle.dumps(wspec),), name=f"orch-{wspec.worker_id}"
             )
+            began = time.monotonic()
             with _main_not_inherited():
-                p.start()
+                p.start()  # the first start of a cold pool waits until the forkserver imported torch
+            if cold:
+                self.pool_start_seconds += time.monotonic() - began
+                cold = False
             self.procs.append(p)
             self._oom.append(OomCounter(p.pid or 0))
         global _pool_started

@@ -45,6 +45,9 @@ class Launcher(ABC):
     # On a cluster each node's host agent starts its ranks again for a restart; on this
     # machine the launcher does.
     restarts_through_hosts = False
+    # Every rank runs on this machine, as this user: they dial the master's private listener
+    # (a unix socket in a 0700 folder), which no other user can connect to.
+    ranks_on_this_machine = False
 
     def __init__(self, spec: LaunchSpec, coordinator: Coordinator, run_dir: Path) -> None:
         self.spec = spec

@@ -20,6 +20,8 @@ from orch.wire.auth import TOKEN_ENV
 class LocalLauncher(Launcher):
     """``world_size`` ranks on this machine, one process each."""
 
+    ranks_on_this_machine = True
+
     def __init__(self, spec: LaunchSpec, coordinator: Coordinator, run_dir: Path) -> None:
         super().__init__(spec, coordinator, run_dir)
         self.group = WorkerGroup(coordinator, run_dir, spec.grace)

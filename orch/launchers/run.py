@@ -133,6 +133,7 @@ class Run(RunHandle):
             tls_cert=spec.tls_cert,
             tls_key=spec.tls_key,
             port_option="master_port",
+            local_socket=self.launcher.ranks_on_this_machine,
         )
         if spec.rdzv_port:  # a port the user named must be free; otherwise rank 0 binds one
             self.coordinator.rendezvous_port = choose_port(
@@ -148,7 +149,7 @@ class Run(RunHandle):
             coordinator=self.coordinator,
             store=self.store,
             meta=self._meta,
-            master=self.server.address,
+            master=self.server.local_address or self.server.address,
             token=self.token,
             tls_ca=self.tls_ca,
             tls_server_name=self.tls_server_name,
@@ -214,8 +215,13 @@ class Run(RunHandle):
         """A client of this run's master (with its token), or None once it is closed."""
         if self.server is None:
             return None
+        # The private listener where there is one: strangers filling the TCP port never blind
+        # the run's own panel.
         return MasterClient(
-            self.address, token=self.token, tls_ca=self.tls_ca, tls_server_name=self.tls_server_name
+            self.server.local_address or self.address,
+            token=self.token,
+            tls_ca=self.tls_ca,
+            tls_server_name=self.tls_server_name,
         )
 
     def _supervise(self) -> None:
@@ -373,6 +379,7 @@ def serve(
     tls_cert: str | None,
     tls_key: str | None,
     port_option: str = "--port",
+    local_socket: bool = False,
 ) -> tuple[MasterServer, dict[str, Any]]:
     """A run's master, serving: ``run.json`` is written first (a master that cannot start still
     leaves a record), then again with the address it serves on. ``orch.launch``, ``orch run``
@@ -387,6 +394,7 @@ def serve(
         tls_cert=tls_cert,
         tls_key=tls_key,
         port_option=port_option,
+        local_socket=local_socket,
     ).start()
     meta = {**meta, "master": server.address}
     store.write_meta(meta)

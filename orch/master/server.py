@@ -25,7 +25,14 @@ from grpc_reflection.v1alpha import reflection
 from orch.errors import ConfigError, PortInUseError
 from orch.master.control.validate import STATUS_CODE
 from orch.master.coordinator import Coordinator, Reject
-from orch.wire._net import DEFAULT_MASTER_PORT, choose_port, free_port, is_loopback, raise_fd_limit
+from orch.wire._net import (
+    DEFAULT_MASTER_PORT,
+    PrivateSocket,
+    choose_port,
+    free_port,
+    is_loopback,
+    raise_fd_limit,
+)
 from orch.wire._proto import orchestrator_pb2 as pb
 from orch.wire._proto import orchestrator_pb2_grpc as pb_grpc
 from orch.wire._rpc import status_code
@@ -34,6 +41,7 @@ from orch.wire.auth import (
     MAX_METADATA_BYTES,
     CallBudget,
     TokenInterceptor,
+    connection_limit,
     idle_limit,
     server_credentials,
 )
@@ -208,6 +216,7 @@ class MasterServer:
         tls_key: str | Path | None = None,
         idle_timeout: float = IDLE_CONNECTION_SECONDS,
         port_option: str = "--port",
+        local_socket: bool = False,
     ) -> None:
         if not is_loopback(host) and not token:
             raise ConfigError(
@@ -237,6 +246,15 @@ class MasterServer:
         )
         self.token = token
         self.tls = (tls_cert, tls_key) if tls_cert is not None and tls_key is not None else None
+        # local_socket: a second listener, a unix socket in a 0700 folder, for this user's own
+        # processes on this machine (a local run's ranks and its panel): a stranger filling the
+        # TCP listener's connections never reaches them.
+        self._local = PrivateSocket("master") if local_socket else None
+
+    @property
+    def local_address(self) -> str:
+        """``unix:/path`` of the private listener, or "" when there is none."""
+        return self._local.address if self._local is not None else ""
 
     @property
     def address(self) -> str:
@@ -256,13 +274,18 @@ class MasterServer:
             host=host,
         )
         try:
-            self._start_on(port)
-        except PortInUseError:
-            if self.requested_port is not None:
-                raise
-            # The default port was free when looked at and taken before the bind (another
-            # launch on this machine at the same moment): any free port does, as promised.
-            self._start_on(free_port(host))
+            try:
+                self._start_on(port)
+            except PortInUseError:
+                if self.requested_port is not None:
+                    raise
+                # The default port was free when looked at and taken before the bind (another
+                # launch on this machine at the same moment): any free port does, as promised.
+                self._start_on(free_port(host))
+        except BaseException:
+            if self._local is not None:
+                self._local.remove()
+            raise
         log.info("orch master serving run %s on %s", self.coordinator.run_id, self.address)
         return self
 
@@ -307,6 +330,9 @@ class MasterServer:
                 ("grpc.max_metadata_size", MAX_METADATA_BYTES),
                 ("grpc.absolute_max_metadata_size", MAX_METADATA_BYTES),
                 idle_limit(self.idle_timeout),
+                # Connections at once, per listener: past it a new one is closed at once, and
+                # the master keeps its open files for the ones it serves (and its run dir).
+                connection_limit(),
             ],
         )
         servicer = OrchestratorServicer(self.coordinator)
@@ -328,6 +354,8 @@ class MasterServer:
                 bound = server.add_insecure_port(target)
             if bound == 0:
                 raise RuntimeError(f"could not bind {target}")
+            if self._local is not None and not server.add_insecure_port(self._local.address):
+                raise OSError(f"could not listen on {self._local.path}")
             await server.start()
             for name in ("", SERVICE_NAME):
                 await self._health.set(name, health_pb2.HealthCheckResponse.SERVING)
@@ -371,6 +399,8 @@ class MasterServer:
             self._thread.join(grace + 5.0)
         self._thread = None
         self._server = None
+        if self._local is not None:
+            self._local.remove()
 
     def __enter__(self) -> MasterServer:
         return self.start()

@@ -34,7 +34,7 @@ from orch.record.store import (
 )
 from orch.record.tensorboard import export_runs
 from orch.wire._proto import orchestrator_pb2 as pb
-from orch.wire.client import SeriesBuffer, Snapshots, StateMirror
+from orch.wire.client import NonFinite, SeriesBuffer, Snapshots, StateMirror
 from orch.wire.ranks import RankView
 from orch.wire.states import RankState, RunState
 
@@ -135,6 +135,11 @@ class RunRecord:
                 for r in result.objects("ranks")
             ]
             m.registered = len(m.ranks)
+            stragglers = result.object("stragglers")
+            if stragglers is not None:  # the judgement as the run ended: the panel's record shows it
+                m.stragglers_judged, m.straggler_note = stragglers.flag("judged"), stragglers.text("note")
+                m.straggler_rank = stragglers.integer("rank", -1) if m.stragglers_judged else -1
+                m.straggler_section = stragglers.text("section") if m.straggler_rank >= 0 else ""
             progress = result.object("progress")
             if progress is not None:
                 m.progress_note, m.stacks = progress.text("note"), progress.text("stacks")
@@ -150,7 +155,19 @@ class RunRecord:
             buf = m.series[key] = SeriesBuffer()
             buf.extend(kept.steps, kept.values, kept.times)
         m.events = [(e["time"], e["kind"], e["rank"], e["message"]) for e in self.events]
+        m.fill_mean_rates()  # a record from before orch wrote each rank's mean rate
+        self._take_nonfinite(m)
         return m
+
+    def _take_nonfinite(self, m: StateMirror) -> None:
+        """Where each series went NaN or inf, as the master saw every point: a down-sampled
+        load may have left that point out (``nonfinite`` in result.json; older records lack it)."""
+        for d in read_nonfinite(self.result, self.run_dir / "result.json"):
+            buf = m.series.get((d.rank, d.metric))
+            if buf is not None:
+                buf.first_bad = (d.step, d.value)
+                if d.last_finite is not None:
+                    buf.last_finite = (d.last_finite_step, d.last_finite)
 
     @property
     def run_id(self) -> str:
@@ -328,6 +345,16 @@ class _Fields:
             raise self._wrong(key, v, "true or false")
         return v
 
+    def numbers(self, key: str) -> dict[str, float]:
+        """An object of names to numbers (empty when absent)."""
+        v = self.value.get(key, {})
+        if not isinstance(v, dict) or not all(
+            isinstance(n, str) and isinstance(x, int | float) and not isinstance(x, bool)
+            for n, x in v.items()
+        ):
+            raise self._wrong(key, v, "an object of names to numbers")
+        return {n: float(x) for n, x in v.items()}
+
     def choice(self, key: str, kind: type[_E], default: _E | None = None) -> _E:
         """A member of ``kind`` by value; required when there is no default."""
         if key not in self.value and default is not None:
@@ -369,6 +396,17 @@ def _kind(value: Any) -> str:
     """A short description of a JSON value for an error message."""
     text = repr(value)
     return f"{type(value).__name__} {text if len(text) <= 40 else text[:37] + '...'}"
+
+
+def read_nonfinite(result: dict[str, Any], where: Path) -> list[NonFinite]:
+    """A record's metrics that went NaN or inf (``nonfinite`` of result.json; older records have none)."""
+    found = result.get("nonfinite", [])
+    try:
+        if not isinstance(found, list):
+            raise TypeError(f"a list, not {type(found).__name__}")
+        return [NonFinite.from_dict(d) for d in found]
+    except (TypeError, ValueError, KeyError, AttributeError) as e:
+        raise OrchError(f"{where}: 'nonfinite' should list the metrics that went NaN or inf ({e})") from e
 
 
 def read_json(path: Path) -> dict[str, Any]:

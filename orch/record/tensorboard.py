@@ -117,7 +117,7 @@ def _export_points(run: Exportable, name: str, folder: Path) -> _Session:
     clock: dict[int, float] = {}  # each rank's last wall time, for points logged without one
     writers: dict[int, SummaryWriter] = {}
     try:
-        for rank, points in _points(run.run_dir / "metrics.pb"):
+        for rank, points in kept_points(run.run_dir / "metrics.pb"):
             writer = writers.get(rank)
             if writer is None:
                 writer = writers[rank] = SummaryWriter(
@@ -139,12 +139,12 @@ def _export_points(run: Exportable, name: str, folder: Path) -> _Session:
     end = start + state.elapsed if state.elapsed else max(times, default=start)
     hparams: dict[str, HParam] = {"fn": str(meta.get("fn", "")), "world_size": state.world_size}
     config = meta.get("config")
-    for key, setting in _flatten("", config if isinstance(config, dict) else {}):
+    for key, setting in flatten_config("", config if isinstance(config, dict) else {}):
         hparams[f"config.{key}" if key in ("fn", "world_size") else key] = setting
     return _Session(name, folder, hparams, state.state, start, end, _finals(last))
 
 
-def _points(metrics: Path) -> Iterator[tuple[int, list[tuple[int, str, float, float | None]]]]:
+def kept_points(metrics: Path) -> Iterator[tuple[int, list[tuple[int, str, float, float | None]]]]:
     """Each intact record's points that no restart replaced, as (rank, [(step, metric, value, time)]).
 
     The same rule as ``LoadedRun.to_csv``: a restarted attempt's replayed steps replace the
@@ -180,11 +180,11 @@ def _finals(last: dict[SeriesKey, tuple[int, float, float]]) -> dict[str, tuple[
     return out
 
 
-def _flatten(prefix: str, value: Any) -> Iterator[tuple[str, HParam]]:
+def flatten_config(prefix: str, value: Any) -> Iterator[tuple[str, HParam]]:
     """A config as hparams: nested keys joined by dots; lists and None as their JSON text."""
     if isinstance(value, dict):
         for key, inner in value.items():
-            yield from _flatten(f"{prefix}.{key}" if prefix else str(key), inner)
+            yield from flatten_config(f"{prefix}.{key}" if prefix else str(key), inner)
     elif isinstance(value, bool | int | float | str):
         yield prefix, value
     else:

@@ -5,7 +5,11 @@ at the same steps/s and the rate alone never shows which rank holds the others b
 does: the slow rank waits least in the collectives, while the others wait for it. So each
 rank splits its step time:
 
-- ``ctx.steps`` times each step, from its start to the next one's;
+- the steps are marked by ``ctx.steps`` (each step, from its start to the next one's); in a
+  loop without it, by ``ctx.data`` (each batch it yields is a step, from one request for a
+  batch to the next, its wait for the batch included); in a loop with neither, by
+  ``ctx.log`` (from one logged step to the next: a call that logs step 40 after step 30
+  closes 10 steps). A step timed by ``ctx.log`` alone is not split into data and compute;
 - ``ctx.ddp`` asks DDP's reducer for its runtime statistics every iteration (read once per
   step): the gradient communication not overlapped with the rank's own backward compute is
   its wait for its peers;
@@ -31,7 +35,11 @@ from orch.wire.limits import MAX_SECTIONS, MORE_SECTIONS
 
 log = logging.getLogger(__name__)
 clock = time.perf_counter
-RESERVED = frozenset({"data", "compute", "other", "collective wait", MORE_SECTIONS})  # the step's own parts
+# The step's own parts, which no section may be named ("own time": a step timed by ctx.log).
+RESERVED = frozenset({"data", "compute", "other", "collective wait", "own time", MORE_SECTIONS})
+# What marks the steps, strongest first: a loop timed by one never counts the steps of the next.
+BY_STEPS, BY_DATA, BY_LOG = "ctx.steps", "ctx.data", "ctx.log"
+TIMED_BY_RANK = {"": 0, BY_LOG: 1, BY_DATA: 2, BY_STEPS: 3}
 
 
 def enabled() -> bool:
@@ -48,6 +56,7 @@ class StepTimes:
         self.collectives = False  # a hook times the gradient collectives (ctx.ddp)
         self._names: set[str] = set()  # the section names this rank has marked, for good
         self._told = False
+        self.timed_by = ""  # what marks the steps (BY_STEPS, BY_DATA, BY_LOG): the strongest seen
         self._reset()
 
     def _reset(self) -> None:
@@ -58,10 +67,20 @@ class StepTimes:
         self.other_s = 0.0
         self.sections: dict[str, float] = {}
 
-    def step(self, seconds: float, own: float) -> None:
-        """One step done: its wall time, and how much of it was orch's own work."""
+    def marks(self, by: str) -> bool:
+        """Whether ``by`` marks this rank's steps, taking it over from a weaker one: ctx.steps
+        over ctx.data over ctx.log (one loop's steps are never counted twice)."""
+        if by == self.timed_by:
+            return True
+        if TIMED_BY_RANK[by] < TIMED_BY_RANK[self.timed_by]:
+            return False
+        self.timed_by = by
+        return True
+
+    def step(self, seconds: float, own: float, count: int = 1) -> None:
+        """``count`` steps done: their wall time, and how much of it was orch's own work."""
         with self._lock:
-            self.steps += 1
+            self.steps += count
             self.step_s += seconds
             self.other_s += own
 
@@ -108,9 +127,13 @@ class StepTimes:
                 other_seconds=self.other_s,
                 sections=self.sections,
                 collectives=self.collectives,
+                timed_by=self.timed_by,
             )
             self._reset()
             return timing
+
+
+OFF = pb.StepTiming(timed_by="off")  # what a rank whose step timing is turned off tells the master
 
 
 class CollectiveWait:
@@ -125,6 +148,7 @@ class CollectiveWait:
     def __init__(self, models: list[Any]) -> None:
         self.models = models
         self._seen: dict[int, int] = {}  # model index -> the last iteration counted
+        self.iterations = 0  # the iterations the last take() saw go by (it read the last one's wait)
 
     @staticmethod
     def watch(model: Any) -> bool:
@@ -141,12 +165,15 @@ class CollectiveWait:
         said anything (a reducer that keeps none: the Python reducer, several devices per
         process), so that no wait is ever reported as zero for want of a measurement."""
         waited: float | None = None
+        self.iterations = 0
         for i, model in enumerate(self.models):
             data = model._get_ddp_logging_data()
             iteration = int(data.get("iteration", 0))
-            if iteration == self._seen.get(i, -1) or "backward_comm_time" not in data:
+            seen = self._seen.get(i, -1)
+            if iteration == seen or "backward_comm_time" not in data:
                 continue
             self._seen[i] = iteration
+            self.iterations = max(self.iterations, iteration - seen if seen >= 0 else 1)
             comm = float(data["backward_comm_time"])
             overlap = float(data.get("backward_compute_comm_overlap_time", 0))
             waited = (waited or 0.0) + max(0.0, comm - overlap) / 1e9

@@ -3,8 +3,8 @@
 Python gRPC serves a few thousand unary calls a second per core, so a master that takes one
 heartbeat call per rank per interval tops out near a thousand ranks whatever its own code
 costs. ``orch worker --nproc-per-node K`` therefore starts this agent in its own process
-before its K ranks: the ranks dial it (on 127.0.0.1, with the run's token) as they would the
-master, it forwards their registration, barrier and completion calls unchanged, and it
+before its K ranks: the ranks dial it (a unix socket in a 0700 folder, with the run's token)
+as they would the master, it forwards their registration, barrier and completion calls unchanged, and it
 gathers their heartbeats into one ``SendHostHeartbeats`` call, sent when every rank of the
 host has one waiting or ``window`` seconds after the first arrived. The master then takes one
 call per host per interval: traffic grows with hosts, not ranks.
@@ -29,10 +29,17 @@ from typing import Any
 
 import grpc
 
-from orch.wire._net import raise_fd_limit
+from orch.wire._net import PrivateSocket, raise_fd_limit
 from orch.wire._proto import orchestrator_pb2 as pb
 from orch.wire._rpc import status_code
-from orch.wire.auth import CHANNEL_OPTIONS, TokenInterceptor, bearer, channel_security, idle_limit
+from orch.wire.auth import (
+    CHANNEL_OPTIONS,
+    TokenInterceptor,
+    bearer,
+    channel_security,
+    connection_limit,
+    idle_limit,
+)
 from orch.wire.limits import MAX_BATCH_BYTES, MAX_BEATS_PER_BATCH
 from orch.wire.states import SERVICE_NAME, describe_exit
 
@@ -50,7 +57,7 @@ class _Refused(Exception):
 
 
 class HostAgent:
-    """Serve the ranks of one host on 127.0.0.1 and relay them to ``master``.
+    """Serve the ranks of one host on a private unix socket and relay them to ``master``.
 
     ``ranks``: how many ranks the host runs (a batch goes as soon as each has a heartbeat
     waiting); ``window``: the longest a heartbeat waits for the others of its host.
@@ -131,7 +138,7 @@ class HostAgent:
         raise_fd_limit()  # each connection to the relay is an open file, a stranger's too
         server = grpc.aio.server(
             interceptors=[TokenInterceptor(self.token)] if self.token else [],
-            options=[*CHANNEL_OPTIONS, idle_limit()],
+            options=[*CHANNEL_OPTIONS, idle_limit(), connection_limit()],
         )
         handlers = {}
         for method in pb.DESCRIPTOR.services_by_name["Orchestrator"].methods:
@@ -144,17 +151,24 @@ class HostAgent:
             elif method.name != BATCH:  # bytes in, bytes out: the agent reads only Register's
                 handlers[method.name] = grpc.unary_unary_rpc_method_handler(self._forwarder(method.name))
         server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE_NAME, handlers),))
-        port = server.add_insecure_port("127.0.0.1:0")
-        await server.start()
-        flusher = asyncio.create_task(self._flush_loop())
-        self.address = f"127.0.0.1:{port}"
-        self._ready.set()
+        # The ranks dial a unix socket in a 0700 folder: no other user of the host can connect
+        # to the relay, let alone fill its connections.
+        socket = PrivateSocket("agent")
         try:
-            await self._stopping.wait()
+            if not server.add_insecure_port(socket.address):
+                raise OSError(f"could not listen on {socket.path}")
+            await server.start()
+            flusher = asyncio.create_task(self._flush_loop())
+            self.address = socket.address
+            self._ready.set()
+            try:
+                await self._stopping.wait()
+            finally:
+                flusher.cancel()
+                await server.stop(grace=1.0)
+                await self._upstream.close(None)
         finally:
-            flusher.cancel()
-            await server.stop(grace=1.0)
-            await self._upstream.close(None)
+            socket.remove()
 
     def _channel(self) -> grpc.aio.Channel:
         credentials, options = channel_security(self.tls_ca, self.tls_server_name)

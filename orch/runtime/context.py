@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import math
 import numbers
 import operator
 import threading
@@ -17,8 +18,19 @@ import torch.distributed as dist
 from torch import nn
 
 from orch.errors import StopTraining
+from orch.record.checkpoint_index import Mode, check_keep
 from orch.runtime._sender import HeartbeatSender
-from orch.runtime._timing import RESERVED, CollectiveWait, StepTimes, clock, enabled
+from orch.runtime._timing import (
+    BY_DATA,
+    BY_LOG,
+    BY_STEPS,
+    OFF,
+    RESERVED,
+    CollectiveWait,
+    StepTimes,
+    clock,
+    enabled,
+)
 from orch.runtime.checkpoints import read_checkpoint, write_checkpoint
 from orch.wire.limits import MAX_METRICS_PER_RANK, MAX_NAME_LEN
 
@@ -66,12 +78,19 @@ class Context:
         self._stop_at = 0  # with a stop: the step count a loop without ctx.steps ends at
         self._uses_steps = False  # ctx.steps() drives the loop: it handles stops itself
         self._names: set[str] = set()  # the metric names ctx.log took (see MAX_METRICS_PER_RANK)
+        self._watched: str | None = None  # ctx.steps(metric=...): the metric its checkpoints carry
+        self._watched_value: float | None = None  # this rank's last logged value of it
         # Where each step's time goes (data, collectives, sections): see orch.runtime._timing.
         self.times: StepTimes | None = StepTimes() if enabled() else None
         self._ddp_models: list[nn.Module] = []
         self._waits = CollectiveWait(self._ddp_models)
-        if sender is not None and self.times is not None:
-            sender.timing = self.times.take
+        self._logged_step, self._logged_at = -1, 0.0  # ctx.log's last new step, and when (BY_LOG)
+        self._log_steps = 0  # steps ctx.log counted since _logged_at, not handed to self.times yet
+        self._log_fast = False  # ctx.log may count the next step itself (see _log_step)
+        self._log_timed = self.times is not None  # ctx.log marks the steps: nothing stronger did yet
+        if sender is not None:
+            # The master is told when this rank does not time its steps: never "not yet" for that.
+            sender.timing = self.times.take if self.times is not None else lambda: OFF
 
     @property
     def is_main(self) -> bool:
@@ -110,11 +129,21 @@ class Context:
 
     def data(self, batches: Iterable[T]) -> Iterator[T]:
         """Iterate ``batches`` (a DataLoader, any iterable), timing the wait for each one:
-        ``for x, y in ctx.data(loader):``. The panel shows it as the step's "data" time."""
+        ``for x, y in ctx.data(loader):``. The panel shows it as the step's "data" time.
+
+        In a loop that ``ctx.steps`` does not drive, each batch is a step: timed from one
+        request for a batch to the next (the wait for the batch included), so that the usual
+        ``for epoch in range(n): for x, y in ctx.data(loader):`` has its steps timed."""
         times = self.times
         it = iter(batches)
+        started = 0.0  # when the batch before was asked for: its step's start (BY_DATA)
         while True:
             start = clock()
+            if times is not None and self._log_timed:
+                self._stop_log_count(times)
+            if times is not None and times.marks(BY_DATA) and started:
+                self._step_done(times, start - started)
+            started = start
             try:
                 batch = next(it)
             except StopIteration:
@@ -122,6 +151,17 @@ class Context:
             if times is not None:
                 times.data(clock() - start)
             yield batch
+
+    def _step_done(self, times: StepTimes, seconds: float, own: float = 0.0, count: int = 1) -> None:
+        """``count`` steps ended, ``seconds`` long in all (``own`` of it orch's): with the wait
+        for the peers in the gradient collectives that DDP's timers read since the last ones."""
+        waited = self._waits.take() if self._ddp_models else None
+        if waited is not None:
+            times.collectives = True
+            # Several iterations since the last reading (ctx.log every k steps): the last one's
+            # wait stands for each.
+            times.collective(waited * max(1, min(count, self._waits.iterations)))
+        times.step(seconds, own, count)
 
     @contextlib.contextmanager
     def section(self, name: str) -> Iterator[None]:
@@ -139,7 +179,16 @@ class Context:
             if self.times is not None:
                 self.times.section(name, clock() - start)
 
-    def steps(self, n: int, *, checkpoint: Callable[[], Any] | None = None, every: int = 0) -> Iterator[int]:
+    def steps(
+        self,
+        n: int,
+        *,
+        checkpoint: Callable[[], Any] | None = None,
+        every: int = 0,
+        keep: int = 2,
+        metric: str | None = None,
+        mode: Mode = "min",
+    ) -> Iterator[int]:
         """Yield the step numbers ``resume_step .. n-1``; end early, on every rank at once, on a stop.
 
         ``resume_step`` is 0, or the step after the checkpoint :meth:`load_checkpoint`
@@ -147,12 +196,28 @@ class Context:
         saved every ``every`` steps and when a stop ends the loop. The stop decision is
         shared with an asynchronous all-reduce launched one step ahead, so every rank
         leaves the loop at the same step without a blocking collective in each step.
+
+        ``metric`` names a metric the loop logs (``ctx.log(step, val_loss=...)``): each
+        checkpoint then carries its value, the mean over ranks of each rank's last logged
+        value, and ``keep`` checkpoints are kept, the best by it (the least with ``mode="min"``,
+        the greatest with ``"max"``), plus the newest. Without ``metric``, the ``keep`` newest.
         """
         if n < 0:
             raise ValueError(f"ctx.steps(n) needs n >= 0, got {n}")
         if every < 0 or (every and checkpoint is None):
             raise ValueError("ctx.steps(every=k) needs k >= 0 and a checkpoint function")
+        check_keep(keep, mode, "ctx.steps")
+        if metric is not None and (not isinstance(metric, str) or not metric or checkpoint is None):
+            raise ValueError(
+                f"ctx.steps(metric=...) names a metric this loop logs, for its checkpoints: a non-empty "
+                f"name, with checkpoint=; got metric={metric!r}"
+            )
+        if metric != self._watched:
+            self._watched, self._watched_value = metric, None
         self._uses_steps = True
+        if self.times is not None:
+            self._stop_log_count(self.times)
+            self.times.marks(BY_STEPS)
         if self._sender is not None:
             self._sender.total_steps = n
         pending: Any = None
@@ -182,7 +247,7 @@ class Context:
                     if self._sender is not None:
                         self._sender.step = self._step + 1  # steps done: the last one finished
                     if checkpoint is not None and self._step >= 0:
-                        self._checkpoint_together(checkpoint())
+                        self._checkpoint_together(checkpoint(), keep=keep, mode=mode)
                     return
                 self._step = step
                 if self._sender is not None:
@@ -190,50 +255,81 @@ class Context:
                 if times is not None:
                     now = clock()
                     if started:  # the step before: body, then orch's own work until now
-                        waited = self._waits.take() if self._ddp_models else None
-                        if waited is not None:
-                            times.collectives = True
-                            times.collective(waited)
-                        times.step(now - started, now - resumed)
+                        self._step_done(times, now - started, now - resumed)
                     started = now
                 yield step
                 if times is not None:
                     resumed = clock()
                 if every and (step + 1) % every == 0:
-                    self._checkpoint_together(checkpoint())  # type: ignore[misc]
+                    self._checkpoint_together(checkpoint(), keep=keep, mode=mode)  # type: ignore[misc]
             if self._sender is not None:
                 self._sender.step = n
         finally:
             if pending is not None and not pending.is_completed():
                 pending.wait()
 
-    def _checkpoint_together(self, state: Any) -> Path | None:
+    def _checkpoint_together(self, state: Any, *, keep: int, mode: Mode) -> Path | None:
         """A checkpoint of ``ctx.steps``, which every rank takes at the same step: rank 0 writes
         it only once every rank's points up to it are at the master. A restart resumes after
         it, so a rank killed between its peers' checkpoint and its own last beat would
-        otherwise leave a hole of a few steps in its history."""
+        otherwise leave a hole of a few steps in its history. With a watched metric, the
+        all-reduce of its value (the mean over ranks) is that meeting point."""
         if self._sender is not None:
             self._sender.flush()
+        if self._watched is None:
+            if self._control_group is not None:
+                dist.barrier(group=self._control_group)
+            return self.save_checkpoint(state, keep=keep, mode=mode)
+        mine = self._watched_value
+        # (sum of finite values, ranks with one, ranks whose value is NaN or infinite)
+        parts = torch.tensor(
+            [0.0, 0.0, 0.0] if mine is None else [mine, 1.0, 0.0] if math.isfinite(mine) else [0.0, 0.0, 1.0],
+            dtype=torch.float64,
+        )
         if self._control_group is not None:
-            dist.barrier(group=self._control_group)
-        return self.save_checkpoint(state)
+            dist.all_reduce(parts, op=dist.ReduceOp.SUM, group=self._control_group)
+        total, count, nonfinite = parts.tolist()
+        value = math.nan if nonfinite else (total / count if count else None)
+        return self.save_checkpoint(state, value=value, metric=self._watched, keep=keep, mode=mode)
 
-    def save_checkpoint(self, state: Any, *, step: int | None = None) -> Path | None:
+    def save_checkpoint(
+        self,
+        state: Any,
+        *,
+        step: int | None = None,
+        value: float | None = None,
+        metric: str = "",
+        keep: int = 2,
+        mode: Mode = "min",
+    ) -> Path | None:
         """Save ``state`` (anything ``torch.save`` takes) as of ``step`` (default: the current one).
 
         Rank 0 writes it, atomically, to the run dir's ``checkpoints/``; the other ranks
         hold the same DDP state and write nothing. Every rank first hands the master all the
         points it logged so far, so that a restart from this checkpoint finds the history
         up to it complete. Returns the file on rank 0.
+
+        ``value`` (rank 0's; pass the same on every rank, such as an all-reduced validation
+        loss) is the metric this checkpoint is ranked by, ``metric`` its name. After the write
+        the ``keep`` best by value are kept (the least with ``mode="min"``, the greatest with
+        ``"max"``; a checkpoint without a value, or with NaN, ranks after those with one),
+        plus the newest: without values, the ``keep`` newest. ``run.best_checkpoint`` names the best.
         """
         if self.checkpoint_dir is None:
             raise RuntimeError("this worker has no run dir to keep checkpoints in")
+        check_keep(keep, mode, "ctx.save_checkpoint")
+        if value is not None:
+            value = _as_value(value)
+        if not isinstance(metric, str):
+            raise TypeError(f"ctx.save_checkpoint: metric is the name of the value, a string; got {metric!r}")
         step = self._step if step is None else step
         if self._sender is not None:
             self._sender.flush()
         if self.rank != 0:
             return None
-        return write_checkpoint(self.checkpoint_dir, step, self.attempt, state)
+        return write_checkpoint(
+            self.checkpoint_dir, step, self.attempt, state, value=value, metric=metric, keep=keep, mode=mode
+        )
 
     def load_checkpoint(self, *, weights_only: bool = True) -> Any:
         """The state of the newest checkpoint, or None; ``ctx.steps()`` then resumes after it.
@@ -244,9 +340,12 @@ class Context:
         ``ctx.load_checkpoint(weights_only=False)``: only for checkpoint dirs nobody else can
         write, since unpickling such a file runs whatever it names. ``checkpoints/latest``
         must name a file :meth:`save_checkpoint` writes (``step-<9+ digits>.pt``), in that dir.
+
+        A newest checkpoint that is damaged (truncated, or not a whole archive) is skipped for
+        the newest one that loads; the rank's log names both (see :mod:`orch.runtime.checkpoints`).
         """
         saved = None if self.checkpoint_dir is None else read_checkpoint(
-            self.checkpoint_dir, self.device, weights_only=weights_only
+            self.checkpoint_dir, self.device, weights_only=weights_only, writer=self.rank == 0
         )
         if saved is None:
             return None
@@ -284,11 +383,50 @@ class Context:
                 break
         if not scalars.keys() <= self._names:
             self._take_names(scalars)
+        if self._watched is not None and self._watched in scalars:
+            self._watched_value = float(scalars[self._watched])
+        if step != self._logged_step and self._log_timed:
+            if step == self._logged_step + 1 and self._log_fast:  # the usual next step: no call, no lock
+                self._logged_step = step
+                self._log_steps += 1
+                if self._log_steps >= LOG_EVERY:
+                    self._log_step(step)
+            else:
+                self._log_step(step)
         if self._sender is not None:
             self._sender.log(step, scalars)
         if self._stop_at and step + 1 >= self._stop_at and not self._uses_steps:
             self.stopped = True
             raise StopTraining(f"the run was asked to stop; every rank stops after step {step}")
+
+    def _log_step(self, step: int) -> None:
+        """A new step logged: in a loop that neither ctx.steps nor ctx.data marks, the steps
+        since the last one logged are timed, from that call to this one (compute is all of it
+        but the collective wait: ctx.log cannot tell data from compute). Without a model of
+        ctx.ddp's to read, steps one after another are counted in :meth:`log` itself and
+        handed over here every LOG_EVERY steps: ctx.log stays a few attribute updates."""
+        times = self.times
+        if times is None:
+            return
+        now = clock()
+        last = self._logged_step
+        count = self._log_steps + (step - last if 0 <= last < step else 0)
+        self._log_steps = 0
+        if count and (times.timed_by == BY_LOG or times.marks(BY_LOG)):
+            self._step_done(times, now - self._logged_at, count=count)
+        elif self._ddp_models:
+            self._waits.take()  # the iterations before this step are not of a timed one
+        self._logged_step, self._logged_at = step, now
+        # The next steps one after another are counted without a call while nothing but ctx.log
+        # marks them and no collective is to be read after each.
+        self._log_fast = times.timed_by == BY_LOG and not self._ddp_models
+
+    def _stop_log_count(self, times: StepTimes) -> None:
+        """ctx.steps or ctx.data marks the steps from now on: hand over the steps ctx.log
+        counted, and count no more there."""
+        if self._log_steps and times.timed_by == BY_LOG:
+            self._log_step(self._logged_step)
+        self._log_timed = self._log_fast = False
 
     def _take_names(self, scalars: dict[str, Any]) -> None:
         """Check the names this rank logs for the first time against the master's caps: a
@@ -338,7 +476,20 @@ class Context:
 
 
 MAX_STEP = 2**63 - 1
+LOG_EVERY = 16  # steps one after another ctx.log counts before handing them to the rank's timing
 USER_METRICS = MAX_METRICS_PER_RANK - 2  # the names ctx.log takes: orch's own two fill the cap
+
+
+def _as_value(value: Any) -> float:
+    """A checkpoint's value as a float: a real number or a one-element tensor."""
+    if isinstance(value, numbers.Real) and not isinstance(value, bool):
+        return float(value)
+    if _one_real(value):
+        return float(value.item())
+    raise TypeError(
+        f"ctx.save_checkpoint: value={_short(value)} is {_kind(value)}, not a real number: pass the "
+        "metric the checkpoint is ranked by as a float (or a one-element tensor)"
+    )
 
 
 def _as_step(step: Any) -> int:

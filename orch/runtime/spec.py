@@ -12,7 +12,7 @@ from orch.runtime._launcher_env import LaunchedAs
 from orch.runtime._owner import Owner
 from orch.runtime._source import SourceMap
 from orch.runtime._target import TrainFn
-from orch.wire._net import split_address
+from orch.wire._net import check_address
 
 
 @dataclass
@@ -53,7 +53,7 @@ class WorkerSpec:
     launched: LaunchedAs | None = None
 
     def __post_init__(self) -> None:
-        split_address(self.master)
+        check_address(self.master)
         if not self.worker_id:
             self.worker_id = f"{socket.gethostname()}-{os.getpid()}-{self.local_rank}"
         if self.local_world_size < 1 or not 0 <= self.local_rank < self.local_world_size:

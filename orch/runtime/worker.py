@@ -41,6 +41,7 @@ from orch.wire._net import (
     address_towards,
     interface_for,
     is_local_address,
+    is_unix,
     split_address,
 )
 from orch.wire._proto import orchestrator_pb2 as pb
@@ -75,8 +76,11 @@ def _abort(reason: str) -> None:
 
 
 def advertised_address(spec: WorkerSpec) -> str:
-    host, port = split_address(spec.master)
-    return spec.advertise_addr or address_towards(host, port)
+    if spec.advertise_addr:
+        return spec.advertise_addr
+    if is_unix(spec.master):  # the master's private listener: it is on this machine
+        return "127.0.0.1"
+    return address_towards(*split_address(spec.master))
 
 
 def _pin_interface(address: str, backend: str) -> None:
@@ -423,7 +427,7 @@ def run_worker(spec: WorkerSpec) -> int:
             master_timeout=spec.master_timeout or reg.heartbeat_timeout or 30.0,
             on_stop=lambda at_step: ctx.request_stop(at_step),
             on_abort=_abort,
-            local_master=is_local_address(split_address(spec.master)[0]),
+            local_master=is_unix(spec.master) or is_local_address(split_address(spec.master)[0]),
         )
         sender.process = ProcessReader(device.index if device.type == "cuda" else None)
         ctx = Context(

@@ -10,13 +10,14 @@ the sweep panel shares.
 
 from __future__ import annotations
 
+import contextlib
 import io
 import logging
 import re
 import threading
 import traceback
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, Protocol
 
@@ -24,16 +25,25 @@ import ipywidgets as widgets
 import numpy as np
 import numpy.typing as npt
 
-from orch._text import escape_html
+from orch._text import escape_html, number_text
 from orch.errors import ConfigError, OrchError
 from orch.experiments.sweep import Sweep, Trial, default_mode
 from orch.launchers.attached import open_run
+from orch.record.rundir import read_json
 from orch.views._pollers import track
 from orch.views._static import IMAGE, Record
 from orch.views.panel import choose, default_metric
-from orch.views.rank_plot import downsample
+from orch.views.rank_plot import (
+    YRange,
+    downsample,
+    mark_clipped,
+    mark_nonfinite,
+    robust_range,
+    say_empty,
+    show_ticks,
+)
 from orch.views.run_html import STATE_COLORS
-from orch.wire.client import SeriesBuffer, StateMirror
+from orch.wire.client import NonFinite, SeriesBuffer, StateMirror
 
 log = logging.getLogger(__name__)
 
@@ -48,14 +58,17 @@ class Curve:
     mean: npt.NDArray[np.float64]
     lo: npt.NDArray[np.float64]
     hi: npt.NDArray[np.float64]
+    nonfinite: list[NonFinite] = field(default_factory=list)  # where a rank's value went NaN or inf
 
 
 def curve(mirror: StateMirror, metric: str, x: XAxis = "step") -> Curve:
-    """The mean of ``metric`` over the ranks at each step, with its min and max; NaN/inf left out."""
+    """The mean of ``metric`` over the ranks at each step, with its min and max; NaN/inf points
+    are left out of the curve and kept in ``nonfinite`` (the step each rank's went first)."""
     bufs: list[SeriesBuffer] = [b for (_, name), b in mirror.series.items() if name == metric]
     if not bufs:
         empty = np.empty(0)
         return Curve(empty, empty, empty, empty)
+    bad = mirror.nonfinite(metric)
     steps = np.concatenate([b.steps for b in bufs])
     values = np.concatenate([b.values for b in bufs])
     times = np.concatenate([b.times for b in bufs])
@@ -63,7 +76,7 @@ def curve(mirror: StateMirror, metric: str, x: XAxis = "step") -> Curve:
     steps, values, times = steps[keep], values[keep], times[keep]
     if len(steps) == 0:
         empty = np.empty(0)
-        return Curve(empty, empty, empty, empty)
+        return Curve(empty, empty, empty, empty, bad)
     order = np.argsort(steps, kind="stable")
     steps, values, times = steps[order], values[order], times[order]
     unique, start = np.unique(steps, return_index=True)
@@ -71,13 +84,13 @@ def curve(mirror: StateMirror, metric: str, x: XAxis = "step") -> Curve:
     mean = np.add.reduceat(values, start) / counts
     lo, hi = np.minimum.reduceat(values, start), np.maximum.reduceat(values, start)
     if x == "step":
-        return Curve(unique, mean, lo, hi)
+        return Curve(unique, mean, lo, hi, bad)
     # Wall time: when the step's last rank logged it, from the run's first point of any metric.
     with np.errstate(all="ignore"):
         first = min((np.nanmin(b.times) for b in mirror.series.values() if len(b)), default=np.nan)
     when = np.maximum.reduceat(np.where(np.isfinite(times), times, -np.inf), start) - first
     ok = np.isfinite(when)
-    return Curve(when[ok], mean[ok], lo[ok], hi[ok])
+    return Curve(when[ok], mean[ok], lo[ok], hi[ok])  # no NaN steps on a time axis
 
 
 class _Follower(Protocol):
@@ -171,9 +184,9 @@ def followers(runs: Any, run_root: str = "runs") -> list[_Follower]:
             out.append(_TrialFollower(item))
         elif isinstance(item, (str, Path)):
             source = open_run(item, run_root)
-            out.append(_Mirrored(source, source.run_id))
+            out.append(_Mirrored(source, config_label(source)))
         elif callable(getattr(item, "state", None)) and hasattr(item, "run_id"):
-            out.append(_Mirrored(item, str(item.run_id)))
+            out.append(_Mirrored(item, config_label(item)))
         else:
             raise ConfigError(
                 f"compare() takes runs (orch.Run, an attached or loaded run), run ids, run dirs or "
@@ -181,7 +194,28 @@ def followers(runs: Any, run_root: str = "runs") -> list[_Follower]:
             )
     if not out:
         raise ConfigError("compare() needs at least one run")
+    labels = [f.label for f in out]
+    for f in out:  # runs of one config are told apart by their ids
+        if isinstance(f, _Mirrored) and (not f.label or labels.count(f.label) > 1):
+            run_id = str(f.source.run_id)
+            f.label = f"{f.label} ({run_id})" if f.label else run_id
     return out
+
+
+def config_label(source: Any) -> str:
+    """What a legend calls a run: its config (``lr=0.01, bs=32``), from its launch spec or its
+    ``run.json``; "" for a run without one."""
+    config = getattr(getattr(source, "spec", None), "config", None)
+    if config is None:
+        meta = getattr(source, "meta", None)
+        run_dir = getattr(source, "run_dir", None)
+        if meta is None and run_dir is not None:
+            with contextlib.suppress(OrchError):
+                meta = read_json(Path(run_dir) / "run.json")
+        config = meta.get("config") if isinstance(meta, dict) else None
+    if not isinstance(config, dict):
+        return ""
+    return ", ".join(f"{k}={v}" for k, v in config.items())
 
 
 def _best_of(values: Any, metric: str) -> float:
@@ -200,6 +234,7 @@ class _RunsPlot:
         FigureCanvasAgg(self.fig)
         self.ax = self.fig.add_subplot(1, 1, 1)
         self.fig.subplots_adjust(left=0.1, right=0.98, top=0.92, bottom=0.15)
+        self.y_range: YRange | None = None  # the limits of the last drawing
 
     def draw(
         self,
@@ -207,29 +242,45 @@ class _RunsPlot:
         metric: str,
         x: XAxis,
         log_scale: bool,
+        done: bool = False,
     ) -> bytes:
-        """``curves``: (label, colour index, curve, marked) per run; a marked run is drawn bold."""
+        """``curves``: (label, colour index, curve, marked) per run; a marked run is drawn bold.
+        ``done``: every run ended (a plot without points then says none were logged)."""
         ax = self.ax
         ax.clear()
         ax.grid(True, alpha=0.3)
         ax.set_xlabel("step" if x == "step" else "seconds since the run's first point")
         ax.set_ylabel(metric)
-        drawn = 0
+        drawn: list[tuple[Any, Any]] = []
+        colors: list[str] = []
+        nan_marks: list[tuple[float, str, str]] = []
         for label, color_index, c, marked in curves:
+            color = f"C{color_index % 10}"
+            if x == "step" and c.nonfinite:
+                first = c.nonfinite[0]
+                nan_marks.append((first.step, f"{number_text(first.value)} from step {first.step}", color))
             if len(c.x) == 0:
                 continue
-            color = f"C{color_index % 10}"
             px, mean = downsample(c.x, c.mean, self.width_px // 2)
             ax.plot(
                 px, mean, color=color, lw=2.4 if marked else 1.3, label=label + (" (best)" if marked else "")
             )
             if len(c.x) <= 4 * self.width_px and np.any(c.hi > c.lo):
                 ax.fill_between(c.x, c.lo, c.hi, color=color, alpha=0.18, lw=0)
-            drawn += 1
-        ax.set_title(metric if drawn else f"{metric}: waiting for the first points", fontsize=10)
+            drawn.append((px, mean))
+            colors.append(color)
+        ax.set_title(metric, fontsize=10)
         if drawn:
+            show_ticks(ax, True)
             ax.legend(loc="upper right", fontsize=7)
             ax.set_yscale("log" if log_scale else "linear")
+            self.y_range = robust_range(drawn, log_scale)
+            if self.y_range is not None:  # one diverged run does not flatten the others
+                mark_clipped(ax, self.y_range, colors)
+            mark_nonfinite(ax, nan_marks)
+        else:
+            self.y_range = None
+            say_empty(ax, "no points were logged" if done else "waiting for the first points")
         return self.png(compress_level=1)  # speed over size: it only crosses a local socket
 
     def png(self, compress_level: int = 6) -> bytes:
@@ -368,7 +419,11 @@ class RunsView:
             key = (points, self.marked(), tuple(m.state for m in self.mirrors))
             if force or key != self._drawn:
                 self.plot.value = self._plot.draw(
-                    self.curves(), self.metric.value or "loss", self.x_axis.value, self.log_scale.value
+                    self.curves(),
+                    self.metric.value or "loss",
+                    self.x_axis.value,
+                    self.log_scale.value,
+                    done=self.done,
                 )
                 self._drawn = key
                 self.redraws += 1
@@ -385,7 +440,7 @@ class RunsView:
         lines = [re.sub(r"<[^>]+>", "", self._header_html()).replace("&middot;", "-")]
         for f, m in zip(self.runs, self.mirrors, strict=True):
             c = curve(m, self.metric.value or "loss")
-            last = f"{c.mean[-1]:.4g}" if len(c.mean) else "-"
+            last = _last_text(c)
             lines.append(f"{f.label}: {m.state.value}, step {m.progress()[0]}, {self.metric.value} {last}")
         return "\n".join(lines)
 
@@ -414,12 +469,14 @@ class ComparePanel(RunsView):
         rows = []
         for i, (f, m) in enumerate(zip(self.runs, self.mirrors, strict=True)):
             c = curve(m, metric)
-            last = f"{c.mean[-1]:.4g}" if len(c.mean) else "-"
-            best = f"{_best_of(c.mean, metric):.4g}" if len(c.mean) else "-"
+            last = escape_html(_last_text(c))
+            best = number_text(_best_of(c.mean, metric)) if len(c.mean) else "-"
             color = STATE_COLORS.get(m.state, "#777")
+            run_id = escape_html(m.run_id)
             rows.append(
-                f'<tr class="orch-compared" data-run="{escape_html(m.run_id)}">'
-                f'<td><span style="color:{_swatch(i)}">&#9632;</span> {escape_html(f.label)}</td>'
+                f'<tr class="orch-compared" data-run="{run_id}">'
+                f'<td><span style="color:{_swatch(i)}">&#9632;</span> {escape_html(f.label)}'
+                f' <span style="color:#57606a;font-size:85%">{run_id}</span></td>'
                 f'<td style="color:{color}">{m.state.value}</td><td>{m.progress()[0]}</td>'
                 f"<td>{last}</td><td>{best}</td></tr>"
             )
@@ -428,6 +485,14 @@ class ComparePanel(RunsView):
             f"<thead><tr><th>run</th><th>state</th><th>step</th><th>{escape_html(metric)} last</th>"
             f"<th>{escape_html(metric)} best</th></tr></thead><tbody>{''.join(rows)}</tbody></table>"
         )
+
+
+def _last_text(c: Curve) -> str:
+    """A curve's last value; NaN or inf, from the step it went so, with its last finite value."""
+    ends_bad = next((d for d in c.nonfinite if d.stays), None)
+    if ends_bad is not None:
+        return ends_bad.text().removeprefix(f"{ends_bad.metric} ")
+    return number_text(c.mean[-1]) if len(c.mean) else "-"
 
 
 def _swatch(i: int) -> str:

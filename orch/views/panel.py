@@ -40,6 +40,7 @@ from orch.views.run_html import STATE_COLORS, failure_html, header_html, progres
 from orch.views.waiting import route_clicks_to_their_subshell, wait_for
 from orch.wire.client import MasterClient, StateMirror
 from orch.wire.stacks import stacks_of
+from orch.wire.states import RunState
 
 # What was defined here before the panel's parts got modules of their own stays importable.
 __all__ = ["FINISH_WAIT", "STATE_COLORS", "Panel", "choose", "default_metric", "downsample", "wait_for"]
@@ -47,6 +48,7 @@ __all__ = ["FINISH_WAIT", "STATE_COLORS", "Panel", "choose", "default_metric", "
 log = logging.getLogger(__name__)
 
 FINISH_WAIT = 15.0  # seconds a panel keeps polling a run that ended until its source is done
+SPINNER = "⠋⠙⠹⠸⠼⠴⠦⠧⠇⠏"  # the progress of a run with no known total: a count, turning
 
 
 def choose(view: Any, dropdown: widgets.Dropdown, options: list[Any], value: Any) -> None:
@@ -87,9 +89,10 @@ class Panel:
         self.mirror = StateMirror()
         self.polls = 0
         self.redraws = 0
+        self.redraws_header = 0  # turns the spinner of a run with no known total
         self.last_error = ""
         self._plot = RankPlot(width_px, height_px)
-        self._drawn_points = -1
+        self._drawn: tuple[int, bool] = (-1, False)  # the points and whether the run ended, as drawn
         self._closed = threading.Event()
         self._tick_lock = threading.Lock()
         self._build(width_px)
@@ -262,9 +265,10 @@ class Panel:
             self.table.value = table_html(m)
             self.progress_box.value = progress_html(m, self.asked_stacks)
             self.failure.value = failure_html(m)
-            if force or points != self._drawn_points:
+            # Redrawn for new points, and once as the run ends (a plot without points then says so).
+            if force or (points, m.state.done) != self._drawn:
                 self.plot.value = self._plot.draw(m, self.metric.value or "loss", self.log_scale.value)
-                self._drawn_points = points
+                self._drawn = (points, m.state.done)
                 self.redraws += 1
             self._draw_logs(m)
             if m.state.done:
@@ -285,12 +289,23 @@ class Panel:
     def _draw_header(self, m: StateMirror) -> None:
         self.header.value = header_html(m, address=self.source.address, last_error=self.last_error)
         done, total = m.progress()
-        self.progress.max = max(1, total)
-        self.progress.value = min(done, self.progress.max)
+        if not total:
+            # No known total (a loop without ctx.steps(n) or ctx.total_steps): a count, turning
+            # while the run goes, as tqdm does without a total; never a bar that reads full.
+            self.progress.layout.visibility = "hidden"
+            self.progress.max, self.progress.value = 1, 0
+            live = m.state in (RunState.RUNNING, RunState.STOPPING)
+            spin = f"{SPINNER[self.redraws_header % len(SPINNER)]} " if live else ""
+            self.redraws_header += 1
+            self.progress_label.value = f"{spin}step {done} (total unknown)"
+            return
+        self.progress.layout.visibility = "visible"
+        self.progress.max = total
+        self.progress.value = min(done, total)
         self.progress.bar_style = {"SUCCEEDED": "success", "FAILED": "danger", "STOPPED": "warning"}.get(
             m.state.value, "info"
         )
-        self.progress_label.value = f"step {done}/{total} ({done / total:.0%})" if total else f"step {done}"
+        self.progress_label.value = f"step {done}/{total} ({done / total:.0%})"
 
     def _draw_logs(self, m: StateMirror) -> None:
         files = self.source.log_files()

@@ -10,11 +10,14 @@ matplotlib is imported when a plot is made, not with this module.
 from __future__ import annotations
 
 import io
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
+from orch._text import number_text
 from orch.wire.client import StateMirror
 
 
@@ -40,6 +43,122 @@ def downsample(x: npt.NDArray[Any], y: npt.NDArray[np.float64], width: int) -> t
     return np.concatenate([idx_x, x[m * k :]]), np.concatenate([idx_y, y[m * k :]])
 
 
+# Robust y limits: the 5th to 95th percentile of every finite point shown, widened by ten times that span
+# on each side; points past it are clipped and marked at the edge (TensorBoard's "ignore
+# outliers in chart scaling"). A curve that diverged to 6e35 or inf leaves the others readable.
+QUANTILES = (0.05, 0.95)
+WIDEN = 10.0
+
+
+@dataclass
+class Clipped:
+    """The most extreme point of one curve past one edge of the plot (``value`` may be inf)."""
+
+    curve: int
+    x: float
+    value: float
+    top: bool
+
+
+@dataclass
+class YRange:
+    """The y limits a plot keeps, and the points past them (one per curve and edge)."""
+
+    lo: float
+    hi: float
+    clipped: list[Clipped] = field(default_factory=list)
+
+
+def robust_range(curves: Sequence[tuple[Any, Any]], log_scale: bool = False) -> YRange | None:
+    """The y limits for ``curves`` (``(x, y)`` arrays each), holding the bulk of the points: one
+    diverged curve (a spike of 6e35, inf) never sets the axis. None: no finite point to show."""
+    ys = [np.asarray(y, dtype=np.float64) for _, y in curves]
+    shown = [y[np.isfinite(y) & (y > 0)] if log_scale else y[np.isfinite(y)] for y in ys]
+    pooled = np.concatenate(shown) if shown else np.empty(0)
+    if len(pooled) == 0:
+        return None
+    space = np.log10(pooled) if log_scale else pooled
+    q_lo, q_hi = np.quantile(space, QUANTILES)
+    span = q_hi - q_lo
+    keep = space[(space >= q_lo - WIDEN * span) & (space <= q_hi + WIDEN * span)]
+    lo, hi = float(keep.min()), float(keep.max())
+    pad = (hi - lo) * 0.05 or (abs(hi) * 0.05 if hi else 0.05)  # a flat curve still gets a band
+    lo, hi = lo - pad, hi + pad
+    if log_scale:
+        lo, hi = 10.0**lo, 10.0**hi
+    found = []
+    for i, ((x, _), y) in enumerate(zip(curves, ys, strict=True)):
+        xs = np.asarray(x)
+        with np.errstate(invalid="ignore"):
+            above = y > hi  # +inf too; NaN is neither above nor below
+            below = y < lo
+        if above.any():
+            j = int(np.argmax(np.where(above, y, -np.inf)))
+            found.append(Clipped(i, float(xs[j]), float(y[j]), True))
+        if below.any():
+            j = int(np.argmin(np.where(below, y, np.inf)))
+            found.append(Clipped(i, float(xs[j]), float(y[j]), False))
+    return YRange(lo, hi, found)
+
+
+def mark_clipped(ax: Any, rng: YRange, colors: Sequence[str]) -> list[Any]:
+    """Set ``ax``'s y limits to ``rng`` and mark each clipped point at the edge it passed: a
+    triangle in its curve's colour and its value (``▲ 6.433e+35``). Returns the artists."""
+    ax.set_ylim(rng.lo, rng.hi)
+    artists = []
+    for c in rng.clipped:
+        edge = rng.hi if c.top else rng.lo
+        color = colors[c.curve % len(colors)] if colors else "black"
+        artists.append(
+            ax.plot([c.x], [edge], marker="^" if c.top else "v", color=color, ms=7, clip_on=False, ls="")[0]
+        )
+        artists.append(
+            ax.annotate(
+                number_text(c.value),
+                (c.x, edge),
+                xytext=(-5, -10 if c.top else 4),
+                textcoords="offset points",
+                ha="right",
+                fontsize=7,
+                color=color,
+                annotation_clip=False,
+            )
+        )
+    return artists
+
+
+def mark_nonfinite(ax: Any, steps: Sequence[tuple[float, str, str]]) -> list[Any]:
+    """A dotted vertical line where a curve's value became NaN or inf: ``(x, text, colour)``,
+    its words at the foot of the line (a clipped spike's value is at the top)."""
+    artists = []
+    for x, text, color in steps:
+        artists.append(ax.axvline(x, color=color, ls=":", lw=1.0))
+        artists.append(
+            ax.annotate(
+                text,
+                (x, 0.0),
+                xycoords=("data", "axes fraction"),
+                xytext=(3, 4),
+                textcoords="offset points",
+                fontsize=7,
+                color=color,
+            )
+        )
+    return artists
+
+
+def show_ticks(ax: Any, shown: bool) -> None:
+    ax.tick_params(left=shown, bottom=shown, labelleft=shown, labelbottom=shown)
+
+
+def say_empty(ax: Any, text: str) -> Any:
+    """No axes to read when there is nothing to draw: ``text`` in their place."""
+    show_ticks(ax, False)
+    return ax.text(
+        0.5, 0.5, text, transform=ax.transAxes, ha="center", va="center", fontsize=11, color="#57606a"
+    )
+
+
 class RankPlot:
     """One matplotlib figure reused for every redraw; renders to PNG bytes."""
 
@@ -58,6 +177,8 @@ class RankPlot:
         self.lines: dict[int, Any] = {}
         self.metric = ""
         self.log_scale = False
+        self.marks: list[Any] = []  # clipped points, NaN steps, the empty plot's words: redrawn each time
+        self.y_range: YRange | None = None  # the limits of the last drawing
 
     def draw(self, mirror: StateMirror, metric: str, log_scale: bool) -> bytes:
         ax = self.ax
@@ -66,7 +187,7 @@ class RankPlot:
                 line.remove()
             self.lines.clear()
             self.metric = metric
-        title = metric or "waiting for the first points"
+        title = metric or "no metric"
         if ax.get_title() != title:
             ax.set_title(title, fontsize=10)
             ax.set_ylabel(metric)
@@ -87,8 +208,27 @@ class RankPlot:
         if log_scale != self.log_scale:
             ax.set_yscale("log" if log_scale else "linear")
             self.log_scale = log_scale
+        for artist in self.marks:
+            artist.remove()
+        self.marks = []
         ax.relim()
         ax.autoscale_view()
+        ranks = sorted(self.lines)
+        self.y_range = robust_range([self.lines[r].get_data() for r in ranks], log_scale)
+        if self.y_range is not None:
+            self.marks += mark_clipped(ax, self.y_range, [f"C{r % 10}" for r in ranks])
+        self.marks += mark_nonfinite(
+            ax,
+            [
+                (d.step, f"rank {d.rank}: {number_text(d.value)} from step {d.step}", f"C{d.rank % 10}")
+                for d in mirror.nonfinite(metric)
+            ],
+        )
+        if self.lines:
+            show_ticks(ax, True)
+        else:  # no empty axes of -0.04 to 0.04: say why there is no curve
+            why = "no points were logged" if mirror.state.done else "waiting for the first points"
+            self.marks.append(say_empty(ax, why))
         # Speed over size: the PNG only crosses a local socket to the browser.
         return self.png(compress_level=1)
 

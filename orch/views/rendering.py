@@ -14,17 +14,19 @@ never obeyed, whether it holds a terminal escape or a ``[bold red]`` tag.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterable
 from typing import Any
 
 from rich import box
 from rich.console import Group, RenderableType
 from rich.progress_bar import ProgressBar
+from rich.spinner import Spinner
 from rich.table import Table
 from rich.text import Text
 
-from orch._text import printable, size_text
+from orch._text import number_text as number_text  # the sweep's views import it from here
+from orch._text import printable, rate_text, size_text
+from orch.experiments.results import nonfinite_text
 from orch.wire.client import StateMirror
 from orch.wire.ranks import RankView
 from orch.wire.states import RankState
@@ -67,37 +69,89 @@ def still(mirror: StateMirror, r: RankView) -> bool:
     return mirror.stalled_for > 0 and r.state is RankState.RUNNING and r.progress_age >= STILL_AFTER
 
 
+def nonfinite_marks(mirror: StateMirror) -> dict[int, str]:
+    """Each rank whose metric went NaN or inf, and the words its row is marked with: ``loss nan
+    from step 45 (last finite 6.433e+35 at step 44)``; a rank whose last loss is not finite but
+    whose points are not here (a poll without series) is marked ``NaN/inf loss``."""
+    marks: dict[int, list[str]] = {}
+    for d in mirror.nonfinite():
+        marks.setdefault(d.rank, []).append(d.text())
+    out = {rank: "; ".join(texts) for rank, texts in marks.items()}
+    for r in mirror.ranks:
+        if r.diverged and r.rank not in out:
+            out[r.rank] = "NaN/inf loss"
+    return out
+
+
+def rate_of(r: RankView) -> str:
+    """A rank's steps/s: its rate while it runs, its mean over the run once it ended."""
+    return rate_text(r.steps_per_sec) + (" mean" if r.state.done and r.steps_per_sec else "")
+
+
 def stragglers(mirror: StateMirror) -> set[int]:
     """The rank the master judged to hold the others back (see orch.master.control.stragglers)."""
     return {mirror.straggler_rank} if mirror.straggler_rank >= 0 else set()
 
 
 # Each rank's step, split (ms per step over the last seconds), and its compute against the
-# fastest rank's: "data/compute/wait/other x1.00".
+# fastest rank's: "data/compute/wait/other x1.00". A section of ctx.section's is drawn out of
+# compute in a colour of its own; the part the straggler is slow in, in red.
 SPLIT_HEADER = "ms data/comp/wait/oth  rel"
 SPLIT_WIDTH = len(SPLIT_HEADER)
 PARTS = (("data", "blue"), ("compute", "yellow"), ("wait", "bright_black"), ("other", "magenta"))
+SECTION_STYLES = ("green", "bright_red", "bright_magenta", "cyan", "bright_green", "bright_blue")
+SLOW_STYLE = "bold red"
+
+
+def section_styles(mirror: StateMirror) -> dict[str, str]:
+    """A colour for each section a rank marked, the same on every row and in the legend."""
+    names = sorted({name for r in mirror.ranks if r.timed for name in r.section_ms})
+    return {name: SECTION_STYLES[i % len(SECTION_STYLES)] for i, name in enumerate(names)}
 
 
 def split_text(r: RankView) -> str:
-    """``2/33/5/1 x1.25``: a rank's step split in ms, and its relative score ("-": not timed)."""
+    """``2/33/5/1 x1.25``: a rank's step split in ms, and its relative score ("-": not timed).
+    A step timed by ctx.log alone has no data part (``-/33/5/1``: not split); its sections
+    follow, as parts of compute (``augment 20``)."""
     if not r.timed:
         return "-"
-    parts = "/".join(f"{v:.0f}" for v in (r.data_ms, r.compute_ms, r.collective_ms, r.other_ms))
-    return f"{parts} x{r.relative_score:.2f}"
+    data = "-" if r.timed_by == "ctx.log" else f"{r.data_ms:.0f}"
+    parts = "/".join([data, *(f"{v:.0f}" for v in (r.compute_ms, r.collective_ms, r.other_ms))])
+    marked = "".join(f" {printable(n, one_line=True)} {ms:.0f}" for n, ms in sorted(r.section_ms.items()))
+    return f"{parts} x{r.relative_score:.2f}{marked}"
 
 
-def split_bar(r: RankView, width: int = 8, scale_ms: float = 0.0) -> Text:
-    """A rank's step as a stacked bar of ``width`` cells (data, compute, wait, other), scaled
-    to ``scale_ms`` (the longest step shown), then its text."""
+def split_bar(
+    r: RankView, width: int = 8, scale_ms: float = 0.0, sections: dict[str, str] | None = None
+) -> Text:
+    """A rank's step as a stacked bar of ``width`` cells (data, its sections, the rest of
+    compute, wait, other), scaled to ``scale_ms`` (the longest step shown), the part the
+    straggler is slow in red; then its text."""
     if not r.timed:
         return Text("-")
-    values = (r.data_ms, r.compute_ms, r.collective_ms, r.other_ms)
-    total = max(scale_ms, sum(values)) or 1.0
+    styles = dict(PARTS)
+    own = "own time" if r.timed_by == "ctx.log" else "compute"
+    colors = sections or {}
+    marked = [(n, colors.get(n, SECTION_STYLES[0]), ms) for n, ms in sorted(r.section_ms.items())]
+    rest = max(0.0, r.compute_ms - sum(ms for _, _, ms in marked))
+    parts = [("data", styles["data"], r.data_ms), *marked, (own, styles["compute"], rest)]
+    parts += [("wait", styles["wait"], r.collective_ms), ("other", styles["other"], r.other_ms)]
+    total = max(scale_ms, sum(v for _, _, v in parts)) or 1.0
     bar = Text()
-    for (_, style), v in zip(PARTS, values, strict=True):
-        bar.append("█" * round(width * v / total), style=style)
+    for name, style, v in parts:
+        bar.append("█" * round(width * v / total), style=SLOW_STYLE if name == r.slow_in else style)
     return bar + Text(" " + split_text(r))
+
+
+def sections_legend(sections: dict[str, str]) -> Text:
+    """The sections' colours, under the rank table: ``sections: ██ augment``."""
+    legend = Text()
+    legend.append("sections (parts of compute):", style="dim")
+    for name, style in sections.items():
+        legend.append(" ")
+        legend.append("██", style=style)
+        legend.append(" " + printable(name, one_line=True))
+    return legend
 
 
 def memory_text(r: RankView) -> str:
@@ -140,12 +194,13 @@ def render(mirror: StateMirror, *, address: str = "") -> str:
         f"{'memory cpu':<{MEMORY_WIDTH}}  {SPLIT_HEADER:<{SPLIT_WIDTH}}  host/pid",
     ]
     slow = stragglers(mirror)
+    bad = nonfinite_marks(mirror)
     for r in mirror.ranks:
         marks = []
         if r.rank in slow:
             marks.append(f"straggler: {printable(mirror.straggler_section, one_line=True)}")
-        if r.diverged:
-            marks.append("NaN/inf loss")
+        if r.rank in bad:
+            marks.append(bad[r.rank])
         if r.dropped_points:
             marks.append(dropped_text(r))
         if still(mirror, r):
@@ -155,7 +210,7 @@ def render(mirror: StateMirror, *, address: str = "") -> str:
         host = printable(r.host, one_line=True)  # what the worker says its host is called
         lines.append(
             f"{r.rank:>4}  {r.state.value:<10} {r.step:>7} {r.loss_text():>10} "
-            f"{r.steps_per_sec:>8.1f} {_fmt_age(r.heartbeat_age):>9}  "
+            f"{rate_of(r):>8} {_fmt_age(r.heartbeat_age):>9}  "
             f"{memory_text(r):<{MEMORY_WIDTH}}  {split_text(r):<{SPLIT_WIDTH}}  {host}/{r.pid}"
             + (f"  <- {', '.join(marks)}" if marks else "")
         )
@@ -174,10 +229,12 @@ def render(mirror: StateMirror, *, address: str = "") -> str:
 
 def summary(mirror: StateMirror) -> str:
     lines = [f"run {printable(mirror.run_id, one_line=True)} {mirror.state.value} in {mirror.elapsed:.1f}s"]
+    bad = nonfinite_marks(mirror)
     for r in mirror.ranks:
         lines.append(
             f"  rank {r.rank}: {r.state.value}, step {r.step}, loss {r.loss_text()}"
             + (f", params {printable(r.param_checksum, one_line=True)[:12]}" if r.param_checksum else "")
+            + (f" ({bad[r.rank]})" if r.rank in bad else "")
         )
     if mirror.failure:
         lines.append(f"root cause: {printable(mirror.failure)}")
@@ -204,7 +261,9 @@ def _bar_of(done: int, total: int, state: str, width: int) -> ProgressBar:
 
 
 def _progress(done: int, total: int, state: str) -> RenderableType:
-    if total <= 0:
+    if total <= 0:  # no known total: a count (and a spinner while it runs), never a bar
+        if state in ("RUNNING", "STOPPING"):
+            return Spinner("dots", text=Text(f"step {done}"), style="cyan")
         return Text(f"step {done}")
     bar = _bar_of(done, total, state, 40)
     grid = Table.grid(padding=(0, 1))
@@ -253,15 +312,17 @@ def run_table(mirror: StateMirror, *, address: str = "") -> RenderableType:
     table.add_column("host/pid", no_wrap=True, overflow="ellipsis")
     table.add_column("marks", no_wrap=True, overflow="ellipsis")
     slow = stragglers(m)
+    bad = nonfinite_marks(m)
     longest = max((r.step_ms for r in m.ranks if r.timed), default=0.0)
+    sections = section_styles(m)
     for r in m.ranks:
         marks = []
         if m.failure and r.rank == m.root_cause_rank:
             marks.append(("root cause", "bold red"))
         if r.rank in slow:
             marks.append((f"straggler: {printable(m.straggler_section, one_line=True)}", "bold yellow"))
-        if r.diverged:
-            marks.append(("NaN/inf loss", "bold red"))
+        if r.rank in bad:
+            marks.append((bad[r.rank], "bold red"))
         if r.dropped_points:
             marks.append((dropped_text(r), "yellow"))
         if still(m, r):
@@ -274,14 +335,16 @@ def run_table(mirror: StateMirror, *, address: str = "") -> RenderableType:
             _state(r.state.value),
             Text(str(r.step)),
             Text(r.loss_text(), style="red" if r.diverged else ""),
-            Text(f"{r.steps_per_sec:.1f}"),
+            Text(rate_of(r)),
             Text(_fmt_age(r.heartbeat_age)),
             Text(size_text(r.rss_bytes).replace(" ", "") if r.rss_bytes else "-", style=mem_style),
-            split_bar(r, scale_ms=longest),
+            split_bar(r, scale_ms=longest, sections=sections),
             Text(f"{printable(r.host, one_line=True)}/{r.pid}"),  # what the worker says its host is
             _marks(marks),
         )
     parts: list[RenderableType] = [head, _progress(*m.progress(), m.state.value), table]
+    if sections:
+        parts.append(sections_legend(sections))
     if m.startup_note:
         parts.append(Text.assemble(("starting: ", "bold"), (startup_text(m), "")))
     if m.straggler_note:
@@ -309,13 +372,6 @@ def run_table(mirror: StateMirror, *, address: str = "") -> RenderableType:
 
 
 # -- a sweep ----------------------------------------------------------------------------------
-def number_text(value: float | None) -> str:
-    """A metric's value in a sweep's table: four significant digits, ``-`` for none."""
-    if value is None:
-        return "-"
-    return f"{value:.4g}" if math.isfinite(value) else str(value)
-
-
 def _config_text(config: dict[str, Any]) -> str:
     return printable(", ".join(f"{k}={v!r}" for k, v in config.items()), one_line=True)
 
@@ -352,6 +408,9 @@ def render_sweep_plain(rows: list[dict[str, Any]], metric: str = "loss") -> str:
         )
         if row.get("best_run"):
             line += "  <- best"
+        bad = row.get("nonfinite", {}).get(metric)
+        if bad:
+            line += f"  {name} {nonfinite_text(bad)}"
         if row.get("failure"):
             line += f"  {state}: {printable(str(row['failure']), one_line=True)}"
         lines.append(line)
@@ -379,6 +438,9 @@ def sweep_table(rows: list[dict[str, Any]], metric: str = "loss") -> RenderableT
         note = Text("")
         if row.get("best_run"):
             note = Text("★ best", style="bold green")
+        bad = row.get("nonfinite", {}).get(metric)
+        if bad:
+            note = Text(f"{name} {nonfinite_text(bad)}", style="bold red")
         if row.get("failure"):
             note = Text(printable(str(row["failure"]), one_line=True), style="red")
         table.add_row(

@@ -11,7 +11,7 @@ view (the comparison and the sweep panel too).
 from __future__ import annotations
 
 from orch._text import escape_html
-from orch.views.rendering import dropped_text, memory_text, still, stragglers
+from orch.views.rendering import dropped_text, memory_text, nonfinite_marks, rate_of, still, stragglers
 from orch.wire.client import StateMirror
 from orch.wire.ranks import RankView
 from orch.wire.states import RankState, RunState
@@ -27,43 +27,100 @@ STATE_COLORS = {
     RunState.STOPPING: "#bc4c00",
 }
 
-# The parts of a step, as the rank table's stacked bar draws them.
+# The parts of a step, as the rank table's stacked bar draws them; a section marked with
+# ctx.section is a part of its own (drawn out of compute), in a colour of SECTION_COLORS.
 SPLIT_COLORS = (
     ("data", "#54aeff"),
     ("compute", "#d4a72c"),
     ("collective wait", "#afb8c1"),
     ("other", "#a475f9"),
 )
+SECTION_COLORS = ("#2da44e", "#fb8f44", "#bf3989", "#1b7c83", "#8c959f", "#6639ba", "#e16f24", "#57ab5a")
 SPLIT_WIDTH_PX = 90
+OWN_TITLE = "its own time per step: the step less its wait for the other ranks in the collectives"
+WALL_TITLE = (
+    "the step's wall time, from one step's start to the next (under DDP every rank steps "
+    "together, so it is about the same on every rank)"
+)
+SLOW_PART = "outline:2px solid #cf222e;outline-offset:-1px"  # the straggler's part of its bar
 
 
-def _split_html(r: RankView, longest_ms: float) -> str:
-    """A rank's step as a stacked bar (data, compute, collective wait, other), its length the
-    step's against the longest shown, with the milliseconds on hover and beside it."""
+def section_colors(m: StateMirror) -> dict[str, str]:
+    """A colour for each section a rank marked, the same on every rank's bar and the legend."""
+    names = sorted({name for r in m.ranks if r.timed for name in r.section_ms})
+    return {name: SECTION_COLORS[i % len(SECTION_COLORS)] for i, name in enumerate(names)}
+
+
+def split_parts(r: RankView, sections: dict[str, str]) -> list[tuple[str, str, float]]:
+    """A rank's step as (part, colour, ms) in the bar's order: data, its sections, the rest of
+    compute, collective wait, other. A step timed by ctx.log alone is not split into data and
+    compute: its part is "own time" there."""
+    colors = dict(SPLIT_COLORS)
+    marked = [(name, sections.get(name, SECTION_COLORS[0]), ms) for name, ms in sorted(r.section_ms.items())]
+    rest = max(0.0, r.compute_ms - sum(ms for _, _, ms in marked))
+    parts = [] if r.timed_by == "ctx.log" else [("data", colors["data"], r.data_ms)]
+    parts += marked
+    parts.append(("own time" if r.timed_by == "ctx.log" else "compute", colors["compute"], rest))
+    parts.append(("collective wait", colors["collective wait"], r.collective_ms))
+    parts.append(("other", colors["other"], r.other_ms))
+    return parts
+
+
+def _split_html(r: RankView, longest_ms: float, sections: dict[str, str]) -> str:
+    """A rank's step as a stacked bar (data, sections, compute, collective wait, other), its
+    length the step's against the longest shown, the part the straggler is slow in outlined;
+    then its own time and the step's wall time, each saying what it is."""
     if not r.timed:
         return "-"
-    values = (r.data_ms, r.compute_ms, r.collective_ms, r.other_ms)
-    scale = SPLIT_WIDTH_PX / (max(longest_ms, sum(values)) or 1.0)
-    cells = "".join(
-        f'<span class="orch-part" data-part="{name}" title="{name}: {v:.1f} ms" style="display:inline-block;'
-        f'height:.9em;width:{max(0.0, v * scale):.1f}px;background:{color}"></span>'
-        for (name, color), v in zip(SPLIT_COLORS, values, strict=True)
-    )
+    parts = split_parts(r, sections)
+    scale = SPLIT_WIDTH_PX / (max(longest_ms, sum(v for _, _, v in parts)) or 1.0)
+    cells = []
+    for name, color, v in parts:
+        slow = r.slow_in == name
+        cells.append(
+            f'<span class="orch-part{" orch-slow-part" if slow else ""}" data-part="{escape_html(name)}" '
+            f'title="{escape_html(name)}: {v:.1f} ms{" (the straggler is slow here)" if slow else ""}" '
+            f'style="display:inline-block;height:.9em;width:{max(0.0, v * scale):.1f}px;background:{color}'
+            f'{";" + SLOW_PART if slow else ""}"></span>'
+        )
     return (
         f'<span class="orch-split" style="display:inline-block;width:{SPLIT_WIDTH_PX}px;text-align:left;'
-        f'white-space:nowrap">{cells}</span> {r.step_ms:.1f} ms'
+        f'white-space:nowrap">{"".join(cells)}</span><br>'
+        f'<span class="orch-own" title="{OWN_TITLE}">own {r.own_ms:.1f}</span> / '
+        f'<span class="orch-wall" title="{WALL_TITLE}">step {r.step_ms:.1f} ms</span>'
     )
 
 
-def _scores_text(r: RankView) -> str:
-    """Compute against the fastest rank's and against the rank's own best, in words (the step
-    time's tooltip: a column of its own made the table too wide for a notebook beside the
-    file browser)."""
+def _scores_html(r: RankView) -> str:
+    """Compute against the fastest rank's and against the rank's own best, in words:
+    ``3.86x fastest, 1.00x own best`` (also the step time's tooltip: see :data:`NARROW`)."""
+    if not r.timed:
+        return "-"
+    return (
+        f'<span title="its compute time per step against the fastest rank\'s">'
+        f"{r.relative_score:.2f}x fastest</span>, "
+        f'<span title="its compute time per step against its own best">'
+        f"{r.individual_score:.2f}x own best</span>"
+    )
+
+
+def _scores_title(r: RankView) -> str:
     if not r.timed:
         return ""
     return (
-        f"compute x{r.relative_score:.2f} the fastest rank's, x{r.individual_score:.2f} its own best"
+        f"its compute time per step: {r.relative_score:.2f}x the fastest rank's, "
+        f"{r.individual_score:.2f}x its own best"
     )
+
+
+# Narrow outputs (a notebook beside JupyterLab's file browser at 1,100 px: 668 px) drop the
+# columns whose words are also a tooltip (host/pid on the rank, the heartbeat on the state,
+# the compute scores on the step time), so that no column and no mark is cut off. Container
+# queries measure the output the table is drawn in, not the window.
+NARROW = (
+    "@container orch-table (max-width: 960px) {.orch-ranks .orch-wide {display: none}} "
+    "@container orch-table (max-width: 800px) {.orch-ranks .orch-roomy {display: none}}"
+)
 
 
 def header_html(m: StateMirror, *, live: bool = True, address: str = "", last_error: str = "") -> str:
@@ -104,11 +161,13 @@ def _startup_html(m: StateMirror) -> str:
 
 
 def table_html(m: StateMirror) -> str:
-    """A row per rank (state, step, loss, rate, memory, step split, marks; on hover its host and
-    pid, its last heartbeat and its compute against the fastest rank's and its own best), the
-    split's legend and the straggler note."""
+    """A row per rank (state, step, loss, rate, heartbeat, step split, scores, host, marks),
+    the split's legend and the straggler note. In a narrow output the heartbeat, the scores
+    and host/pid leave the table for tooltips (on the state, the step time and the rank)."""
     slow = stragglers(m)
+    bad = nonfinite_marks(m)
     longest = max((r.step_ms for r in m.ranks if r.timed), default=0.0)
+    sections = section_colors(m)
     rows = []
     for r in m.ranks:
         marks = []
@@ -118,8 +177,11 @@ def table_html(m: StateMirror) -> str:
                 f'<span class="orch-slow" title="{escape_html(m.straggler_note)}" '
                 f'style="color:#9a6700;font-weight:bold">straggler: {section}</span>'
             )
-        if r.diverged:
-            marks.append('<span class="orch-nan" title="the loss is not finite">NaN/inf loss</span>')
+        if r.rank in bad:
+            marks.append(
+                '<span class="orch-nan" style="color:#cf222e;font-weight:bold" title="a logged value '
+                f'is NaN or infinite">{escape_html(bad[r.rank])}</span>'
+            )
         if r.dropped_points:
             marks.append(f'<span class="orch-dropped">{escape_html(dropped_text(r))}</span>')
         if still(m, r):
@@ -134,37 +196,48 @@ def table_html(m: StateMirror) -> str:
                 f"{escape_html(r.memory_note)}</span>"
             )
         color = "#cf222e" if r.state in (RankState.FAILED, RankState.LOST) else "inherit"
-        # Where it runs and its last heartbeat are on hover (its rank and its state): the
-        # table fits a notebook's output at 1,100 px with the file browser open.
+        age = "-" if r.heartbeat_age < 0 else f"{r.heartbeat_age:.1f}s"
         where = escape_html(f"{r.host or '?'}, pid {r.pid}" + (f", {r.worker_id}" if r.worker_id else ""))
         beat = "no heartbeat yet" if r.heartbeat_age < 0 else f"last heartbeat {r.heartbeat_age:.1f}s ago"
         rows.append(
             f'<tr class="orch-rank" data-rank="{r.rank}" style="color:{color}">'
-            f'<td class="orch-where" title="{where}">{r.rank}</td>'
-            f'<td title="{beat}">{r.state.value}</td><td>{r.step}</td><td>{r.loss_text()}</td>'
-            f"<td>{r.steps_per_sec:.1f}</td>"
+            f'<td class="orch-where" title="{where}">{r.rank}</td><td title="{beat}">{r.state.value}</td>'
+            f"<td>{r.step}</td><td>{r.loss_text()}</td>"
+            f'<td>{rate_of(r)}</td><td class="orch-wide">{age}</td>'
             f'<td class="orch-mem">{escape_html(memory_text(r))}</td>'
-            f'<td class="orch-step-time" title="{escape_html(_scores_text(r))}">'
-            f"{_split_html(r, longest)}</td>"
+            f'<td class="orch-step-time" title="{escape_html(_scores_title(r))}">'
+            f"{_split_html(r, longest, sections)}</td>"
+            f'<td class="orch-roomy">{_scores_html(r)}</td>'
+            f'<td class="orch-wide">{escape_html(r.host)}/{r.pid}</td>'
             f'<td class="orch-marks">{" ".join(marks)}</td></tr>'
         )
     head = "".join(
-        f"<th>{h}</th>"
-        for h in (
-            "rank",
-            "state",
-            "step",
-            "loss",
-            "steps/s",
-            "memory cpu",
-            "step time",
-            "",
+        f"<th{f' class={kind!r}' if kind else ''}>{h}</th>"
+        for h, kind in (
+            ("rank", ""),
+            ("state", ""),
+            ("step", ""),
+            ("loss", ""),
+            ("steps/s", ""),
+            ("heartbeat", "orch-wide"),
+            ("memory cpu", ""),
+            ("step time", ""),
+            ("compute time vs", "orch-roomy"),
+            ("host/pid", "orch-wide"),
+            ("", ""),
         )
     )
+    # The legend names the parts the bars draw: a section's colour, and "own time" for a step
+    # timed by ctx.log, whose bar has no data part.
+    drawn = {name: color for r in m.ranks if r.timed for name, color, _ in split_parts(r, sections)}
+    order = ["data", *sections, "compute", "own time", "collective wait", "other"]
+    entries = [(name, drawn[name]) for name in order if name in drawn] or list(SPLIT_COLORS)
+    labels = {"own time": "own time (timed by ctx.log: not split into data and compute)"}
     legend = "".join(
+        f'<span class="orch-key" data-part="{escape_html(name)}">'
         f'<span style="display:inline-block;width:.8em;height:.8em;background:{c};margin:0 .2em 0 .8em">'
-        f"</span>{name}"
-        for name, c in SPLIT_COLORS
+        f"</span>{escape_html(labels.get(name, name))}</span>"
+        for name, c in entries
     )
     note = ""
     if m.straggler_note:
@@ -173,9 +246,10 @@ def table_html(m: StateMirror) -> str:
     return (
         "<style>.orch-ranks td, .orch-ranks th {padding: 0 .4em; white-space: nowrap} "
         ".orch-ranks th {white-space: normal} "
-        ".orch-ranks td.orch-marks {white-space: normal; text-align: left}</style>"
+        f".orch-ranks td.orch-marks {{white-space: normal; text-align: left}} {NARROW}</style>"
+        '<div class="orch-table" style="container: orch-table / inline-size">'
         '<table class="orch-ranks" style="border-collapse:collapse;text-align:right">'
-        f"<thead><tr>{head}</tr></thead><tbody>{''.join(rows)}</tbody></table>"
+        f"<thead><tr>{head}</tr></thead><tbody>{''.join(rows)}</tbody></table></div>"
         f'<div class="orch-legend" style="font-size:85%;color:#57606a">step time:{legend}</div>{note}'
     )
 

@@ -14,11 +14,13 @@ from typing import TYPE_CHECKING, Any
 
 import ipywidgets as widgets
 
-from orch._text import escape_html
+from orch._text import escape_html, number_text
 from orch.experiments.sweep import default_mode
+from orch.experiments.trial import CANCELLED
 from orch.views.comparison import RunsView, _swatch, _TrialFollower, curve
 from orch.views.run_html import STATE_COLORS
 from orch.views.waiting import route_clicks_to_their_subshell
+from orch.wire.client import StateMirror
 from orch.wire.states import RunState
 
 if TYPE_CHECKING:
@@ -113,7 +115,7 @@ class SweepPanel(RunsView):
         sign = -1.0 if default_mode(metric) == "max" else 1.0
         best: tuple[float, int] | None = None
         for i, m in enumerate(self.mirrors):
-            if m.state is not RunState.SUCCEEDED:
+            if m.state is not RunState.SUCCEEDED or _ends_nonfinite(m, metric):
                 continue
             c = curve(m, metric)
             if len(c.mean) and math.isfinite(c.mean[-1]) and (best is None or sign * c.mean[-1] < best[0]):
@@ -170,21 +172,34 @@ class SweepPanel(RunsView):
         finals: dict[int, float] = {}
         for i, m in enumerate(self.mirrors):
             c = curve(m, metric)
-            if len(c.mean):
+            bad = m.nonfinite(metric)
+            ends_bad = next((d for d in bad if d.stays), None)
+            last = "-"
+            if ends_bad is not None:
+                last = number_text(ends_bad.final)  # it ended NaN or inf, whatever came before
+            elif len(c.mean):
                 finals[i] = float(c.mean[-1])
+                last = number_text(c.mean[-1])
             trial: Trial = self.sweep.trials[i]
             done, total = m.progress()
             cells = [
                 *(str(trial.config.get(k, "")) for k in keys),
                 _state_html(trial),
                 f"{done}/{total}" if total else str(done),
-                f"{c.mean[-1]:.4g}" if len(c.mean) else "-",
-                f"{_best_of(c.mean, metric):.4g}" if len(c.mean) else "-",
+                last,
+                number_text(_best_of(c.mean, metric)) if len(c.mean) else "-",
                 '<b class="orch-best" style="color:#1a7f37">&#9733; best</b>' if i == best else "",
             ]
             button, html_cells = self.rows[i]
             button.style.button_color = _swatch(i)
             html_cells.value = _cells(cells, [*widths, 11, 9, 11, 11, 8], raw={len(keys), len(keys) + 4})
+            if bad:
+                first = bad[0]
+                html_cells.value += (
+                    f'<div class="orch-trial-nonfinite" data-step="{first.step}" '
+                    f'style="color:#cf222e;font-size:85%;font-weight:bold">'
+                    f"rank {first.rank}: {escape_html(first.text())}</div>"
+                )
             if trial.failure and trial.state != RunState.SUCCEEDED.value:
                 html_cells.value += (
                     f'<div class="orch-trial-failure" style="color:#cf222e;font-size:85%">'
@@ -192,10 +207,18 @@ class SweepPanel(RunsView):
                 )
         if self.sort.value:
             sign = -1.0 if self.sort.value == "max" else 1.0
-            order.sort(key=lambda i: (i not in finals, sign * finals.get(i, 0.0), i))
+            ended_badly = (RunState.FAILED.value, CANCELLED)
+            failed = {i for i, t in enumerate(self.sweep.trials) if t.state in ended_badly}
+            # Finite values first (best first), then NaN, inf or none, then failed configs.
+            order.sort(key=lambda i: (i in failed, i not in finals, sign * finals.get(i, 0.0), i))
         children = tuple(widgets.HBox([self.rows[i][0], self.rows[i][1]]) for i in order)
         if [c.children for c in self.table.children] != [c.children for c in children]:
             self.table.children = children
+
+
+def _ends_nonfinite(m: StateMirror, metric: str) -> bool:
+    """A rank's ``metric`` went NaN or inf and never came back."""
+    return any(d.stays for d in m.nonfinite(metric))
 
 
 def _best_of(values: Any, metric: str) -> float:

@@ -6,7 +6,10 @@ import contextlib
 import ipaddress
 import logging
 import resource
+import shutil
 import socket
+import tempfile
+from pathlib import Path
 
 from orch.errors import ConfigError, PortInUseError
 
@@ -61,6 +64,51 @@ def address_towards(host: str, port: int) -> str:
         s.connect((host, port))
         return str(s.getsockname()[0])
     return "127.0.0.1"
+
+
+# A server's second listener for the processes of its own user on this machine: a unix socket
+# in a folder only that user can open (0700). A stranger on the machine cannot even connect to
+# it, so no number of connections they open to the TCP port reaches the run's own ranks.
+UNIX_SCHEME = "unix:"
+
+
+def is_unix(address: str) -> bool:
+    """True for a ``unix:/path`` address (a server's private listener)."""
+    return address.startswith(UNIX_SCHEME)
+
+
+def check_address(address: str) -> None:
+    """A master's address: ``HOST:PORT``, or ``unix:/absolute/path``; a clear error for anything else."""
+    if is_unix(address):
+        if not address[len(UNIX_SCHEME) :].startswith("/"):
+            raise ConfigError(f"expected unix:/absolute/path for a local master address, got {address!r}")
+        return
+    split_address(address)
+
+
+class PrivateSocket:
+    """A unix socket path in a fresh 0700 folder (short, under the temp dir: a socket's path
+    may be at most 107 bytes, which a run dir deep in a project would pass)."""
+
+    def __init__(self, name: str) -> None:
+        self.folder = Path(tempfile.mkdtemp(prefix="orch-"))  # mkdtemp makes it 0700
+        self.path = self.folder / name
+
+    @property
+    def address(self) -> str:
+        return f"{UNIX_SCHEME}{self.path}"
+
+    def remove(self) -> None:
+        shutil.rmtree(self.folder, ignore_errors=True)
+
+
+def connection_cap() -> int:
+    """How many connections a TCP listener accepts at once: what the open-file limit leaves
+    after a margin for the process's own files (run dir, logs, checkpoints), at least 256.
+    Past it a new connection is closed at once, and the server keeps serving the ones it has."""
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    limit = 2**20 if soft == resource.RLIM_INFINITY else soft
+    return max(256, min(limit - 1024, 65536))
 
 
 def split_address(address: str) -> tuple[str, int]:

@@ -27,6 +27,7 @@ from typing import Any
 import grpc
 
 from orch.errors import ConfigError
+from orch.wire._net import connection_cap, is_unix
 
 log = logging.getLogger(__name__)
 
@@ -46,6 +47,11 @@ IDLE_CONNECTION_SECONDS = 30.0
 def idle_limit(seconds: float = IDLE_CONNECTION_SECONDS) -> tuple[str, int]:
     """The server option that closes connections idle for ``seconds``."""
     return ("grpc.max_connection_idle_ms", max(1, round(seconds * 1000)))
+
+
+def connection_limit() -> tuple[str, int]:
+    """The server option that caps a listener's connections at once (see ``connection_cap``)."""
+    return ("grpc.max_allowed_incoming_connections", connection_cap())
 
 
 CHANNEL_OPTIONS = [
@@ -303,9 +309,10 @@ def open_channel(
     """A channel to a master: TLS verified against ``tls_ca`` when given, the token on every call.
 
     ``tls_server_name`` is the name to verify the master's certificate for, when it differs
-    from the address dialled (a master's own clients dial 127.0.0.1).
+    from the address dialled (a master's own clients dial 127.0.0.1). A ``unix:`` address is
+    the server's private listener (a 0700 folder of this user): it serves plaintext.
     """
-    credentials, options = channel_security(tls_ca, tls_server_name)
+    credentials, options = channel_security(None if is_unix(address) else tls_ca, tls_server_name)
     if credentials is not None:
         channel = grpc.secure_channel(address, credentials, options=options)
     else:

@@ -8,6 +8,7 @@ the notebook panel and ``orch status`` all read a run through these two.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -18,6 +19,7 @@ import numpy as np
 import numpy.typing as npt
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from orch._text import number_text
 from orch.errors import MasterUnavailable
 from orch.wire._proto import orchestrator_pb2 as pb
 from orch.wire._proto import orchestrator_pb2_grpc as pb_grpc
@@ -110,16 +112,20 @@ class SeriesBuffer:
     """One metric series of one rank, in numpy arrays that grow by doubling.
 
     ``times`` are the unix seconds each point was logged at (NaN where a source had none):
-    ``orch.compare(..., x="time")`` aligns runs by them.
+    ``orch.compare(..., x="time")`` aligns runs by them. NaN and inf points are kept as
+    they came: the first of them (``first_bad``) and the last finite point (``last_finite``)
+    are noted as points arrive, as ``(step, value)``, for the views to flag.
     """
 
-    __slots__ = ("_n", "_steps", "_times", "_values")
+    __slots__ = ("_n", "_steps", "_times", "_values", "first_bad", "last_finite")
 
     def __init__(self) -> None:
         self._steps = np.empty(64, dtype=np.int64)
         self._values = np.empty(64, dtype=np.float64)
         self._times = np.empty(64, dtype=np.float64)
         self._n = 0
+        self.first_bad: tuple[int, float] | None = None
+        self.last_finite: tuple[int, float] | None = None
 
     def extend(self, steps: Sequence[int], values: Sequence[float], times: Sequence[float] = ()) -> None:
         k = len(steps)
@@ -132,6 +138,15 @@ class SeriesBuffer:
         self._steps[self._n : need] = steps
         self._values[self._n : need] = values
         self._times[self._n : need] = times if len(times) == k else np.nan
+        if k:
+            added = self._values[self._n : need]
+            finite = np.isfinite(added)
+            if self.first_bad is None and not finite.all():
+                i = self._n + int(np.argmin(finite))
+                self.first_bad = (int(self._steps[i]), float(self._values[i]))
+            if finite.any():
+                j = need - 1 - int(np.argmax(finite[::-1]))
+                self.last_finite = (int(self._steps[j]), float(self._values[j]))
         self._n = need
 
     @property
@@ -148,6 +163,60 @@ class SeriesBuffer:
 
     def __len__(self) -> int:
         return self._n
+
+
+@dataclass(frozen=True)
+class NonFinite:
+    """A rank's metric that became NaN or inf: at which step first, and its last finite value."""
+
+    rank: int
+    metric: str
+    step: int  # the first step whose value was not finite
+    value: float  # that value: nan, inf or -inf
+    last_finite: float | None  # the last finite value logged (None: there was none)
+    last_finite_step: int  # its step (-1: none)
+    final: float  # the last value logged: NaN or inf unless the metric came back
+
+    @property
+    def stays(self) -> bool:
+        """Its last value is not finite either: it never came back."""
+        return not math.isfinite(self.final)
+
+    def text(self) -> str:
+        """``loss nan from step 45 (last finite 6.433e+35 at step 44)``, or ``loss was inf at step 45``."""
+        value = number_text(self.value)
+        if not self.stays:
+            return f"{self.metric} was {value} at step {self.step}"
+        text = f"{self.metric} {value} from step {self.step}"
+        if self.last_finite is not None:
+            text += f" (last finite {number_text(self.last_finite)} at step {self.last_finite_step})"
+        return text
+
+    def as_dict(self) -> dict[str, Any]:
+        """JSON-ready: NaN and inf as their text (JSON has no number for them)."""
+        return {
+            "rank": self.rank,
+            "metric": self.metric,
+            "step": self.step,
+            "value": str(self.value),
+            "last_finite": self.last_finite,
+            "last_finite_step": self.last_finite_step,
+            "final": self.final if math.isfinite(self.final) else str(self.final),
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> NonFinite:
+        """From :meth:`as_dict`'s JSON; a wrong field raises ``ValueError`` or ``TypeError``."""
+        last = d.get("last_finite")
+        return cls(
+            rank=int(d["rank"]),
+            metric=str(d["metric"]),
+            step=int(d["step"]),
+            value=float(d["value"]),
+            last_finite=None if last is None else float(last),
+            last_finite_step=int(d.get("last_finite_step", -1)),
+            final=float(d.get("final", d["value"])),
+        )
 
 
 @dataclass(frozen=True)
@@ -252,6 +321,37 @@ class StateMirror:
             self.last_points += len(s.steps)
         self.events.extend((e.time, e.kind, e.rank, e.message) for e in reply.events)
         self.cursor = reply.cursor
+        self.fill_mean_rates()
+
+    def fill_mean_rates(self) -> None:
+        """An ended rank's steps/s is its mean over its points (the master reports a rate only
+        while a rank runs): steps from its first point to its last over the seconds between."""
+        for r in self.ranks:
+            if not r.state.done or r.steps_per_sec:
+                continue
+            first: tuple[float, int] | None = None
+            last: tuple[float, int] | None = None
+            for (rank, _), buf in self.series.items():
+                if rank != r.rank or len(buf) < 2:
+                    continue
+                t0, t1 = float(buf.times[0]), float(buf.times[-1])
+                if math.isfinite(t0) and (first is None or t0 < first[0]):
+                    first = (t0, int(buf.steps[0]))
+                if math.isfinite(t1) and (last is None or t1 > last[0]):
+                    last = (t1, int(buf.steps[-1]))
+            if first is not None and last is not None and last[0] > first[0] and last[1] > first[1]:
+                r.steps_per_sec = (last[1] - first[1]) / (last[0] - first[0])
+
+    def nonfinite(self, metric: str | None = None) -> list[NonFinite]:
+        """Every rank's metric (``metric`` only, if named) that logged a NaN or inf, by step."""
+        found = []
+        for (rank, name), buf in sorted(self.series.items()):
+            if buf.first_bad is None or (metric is not None and name != metric):
+                continue
+            step, value = buf.first_bad
+            last_step, last = buf.last_finite if buf.last_finite is not None else (-1, None)
+            found.append(NonFinite(rank, name, step, value, last, last_step, float(buf.values[-1])))
+        return sorted(found, key=lambda d: (d.step, d.rank, d.metric))
 
     def poll(self, client: MasterClient, *, skip_series: bool = False) -> StateMirror:
         """Fetch what changed since the last poll (in several replies when there is a lot)."""
@@ -314,5 +414,6 @@ class StateMirror:
                 "stacks_taken": self.stacks_taken,
             },
             "ranks": [r.as_dict() for r in self.ranks],
+            "nonfinite": [d.as_dict() for d in self.nonfinite()],
             "points": {f"{rank}/{name}": len(s) for (rank, name), s in sorted(self.series.items())},
         }

@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from orch._text import number_text
 from orch.wire._proto import orchestrator_pb2 as pb
 from orch.wire.states import RANK_STATE_FROM_PB, RANK_STATE_PB, RankState
 
@@ -24,6 +25,7 @@ class FieldReader(Protocol):
     def text(self, key: str, default: str = "") -> str: ...
     def number(self, key: str, default: float = 0.0) -> float: ...
     def flag(self, key: str, default: bool = False) -> bool: ...
+    def numbers(self, key: str) -> dict[str, float]: ...
 
 
 @dataclass
@@ -35,7 +37,7 @@ class RankView:
     state: RankState = RankState.REGISTERED
     step: int = 0
     total_steps: int = 0
-    steps_per_sec: float = 0.0  # live only: 0 once the rank ended, and in a record on disk
+    steps_per_sec: float = 0.0  # live: its rate now; once it ended, its mean (StateMirror.fill_mean_rates)
     heartbeat_age: float = -1.0  # seconds since its last heartbeat; -1: none yet (or on disk)
     loss: float = math.nan
     param_checksum: str = ""
@@ -67,6 +69,15 @@ class RankView:
     limit_kind: str = ""
     memory_note: str = ""  # a warning about its memory: growing, or near its limit
     dropped_reason: str = ""  # why it last dropped points (see dropped_points)
+    # What marks the steps its times are of: "ctx.steps", "ctx.data" (each batch), "ctx.log"
+    # (from one logged step to the next: its step is not split into data and compute).
+    timed_by: str = ""
+    section_ms: dict[str, float] = field(default_factory=dict)  # its ctx.section parts of compute_ms
+
+    @property
+    def own_ms(self) -> float:
+        """Its own time per step: the step's wall time less its wait for its peers."""
+        return max(0.0, self.step_ms - self.collective_ms)
 
     @property
     def diverged(self) -> bool:
@@ -76,7 +87,7 @@ class RankView:
     def loss_text(self) -> str:
         if not self.has_loss:
             return "-"
-        return f"{self.loss:.4f}" if math.isfinite(self.loss) else str(self.loss)
+        return number_text(self.loss)
 
     def to_pb(self) -> pb.RankInfo:
         values = {f.name: getattr(self, f.name) for f in _FIELDS}
@@ -87,12 +98,14 @@ class RankView:
     def from_pb(cls, r: pb.RankInfo) -> RankView:
         values = {f.name: getattr(r, f.name) for f in _FIELDS}
         values["state"] = RANK_STATE_FROM_PB.get(r.state, RankState.REGISTERED)
+        values["section_ms"] = dict(r.section_ms)
         return cls(**values)
 
     def as_dict(self) -> dict[str, Any]:
         """JSON-ready (a NaN or infinite loss becomes its text, which JSON has no number for)."""
         d = {f.name: getattr(self, f.name) for f in _FIELDS}
         d["state"] = self.state.value
+        d["section_ms"] = dict(self.section_ms)
         if not math.isfinite(d["loss"]):
             d["loss"] = str(d["loss"])
         return d
@@ -102,7 +115,7 @@ class RankView:
         """From a JSON object written by :meth:`as_dict`; the live-only fields read as unknown."""
         values: dict[str, Any] = {"state": state}
         for f in _FIELDS:
-            if f.name in ("state", "steps_per_sec", "heartbeat_age", "progress_age"):
+            if f.name in ("state", "heartbeat_age", "progress_age"):
                 continue
             if f.name == "rank":
                 values["rank"] = r.integer("rank", None)
@@ -114,6 +127,8 @@ class RankView:
                 values[f.name] = r.text(f.name)
             elif f.type == "bool":
                 values[f.name] = r.flag(f.name)
+            elif f.name == "section_ms":
+                values[f.name] = r.numbers(f.name)
             else:
                 values[f.name] = r.number(f.name)
         return cls(**values)

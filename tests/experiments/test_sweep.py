@@ -19,7 +19,7 @@ import psutil
 import pytest
 
 import orch
-from conftest import TESTS, until
+from conftest import TESTS, orch_cli, until
 from orch.views.comparison import curve
 from orch.wire.client import StateMirror
 
@@ -111,9 +111,13 @@ def test_a_sweep_records_each_config_and_a_failure_with_its_root_cause(tmp_path:
         assert (meta["sweep"], meta["config_key"], meta["config"]) == ("lr", trial.key, trial.config)
     assert results._repr_html_().count('class="orch-trial"') == 4
     assert "FAILED" in repr(results)
-    every = {r["index"]: r["final"]["loss"] for r in results}
-    assert [r["index"] for r in results.sorted("loss")] == sorted(every, key=every.__getitem__)
-    assert [r["index"] for r in results.sorted("loss", "max")] == sorted(every, key=every.__getitem__)[::-1]
+    # Sorted by the final loss, best first; the failed config last whatever its loss.
+    every = {r["index"]: r["final"]["loss"] for r in results if r["state"] == "SUCCEEDED"}
+    assert [r["index"] for r in results.sorted("loss")] == [*sorted(every, key=every.__getitem__), 2]
+    assert [r["index"] for r in results.sorted("loss", "max")] == [
+        *sorted(every, key=every.__getitem__)[::-1],
+        2,
+    ]
 
     # The same sweep cell again: only the failed config runs.
     before = run_dirs(tmp_path)
@@ -127,6 +131,103 @@ def test_a_sweep_records_each_config_and_a_failure_with_its_root_cause(tmp_path:
     # Another name is another sweep: nothing is reused.
     other = orch.sweep("jobs:lr_job", FOUR[:1], run_root=str(tmp_path), name="other")
     assert [r["reused"] for r in other.wait(120)] == [False]
+
+
+NAN_AT = 12  # lr_job's weights blow up at step 11 and are NaN from step 12 on
+
+
+def test_a_nan_trial_is_flagged_from_its_step_everywhere_and_sorts_last(
+    tmp_path: Path, widget_messages: list[Any], subprocess_env: dict[str, str]
+) -> None:
+    configs = [{"lr": 0.01}, {"lr": 0.05, "nan_at": NAN_AT}, {"lr": 0.1, "fail": True}]
+    sweep = orch.sweep("jobs:lr_job", configs, world_size=2, parallel=2, run_root=str(tmp_path), name="nan")
+    panel = sweep.panel()
+    results = sweep.wait(180)
+    assert [r["state"] for r in results] == ["SUCCEEDED", "SUCCEEDED", "FAILED"]
+    nan = results[1]
+    # Its final value is NaN, not the last finite one (a loss near 1e34 at step 11).
+    assert np.isnan(nan["final"]["loss"])
+    bad = nan["nonfinite"]["loss"]
+    assert (bad["step"], bad["last_finite_step"], bad["stays"]) == (NAN_AT, NAN_AT - 1, True)
+    assert bad["last_finite"] > 1e20 and np.isnan(bad["value"])
+    assert "loss" not in results[0]["nonfinite"]
+    # The table flags it with the step and the last finite value.
+    head, body = results.table()
+    final = body[1][head.index("loss final")]
+    assert final.startswith(f"nan from step {NAN_AT} (last finite ") and "e+" in final, final
+    assert f'data-nonfinite-loss="{NAN_AT}"' in results._repr_html_()
+    assert f"nan from step {NAN_AT}" in repr(results)
+    # NaN and FAILED configs sort last, whichever way is best; best() never picks the NaN one.
+    assert [r["index"] for r in results.sorted("loss")] == [0, 1, 2]
+    assert [r["index"] for r in results.sorted("loss", "max")] == [0, 1, 2]
+    assert sweep.best("loss").index == 0
+    assert sweep.best("loss", mode="max").index == 0  # its 1e34 would have won as the last finite
+    assert sweep.best("loss", scope="all").index == 0
+    rows = sweep.rows("loss")
+    assert [r["best_run"] for r in rows] == [True, False, False] and rows[1]["nonfinite"]["loss"]
+    # The record: result.json says where each rank's loss went NaN; load_run and orch show too.
+    run_dir = sweep.trials[1].run_dir
+    record = json.loads((run_dir / "result.json").read_text())
+    # (its accuracy, 1 / (1 + loss), went NaN with it)
+    assert {(d["rank"], d["metric"], d["step"]) for d in record["nonfinite"]} == {
+        (rank, metric, NAN_AT) for rank in (0, 1) for metric in ("loss", "acc")
+    }
+    loaded = orch.load_run(run_dir).state()
+    assert [(d.rank, d.step) for d in loaded.nonfinite("loss")] == [(0, NAN_AT), (1, NAN_AT)]
+    assert all(r.steps_per_sec > 0 for r in loaded.ranks)  # its mean rate, not 0.0
+    thinned = orch.load_run(run_dir, max_points=4).state()  # its NaN points not among those held
+    assert [(d.rank, d.step) for d in thinned.nonfinite("loss")] == [(0, NAN_AT), (1, NAN_AT)]
+    # orch runs: the row's loss says NaN, from which step, and the last finite value.
+    table = orch.runs(tmp_path)
+    row = table[sweep.trials[1].run_id]
+    assert row.loss_text().startswith(f"nan from step {NAN_AT} (last finite ")
+    assert f"nan from step {NAN_AT}" in repr(table)
+    assert row.as_dict()["nonfinite"][0]["step"] == NAN_AT
+    shown = orch_cli("show", row.run_id, "--run-root", str(tmp_path), env=subprocess_env, timeout=120)
+    assert f"rank 0: loss nan from step {NAN_AT} (last finite " in shown.stdout, shown.stdout + shown.stderr
+    assert " mean" in shown.stdout  # each rank's mean steps/s
+    # The sweep's panel: the row flagged, the NaN config never marked best, its spike clipped.
+    assert panel.wait_done(30)
+    texts = [b.children[1].value for b in panel.table.children]
+    assert f'class="orch-trial-nonfinite" data-step="{NAN_AT}"' in texts[1]
+    assert "orch-trial-nonfinite" not in texts[0]
+    assert panel.marked() == 0
+    y = panel._plot.y_range
+    assert y is not None and y.hi < 1e3, y  # the 1e34 spike does not set the axis
+    assert [(c.curve, c.top) for c in y.clipped] == [(1, True)] and y.clipped[0].value > 1e20
+    panel.close()
+
+
+def test_the_first_config_of_a_fresh_process_shows_the_pools_cold_start_apart(
+    tmp_path: Path, subprocess_env: dict[str, str]
+) -> None:
+    script = tmp_path / "cold_sweep.py"
+    script.write_text(
+        "import json\n"
+        "import orch\n"
+        "configs = [{'lr': 0.01}, {'lr': 0.02}]\n"
+        f"sweep = orch.sweep('jobs:lr_job', configs, run_root={str(tmp_path / 'runs')!r})\n"
+        "results = sweep.wait(180)\n"
+        "print(json.dumps([(r['duration'], r['pool_start']) for r in results]))\n"
+        "head, body = results.table()\n"
+        "print(json.dumps([cells[head.index('wall time')] for cells in body]))\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, str(script)],
+        env=subprocess_env,
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=200,
+    )
+    assert proc.returncode == 0, proc.stderr
+    times, cells = (json.loads(line) for line in proc.stdout.splitlines()[-2:])
+    (first, first_pool), (second, second_pool) = times
+    # The first launch waited for the forkserver to import torch; the second found it warm.
+    assert first_pool > 0.5 and second_pool == 0.0, times
+    assert first_pool < first
+    assert cells[0] == f"{first - first_pool:.1f}s (+{first_pool:.1f}s pool start)"
+    assert cells[1] == f"{second:.1f}s"
 
 
 def test_max_failures_stops_starting_new_runs(tmp_path: Path) -> None:

@@ -66,8 +66,9 @@ def test_rows_mark_no_loss_yet_divergence_and_stragglers() -> None:
     assert lines[0].startswith("orch run run-x  RUNNING") and "3/3 ranks" in lines[0]
     assert lines[3].split()[:3] == ["rank", "state", "step"]
     rows = dict(enumerate(lines[4:7]))
-    assert "1.2500" in rows[0] and "<-" not in rows[0]
-    assert "nan" in rows[1] and "NaN/inf loss" in rows[1]
+    assert "1.25 " in rows[0] and "<-" not in rows[0]  # four significant digits, not fixed decimals
+    # Where the loss went NaN, and its last finite value.
+    assert "nan" in rows[1] and "<- loss nan from step 1 (last finite 2 at step 0)" in rows[1]
     assert rows[2].split()[3] == "-" and "straggler: compute" in rows[2]  # no loss logged yet
     assert "straggler" not in rows[0] + rows[1]
     # Each rank's step split, in ms per step, and its compute against the fastest rank's.
@@ -157,8 +158,8 @@ def test_run_table_colours_the_states_and_marks_the_ranks() -> None:
     assert "\x1b[1;36mRUNNING\x1b[0m" in text  # the run's state and each rank's, bold cyan
     assert "rank  state" in text and "steps/s" in text and "heartbeat" in text  # the header, unstyled
     rows = {line.split()[0]: line for line in plain.splitlines() if line[:4].strip().isdigit()}
-    assert "1.2500" in rows["0"] and "h0/100" in rows["0"]
-    assert "NaN/inf loss" in rows["1"] and "\x1b[1;31mNaN/inf loss" in text
+    assert "1.25 " in rows["0"] and "h0/100" in rows["0"]
+    assert "loss nan from step 1" in rows["1"] and "\x1b[1;31mloss nan from step 1" in text
     assert (
         "straggler: compute" in rows["2"] and "\x1b[1;33mstraggler: compute" in text and "h2/102" in rows["2"]
     )
@@ -473,3 +474,18 @@ def test_the_start_up_note_is_in_every_view_and_a_plain_dashboard_writes_each_on
         "[   9.0s] starting: 1/2 registered",
     ], out.getvalue()
     assert "PENDING step" not in out.getvalue()  # no line that only says it is PENDING meanwhile
+
+
+def test_with_no_known_total_the_dashboard_shows_a_spinner_and_a_count_never_a_bar() -> None:
+    from rich.progress_bar import ProgressBar
+    from rich.spinner import Spinner
+
+    m = mirror_of({0: [1.0, 1.0, 1.0]}, {0: 5, 1: 5, 2: 5})
+    assert m.total_steps == 0 and m.state.value == "RUNNING"
+    parts = cast(Any, run_table(m)).renderables
+    assert isinstance(parts[1], Spinner) and not any(isinstance(p, ProgressBar) for p in parts)
+    console = Console(width=120, record=True)
+    console.print(parts[1])
+    assert console.export_text().strip()[2:] == "step 10"
+    assert render(m).splitlines()[1] == "step 10"  # the plain view: a count, no bar of dots
+

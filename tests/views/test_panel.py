@@ -146,6 +146,24 @@ def test_panel_names_the_root_cause_of_a_failure(tmp_path: Path, widget_messages
         run.close()
 
 
+def test_a_run_that_logged_no_points_says_so_instead_of_empty_axes(
+    tmp_path: Path, widget_messages: list[Any]
+) -> None:
+    run = orch.launch("jobs:fails_at_startup", world_size=1, run_root=str(tmp_path))
+    try:
+        panel = run.panel(interval=0.1)
+        with pytest.raises(orch.RunFailed):
+            run.wait(timeout=120)
+        assert panel.wait_done(30)
+        assert [t.get_text() for t in panel._plot.ax.texts] == ["no points were logged"]
+        record = orch.load_run(run.run_dir).panel()  # the run read back from disk says the same
+        assert [t.get_text() for t in record._plot.ax.texts] == ["no points were logged"]
+        record.close()
+        panel.close()
+    finally:
+        run.close()
+
+
 def test_a_record_replaces_its_output_from_any_thread(tmp_path: Path) -> None:
     """In a real kernel: the live widget is shown with a display id; publish() from a thread
     of the user's while a cell runs updates it, with that cell as its parent (the messages
@@ -231,10 +249,40 @@ def test_table_marks_nan_losses_and_stragglers(widget_messages: list[Any]) -> No
         try:
             assert wait_for(lambda: panel.polls >= 2, 60)
             rows = panel.table.value.split('<tr class="orch-rank"')[1:]
-            assert "NaN/inf loss" in rows[1] and "NaN/inf loss" not in rows[0]
+            assert "loss nan from step 0" in rows[1] and "orch-nan" not in rows[0]
             assert "straggler" in rows[2] and "straggler" not in rows[0]
             panel.stop_button.click()
             assert panel.source.stopped  # type: ignore[attr-defined]
+        finally:
+            panel.close()
+
+
+def test_with_no_known_total_the_progress_is_a_turning_count_never_a_full_bar(
+    widget_messages: list[Any],
+) -> None:
+    coord = Coordinator(1, run_id="r", clock=lambda: 100.0)  # a still clock: no heartbeat expires
+    coord.register(pb.RegisterRequest(worker_id="w", host="h", pid=1, rendezvous_port=29400))
+    coord.can_start(pb.CanStartTrainingRequest(run_id="r", worker_id="w"))
+    coord.heartbeat(pb.HeartbeatRequest(run_id="r", worker_id="w", step=37))  # no total_steps
+    with MasterServer(coord, port=0) as server:
+        panel = Panel(_Source(server.address), interval=0.05)
+        try:
+            assert wait_for(lambda: panel.polls >= 3, 60)
+            assert panel.progress.layout.visibility == "hidden"  # no bar, so none reads full
+            assert panel.progress.value == 0
+            labels = set()
+            for _ in range(3):
+                polls = panel.polls
+                assert wait_for(lambda p=polls: panel.polls > p + 1, 60)
+                label = panel.progress_label.value
+                assert label[0] in "⠋⠙⠹⠸⠼⠴⠦⠧⠇⠏" and label[2:] == "step 37 (total unknown)", label
+                labels.add(label)
+            assert len(labels) > 1  # it turns while the run goes
+            # a total told later: a bar of it
+            coord.heartbeat(pb.HeartbeatRequest(run_id="r", worker_id="w", step=40, total_steps=160))
+            assert wait_for(lambda: panel.progress_label.value == "step 40/160 (25%)", 60)
+            assert panel.progress.layout.visibility == "visible"
+            assert (panel.progress.value, panel.progress.max) == (40, 160)
         finally:
             panel.close()
 

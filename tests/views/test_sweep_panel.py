@@ -52,11 +52,12 @@ def test_the_sweep_panel_follows_the_runs_and_marks_the_best(
     assert panel.marked() == best
     # The plot was drawn as points came, and once more at the end.
     assert images_sent(widget_messages, panel.plot) >= 2
-    # Sorted by the metric: least final loss first.
-    finals = {i: float(curve(m, "loss").mean[-1]) for i, m in enumerate(panel.mirrors)}
+    # Sorted by the metric: least final loss first, the failed config last whatever its loss.
+    finals = {i: float(curve(m, "loss").mean[-1]) for i, m in enumerate(panel.mirrors) if i != 1}
     panel.sort.value = "min"
     assert [r.split()[0] for r in row_texts(panel)] == [
-        f"#{i}" for i in sorted(finals, key=finals.__getitem__)
+        *(f"#{i}" for i in sorted(finals, key=finals.__getitem__)),
+        "#1",
     ]
     panel.sort.value = ""
     # The sweep ended: its output is the record a saved notebook keeps, with the failure's cause.
@@ -105,6 +106,11 @@ def test_compare_overlays_runs_on_disk_and_a_live_one(tmp_path: Path, widget_mes
         assert legend.count('class="orch-compared"') == 3
         for run_id in (*ids, live.run_id):
             assert f'data-run="{run_id}"' in legend
+        # The runs are named by their configs, in the table and in the plot's legend.
+        assert [f.label for f in panel.runs] == ["lr=0.01", "lr=0.2", "lr=0.05, steps=40, sleep=0.02"]
+        assert "&#9632;</span> lr=0.01 " in legend
+        drawn = [t.get_text() for t in panel._plot.ax.get_legend().get_texts()]
+        assert drawn == ["lr=0.01", "lr=0.2", "lr=0.05, steps=40, sleep=0.02"]
         assert legend.count("SUCCEEDED") == 3
         assert 'class="orch-compare-runs"' in panel._repr_mimebundle_()["text/html"]
         # By wall time each run starts near 0 and its last step comes last.

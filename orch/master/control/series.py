@@ -19,6 +19,10 @@ from orch.wire.limits import MAX_METRICS_PER_RANK
 MAX_POINTS_IN_MEMORY = 1_000_000
 MAX_POINTS_PER_REPLY = 250_000  # a GetState reply stays a few MiB; the caller asks again for more
 PIECE_POINTS = 8192  # points of a catch-up built at once (about 1 ms holding the GIL)
+# Points of one encoded block kept for the catch-ups after it. Small, so that the many short
+# series of a big run (1,024 ranks, a few hundred points each) are encoded once too; a piece
+# joins its blocks' bytes (a Series message's packed fields, repeated, parse as one).
+BLOCK_POINTS = 256
 
 
 class Series:
@@ -36,8 +40,8 @@ class Series:
         self.times = array("d")
         self.attempt = 0
         self.base = 0
-        # Encoded pieces of whole blocks of PIECE_POINTS points (absolute index // PIECE_POINTS):
-        # held points never change, so a block is encoded once for every catch-up after it.
+        # Encoded whole blocks of BLOCK_POINTS points (absolute index // BLOCK_POINTS): held
+        # points never change, so a block is encoded once for every catch-up after it.
         self.blocks: dict[int, bytes] = {}
 
     def __len__(self) -> int:
@@ -74,7 +78,7 @@ class Series:
         """Let the oldest ``drop`` points leave memory."""
         del self.steps[:drop], self.values[:drop], self.times[:drop]
         self.base += drop
-        for k in [k for k in self.blocks if k * PIECE_POINTS < self.base]:
+        for k in [k for k in self.blocks if k * BLOCK_POINTS < self.base]:
             del self.blocks[k]  # no longer whole in memory
 
     def encode(self, rank: int, name: str, base: int, first: int, last: int) -> bytes:
@@ -237,25 +241,38 @@ class SeriesLog:
         for as long as it takes (a 250k-point series: some 30 ms, during which the master's
         event loop serves no heartbeat); between pieces this thread lets it go, so a catch-up
         delays a heartbeat by one piece at most. A reader takes the pieces of one series
-        in order as one series (the panel's mirror extends it)."""
+        in order as one series (the panel's mirror extends it).
+
+        A piece is the bytes of its whole blocks of :data:`BLOCK_POINTS` points, each encoded
+        once and kept, joined with the ends of the slice encoded afresh: a catch-up of points
+        already sent to another client is mostly a join."""
         out: list[list[bytes]] = []
         for sl in plan:
             pieces = []
             series, first = sl.series, sl.first
+            cached = sl.base == series.base  # else trimmed since the plan: nothing is kept
             while first < sl.last:
-                # Pieces follow the blocks of PIECE_POINTS absolute points: a whole block held
-                # is encoded once and kept; the ends of a slice are encoded afresh.
-                k = first // PIECE_POINTS
-                last = min(sl.last, (k + 1) * PIECE_POINTS)
-                whole = first == k * PIECE_POINTS and last == (k + 1) * PIECE_POINTS and first >= sl.base
-                piece = series.blocks.get(k) if whole else None
-                if piece is None or sl.base != series.base:
-                    piece = series.encode(sl.rank, sl.name, sl.base, first, last)
-                    if whole and sl.base == series.base:
-                        series.blocks[k] = piece
-                    time.sleep(0)  # the event loop's turn
-                pieces.append(piece)
-                first = last
+                end = min(sl.last, first + PIECE_POINTS)
+                parts: list[bytes] = []
+                fresh = first  # the start of points not yet in parts
+                k = -(-first // BLOCK_POINTS)  # the first whole block at or after first
+                while (k + 1) * BLOCK_POINTS <= end:
+                    start = k * BLOCK_POINTS
+                    block = series.blocks.get(k) if cached else None
+                    if block is None:
+                        block = series.encode(sl.rank, sl.name, sl.base, start, start + BLOCK_POINTS)
+                        if cached:
+                            series.blocks[k] = block
+                    if fresh < start:  # the slice's head, before its first block
+                        parts.append(series.encode(sl.rank, sl.name, sl.base, fresh, start))
+                    parts.append(block)
+                    fresh = start + BLOCK_POINTS
+                    k += 1
+                if fresh < end:  # the tail, after the last whole block
+                    parts.append(series.encode(sl.rank, sl.name, sl.base, fresh, end))
+                pieces.append(parts[0] if len(parts) == 1 else b"".join(parts))
+                first = end
+                time.sleep(0)  # the event loop's turn
             out.append(pieces)
         return out
 

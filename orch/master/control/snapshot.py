@@ -125,7 +125,8 @@ def draft_reply(
         reply.job.CopyFrom(run.job)
     v = run.verdict
     reply.stragglers_judged, reply.straggler_rank = v.judged, v.rank
-    reply.straggler_section, reply.straggler_note = v.section, v.note
+    # A run that ended before it could be judged says so, not "yet".
+    reply.straggler_section, reply.straggler_note = v.section, v.shown(run.state.done)
     reply.startup_note, reply.startup_seconds = run.startup.note(run.state, run.ranks, run.world_size, now)
     live = run.state in (RunState.RUNNING, RunState.STOPPING)
     reply.stalled_for = run.progress.stalled_for(now) if live else 0.0

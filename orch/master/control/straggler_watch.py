@@ -16,11 +16,15 @@ import math
 from collections.abc import Sequence
 
 from orch.master.control.registry import RankRecord
-from orch.master.control.stragglers import Verdict, judge, scores
+from orch.master.control.stragglers import OFF, Verdict, judge, scores
 from orch.wire.states import RunState
 
 JUDGE_EVERY = 1.0  # seconds between straggler judgements
-NOT_YET_JUDGED = Verdict(False, note="stragglers are judged once every rank runs")
+NOT_YET_JUDGED = Verdict(
+    False,
+    note="not judged yet: stragglers are judged once every rank runs",
+    ended="not judged: the run ended after too few steps (before the first judgement)",
+)
 STANDING_STILL = Verdict(False, note="stragglers are not judged while the ranks do not progress")
 
 
@@ -57,7 +61,7 @@ class StragglerWatch:
         for r in ranks:
             r.timing.trim(now)
         means = {r.rank: r.timing.means() for r in ranks}
-        verdict = judge(means, world_size)
+        verdict = judge(means, world_size, off=[r.rank for r in ranks if r.timing.timed_by == OFF])
         seen, self._last = self._last, verdict.key
         if verdict.key != self.verdict.key and verdict.key != seen:
             verdict = self.verdict  # one judgement alone does not move the mark
@@ -70,6 +74,8 @@ class StragglerWatch:
                 r.step_ms, r.data_ms, r.compute_ms = m.step * 1000, m.data * 1000, m.compute * 1000
                 r.collective_ms, r.other_ms = m.collective * 1000, m.other * 1000
                 r.relative_score, r.individual_score = scored.get(r.rank, (0.0, 0.0))
+                r.timed_by = m.timed_by
+                r.section_ms = {name: seconds * 1000 for name, seconds in m.sections.items()}
             r.slow_in = verdict.section if r.rank == verdict.rank else ""
         if verdict.rank >= 0 and verdict.key != self._told:
             self._told = verdict.key  # each straggler (and part) is told once

@@ -7,9 +7,12 @@ the user marked) than the others do, and it is the one that waits least in the c
 while the others wait for it. Each rank's heartbeats carry sums; this keeps the last
 ``WINDOW`` seconds of them per rank and judges on their per-step means.
 
-The judgement is honest about what it cannot see: with no step times (a loop without
-``ctx.steps``) or no timed collectives (a model not wrapped by ``ctx.ddp``) it says that
-stragglers cannot be judged, and why, rather than "no straggler".
+Steps are marked by ``ctx.steps``, else by each batch ``ctx.data`` yields, else from one
+``ctx.log`` step to the next (no data or compute split claimed then): the judgement says which.
+It is honest about what it does not know. Before the ranks sent step times it is "not judged
+yet: too few steps", and a run that ends then says so; it "cannot be judged" only for a reason
+that stays: no timed collectives (a model not wrapped by ``ctx.ddp``), or timing turned off.
+Never "no straggler" for want of a measurement.
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ from __future__ import annotations
 import bisect
 import math
 from collections import deque
-from collections.abc import Iterator, Mapping
+from collections.abc import Collection, Iterator, Mapping
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -48,6 +51,7 @@ class Means:
     other: float
     sections: Mapping[str, float]
     collectives: bool
+    timed_by: str = "ctx.steps"  # what marks its steps: ctx.steps, ctx.data or ctx.log
 
     @property
     def compute(self) -> float:
@@ -56,10 +60,20 @@ class Means:
     def part(self, name: str) -> float:
         if name == "data":
             return self.data
-        if name == "compute":
+        if name in ("compute", OWN_TIME):
             return self.compute
         return self.sections.get(name, 0.0)
 
+
+# The part a loop timed by ctx.log alone is slow in: its step outside the collectives, which
+# orch does not split into data and compute there.
+OWN_TIME = "own time"
+TIMED_BY = {
+    "ctx.steps": "timed by ctx.steps",
+    "ctx.data": "each batch of ctx.data timed as a step",
+    "ctx.log": "timed from one ctx.log step to the next, not split into data and compute",
+}
+OFF = "off"  # a rank whose step timing is turned off (ORCH_STEP_TIMING=0)
 
 Beat = tuple[float, int, float, float, float, float, dict[str, float], bool]
 
@@ -82,8 +96,11 @@ class TimingWindow:
     _named: dict[str, int] = field(default_factory=dict)  # beats in the window that name each section
     _timed_collectives: int = 0  # beats in the window whose collectives were timed
     _removed: int = 0
+    timed_by: str = ""  # what marks the rank's steps, as its last beat said ("off": not timed)
 
     def add(self, now: float, t: pb.StepTiming) -> None:
+        if t.timed_by or t.steps > 0:
+            self.timed_by = t.timed_by or "ctx.steps"  # an older worker times ctx.steps only
         if t.steps > 0:
             beat = (now, t.steps, t.step_seconds, t.data_seconds, t.collective_seconds, t.other_seconds,
                     dict(t.sections), t.collectives)  # fmt: skip
@@ -154,6 +171,7 @@ class TimingWindow:
             other=other / steps,
             sections=_PerStep(self._sections, steps),
             collectives=self._timed_collectives > 0,
+            timed_by=self.timed_by or "ctx.steps",
         )
         if m.compute > 0 and (not self.best_compute or m.compute < self.best_compute):
             self.best_compute = m.compute
@@ -187,29 +205,55 @@ class Verdict:
     rank: int = -1  # the straggler, -1: none
     section: str = ""
     note: str = ""
+    # Not judged *yet* (too few steps, ranks still starting): what to say instead once the run
+    # ended without a judgement. Empty: the note holds whenever (a judgement, or a real reason).
+    ended: str = ""
 
     @property
     def key(self) -> tuple[int, str]:
         return self.rank, self.section
 
+    def shown(self, run_ended: bool) -> str:
+        """The note to show: a run that ended before it could be judged says so."""
+        return self.ended if run_ended and self.ended else self.note
 
-def judge(means: dict[int, Means | None], world_size: int) -> Verdict:
-    """The straggler among ranks ``means`` (rank -> its per-step means, None: no step times)."""
+
+def _ranks(ranks: list[int]) -> str:
+    listed = ", ".join(map(str, ranks[:8]))
+    return f"rank {listed}" + (f" and {len(ranks) - 8} more" if len(ranks) > 8 else "")
+
+
+def judge(means: dict[int, Means | None], world_size: int, *, off: Collection[int] = ()) -> Verdict:
+    """The straggler among ranks ``means`` (rank -> its per-step means, None: no step times
+    yet); ``off``: the ranks that said they do not time their steps (ORCH_STEP_TIMING=0)."""
     if world_size < 2:
         return Verdict(True, note="one rank: no other rank to wait for")
     if len(means) < world_size:
         return Verdict(
-            False, note=f"{len(means)} of {world_size} ranks running: stragglers are judged once all run"
+            False,
+            note=f"not judged yet: {len(means)} of {world_size} ranks running (stragglers are judged "
+            "once all run)",
+            ended=f"not judged: the run ended with {len(means)} of {world_size} ranks running",
+        )
+    if off:
+        return Verdict(
+            False,
+            note=f"stragglers cannot be judged: step timing is off (ORCH_STEP_TIMING=0) on "
+            f"{_ranks(sorted(off))}",
         )
     untimed = sorted(r for r, m in means.items() if m is None)
     if len(untimed) == world_size:
         return Verdict(
             False,
-            note="stragglers cannot be judged: no rank times its steps (drive the loop with ctx.steps)",
+            note="not judged yet: too few steps (no rank has sent step times yet)",
+            ended="not judged: the run ended after too few steps (no rank had sent step times)",
         )
     if untimed:
-        listed = ", ".join(map(str, untimed[:8]))
-        return Verdict(False, note=f"stragglers cannot be judged yet: no step times from rank {listed}")
+        return Verdict(
+            False,
+            note=f"not judged yet: too few steps (no step times yet from {_ranks(untimed)})",
+            ended=f"not judged: the run ended after too few steps (no step times from {_ranks(untimed)})",
+        )
     timed = {r: m for r, m in means.items() if m is not None}
     if not all(m.collectives for m in timed.values()):
         return Verdict(
@@ -217,6 +261,7 @@ def judge(means: dict[int, Means | None], world_size: int) -> Verdict:
             note="stragglers cannot be judged: the gradient collectives are not timed "
             "(wrap the model with ctx.ddp)",
         )
+    how = _timed_by(timed)
     # The medians of the others, for every rank at once (numpy): O(ranks), a few ms at a
     # thousand. Sections are read only for a rank found slow in compute, and only its own (at
     # most MAX_SECTIONS): the judgement's cost does not grow with the names the ranks mark.
@@ -249,21 +294,30 @@ def judge(means: dict[int, Means | None], world_size: int) -> Verdict:
             found.append((float(excess[i]), ranks[i], named))
     if not found:
         return Verdict(
-            True, note=f"no straggler: the ranks spend about the same in each part of a {_ms(step)} step"
+            True,
+            note=f"no straggler: the ranks spend about the same in each part of a {_ms(step)} step ({how})",
         )
-    _, rank, part = max(found)
+    _, rank, part = max(found)  # the largest excess: the rank the others wait for longest
     i = ranks.index(rank)
     m = timed[rank]
     if part in others_of:
         theirs_ms = float(others_of[part][i])
     else:
         theirs_ms = _median_without(sorted(o.sections.get(part, 0.0) for o in timed.values()), m.part(part))
+    if part == "compute" and m.timed_by == "ctx.log":
+        part = OWN_TIME  # a step timed by ctx.log alone is not split: all of it outside the collectives
     note = (
         f"rank {rank} is the straggler, slow in {part}: {_ms(m.part(part))} per step against "
         f"{_ms(theirs_ms)} on the others; it waits {_ms(m.collective)} in "
-        f"collectives, the others {_ms(float(their_wait[i]))}"
+        f"collectives, the others {_ms(float(their_wait[i]))} ({how})"
     )
     return Verdict(True, rank, part, note)
+
+
+def _timed_by(timed: Mapping[int, Means]) -> str:
+    """How the ranks' steps were timed, in words (the ranks of one run time theirs alike)."""
+    kinds = sorted({m.timed_by for m in timed.values()})
+    return "; ".join(TIMED_BY.get(k, f"timed by {k}") for k in kinds)
 
 
 def _medians_without(values: npt.NDArray[np.float64]) -> npt.NDArray[np.float64]:

@@ -111,6 +111,10 @@ def check_heartbeats(beats: Sequence[pb.HeartbeatRequest]) -> list[Reject | None
 MAX_SECONDS = 1e6  # any one duration a heartbeat reports (NaN is not in range either)
 
 
+# What may mark a rank's steps (StepTiming.timed_by; empty: an older worker's ctx.steps).
+TIMED_BY_VALUES = ("", "ctx.steps", "ctx.data", "ctx.log", "off")
+
+
 def check_timing(t: pb.StepTiming) -> None:
     """A heartbeat's step times: counts and durations that can be real."""
     values = [t.step_seconds, t.data_seconds, t.collective_seconds, t.other_seconds, *t.sections.values()]
@@ -119,6 +123,11 @@ def check_timing(t: pb.StepTiming) -> None:
     if len(t.sections) > MAX_SECTIONS or any(not 0 < len(n) <= 64 for n in t.sections):
         raise Reject(
             "invalid_argument", f"timing: at most {MAX_SECTIONS} sections, each named in 1-64 characters"
+        )
+    if t.timed_by not in TIMED_BY_VALUES:
+        raise Reject(
+            "invalid_argument",
+            f"timing: timed_by is one of {', '.join(map(repr, TIMED_BY_VALUES))}, got {t.timed_by[:40]!r}",
         )
 
 

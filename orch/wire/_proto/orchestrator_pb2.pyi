@@ -224,7 +224,7 @@ class Stack(_message.Message):
     def __init__(self, frames: _Optional[_Iterable[_Union[Frame, _Mapping]]] = ..., taken: _Optional[float] = ..., step: _Optional[int] = ..., note: _Optional[str] = ...) -> None: ...
 
 class StepTiming(_message.Message):
-    __slots__ = ("steps", "step_seconds", "data_seconds", "collective_seconds", "other_seconds", "sections", "collectives")
+    __slots__ = ("steps", "step_seconds", "data_seconds", "collective_seconds", "other_seconds", "sections", "collectives", "timed_by")
     class SectionsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -239,6 +239,7 @@ class StepTiming(_message.Message):
     OTHER_SECONDS_FIELD_NUMBER: _ClassVar[int]
     SECTIONS_FIELD_NUMBER: _ClassVar[int]
     COLLECTIVES_FIELD_NUMBER: _ClassVar[int]
+    TIMED_BY_FIELD_NUMBER: _ClassVar[int]
     steps: int
     step_seconds: float
     data_seconds: float
@@ -246,7 +247,8 @@ class StepTiming(_message.Message):
     other_seconds: float
     sections: _containers.ScalarMap[str, float]
     collectives: bool
-    def __init__(self, steps: _Optional[int] = ..., step_seconds: _Optional[float] = ..., data_seconds: _Optional[float] = ..., collective_seconds: _Optional[float] = ..., other_seconds: _Optional[float] = ..., sections: _Optional[_Mapping[str, float]] = ..., collectives: _Optional[bool] = ...) -> None: ...
+    timed_by: str
+    def __init__(self, steps: _Optional[int] = ..., step_seconds: _Optional[float] = ..., data_seconds: _Optional[float] = ..., collective_seconds: _Optional[float] = ..., other_seconds: _Optional[float] = ..., sections: _Optional[_Mapping[str, float]] = ..., collectives: _Optional[bool] = ..., timed_by: _Optional[str] = ...) -> None: ...
 
 class HeartbeatResponse(_message.Message):
     __slots__ = ("command", "stop_at_step", "send_stack", "reason", "interval")
@@ -349,7 +351,14 @@ class GetStateRequest(_message.Message):
     def __init__(self, cursor: _Optional[bytes] = ..., skip_series: _Optional[bool] = ..., max_points: _Optional[int] = ...) -> None: ...
 
 class RankInfo(_message.Message):
-    __slots__ = ("rank", "worker_id", "host", "pid", "state", "step", "total_steps", "steps_per_sec", "heartbeat_age", "loss", "param_checksum", "error", "exit_code", "dropped_points", "address", "has_loss", "timed", "step_ms", "data_ms", "compute_ms", "collective_ms", "other_ms", "relative_score", "individual_score", "slow_in", "progress_age", "stack", "rss_bytes", "cpu_percent", "cuda_allocated", "cuda_reserved", "cuda_peak", "cuda_total", "memory_limit", "limit_kind", "memory_note", "dropped_reason")
+    __slots__ = ("rank", "worker_id", "host", "pid", "state", "step", "total_steps", "steps_per_sec", "heartbeat_age", "loss", "param_checksum", "error", "exit_code", "dropped_points", "address", "has_loss", "timed", "step_ms", "data_ms", "compute_ms", "collective_ms", "other_ms", "relative_score", "individual_score", "slow_in", "progress_age", "stack", "rss_bytes", "cpu_percent", "cuda_allocated", "cuda_reserved", "cuda_peak", "cuda_total", "memory_limit", "limit_kind", "memory_note", "dropped_reason", "timed_by", "section_ms")
+    class SectionMsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: float
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[float] = ...) -> None: ...
     RANK_FIELD_NUMBER: _ClassVar[int]
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     HOST_FIELD_NUMBER: _ClassVar[int]
@@ -387,6 +396,8 @@ class RankInfo(_message.Message):
     LIMIT_KIND_FIELD_NUMBER: _ClassVar[int]
     MEMORY_NOTE_FIELD_NUMBER: _ClassVar[int]
     DROPPED_REASON_FIELD_NUMBER: _ClassVar[int]
+    TIMED_BY_FIELD_NUMBER: _ClassVar[int]
+    SECTION_MS_FIELD_NUMBER: _ClassVar[int]
     rank: int
     worker_id: str
     host: str
@@ -424,7 +435,9 @@ class RankInfo(_message.Message):
     limit_kind: str
     memory_note: str
     dropped_reason: str
-    def __init__(self, rank: _Optional[int] = ..., worker_id: _Optional[str] = ..., host: _Optional[str] = ..., pid: _Optional[int] = ..., state: _Optional[_Union[RankState, str]] = ..., step: _Optional[int] = ..., total_steps: _Optional[int] = ..., steps_per_sec: _Optional[float] = ..., heartbeat_age: _Optional[float] = ..., loss: _Optional[float] = ..., param_checksum: _Optional[str] = ..., error: _Optional[str] = ..., exit_code: _Optional[int] = ..., dropped_points: _Optional[int] = ..., address: _Optional[str] = ..., has_loss: _Optional[bool] = ..., timed: _Optional[bool] = ..., step_ms: _Optional[float] = ..., data_ms: _Optional[float] = ..., compute_ms: _Optional[float] = ..., collective_ms: _Optional[float] = ..., other_ms: _Optional[float] = ..., relative_score: _Optional[float] = ..., individual_score: _Optional[float] = ..., slow_in: _Optional[str] = ..., progress_age: _Optional[float] = ..., stack: _Optional[str] = ..., rss_bytes: _Optional[int] = ..., cpu_percent: _Optional[float] = ..., cuda_allocated: _Optional[int] = ..., cuda_reserved: _Optional[int] = ..., cuda_peak: _Optional[int] = ..., cuda_total: _Optional[int] = ..., memory_limit: _Optional[int] = ..., limit_kind: _Optional[str] = ..., memory_note: _Optional[str] = ..., dropped_reason: _Optional[str] = ...) -> None: ...
+    timed_by: str
+    section_ms: _containers.ScalarMap[str, float]
+    def __init__(self, rank: _Optional[int] = ..., worker_id: _Optional[str] = ..., host: _Optional[str] = ..., pid: _Optional[int] = ..., state: _Optional[_Union[RankState, str]] = ..., step: _Optional[int] = ..., total_steps: _Optional[int] = ..., steps_per_sec: _Optional[float] = ..., heartbeat_age: _Optional[float] = ..., loss: _Optional[float] = ..., param_checksum: _Optional[str] = ..., error: _Optional[str] = ..., exit_code: _Optional[int] = ..., dropped_points: _Optional[int] = ..., address: _Optional[str] = ..., has_loss: _Optional[bool] = ..., timed: _Optional[bool] = ..., step_ms: _Optional[float] = ..., data_ms: _Optional[float] = ..., compute_ms: _Optional[float] = ..., collective_ms: _Optional[float] = ..., other_ms: _Optional[float] = ..., relative_score: _Optional[float] = ..., individual_score: _Optional[float] = ..., slow_in: _Optional[str] = ..., progress_age: _Optional[float] = ..., stack: _Optional[str] = ..., rss_bytes: _Optional[int] = ..., cpu_percent: _Optional[float] = ..., cuda_allocated: _Optional[int] = ..., cuda_reserved: _Optional[int] = ..., cuda_peak: _Optional[int] = ..., cuda_total: _Optional[int] = ..., memory_limit: _Optional[int] = ..., limit_kind: _Optional[str] = ..., memory_note: _Optional[str] = ..., dropped_reason: _Optional[str] = ..., timed_by: _Optional[str] = ..., section_ms: _Optional[_Mapping[str, float]] = ...) -> None: ...
 
 class Event(_message.Message):
     __slots__ = ("time", "kind", "rank", "message")

@@ -21,7 +21,8 @@ from orch.wire.states import RANK_STATE_PB, RankState
 
 FIELD_NAMES = [f.name for f in dataclasses.fields(RankView)]
 # What a record on disk reads back as.
-LIVE_ONLY = {"steps_per_sec": 0.0, "heartbeat_age": -1.0, "progress_age": -1.0}
+# steps/s is kept: an ended rank's is its mean rate over the run (StateMirror.fill_mean_rates).
+LIVE_ONLY = {"heartbeat_age": -1.0, "progress_age": -1.0}
 
 
 def full_view(state: RankState = RankState.FAILED, loss: float = 0.25) -> RankView:
@@ -64,6 +65,8 @@ def full_view(state: RankState = RankState.FAILED, loss: float = 0.25) -> RankVi
         limit_kind="cgroup",
         memory_note="growing 20 MB a step",
         dropped_reason="the master refused them: too many metrics",
+        timed_by="ctx.data",
+        section_ms={"augment": 20.5, "load": 1.25},
     )
 
 
@@ -168,6 +171,9 @@ class DictReader:
     def flag(self, key: str, default: bool = False) -> bool:
         return bool(self._get("flag", key, default))
 
+    def numbers(self, key: str) -> dict[str, float]:
+        return dict(self._get("numbers", key, {}))
+
 
 def test_from_fields_reads_each_field_by_its_type() -> None:
     reader = DictReader(full_view().as_dict())
@@ -179,6 +185,7 @@ def test_from_fields_reads_each_field_by_its_type() -> None:
         "pid": "integer",
         "step": "integer",
         "total_steps": "integer",
+        "steps_per_sec": "number",
         "loss": "number",
         "param_checksum": "text",
         "error": "text",
@@ -206,6 +213,8 @@ def test_from_fields_reads_each_field_by_its_type() -> None:
         "limit_kind": "text",
         "memory_note": "text",
         "dropped_reason": "text",
+        "timed_by": "text",
+        "section_ms": "numbers",
     }
 
 
@@ -213,7 +222,8 @@ def test_from_fields_takes_the_state_it_is_given_and_ignores_live_values() -> No
     stored = full_view(RankState.RUNNING).as_dict()
     back = RankView.from_fields(DictReader(stored), RankState.LOST)
     assert back.state is RankState.LOST
-    assert (back.steps_per_sec, back.heartbeat_age) == (0.0, -1.0)
+    assert (back.heartbeat_age, back.progress_age) == (-1.0, -1.0)
+    assert back.steps_per_sec == 12.5  # a record keeps each rank's mean rate
 
 
 def test_from_fields_of_a_sparse_object_reads_the_defaults() -> None:
@@ -236,6 +246,7 @@ def test_from_fields_needs_the_rank() -> None:
     [
         (False, math.nan, False, "-"),
         (True, 0.123456, False, "0.1235"),
+        (True, 1.0678e-06, False, "1.068e-06"),  # four significant digits, never 0.0000
         (True, math.nan, True, "nan"),
         (True, math.inf, True, "inf"),
         (True, -math.inf, True, "-inf"),

@@ -368,7 +368,7 @@ def test_a_slice_encoded_from_the_arrays_bytes_is_the_message_protobuf_would_wri
 
 
 def test_whole_blocks_are_encoded_once_for_every_catch_up_and_dropped_when_points_change() -> None:
-    from orch.master.control.series import PIECE_POINTS, SeriesLog
+    from orch.master.control.series import BLOCK_POINTS, PIECE_POINTS, SeriesLog
 
     log = SeriesLog(10 * PIECE_POINTS)
     n = 2 * PIECE_POINTS + 5
@@ -377,9 +377,20 @@ def test_whole_blocks_are_encoded_once_for_every_catch_up_and_dropped_when_point
     plan, _ = log.plan({}, 10 * PIECE_POINTS, cursor)
     first = SeriesLog.encode(plan)
     series = log.get(0, "loss")
-    assert sorted(series.blocks) == [0, 1]  # the two whole blocks; the tail is not one
+    whole = 2 * PIECE_POINTS // BLOCK_POINTS
+    assert sorted(series.blocks) == list(range(whole))  # the whole blocks; the tail is not one
+    kept = dict(series.blocks)
     again = SeriesLog.encode(plan)
-    assert again == first and again[0][0] is first[0][0]  # the same bytes, not encoded again
+    assert again == first  # the same bytes, and the blocks' not encoded again:
+    assert all(series.blocks[k] is kept[k] for k in kept)
+    # A piece joins its blocks' bytes: they parse as one series, in order.
+    assert pb.Series.FromString(first[0][0]).steps == list(range(PIECE_POINTS))
+    # A slice that starts and ends inside blocks: its ends are encoded afresh, the whole
+    # blocks between them are the kept bytes.
+    mid = Slice(0, "loss", series, series.base, BLOCK_POINTS + 7, 3 * BLOCK_POINTS + 9)
+    (piece,), = SeriesLog.encode([mid])
+    assert series.blocks[2] in piece
+    assert list(pb.Series.FromString(piece).steps) == list(range(BLOCK_POINTS + 7, 3 * BLOCK_POINTS + 9))
     # A restart that replays from step 100 rewrites points: no block stands.
     log.add(0, [pb.Series(name="loss", steps=[100], values=[2.0])], 2, 8.0)
     assert series.blocks == {}

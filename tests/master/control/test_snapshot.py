@@ -83,7 +83,7 @@ def test_the_header_says_the_runs_state() -> None:
     assert (r.failure, r.root_cause_rank, r.root_cause_error, r.root_cause_exit_code) == ("", -1, "", 0)
     assert not r.HasField("job")
     assert (r.stragglers_judged, r.straggler_rank, r.straggler_note) == (
-        False, -1, "stragglers are judged once every rank runs",
+        False, -1, "not judged yet: stragglers are judged once every rank runs",
     )  # fmt: skip
     assert (r.startup_note, r.startup_seconds) == ("", 0.0)  # a rank reported a step: no note
     run.total_steps = 80

@@ -24,7 +24,7 @@ def test_a_rank_that_computes_longest_and_waits_least_is_the_straggler() -> None
     assert (v.judged, v.rank, v.section) == (True, 2, "compute")
     assert v.note == (
         "rank 2 is the straggler, slow in compute: 39.0 ms per step against 30.0 ms on the others; "
-        "it waits 1.0 ms in collectives, the others 10.0 ms"
+        "it waits 1.0 ms in collectives, the others 10.0 ms (timed by ctx.steps)"
     )
 
 
@@ -53,22 +53,106 @@ def test_a_rank_slower_but_waiting_as_long_as_the_others_is_not_marked() -> None
     assert v.rank == -1
 
 
+def test_of_two_ranks_slow_in_compute_the_larger_excess_is_named() -> None:
+    # Under DDP every rank's step lasts as long (54 ms): four even ranks compute 30 ms and wait
+    # 24 ms for the slowest; rank 4 computes 12 ms longer (waits 12), rank 5 24 ms longer
+    # (waits 0). Both are candidates; the others wait longest for rank 5: it is the straggler,
+    # whichever order the candidates come in.
+    ranks: dict[int, Means | None] = {r: means(0.054, 0.024) for r in range(4)}
+    ranks[4] = means(0.054, 0.012)  # compute 42 ms: 12 ms over the others' median
+    ranks[5] = means(0.054, 0.0)  # compute 54 ms: 24 ms over
+    v = judge(ranks, 6)
+    assert (v.rank, v.section) == (5, "compute"), v.note
+    assert v.note.startswith("rank 5 is the straggler, slow in compute: 54.0 ms per step against 30.0 ms")
+    ranks[4], ranks[5] = ranks[5], ranks[4]
+    assert judge(ranks, 6).rank == 4
+
+
+def test_a_rank_slow_in_data_and_in_compute_is_named_by_its_larger_excess() -> None:
+    # 60 ms steps; the even ranks compute 30 ms and wait 30. Rank 2 waits 20 ms for its data
+    # and computes 8 ms longer (it waits 2 ms): both parts pass the threshold, and the data
+    # holds more of what the others wait for.
+    ranks: dict[int, Means | None] = {r: means(0.060, 0.030) for r in range(5)}
+    ranks[2] = means(0.060, 0.002, data=0.020)  # data 20 ms (the others 0), compute 38 ms (30)
+    v = judge(ranks, 5)
+    assert (v.rank, v.section) == (2, "data"), v.note
+    assert v.note.startswith("rank 2 is the straggler, slow in data: 20.0 ms per step against 0.0 ms")
+    # and the other way round: 8 ms more in data, 20 ms more in compute names compute
+    ranks[2] = means(0.060, 0.002, data=0.008)
+    v = judge(ranks, 5)
+    assert (v.rank, v.section) == (2, "compute"), v.note
+
+
 @pytest.mark.parametrize(
-    ("ranks", "says"),
+    ("ranks", "says", "ended"),
     [
         (
             {0: None, 1: None},
-            "stragglers cannot be judged: no rank times its steps (drive the loop with ctx.steps)",
+            "not judged yet: too few steps (no rank has sent step times yet)",
+            "not judged: the run ended after too few steps (no rank had sent step times)",
         ),
-        ({0: EVEN, 1: None}, "stragglers cannot be judged yet: no step times from rank 1"),
-        ({0: EVEN}, "1 of 2 ranks running: stragglers are judged once all run"),
+        (
+            {0: EVEN, 1: None},
+            "not judged yet: too few steps (no step times yet from rank 1)",
+            "not judged: the run ended after too few steps (no step times from rank 1)",
+        ),
+        (
+            {0: EVEN},
+            "not judged yet: 1 of 2 ranks running (stragglers are judged once all run)",
+            "not judged: the run ended with 1 of 2 ranks running",
+        ),
     ],
 )
-def test_what_cannot_be_judged_is_said_never_a_false_no_straggler(
-    ranks: dict[int, Means | None], says: str
+def test_what_is_not_judged_yet_says_so_never_a_false_no_straggler_nor_cannot(
+    ranks: dict[int, Means | None], says: str, ended: str
 ) -> None:
     v = judge(ranks, 2)
     assert (v.judged, v.rank, v.note) == (False, -1, says)
+    assert "cannot" not in v.note and "ctx.steps" not in v.note
+    assert (v.shown(run_ended=False), v.shown(run_ended=True)) == (says, ended)
+
+
+def test_timing_turned_off_is_the_reason_it_cannot_be_judged() -> None:
+    v = judge({0: None, 1: None, 2: None}, 3, off=[0, 1, 2])
+    assert not v.judged and v.note == (
+        "stragglers cannot be judged: step timing is off (ORCH_STEP_TIMING=0) on rank 0, 1, 2"
+    )
+    assert v.shown(run_ended=True) == v.note  # a reason that stays: the record says it too
+
+
+def test_the_window_learns_what_marks_the_steps_even_from_a_beat_without_steps() -> None:
+    w = TimingWindow()
+    w.add(0.0, pb.StepTiming(timed_by="off"))
+    assert w.timed_by == "off" and w.means() is None
+    w = TimingWindow()
+    w.add(0.0, pb.StepTiming(steps=5, step_seconds=0.5, collectives=True, timed_by="ctx.data"))
+    m = w.means()
+    assert m is not None and m.timed_by == "ctx.data"
+    w = TimingWindow()
+    w.add(0.0, pb.StepTiming(steps=5, step_seconds=0.5, collectives=True))  # an older worker
+    assert w.means() is not None and w.timed_by == "ctx.steps"
+
+
+@pytest.mark.parametrize(
+    ("timed_by", "part", "says"),
+    [
+        ("ctx.steps", "compute", "(timed by ctx.steps)"),
+        ("ctx.data", "compute", "(each batch of ctx.data timed as a step)"),
+        ("ctx.log", "own time", "(timed from one ctx.log step to the next, not split into data and compute)"),
+    ],
+)
+def test_the_judgement_says_which_timing_it_used(timed_by: str, part: str, says: str) -> None:
+    def of(step: float, wait: float) -> Means:
+        return Means(
+            steps=10, step=step, data=0.0, collective=wait, other=0.0, sections={}, collectives=True,
+            timed_by=timed_by,
+        )  # fmt: skip
+
+    v = judge({0: of(0.040, 0.010), 1: of(0.040, 0.001), 2: of(0.040, 0.010)}, 3)
+    assert (v.rank, v.section) == (1, part) and v.note.endswith(says), v.note
+    assert f"slow in {part}: 39.0 ms per step against 30.0 ms" in v.note
+    even = judge({r: of(0.040, 0.010) for r in range(3)}, 3)
+    assert even.rank == -1 and even.note.endswith(says), even.note
 
 
 def test_without_timed_collectives_it_cannot_be_judged() -> None:

@@ -88,7 +88,35 @@ def test_a_rank_without_step_times_is_shown_untimed_and_nothing_is_judged() -> N
     watch.look(R, recs, 2, 0.0)
     watch.look(R, recs, 2, 1.0)
     assert recs[0].timed and not recs[1].timed
-    assert not watch.verdict.judged and "no step times from rank 1" in watch.verdict.note
+    assert not watch.verdict.judged
+    assert watch.verdict.note == "not judged yet: too few steps (no step times yet from rank 1)"
+
+
+def test_a_run_that_ends_before_any_step_time_says_not_judged_never_cannot() -> None:
+    # At the start of every run, and in a run that fails at its 10th step before a heartbeat
+    # carried step times: "not judged yet", and once it ended, "not judged: ... too few steps".
+    watch, recs = StragglerWatch(), ranks(2)
+    watch.look(R, recs, 2, 0.0)
+    v = watch.verdict
+    assert v.note == "not judged yet: too few steps (no rank has sent step times yet)"
+    recs[1].state = RankState.FAILED  # a rank fails: the judgement stands from here
+    assert watch.look(R, recs, 2, 1.0) is None and watch.verdict is v
+    assert v.shown(run_ended=True) == (
+        "not judged: the run ended after too few steps (no rank had sent step times)"
+    )
+    assert NOT_YET_JUDGED.shown(run_ended=True) == (
+        "not judged: the run ended after too few steps (before the first judgement)"
+    )
+
+
+def test_ranks_with_their_timing_off_say_so() -> None:
+    watch, recs = StragglerWatch(), ranks(2)
+    for r in recs:
+        r.timing.add(0.0, pb.StepTiming(timed_by="off"))
+    watch.look(R, recs, 2, 0.0)
+    assert watch.verdict.note == (
+        "stragglers cannot be judged: step timing is off (ORCH_STEP_TIMING=0) on rank 0, 1"
+    )
 
 
 def test_fewer_ranks_than_the_world_are_not_judged() -> None:
@@ -96,7 +124,7 @@ def test_fewer_ranks_than_the_world_are_not_judged() -> None:
     feed(recs, 0.0, slow=2)
     watch.look(R, recs, 5, 0.0)
     assert watch.look(R, recs, 5, 1.0) is None
-    assert watch.verdict.note == "4 of 5 ranks running: stragglers are judged once all run"
+    assert watch.verdict.note == "not judged yet: 4 of 5 ranks running (stragglers are judged once all run)"
 
 
 @pytest.mark.parametrize(

@@ -355,7 +355,7 @@ def test_a_launch_cell_run_twice_names_the_run_still_live(
             assert command in out
             assert eval(command, {"orch": orch}) in (RunState.STOPPING, RunState.STOPPED)
             assert first.wait(timeout=120).state is RunState.STOPPED
-            assert second.state().state is RunState.RUNNING  # the new run goes on
+            assert not second.state().state.done  # the new run goes on (it may still be starting)
         finally:
             assert orch.close_all() == 1
     finally:

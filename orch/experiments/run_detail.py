@@ -103,7 +103,7 @@ def describe(row: RunRow) -> str:
         ("name", row.name),
         ("sweep", f"{row.sweep} (config key {row.config_key})" if row.config_key else row.sweep),
         ("path", str(row.path)),
-        ("function", row.fn),
+        ("function", row.origin or row.fn),
         ("config", json.dumps(row.config)),
         ("world size", str(row.world_size or "")),
         ("launched", _launched(row)),

@@ -58,6 +58,8 @@ def test_a_notebook_run_is_named_by_its_notebook_and_cell(
     assert [r["origin"] for r in json.loads(listed.stdout)] == [expected]
     text = orch_cli("runs", "--run-root", str(run_root), env=subprocess_env, cwd=tmp_path)
     assert expected in text.stdout, text.stdout
+    shown = orch_cli("show", seen["run_id"], "--run-root", str(run_root), env=subprocess_env, cwd=tmp_path)
+    assert expected in shown.stdout, shown.stdout
 
 
 SCRIPT = """\

@@ -27,6 +27,7 @@ from typing import Any, Protocol
 
 from orch._viewable import Viewable
 from orch.errors import RunFailed
+from orch.launchers.clicks import Waiting
 from orch.wire.client import MasterClient, StateMirror
 from orch.wire.stacks import Stacks, stacks_of
 from orch.wire.states import RunState
@@ -137,14 +138,15 @@ class RunHandle(Viewable, ABC):
         """
         deadline = None if timeout is None else time.monotonic() + timeout
         mirror = self.state()
-        while not mirror.state.done:
-            if deadline is not None and time.monotonic() > deadline:
-                raise TimeoutError(f"run {mirror.run_id} still {mirror.state.value} after {timeout}s")
-            try:
-                time.sleep(interval)
-            except KeyboardInterrupt:
-                raise KeyboardInterrupt(still_running(mirror.run_id, mirror.state.value)) from None
-            mirror = self.state()
+        with Waiting() as waiting:  # the panel's Stop is handled meanwhile
+            while not mirror.state.done:
+                if deadline is not None and time.monotonic() > deadline:
+                    raise TimeoutError(f"run {mirror.run_id} still {mirror.state.value} after {timeout}s")
+                try:
+                    waiting.sleep(interval)
+                except KeyboardInterrupt:
+                    raise KeyboardInterrupt(still_running(mirror.run_id, mirror.state.value)) from None
+                mirror = self.state()
         return self._ended(mirror)
 
     def _ended(self, mirror: StateMirror) -> RunResult:

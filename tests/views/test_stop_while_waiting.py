@@ -98,3 +98,78 @@ def test_stop_clicked_on_the_main_shell_ends_a_blocked_wait_and_the_queued_cell_
             assert "NEXT STOPPED set while waiting" in printed.wait(queued, "NEXT", 30)
         finally:
             kc.execute_interactive("run.close()", timeout=60)
+
+
+def test_interrupting_a_wait_that_kept_messages_leaves_the_kernel_as_an_error_would(tmp_path: Path) -> None:
+    # Interrupt instead of Stop: the cell fails, the one queued behind it is aborted (as after
+    # any error), and the kernel takes the next request as usual; the run goes on.
+    with notebook_kernel(tmp_path) as (km, kc):
+        out: list[str] = []
+        reply = kc.execute_interactive(
+            LAUNCH.format(tests=str(TESTS), run_root=str(tmp_path / "runs")),
+            timeout=180,
+            output_hook=lambda m: out.append(m["content"].get("text", "")),
+        )
+        assert reply["content"]["status"] == "ok", (reply["content"], out)
+        try:
+            printed = Printed(kc)
+            waiting = kc.execute('print("WAITING", flush=True)\nrun.wait()')
+            printed.wait(waiting, "WAITING", 60)
+            time.sleep(1.0)
+            queued = kc.execute('print("QUEUED")')
+            time.sleep(1.0)
+            km.interrupt_kernel()
+            replies = [kc.get_shell_msg(timeout=60) for _ in range(2)]
+            assert [r["parent_header"]["msg_id"] for r in replies] == [waiting, queued]
+            assert replies[0]["content"]["status"] == "error", replies[0]["content"]
+            assert replies[0]["content"]["ename"] == "KeyboardInterrupt"
+            assert "still RUNNING" in replies[0]["content"]["evalue"], replies[0]["content"]["evalue"]
+            assert replies[1]["content"]["status"] == "aborted", replies[1]["content"]
+            after = kc.execute('print("AFTER", run.state().state.value)')
+            assert kc.get_shell_msg(timeout=60)["content"]["status"] == "ok"
+            assert "AFTER RUNNING" in printed.wait(after, "AFTER", 30)
+        finally:
+            kc.execute_interactive("run.close()", timeout=60)
+
+
+SWEEP = """\
+import sys
+sys.path.insert(0, {tests!r})
+import orch
+from orch.views.panel import wait_for
+configs = [{{"lr": 0.01, "steps": 100000, "sleep": 0.05}}, {{"lr": 0.1, "steps": 100000, "sleep": 0.05}}]
+sweep = orch.sweep("jobs:lr_job", configs, world_size=1, run_root={run_root!r})
+panel = sweep.panel(interval=0.3)
+first = sweep.trials[0]
+assert wait_for(lambda: first.run is not None and first.run.state().state.value == "RUNNING", 120)
+print(panel.stop_button.comm.comm_id)
+"""
+
+
+def test_stop_all_clicked_on_the_main_shell_ends_a_blocked_sweep_wait(tmp_path: Path) -> None:
+    with notebook_kernel(tmp_path) as (_, kc):
+        out: list[str] = []
+        reply = kc.execute_interactive(
+            SWEEP.format(tests=str(TESTS), run_root=str(tmp_path / "runs")),
+            timeout=180,
+            output_hook=lambda m: out.append(m["content"].get("text", "")),
+        )
+        assert reply["content"]["status"] == "ok", (reply["content"], out)
+        comm_id = "".join(out).split()[-1]
+        try:
+            printed = Printed(kc)
+            waiting = kc.execute(
+                'print("WAITING", flush=True)\nr = sweep.wait()\nprint("SWEPT", [row["state"] for row in r])'
+            )
+            printed.wait(waiting, "WAITING", 60)
+            time.sleep(1.0)
+            queued = kc.execute('print("NEXT")')
+            _comm_msg(kc, comm_id, {"method": "custom", "content": {"event": "click"}})
+            # the running config stopped, the queued one never started
+            assert "SWEPT ['STOPPED', 'CANCELLED']" in printed.wait(waiting, "SWEPT", 90)
+            replies = [kc.get_shell_msg(timeout=60) for _ in range(2)]
+            assert [r["parent_header"]["msg_id"] for r in replies] == [waiting, queued]
+            assert [r["content"]["status"] for r in replies] == ["ok", "ok"], replies
+            assert "NEXT" in printed.wait(queued, "NEXT", 30)
+        finally:
+            kc.execute_interactive("sweep.close()", timeout=60)

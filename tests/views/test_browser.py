@@ -6,9 +6,12 @@ directory, runs all of its cells from the Run menu and then reads the live panel
 page: four rank rows, the RUNNING state, a plot that is redrawn while training runs, and the
 Stop button that ends the run while the next cell blocks the kernel in ``run.wait()`` (the
 widget gives way to the record of the final state, STOPPED, and the waiting cell prints its
-result). A screenshot of the page is kept in ``test-artifacts/panel.png``. The kernel is shut
-down through the Jupyter REST API and JupyterLab is terminated before the test ends, so that
-no process carrying the test's tag outlives it.
+result, then the cell queued behind it runs). It runs twice: with JupyterLab's comms over
+subshells (the click handled on a subshell) and without (the click reaches the busy main
+shell, as from classic Notebook or VS Code, and ``wait()`` handles it). A screenshot of the
+page is kept in ``test-artifacts/panel.png``. The kernel is shut down through the Jupyter
+REST API and JupyterLab is terminated before the test ends, so that no process carrying the
+test's tag outlives it.
 
 A second test executes a notebook with nbclient (``jupyter execute``), as a notebook is run
 and saved, then opens it in a fresh JupyterLab without running it: each panel's output shows

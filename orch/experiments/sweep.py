@@ -41,6 +41,7 @@ from orch.experiments.reuse import code_hash, config_key, reuse_earlier
 from orch.experiments.scheduler import Scheduler
 from orch.experiments.trial import CANCELLED, QUEUED, History, Trial
 from orch.launchers._exiting import begin_exit
+from orch.launchers.clicks import Waiting
 from orch.launchers.loaded import load_run
 from orch.launchers.run import Run, register_exit_hook
 from orch.launchers.spec import MAX_WORKERS_PER_CORE, LaunchSpec
@@ -215,7 +216,8 @@ class Sweep:
         A failed config does not raise: it is a row of the results, with its root cause.
         """
         try:
-            finished = self._scheduler.wait(timeout)
+            with Waiting() as waiting:  # the panel's Stop is handled meanwhile
+                finished = waiting.until(self._scheduler.finished, timeout)
         except KeyboardInterrupt:
             raise KeyboardInterrupt(
                 f"wait() was interrupted; sweep {self.name} is still running ({self._progress()}): "

@@ -29,6 +29,7 @@ from typing import Any, Protocol
 
 from orch._viewable import Viewable
 from orch.errors import OrchError, RunFailed
+from orch.launchers.clicks import Waiting
 from orch.record.checkpoint_index import Checkpoint, best_checkpoint
 from orch.record.mlflow_export import export_mlflow
 from orch.record.rundir import RunRecord
@@ -148,14 +149,15 @@ class RunHandle(Viewable, ABC):
         """
         deadline = None if timeout is None else time.monotonic() + timeout
         mirror = self.state()
-        while not mirror.state.done:
-            if deadline is not None and time.monotonic() > deadline:
-                raise TimeoutError(f"run {mirror.run_id} still {mirror.state.value} after {timeout}s")
-            try:
-                time.sleep(interval)
-            except KeyboardInterrupt:
-                raise KeyboardInterrupt(still_running(mirror.run_id, mirror.state.value)) from None
-            mirror = self.state()
+        with Waiting() as waiting:  # the panel's Stop is handled meanwhile
+            while not mirror.state.done:
+                if deadline is not None and time.monotonic() > deadline:
+                    raise TimeoutError(f"run {mirror.run_id} still {mirror.state.value} after {timeout}s")
+                try:
+                    waiting.sleep(interval)
+                except KeyboardInterrupt:
+                    raise KeyboardInterrupt(still_running(mirror.run_id, mirror.state.value)) from None
+                mirror = self.state()
         return self._ended(mirror)
 
     def _ended(self, mirror: StateMirror) -> RunResult:

@@ -20,6 +20,7 @@ from pathlib import Path
 
 from orch.errors import ConfigError, MasterUnavailable
 from orch.launchers.attach_file import ATTACH_FILE, LOG_FILE, read_attach_file
+from orch.launchers.clicks import Waiting
 from orch.launchers.contract import RunHandle, RunResult, failure_of, still_running
 from orch.launchers.loaded import load_run
 from orch.runtime._owner import process_alive
@@ -180,13 +181,14 @@ class DetachedRun(RunHandle):
         master is long gone. Interrupting the wait leaves the run going.
         """
         deadline = None if timeout is None else time.monotonic() + timeout
-        while not self.done:
-            if deadline is not None and time.monotonic() > deadline:
-                raise TimeoutError(f"run {self.run_id} still {self._last_state()} after {timeout}s")
-            try:
-                time.sleep(interval)
-            except KeyboardInterrupt:
-                raise KeyboardInterrupt(still_running(self.run_id, self._last_state())) from None
+        with Waiting() as waiting:  # the panel's Stop is handled meanwhile
+            while not self.done:
+                if deadline is not None and time.monotonic() > deadline:
+                    raise TimeoutError(f"run {self.run_id} still {self._last_state()} after {timeout}s")
+                try:
+                    waiting.sleep(interval)
+                except KeyboardInterrupt:
+                    raise KeyboardInterrupt(still_running(self.run_id, self._last_state())) from None
         if self._panel is not None:
             self._panel.refresh()  # the final state is drawn before the waiting cell goes on
         return self._result(self._final_state())

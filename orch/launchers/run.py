@@ -29,6 +29,7 @@ from typing import Any
 
 from orch.errors import RunFailed
 from orch.launchers._exiting import begin_exit, launcher_exit_message, launcher_exiting
+from orch.launchers.clicks import Waiting
 from orch.launchers.contract import RunHandle, RunResult, still_running
 from orch.launchers.group import WorkerGroup
 from orch.launchers.launcher import Launcher, RunParts
@@ -243,11 +244,13 @@ class Run(RunHandle):
     def wait(self, timeout: float | None = None, interval: float = 0.5) -> RunResult:
         """Block until the run ends; raise :class:`orch.RunFailed` if it failed.
 
-        In JupyterLab the panel's Stop button works while a cell waits here. Interrupting
-        the kernel returns control and leaves the run going (the message says how to stop it).
+        The panel's Stop button works while a cell waits here, in every notebook frontend
+        (:mod:`orch.launchers.clicks`). Interrupting the kernel returns control and leaves the
+        run going (the message says how to stop it).
         """
         try:
-            finished = self._done.wait(timeout)
+            with Waiting() as waiting:
+                finished = waiting.until(self._done, timeout)
         except KeyboardInterrupt:
             raise KeyboardInterrupt(still_running(self.run_id, self.coordinator.state.value)) from None
         if not finished:

@@ -2,7 +2,9 @@
 
 A cell blocked in ``run.wait()`` holds the kernel's main shell; a panel's Stop button must
 still work then. :func:`route_clicks_to_their_subshell` keeps a button's clicks on the
-kernel subshell the frontend sent them on (ipykernel 7), where they are handled at once.
+kernel subshell the frontend sent them on (JupyterLab 4.4+ with ipykernel 7), where they
+are handled at once, and lets ``wait()`` handle those sent to the main shell (every other
+frontend; :mod:`orch.launchers.clicks`).
 :func:`wait_for` is the small poll loop tests and notebooks use to wait for a panel or a run.
 Neither needs ipywidgets at import time, so a script that only waits loads nothing of the
 widgets.
@@ -14,6 +16,8 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from orch.launchers.clicks import allow_clicks
+
 if TYPE_CHECKING:
     import ipywidgets as widgets
 
@@ -24,12 +28,16 @@ def route_clicks_to_their_subshell(button: widgets.Button) -> None:
     JupyterLab sends widget messages on a kernel subshell (ipykernel 7 runs each in its own
     thread), but ipykernel routes a comm's messages back to the shell the comm last wrote
     from, which for the panel is the main one, blocked in ``wait()``. Clicks are plain
-    events, not replies to anything: they go where the frontend sent them. Where the kernel
-    has no such routing (no subshells), nothing changes.
+    events, not replies to anything: they go where the frontend sent them. A frontend that
+    sends them to the main shell (classic Notebook, VS Code, JupyterLab with subshells off)
+    has them handled by the blocked ``wait()`` itself (:class:`orch.launchers.clicks.Waiting`).
     """
     comm = getattr(button, "comm", None)
+    if comm is None:
+        return
+    allow_clicks(comm)
     route = getattr(comm, "_reply_subshell_for", None)
-    if comm is None or route is None:
+    if route is None:
         return
 
     def where(data: Any, default: Any) -> Any:

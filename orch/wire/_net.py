@@ -5,10 +5,13 @@ from __future__ import annotations
 import contextlib
 import ipaddress
 import logging
+import os
 import resource
 import shutil
 import socket
+import stat
 import tempfile
+import time
 from pathlib import Path
 
 from orch.errors import ConfigError, PortInUseError
@@ -86,12 +89,61 @@ def check_address(address: str) -> None:
     split_address(address)
 
 
+SOCKET_PREFIX = "orch-"
+STALE_EMPTY_SECONDS = 600.0  # a folder with no socket yet is a server still starting, unless older
+
+
+def sweep_stale_sockets(folder: Path) -> list[Path]:
+    """Remove the private socket folders that a killed server left behind (a kernel killed
+    with its master, an agent killed with its host): this user's, whose socket no longer
+    has a listener (connecting is refused at once). Returns the folders removed."""
+    removed: list[Path] = []
+    try:
+        entries = list(folder.iterdir())
+    except OSError:
+        return removed
+    now = time.time()
+    for entry in entries:
+        if not entry.name.startswith(SOCKET_PREFIX):
+            continue
+        try:
+            info = entry.lstat()
+            if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.getuid():
+                continue
+            contents = list(entry.iterdir())
+            if not contents:
+                stale = now - info.st_mtime > STALE_EMPTY_SECONDS
+            elif len(contents) == 1 and stat.S_ISSOCK(contents[0].lstat().st_mode):
+                stale = not _listening(contents[0])
+            else:
+                stale = False  # not the shape of one of ours: left alone
+        except OSError:
+            continue
+        if stale:
+            shutil.rmtree(entry, ignore_errors=True)
+            removed.append(entry)
+    return removed
+
+
+def _listening(path: Path) -> bool:
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+        s.settimeout(1.0)
+        try:
+            s.connect(str(path))
+        except ConnectionRefusedError:
+            return False
+        except OSError:
+            return True  # busy, or anything else: leave it
+    return True
+
+
 class PrivateSocket:
     """A unix socket path in a fresh 0700 folder (short, under the temp dir: a socket's path
     may be at most 107 bytes, which a run dir deep in a project would pass)."""
 
     def __init__(self, name: str) -> None:
-        self.folder = Path(tempfile.mkdtemp(prefix="orch-"))  # mkdtemp makes it 0700
+        sweep_stale_sockets(Path(tempfile.gettempdir()))
+        self.folder = Path(tempfile.mkdtemp(prefix=SOCKET_PREFIX))  # mkdtemp makes it 0700
         self.path = self.folder / name
 
     @property

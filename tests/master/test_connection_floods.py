@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import stat
 import subprocess
 import sys
@@ -16,8 +17,10 @@ from pathlib import Path
 
 import grpc
 import psutil
+import pytest
 
 from orch.runtime.agent import HostAgent
+from orch.wire._net import sweep_stale_sockets
 from orch.wire._proto import orchestrator_pb2 as pb
 from orch.wire.auth import bearer
 from orch.wire.states import SERVICE_NAME
@@ -188,3 +191,30 @@ def test_a_host_agents_relay_is_a_private_socket_no_stranger_can_open() -> None:
     while os.path.exists(path) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert not os.path.exists(os.path.dirname(path))
+
+
+@pytest.mark.unit
+def test_a_killed_servers_socket_folder_is_swept_and_a_live_ones_kept(tmp_path: Path) -> None:
+    def folder_with_socket(name: str, *, listen: bool) -> tuple[Path, socket.socket]:
+        folder = tmp_path / f"orch-{name}"
+        folder.mkdir(mode=0o700)
+        s = socket.socket(socket.AF_UNIX)
+        s.bind(str(folder / "master"))
+        if listen:
+            s.listen()
+        return folder, s
+
+    dead, dead_socket = folder_with_socket("dead", listen=False)  # bound, no listener: refused
+    dead_socket.close()
+    live, live_socket = folder_with_socket("live", listen=True)
+    starting = tmp_path / "orch-starting"  # a server between mkdtemp and its bind
+    starting.mkdir()
+    other = tmp_path / "orch-other"  # not the shape of one of ours
+    other.mkdir()
+    (other / "notes.txt").write_text("x")
+    try:
+        assert sweep_stale_sockets(tmp_path) == [dead]
+        assert live.exists() and starting.exists() and other.exists() and not dead.exists()
+    finally:
+        live_socket.close()
+    assert sweep_stale_sockets(tmp_path) == [live]  # its server went away

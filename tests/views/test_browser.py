@@ -6,9 +6,12 @@ directory, runs all of its cells from the Run menu and then reads the live panel
 page: four rank rows, the RUNNING state, a plot that is redrawn while training runs, and the
 Stop button that ends the run while the next cell blocks the kernel in ``run.wait()`` (the
 widget gives way to the record of the final state, STOPPED, and the waiting cell prints its
-result). A screenshot of the page is kept in ``test-artifacts/panel.png``. The kernel is shut
-down through the Jupyter REST API and JupyterLab is terminated before the test ends, so that
-no process carrying the test's tag outlives it.
+result, then the cell queued behind it runs). It runs twice: with JupyterLab's comms over
+subshells (the click handled on a subshell) and without (the click reaches the busy main
+shell, as from classic Notebook or VS Code, and ``wait()`` handles it). A screenshot of the
+page is kept in ``test-artifacts/panel.png``. The kernel is shut down through the Jupyter
+REST API and JupyterLab is terminated before the test ends, so that no process carrying the
+test's tag outlives it.
 
 A second test executes a notebook with nbclient (``jupyter execute``), as a notebook is run
 and saved, then opens it in a fresh JupyterLab without running it: each panel's output shows
@@ -105,6 +108,12 @@ def write_notebook(path: Path, run_root: Path) -> None:
         _code_cell(3, "run.panel(interval=0.3)"),
         # The next cell blocks the kernel in wait(): Stop must work all the same.
         _code_cell(4, 'result = run.wait()\nprint("WAITED", result.state.value)'),
+        # Queued behind it by Run All: it runs after, and says whether the page used subshells.
+        _code_cell(
+            5,
+            'print("NEXT", run.state().state.value, "subshells",\n'
+            "      len(get_ipython().kernel.shell_channel_thread.manager.list_subshell()))",
+        ),
     ]
     nb = {
         "cells": cells,
@@ -119,9 +128,11 @@ def write_notebook(path: Path, run_root: Path) -> None:
 
 
 class Lab:
-    """A JupyterLab server in a subprocess, and the bits of its REST API the test needs."""
+    """A JupyterLab server in a subprocess, and the bits of its REST API the test needs.
+    ``subshells=False``: the page sends widget messages to the kernel's main shell, as
+    classic Notebook and VS Code do (the setting "Kernel Comms over subshells": disabled)."""
 
-    def __init__(self, root: Path, home: Path) -> None:
+    def __init__(self, root: Path, home: Path, subshells: bool = True) -> None:
         self.port = _free_port()
         self.token = secrets.token_hex(16)
         self.base = f"http://127.0.0.1:{self.port}"
@@ -130,6 +141,9 @@ class Lab:
         notification = settings / "@jupyterlab" / "apputils-extension" / "notification.jupyterlab-settings"
         notification.parent.mkdir(parents=True)
         notification.write_text(json.dumps({"fetchNews": "false", "checkForUpdates": False}))
+        if not subshells:
+            kernels = notification.parent / "kernels-settings.jupyterlab-settings"
+            kernels.write_text(json.dumps({"commsOverSubshells": "disabled"}))
         env = dict(os.environ)  # carries ORCH_TEST_TAG to the server, its kernels and the workers
         env["PYTHONPATH"] = os.pathsep.join([str(TESTS), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
         env["JUPYTER_RUNTIME_DIR"] = str(home / "runtime")
@@ -215,13 +229,19 @@ class Lab:
 
 @contextlib.contextmanager
 def lab_browser(
-    tmp_path: Path, root: Path, home: Path, run_root: Path, height: int, width: int = 1280
+    tmp_path: Path,
+    root: Path,
+    home: Path,
+    run_root: Path,
+    height: int,
+    subshells: bool = True,
+    width: int = 1280,
 ) -> Iterator[tuple[Lab, Any]]:
     """JupyterLab serving ``root`` and a headless Chromium context on it; both gone after.
     On a failure JupyterLab's log and the runs' worker logs are kept (test-artifacts/)."""
     from playwright.sync_api import sync_playwright
 
-    lab = Lab(root, home)
+    lab = Lab(root, home, subshells)
     try:
         lab.wait_ready()
         with (
@@ -258,7 +278,10 @@ def wait_until(predicate: Callable[[], bool], timeout: float, what: str, interva
 
 
 @pytest.mark.timeout(300)
-def test_panel_in_jupyterlab(tmp_path: Path) -> None:
+@pytest.mark.parametrize("subshells", [True, False], ids=["subshells-on", "subshells-off"])
+def test_panel_in_jupyterlab(tmp_path: Path, subshells: bool) -> None:
+    """Also with the page's widget messages sent to the kernel's main shell (subshells off,
+    as classic Notebook and VS Code send them): Stop still ends the run while a cell waits."""
     from playwright.sync_api import expect
 
     root = tmp_path / "lab"
@@ -268,9 +291,10 @@ def test_panel_in_jupyterlab(tmp_path: Path) -> None:
     run_root = tmp_path / "runs"
     write_notebook(root / NOTEBOOK, run_root)
     ARTIFACTS.mkdir(exist_ok=True)
-    shot = ARTIFACTS / "panel.png"
+    tail = "" if subshells else "-no-subshells"
+    shot = ARTIFACTS / f"panel{tail}.png"
 
-    with lab_browser(tmp_path, root, home, run_root, 1000) as (lab, ctx):
+    with lab_browser(tmp_path, root, home, run_root, 1000, subshells) as (lab, ctx):
         try:
             page = ctx.pages[0] if ctx.pages else ctx.new_page()
             page.set_default_timeout(60_000)
@@ -328,10 +352,21 @@ def test_panel_in_jupyterlab(tmp_path: Path) -> None:
             expect(record.locator("tr.orch-rank")).to_have_count(4)
             expect(record.locator("img")).to_have_attribute("src", re.compile(r"^data:image/png;base64,"))
             assert record.locator("img").evaluate("i => i.complete && i.naturalWidth") > 0
-            page.screenshot(path=str(ARTIFACTS / "panel-stopped.png"), full_page=True)
+            # The cell queued behind the wait ran after it, in order, and the page sent its
+            # widget messages on subshells, or (subshells off) to the main shell only.
+            following = page.locator(".jp-Notebook .jp-Cell").nth(4)
+            expect(following.locator(".jp-OutputArea-output")).to_contain_text("NEXT STOPPED", timeout=30_000)
+            subshells_used = int(following.locator(".jp-OutputArea-output").inner_text().split()[-1])
+            assert (subshells_used > 0) == subshells, subshells_used
+            counts = [
+                page.locator(".jp-Notebook .jp-Cell").nth(i).locator(".jp-InputPrompt").inner_text()
+                for i in (3, 4)
+            ]
+            assert [int(c.strip("[]: ")) for c in counts] == [4, 5], counts
+            page.screenshot(path=str(ARTIFACTS / f"panel-stopped{tail}.png"), full_page=True)
         except BaseException:
             with contextlib.suppress(Exception):
-                page.screenshot(path=str(ARTIFACTS / "panel-failure.png"), full_page=True)
+                page.screenshot(path=str(ARTIFACTS / f"panel-failure{tail}.png"), full_page=True)
             raise
 
 
@@ -743,12 +778,13 @@ def test_start_up_is_narrated_and_the_table_fits_1100_px_with_the_file_browser_o
             first = startup.inner_text()
             page.screenshot(path=str(ARTIFACTS / "panel-startup.png"))
             seconds = re.compile(r"\((\d+) s\)$")
-            wait_until(
-                lambda: (m := seconds.search(startup.inner_text() if startup.count() else "")) is not None
-                and int(m.group(1)) > int(seconds.search(first).group(1)),  # type: ignore[union-attr]
-                60,
-                "the start-up's seconds to move",
-            )
+
+            def later() -> bool:
+                now = seconds.search(startup.inner_text() if startup.count() else "")
+                then = seconds.search(first)
+                return now is not None and then is not None and int(now.group(1)) > int(then.group(1))
+
+            wait_until(later, 60, "the start-up's seconds to move")
             rows = panel.locator("tr.orch-rank")
             expect(rows).to_have_count(4, timeout=120_000)
             expect(startup).to_have_count(0, timeout=120_000)  # gone with the first step

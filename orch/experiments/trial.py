@@ -3,7 +3,8 @@
 A trial is what the scheduler starts, what an earlier execution of the sweep can stand in
 for, and what a row of the results is read from: its run while it is live here, its run dir
 once it ended (or when it was reused). Beside the run states its run goes through, a trial
-has two of its own, :data:`QUEUED` and :data:`CANCELLED`.
+has two of its own, :data:`QUEUED` and :data:`CANCELLED`. A trial its sweep's pruner stopped
+ends PRUNED, a run state, with the step it was judged at (``pruned_at``).
 """
 
 from __future__ import annotations
@@ -42,6 +43,12 @@ class Trial:
     error: str = ""  # the root cause's traceback
     started: float = 0.0  # unix seconds
     duration: float = 0.0
+    pruned_at: int | None = None  # the step its pruner stopped it at (it runs on until its ranks agree)
+    pruned_time: float = 0.0  # when (unix seconds)
+    reported: dict[int, float] = field(default_factory=dict)  # step -> the metric its pruner was fed
+    steps_run: int = 0  # steps its run finished (known once it ended)
+    resume_from: Path | None = None  # an earlier run's checkpoints it starts from
+    number: int | None = None  # its Optuna trial's number, when a study drives the sweep
     _loaded: LoadedRun | None = field(default=None, repr=False)
 
     @property
@@ -97,6 +104,7 @@ class Trial:
             "total": mirror.total_steps if mirror else 0,
             "duration": round(self.duration or (mirror.elapsed if mirror else 0.0), 3),
             "failure": self.failure,
+            "pruned_at": self.pruned_at,
             "final": {},
             "best": {},
         }

@@ -276,11 +276,12 @@ class Coordinator(RunFacade):
         with self._lock:
             return self.registry.reported(worker_id)
 
-    def request_stop(self, reason: str = "") -> RunState:
+    def request_stop(self, reason: str = "", *, prune: bool = False) -> RunState:
         """Ask the ranks to stop. Only the request that sets the stop is an event; the ones
-        after it (a user clicking Stop again, a script in a loop) are only counted."""
+        after it (a user clicking Stop again, a script in a loop) are only counted. A stop
+        with ``prune`` (a sweep's pruner's) ends the run PRUNED instead of STOPPED."""
         with self._lock:
-            return self.fate.request_stop(reason, self.registry, self._clock())
+            return self.fate.request_stop(reason, self.registry, self._clock(), prune=prune)
 
     def restart_refusal(self) -> str | None:
         """Why a failure of this attempt does not restart the group (None: it does). The

@@ -287,9 +287,9 @@ class Panel:
         done, total = m.progress()
         self.progress.max = max(1, total)
         self.progress.value = min(done, self.progress.max)
-        self.progress.bar_style = {"SUCCEEDED": "success", "FAILED": "danger", "STOPPED": "warning"}.get(
-            m.state.value, "info"
-        )
+        self.progress.bar_style = {
+            "SUCCEEDED": "success", "FAILED": "danger", "STOPPED": "warning", "PRUNED": "warning"
+        }.get(m.state.value, "info")  # fmt: skip
         self.progress_label.value = f"step {done}/{total} ({done / total:.0%})" if total else f"step {done}"
 
     def _draw_logs(self, m: StateMirror) -> None:

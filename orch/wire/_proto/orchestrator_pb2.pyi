@@ -17,6 +17,7 @@ class RunState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     STOPPED: _ClassVar[RunState]
     RESTARTING: _ClassVar[RunState]
     STOPPING: _ClassVar[RunState]
+    PRUNED: _ClassVar[RunState]
 
 class RankState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -49,6 +50,7 @@ FAILED: RunState
 STOPPED: RunState
 RESTARTING: RunState
 STOPPING: RunState
+PRUNED: RunState
 RANK_STATE_UNSPECIFIED: RankState
 RANK_REGISTERED: RankState
 RANK_RUNNING: RankState
@@ -537,10 +539,12 @@ class ClusterJob(_message.Message):
     def __init__(self, scheduler: _Optional[str] = ..., job_id: _Optional[str] = ..., state: _Optional[str] = ..., reason: _Optional[str] = ..., nodes: _Optional[str] = ...) -> None: ...
 
 class StopRunRequest(_message.Message):
-    __slots__ = ("reason",)
+    __slots__ = ("reason", "prune")
     REASON_FIELD_NUMBER: _ClassVar[int]
+    PRUNE_FIELD_NUMBER: _ClassVar[int]
     reason: str
-    def __init__(self, reason: _Optional[str] = ...) -> None: ...
+    prune: bool
+    def __init__(self, reason: _Optional[str] = ..., prune: _Optional[bool] = ...) -> None: ...
 
 class StopRunResponse(_message.Message):
     __slots__ = ("state",)

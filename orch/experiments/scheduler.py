@@ -94,7 +94,7 @@ class Scheduler:
                         self.on_turn()
                     if all(t.done for t in self.trials):
                         break
-                self.wake.wait(0.1)
+                self.wake.wait(0.1 if self.pruner is None else 0.05)  # a pruner's rungs are read sooner
                 self.wake.clear()
         except Exception as e:  # a bug here must not leave the sweep looking busy forever
             log.exception("sweep %s: the scheduler failed", self.name)

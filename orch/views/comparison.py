@@ -15,7 +15,7 @@ import logging
 import re
 import threading
 import traceback
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, Protocol
@@ -207,25 +207,44 @@ class _RunsPlot:
         metric: str,
         x: XAxis,
         log_scale: bool,
+        *,
+        faded: frozenset[int] = frozenset(),
+        rungs: Sequence[int] = (),
+        best_so_far: float | None = None,
     ) -> bytes:
-        """``curves``: (label, colour index, curve, marked) per run; a marked run is drawn bold."""
+        """``curves``: (label, colour index, curve, marked) per run; a marked run is drawn bold.
+        A sweep's pruned runs (their places in ``curves``: ``faded``) are drawn faded, ending in
+        an x; its pruner's ``rungs`` (steps) are dotted verticals, ``best_so_far`` a dotted level."""
         ax = self.ax
         ax.clear()
         ax.grid(True, alpha=0.3)
         ax.set_xlabel("step" if x == "step" else "seconds since the run's first point")
         ax.set_ylabel(metric)
         drawn = 0
-        for label, color_index, c, marked in curves:
+        for i, (label, color_index, c, marked) in enumerate(curves):
             if len(c.x) == 0:
                 continue
             color = f"C{color_index % 10}"
             px, mean = downsample(c.x, c.mean, self.width_px // 2)
+            alpha = 0.35 if i in faded else 1.0
             ax.plot(
-                px, mean, color=color, lw=2.4 if marked else 1.3, label=label + (" (best)" if marked else "")
+                px,
+                mean,
+                color=color,
+                lw=2.4 if marked else 1.3,
+                alpha=alpha,
+                label=label + (" (best)" if marked else " (pruned)" if i in faded else ""),
             )
+            if i in faded:
+                ax.plot(c.x[-1:], c.mean[-1:], marker="x", color=color, alpha=0.8, ms=6, lw=0)
             if len(c.x) <= 4 * self.width_px and np.any(c.hi > c.lo):
-                ax.fill_between(c.x, c.lo, c.hi, color=color, alpha=0.18, lw=0)
+                ax.fill_between(c.x, c.lo, c.hi, color=color, alpha=0.18 * alpha, lw=0)
             drawn += 1
+        if drawn and x == "step":
+            for step in rungs:
+                ax.axvline(step, color="#888", lw=0.8, ls=":", zorder=0)
+        if drawn and best_so_far is not None:
+            ax.axhline(best_so_far, color="#1a7f37", lw=0.9, ls="--", label=f"best so far {best_so_far:.4g}")
         ax.set_title(metric if drawn else f"{metric}: waiting for the first points", fontsize=10)
         if drawn:
             ax.legend(loc="upper right", fontsize=7)
@@ -313,8 +332,12 @@ class RunsView:
     def refresh(self) -> None:
         self._tick()
 
+    def _grow(self) -> None:
+        """Take in runs that came after the view was made (a subclass's: a sweep's new trials)."""
+
     def _tick(self) -> None:
         with self._lock:
+            self._grow()
             errors = []
             for i, follower in enumerate(self.runs):
                 try:  # one run that cannot be reached leaves the others followed
@@ -368,10 +391,18 @@ class RunsView:
             key = (points, self.marked(), tuple(m.state for m in self.mirrors))
             if force or key != self._drawn:
                 self.plot.value = self._plot.draw(
-                    self.curves(), self.metric.value or "loss", self.x_axis.value, self.log_scale.value
+                    self.curves(),
+                    self.metric.value or "loss",
+                    self.x_axis.value,
+                    self.log_scale.value,
+                    **self._decorations(),
                 )
                 self._drawn = key
                 self.redraws += 1
+
+    def _decorations(self) -> dict[str, Any]:
+        """What a subclass adds to the plot (see :meth:`_RunsPlot.draw`): faded runs, rungs, a level."""
+        return {}
 
     def _draw_parts(self) -> None:
         """The header and whatever a subclass shows beside the plot."""

@@ -14,6 +14,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -156,3 +157,45 @@ def write_record(folder: Path, record: dict[str, Any]) -> None:
     private_dir(folder.parent)
     private_dir(folder)
     write_json_atomic(folder / "sweep.json", record)
+
+
+def signature(
+    fn_name: str,
+    code: str,
+    world_size: int,
+    space: Any,
+    search: Any,
+    seed: int,
+    metric: str,
+    mode: str,
+    prune: Any,
+    steps: int | None,
+) -> str:
+    """What makes a rerun of a sweep the same search: its function (name and code), world size,
+    space, search, metric and pruner. A rerun with another goes on in a folder of its own."""
+
+    def described(value: Any) -> Any:
+        describe = getattr(value, "describe", None)
+        return describe() if callable(describe) else value
+
+    shown = {k: described(v) for k, v in space.items()} if isinstance(space, dict) else list(space)
+    searched = search if search is None or isinstance(search, str) else type(search).__qualname__
+    pruned = None if prune is None else type(prune).__qualname__
+    if type(prune).__module__.startswith("orch"):
+        pruned = repr(prune)  # its options too
+    text = json.dumps(
+        {
+            "fn": fn_name, "code": code, "world_size": world_size, "space": shown, "search": searched,
+            "seed": seed, "metric": metric, "mode": mode, "prune": pruned, "steps": steps,
+        },
+        sort_keys=True,
+        default=repr,
+    )  # fmt: skip
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def set_aside(folder: Path) -> Path:
+    """Move a sweep's folder out of the way (``<name>.<unix time>``), keeping what it holds."""
+    aside = folder.with_name(f"{folder.name}.{int(time.time() * 1000)}")
+    folder.rename(aside)
+    return aside

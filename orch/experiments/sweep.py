@@ -38,7 +38,15 @@ from orch.errors import ConfigError
 from orch.experiments.metrics import GREATER_IS_BETTER, default_mode, summarize
 from orch.experiments.pruning import ASHA, MedianStop, Pruner
 from orch.experiments.results import SweepResults, best_trial, dashboard_rows
-from orch.experiments.reuse import code_hash, config_key, read_record, reuse_earlier, write_record
+from orch.experiments.reuse import (
+    code_hash,
+    config_key,
+    read_record,
+    reuse_earlier,
+    set_aside,
+    signature,
+    write_record,
+)
 from orch.experiments.scheduler import Scheduler
 from orch.experiments.space import RandomSearch, Search, check_space, choice, loguniform, randint, uniform
 from orch.experiments.study import OptunaPruner, OptunaSearch, OptunaStudy, is_optuna
@@ -163,6 +171,11 @@ class Sweep:
                     "{'lr': orch.loguniform(1e-4, 1e-1)}; a list of configs runs as it is (search=None)"
                 )
             _check_arguments(configs, parallel, max_failures)  # type: ignore[arg-type]
+            if trials is not None and trials > len(configs):
+                raise ConfigError(
+                    f"trials={trials} is more than the {len(configs)} configs given: a list runs as it "
+                    "is (trials=N runs its first N); draw from a dict space for more"
+                )
         else:
             _check_arguments([{}], parallel, max_failures)
         self._space = configs
@@ -191,7 +204,17 @@ class Sweep:
         self.trials: list[Trial] = []
         self.specs: list[LaunchSpec] = []
         self.size = trials if trials is not None else len(configs)
-        self._record = read_record(self.folder) if reuse else {}
+        self._signature = signature(
+            self._fn_name, self._code, world_size, configs, search, seed, metric, self.mode, prune, opts.steps
+        )
+        record = read_record(self.folder) if reuse else {}
+        if record.get("signature") != self._signature and (self.folder / "sweep.json").exists():
+            # Another search under this name (other code, space, search or pruner), or reuse=False:
+            # its folder (its study) is kept aside, and this one starts afresh.
+            aside = set_aside(self.folder)
+            log.warning("sweep %s: its earlier search differs (or reuse=False): kept as %s", self.name, aside)
+            record = {}
+        self._record = record
         self.study: Any = None  # the Optuna study, when a sampler or pruner of Optuna drives the sweep
         self.storage: str | None = None  # its storage URL (sqlite:///...)
         wants_study = is_optuna(search, "samplers") or is_optuna(prune, "pruners")
@@ -338,6 +361,7 @@ class Sweep:
             self.folder,
             {
                 "name": self.name,
+                "signature": self._signature,
                 "metric": self.metric,
                 "mode": self.mode,
                 "trials": [

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import math
 import random
+from pathlib import Path
+from typing import Any
 
 import optuna
 import pytest
@@ -155,3 +157,21 @@ def test_random_search_draws_within_the_space_the_same_configs_for_the_same_seed
 def test_bad_spaces_are_refused_naming_what_to_write(call: object, message: str) -> None:
     with pytest.raises(orch.ConfigError, match=message):
         call()  # type: ignore[operator]
+
+
+@pytest.mark.parametrize(
+    ("configs", "options", "message"),
+    [
+        ([{"lr": 0.1}], {"search": "random"}, "draws configs from a dict space"),
+        ([{"lr": 0.1}], {"trials": 2}, "trials=2 is more than the 1 configs given"),
+        ({"lr": orch.uniform(0, 1)}, {"trials": 2, "search": "tpe"}, "search must be 'random' or an Optuna"),
+        ({"lr": orch.uniform(0, 1)}, {"trials": 2, "prune": "asha"}, "prune must be orch.ASHA"),
+        ({"lr": orch.uniform(0, 1)}, {"trials": 2, "mode": "up"}, "mode must be 'min' or 'max'"),
+    ],
+)
+def test_a_bad_search_is_refused_before_anything_starts(
+    tmp_path: Path, configs: Any, options: dict[str, Any], message: str
+) -> None:
+    with pytest.raises(orch.ConfigError, match=message):
+        orch.sweep("jobs:lr_job", configs, run_root=str(tmp_path), **options)
+    assert not list(tmp_path.iterdir())

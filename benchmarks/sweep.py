@@ -198,7 +198,7 @@ def asha_case(args: Any) -> None:
     for seed, s in res["asha"].items():
         pruned = sum(st == "PRUNED" for st in s["states"])
         ends = zip(s["steps"], s["pruned_at"], s["states"], strict=True)
-        over = [k - p for k, p, st in ends if st == "PRUNED"]
+        over = [k - p - 1 for k, p, st in ends if st == "PRUNED"]  # 0: it ended right after its rung
         missed = "" if s["best"] == s["known_best"] else " **missed**"
         per_seed.append(
             (
@@ -238,7 +238,7 @@ def asha_case(args: Any) -> None:
             f"size 2, parallel=1, in one fresh process after a warm-up run; the full grid once (seed "
             f"{seeds[0]}), ASHA once per seed. Steps are each trial's slowest rank's, from its record; a "
             "pruned trial counts the steps it ran past its rung until every rank stopped (the overrun "
-            "column: steps past the rung, median).",
+            "column: steps run after the rung's step, median; 0: every rank ended right after it).",
             "",
             c.table(
                 ["seed", "steps run / grid", "best found", "pruned", "overrun (steps)", "wall (s)"], per_seed

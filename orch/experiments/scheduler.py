@@ -140,6 +140,12 @@ class Scheduler:
             try:
                 if trial.resume_from is not None:
                     _carry_checkpoints(trial.resume_from, run.run_dir / "checkpoints")
+                rungs = self.pruner.rungs() if self.pruner is not None else []
+                if self.pruner is not None and rungs:
+                    # The ranks wait at each rung for the decision (not at those a resumed trial passed).
+                    due = self.pruner.next_step(trial.index, 0)
+                    passed = max((s for s in rungs if due is None or s < due), default=0)
+                    run.coordinator.hold_at(rungs, passed)
                 run.start()
             except Exception as e:  # recorded with the config; the others go on
                 self._ended(trial, error=str(e))
@@ -176,7 +182,9 @@ class Scheduler:
                 values.append(s.values[at])
             value = sum(values) / len(values)
             trial.reported[step] = value
-            if pruner.report(trial.index, step, value):
+            if not pruner.report(trial.index, step, value):
+                run.coordinator.pass_gate(step)
+            else:
                 trial.pruned_at, trial.pruned_time = step, time.time()
                 log.info(
                     "sweep %s: config %d pruned at step %d (%s %.4g)",

@@ -152,11 +152,11 @@ def test_the_sweep_panel_draws_pruned_trials_faded_and_cut_at_their_rung(
     assert decorations["faded"] == frozenset(pruned) and decorations["rungs"] == [3, 9, 27]
     best_final = min(r["final"]["loss"] for r in results if r["state"] == "SUCCEEDED")
     assert decorations["best_so_far"] == pytest.approx(best_final)
-    # A pruned run's curve ends at its rung, though its ranks ran a little past it.
+    # A pruned run's curve ends at its rung (its ranks waited there for the decision).
     for i, (_, _, c, _) in enumerate(panel.curves()):
         ran = len(curve(panel.mirrors[i], "loss").x)
         if i in pruned:
-            assert c.x[-1] == sweep.trials[i].pruned_at and ran > len(c.x)
+            assert c.x[-1] == sweep.trials[i].pruned_at and ran == len(c.x)
         else:
             assert len(c.x) == ran == 30
     assert images_sent(widget_messages, panel.plot) >= 2

@@ -251,18 +251,20 @@ class StepTiming(_message.Message):
     def __init__(self, steps: _Optional[int] = ..., step_seconds: _Optional[float] = ..., data_seconds: _Optional[float] = ..., collective_seconds: _Optional[float] = ..., other_seconds: _Optional[float] = ..., sections: _Optional[_Mapping[str, float]] = ..., collectives: _Optional[bool] = ...) -> None: ...
 
 class HeartbeatResponse(_message.Message):
-    __slots__ = ("command", "stop_at_step", "send_stack", "reason", "interval")
+    __slots__ = ("command", "stop_at_step", "send_stack", "reason", "interval", "hold_after_step")
     COMMAND_FIELD_NUMBER: _ClassVar[int]
     STOP_AT_STEP_FIELD_NUMBER: _ClassVar[int]
     SEND_STACK_FIELD_NUMBER: _ClassVar[int]
     REASON_FIELD_NUMBER: _ClassVar[int]
     INTERVAL_FIELD_NUMBER: _ClassVar[int]
+    HOLD_AFTER_STEP_FIELD_NUMBER: _ClassVar[int]
     command: Command
     stop_at_step: int
     send_stack: bool
     reason: str
     interval: float
-    def __init__(self, command: _Optional[_Union[Command, str]] = ..., stop_at_step: _Optional[int] = ..., send_stack: _Optional[bool] = ..., reason: _Optional[str] = ..., interval: _Optional[float] = ...) -> None: ...
+    hold_after_step: int
+    def __init__(self, command: _Optional[_Union[Command, str]] = ..., stop_at_step: _Optional[int] = ..., send_stack: _Optional[bool] = ..., reason: _Optional[str] = ..., interval: _Optional[float] = ..., hold_after_step: _Optional[int] = ...) -> None: ...
 
 class HostHeartbeatsRequest(_message.Message):
     __slots__ = ("beats",)

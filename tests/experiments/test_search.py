@@ -194,3 +194,34 @@ def test_orch_sweep_cli_searches_prunes_and_shows_pruned_rows(
     bad = orch_cli("sweep", "--fn", "jobs:landscape_job", "--space", space, "--trials", "2",
                    "--prune", "hyperband", env=subprocess_env, cwd=tmp_path)  # fmt: skip
     assert bad.returncode == 2 and "the kind must be asha or median" in bad.stderr
+
+
+def test_a_stopped_tpe_sweep_run_again_goes_on_with_the_same_study(tmp_path: Path) -> None:
+    space = {"x": orch.randint(0, 26), "steps": 40, "sleep": 0.05, "every": 5}
+    cell = dict(world_size=2, run_root=str(tmp_path), name="tpe-again", trials=3)
+
+    def run_cell() -> orch.Sweep:
+        sampler = optuna.samplers.TPESampler(seed=0, n_startup_trials=2)
+        return orch.sweep("jobs:landscape_job", space, search=sampler, **cell)  # type: ignore[arg-type]
+
+    sweep = run_cell()
+    until(lambda: len(sweep.trials) == 2 and sweep.trials[1].state == "RUNNING", 120)
+    until(lambda: sweep.trials[1].run is not None and sweep.trials[1].run.state().progress()[0] >= 12, 120)
+    sweep.stop()
+    first = sweep.wait(120)
+    assert [r["state"] for r in first] == ["SUCCEEDED", "STOPPED"]
+    study = optuna.load_study(study_name="tpe-again", storage=sweep.storage)
+    assert [t.state.name for t in study.trials] == ["COMPLETE", "RUNNING"]
+    # The same cell again: trial 0 kept, trial 1 resumed as the same Optuna trial, one more asked.
+    again = run_cell()
+    assert [t.config for t in again.trials] == [t.config for t in sweep.trials]
+    assert again.trials[1].resume_from is not None
+    results = again.wait(180)
+    assert [(r["state"], r["reused"]) for r in results] == [
+        ("SUCCEEDED", True), ("SUCCEEDED", False), ("SUCCEEDED", False),
+    ]  # fmt: skip
+    first_step = min(orch.load_run(again.trials[1].run_dir).history()["loss"][0]["step"])
+    assert first_step >= 10  # from its checkpoint, not step 0
+    study = optuna.load_study(study_name="tpe-again", storage=sweep.storage)
+    assert [t.state.name for t in study.trials] == ["COMPLETE"] * 3
+    assert [t.params["x"] for t in study.trials] == [t.config["x"] for t in again.trials]

@@ -65,6 +65,12 @@ BENCHMARKS: dict[str, tuple[str, str]] = {
         "time per incremental poll and per redraw of the notebook panel, and bytes per poll, at "
         "1k, 100k and 1M points per rank x 8 ranks",
     ),
+    "sweep_asha": (
+        "Sweep: ASHA against the full grid",
+        "a seeded synthetic landscape of 27 configs x 81 steps at world size 2: the steps an ASHA "
+        "sweep (grace 3, reduction 3) runs against the full grid's, the best config each finds, "
+        "wall time, and the slot-reuse gap from a prune to the next trial's first step",
+    ),
     "teardown": (
         "Failure to tear-down: orch vs torchrun",
         "time from a SIGKILLed or SIGSTOPped rank to the run FAILED and every worker gone, under "
@@ -83,6 +89,10 @@ BENCHMARKS: dict[str, tuple[str, str]] = {
         "workers exited and a blocked `run.wait()` returned",
     ),
 }
+
+
+# The benchmarks that are a case of another's script.
+COMMANDS = {"sweep_asha": "benchmarks/sweep.py --case asha"}
 
 
 def parser(name: str, doc: str | None) -> argparse.ArgumentParser:
@@ -203,9 +213,8 @@ def _intro() -> str:
         "| --- | --- | --- |",
     ]
     for name, (_title, what) in BENCHMARKS.items():
-        lines.append(
-            f"| [{name}](#{name.replace('_', '-')}) | {what} | `.venv/bin/python benchmarks/{name}.py` |"
-        )
+        command = COMMANDS.get(name, f"benchmarks/{name}.py")
+        lines.append(f"| [{name}](#{name.replace('_', '-')}) | {what} | `.venv/bin/python {command}` |")
     return "\n".join(lines) + "\n"
 
 

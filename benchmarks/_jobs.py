@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
+import random
 import sys
 import time
 from pathlib import Path
@@ -273,3 +275,78 @@ if __name__ == "__main__":
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(0)
+
+
+def landscape_value(x: int, step: int, seed: int = 0) -> float:
+    """The sweep benchmark's seeded synthetic landscape: 27 configs (x = 0..26), each a curve
+    ``final + start * exp(-step / tau)`` with its own start and pace; the finals are a seeded
+    shuffle of 0.05, 0.07, ... (one best), so the grid's order says nothing of the best."""
+    order = list(range(27))
+    random.Random(f"landscape:{seed}").shuffle(order)
+    final = 0.05 + 0.02 * order.index(x)
+    rng = random.Random(f"landscape:{seed}:{x}")
+    start, tau = 1.0 + 0.05 * rng.random(), 18.0 + 6.0 * rng.random()
+    return final + start * math.exp(-step / tau)
+
+
+def landscape_train(ctx: Any) -> None:
+    """A trial of the landscape: ``steps`` steps of ``sleep`` seconds with an all-reduce each
+    (a real DDP group); rank r logs the value shifted by (r - (n-1)/2) / 1000 (the mean is the value)."""
+    model = ctx.ddp(torch.nn.Linear(2, 1))
+    shift = (ctx.rank - (ctx.world_size - 1) / 2) / 1000.0
+    x, seed = int(ctx.config["x"]), int(ctx.config.get("seed", 0))
+    for step in ctx.steps(int(ctx.config["steps"])):
+        model(torch.ones(1, 2)).sum().backward()
+        ctx.log(step, loss=landscape_value(x, step, seed) + shift)
+        time.sleep(float(ctx.config["sleep"]))
+
+
+def asha_and_time(out_dir: str, run_root: str, n: int, steps: int, sleep: float, seeds: list[int]) -> None:
+    """sweep --case asha's orch side, in a fresh process: a warm-up run, the full grid of the
+    landscape (seed ``seeds[0]``), then an ASHA sweep (grace 3, reduction 3) per seed. Each
+    sweep is timed from the call until ``wait()`` and ``close()`` returned; its trials' steps,
+    states and the slot-reuse gaps (a prune to the next trial's first logged step) go to
+    ``out_dir/asha.json``."""
+    import orch
+
+    def configs(seed: int) -> list[dict[str, Any]]:
+        return [{"x": x, "seed": seed, "steps": steps, "sleep": sleep} for x in range(n)]
+
+    def one(name: str, seed: int, prune: Any) -> dict[str, Any]:
+        t0 = time.time()
+        sw = orch.sweep("_jobs:landscape_train", configs(seed), world_size=2, run_root=run_root,
+                        name=name, threads=1, prune=prune)  # fmt: skip
+        try:
+            res = sw.wait(timeout=1800)
+        finally:
+            sw.close()
+        wall = time.time() - t0
+        gaps = []
+        trials = sorted(sw.trials, key=lambda t: t.started)
+        for t in trials:
+            if t.state != "PRUNED":
+                continue
+            after = [u for u in trials if u.started >= t.pruned_time and u.run is not None]
+            if after:
+                first = after[0].run.coordinator.points.get(0, "loss")
+                if len(first):
+                    gaps.append(first.times[0] - t.pruned_time)
+        return {
+            "wall_s": wall,
+            "states": [r["state"] for r in res],
+            "steps": [r["steps"] for r in res],
+            "pruned_at": [r["pruned_at"] for r in res],
+            "best": sw.best().config["x"],
+            "gaps": gaps,
+        }
+
+    warm = orch.sweep("_jobs:landscape_train", [{"x": 0, "steps": 3, "sleep": 0.0}], run_root=run_root,
+                      name="warm-up", threads=1)  # fmt: skip
+    warm.wait(timeout=300)
+    warm.close()
+    result: dict[str, Any] = {"grid": one("grid", seeds[0], None), "asha": {}}
+    for seed in seeds:
+        asha = one(f"asha{seed}", seed, orch.ASHA(grace=3, reduction=3, max_steps=steps))
+        asha["known_best"] = min(range(n), key=lambda x: landscape_value(x, steps - 1, seed))
+        result["asha"][str(seed)] = asha
+    _write(out_dir, "asha.json", result)

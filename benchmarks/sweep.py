@@ -21,6 +21,18 @@ the three cases (rotating their order); medians over repeats; ratios orch / torc
 
     .venv/bin/python benchmarks/sweep.py            # full run, writes RESULTS.md
     .venv/bin/python benchmarks/sweep.py --quick    # tiny, prints only
+
+``--case asha`` (its own section, sweep_asha): a seeded synthetic landscape of 27 configs x
+81 steps at world size 2 (``_jobs.landscape_value``: each config a falling curve with its own
+start and pace, the finals a seeded shuffle, one best), run as the full grid and as an ASHA
+sweep (``orch.ASHA(grace=3, reduction=3)``, parallel=1) in one fresh process after a warm-up
+run. ASHA must find the config the grid finds best while running at most 20% of the grid's
+steps (each trial's steps are its slowest rank's, as its record has them: a pruned trial's
+count its steps past the rung until every rank stopped). Also measured: wall time against the
+grid's, and the slot-reuse gap, from a prune to the next trial's first logged step (goal <= 1 s,
+warm). The ASHA sweep runs again for seeds 1 to 3 (other landscapes) to show the spread.
+
+    .venv/bin/python benchmarks/sweep.py --case asha
 """
 
 from __future__ import annotations
@@ -131,12 +143,130 @@ def orch_process(tmp: Path, n: int, steps: int, tag: str, parallels: list[int]) 
     return result
 
 
+ASHA_DRIVER = """
+import sys
+sys.path[:0] = {paths!r}
+import _jobs
+_jobs.asha_and_time({out!r}, {root!r}, {n!r}, {steps!r}, {sleep!r}, {seeds!r})
+"""
+ASHA_SHARE = 0.20
+ASHA_GAP = 1.0
+
+
+def asha_case(args: Any) -> None:
+    """--case asha: the full grid of the landscape against an ASHA sweep of it."""
+    name = "sweep_asha"
+    n, steps, sleep, seeds = 27, 81, 0.1, [0, 1, 2, 3]
+    if args.quick:
+        n, steps, sleep, seeds = 6, 10, 0.02, [0]
+    started = c.start()
+    with tempfile.TemporaryDirectory(prefix="orch-bench-asha-") as d:
+        out = Path(d)
+        code = ASHA_DRIVER.format(
+            paths=[str(c.HERE), str(c.ROOT)], out=str(out), root=str(out / "runs"), n=n, steps=steps,
+            sleep=sleep, seeds=seeds,
+        )  # fmt: skip
+        proc = subprocess.Popen(
+            [c.PYTHON, "-c", code], env=c.bench_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
+        )
+        try:
+            _, err = proc.communicate(timeout=3600)
+        finally:
+            c.kill_tree(proc.pid)
+            proc.wait()
+        if proc.returncode != 0:
+            raise RuntimeError(f"asha driver failed ({proc.returncode}): {err.decode()[-3000:]}")
+        res: dict[str, Any] = json.loads((out / "asha.json").read_text())
+    c.check_no_leftovers(name)
+    grid = res["grid"]
+    if set(grid["states"]) != {"SUCCEEDED"} or sum(grid["steps"]) != n * steps:
+        raise RuntimeError(f"the grid did not run every step: {grid['states']} {grid['steps']}")
+    grid_steps = n * steps
+    first = res["asha"][str(seeds[0])]
+    share = sum(first["steps"]) / grid_steps
+    found = first["best"] == grid["best"]
+    gaps = [g for s in res["asha"].values() for g in s["gaps"]]
+    gap_med, gap_max = c.median(gaps), max(gaps, default=float("nan"))
+    c.emit(name, "asha_share", f"{share:.3f}", target=f"<={ASHA_SHARE}", met=share <= ASHA_SHARE and found)
+    c.emit(name, "asha_found_best", found, grid_best=grid["best"], asha_best=first["best"])
+    c.emit(name, "wall_ratio", f"{first['wall_s'] / grid['wall_s']:.3f}",
+           asha_s=f"{first['wall_s']:.2f}", grid_s=f"{grid['wall_s']:.2f}")  # fmt: skip
+    c.emit(name, "slot_gap_median_s", f"{gap_med:.3f}", max=f"{gap_max:.3f}", n=len(gaps))
+    if args.quick:
+        return
+    per_seed = []
+    for seed, s in res["asha"].items():
+        pruned = sum(st == "PRUNED" for st in s["states"])
+        ends = zip(s["steps"], s["pruned_at"], s["states"], strict=True)
+        over = [k - p - 1 for k, p, st in ends if st == "PRUNED"]  # 0: it ended right after its rung
+        missed = "" if s["best"] == s["known_best"] else " **missed**"
+        per_seed.append(
+            (
+                seed,
+                f"{sum(s['steps'])} / {grid_steps} ({sum(s['steps']) / grid_steps:.1%})",
+                f"{s['best']} (best {s['known_best']}){missed}",
+                f"{pruned} of {n}",
+                f"{c.median(over):.1f}" if over else "-",
+                f"{s['wall_s']:.1f}",
+            )
+        )
+    rows = [
+        c.Row(
+            f"ASHA (grace 3, reduction 3) on the landscape (seed {seeds[0]}): steps run / the full grid's, "
+            "and the best config found",
+            f"<= {ASHA_SHARE:.0%}, the grid's best",
+            f"{share:.1%} ({sum(first['steps'])} of {grid_steps} steps); found {first['best']}, "
+            f"grid's best {grid['best']}",
+            share <= ASHA_SHARE and found,
+        ),
+        c.Row(
+            "  wall time, ASHA / the full grid",
+            "-",
+            f"{first['wall_s'] / grid['wall_s']:.3f} ({first['wall_s']:.1f} s vs {grid['wall_s']:.1f} s)",
+            None,
+        ),
+        c.Row(
+            "  slot-reuse gap: a prune to the next trial's first step (warm), median / max",
+            f"<= {ASHA_GAP:.0f} s",
+            f"{gap_med:.2f} s / {gap_max:.2f} s over {len(gaps)} prunes",
+            gap_max <= ASHA_GAP,
+        ),
+    ]
+    body = "\n".join(
+        [
+            f"{n} configs x {steps} steps of {sleep * 1000:.0f} ms (sleep) with one all-reduce each, world "
+            f"size 2, parallel=1, in one fresh process after a warm-up run; the full grid once (seed "
+            f"{seeds[0]}), ASHA once per seed. Steps are each trial's slowest rank's, from its record; a "
+            "pruned trial counts the steps it ran past its rung until every rank stopped (the overrun "
+            "column: steps run after the rung's step, median; 0: every rank ended right after it).",
+            "",
+            c.table(
+                ["seed", "steps run / grid", "best found", "pruned", "overrun (steps)", "wall (s)"], per_seed
+            ),
+            "",
+            f"Full grid: {grid['wall_s']:.1f} s, best config {grid['best']}. Asynchronous successive "
+            "halving promotes the first trials to reach a rung while there are too few to compare, so "
+            "its share depends on the order the configs come in; the seeds show the spread.",
+        ]
+    )
+    c.write_section(args.out, name, body, rows, started)
+
+
 def main() -> None:
     p = c.parser(NAME, __doc__)
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--configs", type=int, default=8)
     p.add_argument("--steps", type=int, default=60)
+    p.add_argument(
+        "--case",
+        choices=["torchrun", "asha"],
+        default="torchrun",
+        help="torchrun: orch.sweep against torchruns (default); asha: ASHA against the full grid",
+    )
     args = p.parse_args()
+    if args.case == "asha":
+        asha_case(args)
+        return
     if args.quick:
         args.repeats, args.configs, args.steps = 1, 2, 10
     n, steps = args.configs, args.steps

@@ -36,7 +36,19 @@ if TYPE_CHECKING:
         WorkerError,
     )
     from orch.experiments.catalog import RunTable, close_all, runs
-    from orch.experiments.sweep import Sweep, SweepResults, Trial, grid, sweep
+    from orch.experiments.sweep import (
+        ASHA,
+        MedianStop,
+        Sweep,
+        SweepResults,
+        Trial,
+        choice,
+        grid,
+        loguniform,
+        randint,
+        sweep,
+        uniform,
+    )
     from orch.launchers.attached import AttachedRun
     from orch.launchers.contract import RunResult
     from orch.launchers.detach import DetachedRun
@@ -51,6 +63,12 @@ if TYPE_CHECKING:
 
 # Each public name and the module it lives in.
 _EXPORTS = {
+    "ASHA": "orch.experiments.sweep",
+    "MedianStop": "orch.experiments.sweep",
+    "choice": "orch.experiments.sweep",
+    "loguniform": "orch.experiments.sweep",
+    "randint": "orch.experiments.sweep",
+    "uniform": "orch.experiments.sweep",
     "AttachedRun": "orch.launchers.attached",
     "AuthError": "orch.errors",
     "ConfigError": "orch.errors",
@@ -86,6 +104,7 @@ _EXPORTS = {
 }
 
 __all__ = [
+    "ASHA",
     "AttachedRun",
     "AuthError",
     "ConfigError",
@@ -94,6 +113,7 @@ __all__ = [
     "LoadedRun",
     "MasterClient",
     "MasterUnavailable",
+    "MedianStop",
     "OrchError",
     "Panel",
     "PortInUseError",
@@ -111,13 +131,17 @@ __all__ = [
     "Trial",
     "WorkerError",
     "attach",
+    "choice",
     "close_all",
     "compare",
     "grid",
     "launch",
     "load_run",
+    "loguniform",
+    "randint",
     "runs",
     "sweep",
+    "uniform",
 ]
 
 

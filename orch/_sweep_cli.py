@@ -10,16 +10,54 @@ import threading
 from typing import Any
 
 from orch.errors import ConfigError
+from orch.experiments.pruning import parse_prune
+from orch.experiments.space import choice, loguniform, randint, uniform
 from orch.experiments.sweep import Sweep, _Options, grid
 from orch.launchers.spec import add_flag, check_int
 from orch.views.dashboard import SweepDashboard
 from orch.wire.states import RunState
 
+DIMENSIONS = {"uniform": uniform, "loguniform": loguniform, "randint": randint}
 
-def configs_from(args: argparse.Namespace) -> list[dict[str, Any]]:
-    """``--grid '{"lr": [0.1, 0.01]}'`` (every combination) or ``--configs '[{...}, ...]'``."""
-    if (args.grid is None) == (args.configs is None):
-        raise ConfigError("pass one of --grid '{\"lr\": [0.1, 0.01]}' or --configs '[{\"lr\": 0.1}, ...]'")
+
+def space_from(text: str) -> dict[str, Any]:
+    """``--space '{"lr": {"loguniform": [1e-4, 0.1]}, "batch": {"choice": [32, 64]}, "steps": 20}'``:
+    each value a dimension (one key: uniform, loguniform, randint with [low, high], or choice
+    with its options) or a fixed value."""
+    try:
+        value = json.loads(text)
+    except ValueError as e:
+        raise ConfigError(f"--space must be JSON: {e}") from e
+    if not isinstance(value, dict):
+        raise ConfigError(
+            f'--space must be a JSON object, like {{"lr": {{"loguniform": [1e-4, 0.1]}}}}, got {text!r:.80}'
+        )
+    space: dict[str, Any] = {}
+    for name, dim in value.items():
+        if isinstance(dim, dict) and len(dim) == 1 and next(iter(dim)) in (*DIMENSIONS, "choice"):
+            kind, bounds = next(iter(dim.items()))
+            if kind == "choice":
+                space[name] = choice(bounds)
+            elif not isinstance(bounds, list) or len(bounds) != 2:
+                raise ConfigError(f"--space {name}: {kind} needs [low, high], got {bounds!r:.60}")
+            else:
+                space[name] = DIMENSIONS[kind](*bounds)
+        else:
+            space[name] = dim
+    return space
+
+
+def configs_from(args: argparse.Namespace) -> list[dict[str, Any]] | dict[str, Any]:
+    """``--grid '{"lr": [0.1, 0.01]}'`` (every combination), ``--configs '[{...}, ...]'``, or
+    ``--space '{...}'`` (a search space, with ``--trials``)."""
+    given = [a for a in (args.grid, args.configs, args.space) if a is not None]
+    if len(given) != 1:
+        raise ConfigError(
+            "pass one of --grid '{\"lr\": [0.1, 0.01]}', --configs '[{\"lr\": 0.1}, ...]' or "
+            "--space '{\"lr\": {\"loguniform\": [1e-4, 0.1]}}' --trials N"
+        )
+    if args.space is not None:
+        return space_from(args.space)
     option, text = ("--grid", args.grid) if args.grid is not None else ("--configs", args.configs)
     try:
         value = json.loads(text)
@@ -36,8 +74,10 @@ def configs_from(args: argparse.Namespace) -> list[dict[str, Any]]:
     return value
 
 
-def with_base(configs: list[Any], base: dict[str, Any]) -> list[Any]:
-    """Each config over the ``--config`` object every run starts from."""
+def with_base(configs: list[Any] | dict[str, Any], base: dict[str, Any]) -> list[Any] | dict[str, Any]:
+    """Each config (or the space) over the ``--config`` object every run starts from."""
+    if isinstance(configs, dict):
+        return {**base, **configs}
     return [{**base, **c} if isinstance(c, dict) else c for c in configs]
 
 
@@ -51,6 +91,11 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         run_root=args.run_root,
         name=args.name,
         options=_Options(steps=args.steps, heartbeat_timeout=args.heartbeat_timeout),
+        trials=args.trials,
+        search=args.search,
+        metric=args.metric,
+        prune=parse_prune(args.prune) if args.prune else None,
+        seed=args.seed,
     )
     interrupted = threading.Event()
 
@@ -81,7 +126,8 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     states = [row["state"] for row in results]
     if any(s == RunState.FAILED.value for s in states):
         return 1
-    return 0 if all(s == RunState.SUCCEEDED.value for s in states) else 3
+    ended = (RunState.SUCCEEDED.value, RunState.PRUNED.value)  # a pruned trial is the sweep working
+    return 0 if all(s in ended for s in states) else 3
 
 
 def add_parser(sub: Any, *, seconds: Any) -> None:
@@ -92,6 +138,23 @@ def add_parser(sub: Any, *, seconds: Any) -> None:
         "--grid", default=None, help="JSON object of lists, every combination: '{\"lr\": [0.1, 0.01]}'"
     )
     sp.add_argument("--configs", default=None, help="JSON list of config objects: '[{\"lr\": 0.1}, ...]'")
+    sp.add_argument(
+        "--space",
+        default=None,
+        help='JSON search space: \'{"lr": {"loguniform": [1e-4, 0.1]}, "batch": {"choice": [32, 64]}}\' '
+        "(uniform, loguniform, randint: [low, high]; choice: options; other values fixed)",
+    )
+    sp.add_argument("--trials", type=_at_least(1), default=None, help="configs to draw from --space")
+    sp.add_argument(
+        "--search", choices=["random"], default=None, help="how --space is searched (random, seeded)"
+    )
+    sp.add_argument("--seed", type=int, default=0, help="the random search's seed")
+    sp.add_argument(
+        "--prune",
+        default=None,
+        help="stop trials that fall behind: asha:grace=3,reduction=3[,max_steps=N] or "
+        "median:grace=5,interval=1,min_trials=3 (by --metric)",
+    )
     add_flag(sp, "config", help="JSON object every config starts from")
     add_flag(sp, "steps", help="training steps of each run")
     add_flag(sp, "world_size", "-n", flag="--world-size", default=2, help="ranks of each run")

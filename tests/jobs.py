@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import math
 import os
+import random
 import signal
 import sys
 import time
@@ -512,3 +514,40 @@ def a_beat_the_master_refuses(ctx: Any) -> None:
         ctx.log(step, loss=1.0 / (step + 1))
         step += 1
         time.sleep(0.02)
+
+
+def landscape_loss(config: dict[str, Any], step: int) -> float:
+    """The seeded synthetic landscape of the sweep tests and benchmark: config ``x`` (0..26)
+    ends at ``final``, and every curve falls the same way from a start a little above it, so
+    the best config leads from its first steps (its ``final`` is the least, by a margin)."""
+    x = int(config["x"])
+    rng = random.Random(f"landscape:{config.get('seed', 0)}:{x}")
+    a, b, c = x // 9, (x // 3) % 3, x % 3
+    final = 0.05 + 0.04 * ((a - 1) ** 2 + 0.7 * (b - 2) ** 2 + 0.4 * c**2) + 0.01 * rng.random()
+    return final + (1.0 + 0.01 * rng.random()) * math.exp(-step / 20.0)
+
+
+def landscape_job(ctx: Any) -> None:
+    """A trial of the synthetic landscape: ``steps`` steps of ``sleep`` seconds, its loss from
+    :func:`landscape_loss` (rank r logs it shifted by (r - (n-1)/2) / 1000: the mean is the loss),
+    an all-reduce each step (a real DDP group), a checkpoint every ``every`` steps, and with
+    ``trace``, rank 0 appends ``<x> <step>`` to that file for each step it ran."""
+    model = ctx.ddp(torch.nn.Linear(2, 1))
+    state = {"w": torch.zeros(1)}
+    saved = ctx.load_checkpoint()
+    if saved is not None:
+        state = saved
+    every = int(ctx.config.get("every", 0))
+    trace = ctx.config.get("trace")
+    shift = (ctx.rank - (ctx.world_size - 1) / 2) / 1000.0
+    steps = int(ctx.config.get("steps", 81))
+    loop = range(steps) if ctx.config.get("loop") else ctx.steps(steps, checkpoint=lambda: state, every=every)
+    for step in loop:  # "loop": a loop without ctx.steps, which a stop ends at stop_at_step
+        loss = model(torch.ones(1, 2)).sum() * 0.0
+        loss.backward()
+        state["w"] += 1
+        ctx.log(step, loss=landscape_loss(ctx.config, step) + shift)
+        if trace and ctx.rank == 0:
+            with open(trace, "a") as f:
+                f.write(f"{ctx.config['x']} {step}\n")
+        time.sleep(float(ctx.config.get("sleep", 0.0)))

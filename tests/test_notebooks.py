@@ -210,6 +210,16 @@ def check_sweep(nb: nbformat.NotebookNode, path: Path) -> None:
     assert "4 succeeded; slowest: {'lr'" in text
     [loaded] = outputs["slowest.load()"]
     assert 'data-state="SUCCEEDED"' in loaded.data["text/html"] and "image/png" in loaded.data
+    # The search: six TPE trials, some pruned at a rung (before their last step), the study read back.
+    [searched] = outputs["search.wait()"]
+    rows = re.findall(r'<tr class="orch-trial" data-state="(\w+)">', searched.data["text/html"])
+    assert len(rows) == 6 and "PRUNED" in rows and "SUCCEEDED" in rows, rows
+    cut = re.findall(r"PRUNED at (\d+)</td><td>(\d+)/240<", searched.data["text/html"])
+    assert cut and all(int(rung) in (10, 30, 90) for rung, _ in cut), searched.data["text/html"]
+    assert any(int(steps) < 240 for _, steps in cut), cut  # stopped before their last step
+    assert "6 trials; best: {'lr': " in text
+    [search_panel] = outputs["search.panel()"]
+    assert "pruned (orch.ASHA(" in search_panel.data["text/html"]
     subprocess.run(
         [sys.executable, "-m", "jupyter", "nbconvert", "--to", "html", str(path)],
         cwd=path.parent,
@@ -218,5 +228,5 @@ def check_sweep(nb: nbformat.NotebookNode, path: Path) -> None:
         timeout=300,
     )
     converted = path.with_suffix(".html").read_text()
-    assert converted.count('class="orch-record"') == 3
+    assert converted.count('class="orch-record"') == 4  # the two sweeps, the comparison, a run
     assert converted.count('class="orch-trial" data-state="SUCCEEDED"') >= 4

@@ -58,7 +58,8 @@ class SweepResults:
         body = []
         for row in self.rows:
             steps = f"{row['steps']}/{row['total']}" if row["total"] else str(row["steps"])
-            state = row["state"] + (" (earlier)" if row["reused"] else "")
+            state = row["state"] + (f" at {row['pruned_at']}" if row.get("pruned_at") is not None else "")
+            state += " (earlier)" if row["reused"] else ""
             cells = [str(row["index"]), *(_fmt(row["config"].get(k, "")) for k in keys), state, steps]
             cells.append(wall_time_text(row["duration"], row.get("pool_start", 0.0)))
             for m in metrics:

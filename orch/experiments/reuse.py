@@ -3,8 +3,10 @@
 A config's key (:func:`config_key`) is a hash of its function's name and code
 (:func:`code_hash`), its world size and its config, ``1`` and ``1.0`` counted as one value.
 Each run of a sweep writes its key into ``run.json``; :func:`reuse_earlier` finds the runs
-under the run root that succeeded under the sweep's name with a key of its configs, so that
-running the same sweep cell again starts only the configs that did not succeed before.
+under the run root that succeeded (or were pruned) under the sweep's name with a key of its
+configs, so that running the same sweep cell again starts only the configs that did not end
+before; and each of those that an earlier run left unfinished (stopped, or cut off by the
+death of its kernel: no record of its end) starts from that run's newest checkpoint.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -22,6 +25,7 @@ from orch.experiments.trial import Trial
 from orch.launchers.loaded import load_run
 from orch.record.owned import is_own_dir
 from orch.record.rundir import read_json
+from orch.record.store import private_dir, write_json_atomic
 from orch.runtime._target import resolve_fn
 from orch.wire.states import RunState
 
@@ -73,24 +77,45 @@ def config_key(fn_name: str, config: dict[str, Any], world_size: int = 0, code: 
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
+KEPT = (RunState.SUCCEEDED.value, RunState.PRUNED.value)  # an earlier run that ended for good
+
+
 def reuse_earlier(trials: Sequence[Trial], run_root: Path, name: str) -> None:
-    """Configs that already succeeded under the sweep's ``name`` are not run again: each such
-    trial adopts its earlier run (:meth:`Trial.adopt`)."""
+    """Configs that already succeeded (or were pruned) under the sweep's ``name`` are not run
+    again: each such trial adopts its earlier run (:meth:`Trial.adopt`). Each other config
+    whose newest earlier run was left unfinished with a checkpoint resumes from it
+    (``Trial.resume_from``)."""
     by_key = {t.key: t for t in trials}
     if not run_root.is_dir():
         return
+    unfinished: dict[str, tuple[float, Path]] = {}
     for run_dir in sorted(run_root.iterdir()):
         if not is_own_dir(run_dir):
             continue  # a run dir another user planted in a shared run root is no earlier run
         meta_path, result_path = run_dir / "run.json", run_dir / "result.json"
-        if not result_path.is_file() or not meta_path.is_file():
+        if not meta_path.is_file():
             continue
         try:
-            meta, result = read_json(meta_path), read_json(result_path)
+            meta = read_json(meta_path)
+            result = read_json(result_path) if result_path.is_file() else {}
         except OrchError:
             continue  # a damaged record is not a success to build on: the config runs again
-        trial = by_key.get(str(meta.get("config_key", "")))
-        if meta.get("sweep") != name or trial is None or result.get("state") != "SUCCEEDED":
+        key = str(meta.get("config_key", ""))
+        trial = by_key.get(key)
+        if meta.get("sweep") != name or trial is None:
+            continue
+        state = result.get("state")
+        started_at = meta.get("started")
+        when = float(started_at) if isinstance(started_at, (int, float)) else 0.0
+        # Unfinished: no record of its end (its kernel died), stopped, or closed from outside
+        # while it ran (a kernel restarted, sweep.close()): not a failure of its own.
+        events = result.get("events", [])
+        closed = state == RunState.FAILED.value and any(e.get("kind") == "closed" for e in events)
+        unfinished_run = state in (None, RunState.STOPPED.value) or closed
+        resumable = unfinished_run and (run_dir / "checkpoints" / "latest").is_file()
+        if resumable and when >= unfinished.get(key, (-1.0, run_dir))[0]:
+            unfinished[key] = (when, run_dir / "checkpoints")
+        if state not in KEPT or trial.reused:
             continue
         try:
             loaded = load_run(run_dir)  # a record that does not load is run again
@@ -107,4 +132,70 @@ def reuse_earlier(trials: Sequence[Trial], run_root: Path, name: str) -> None:
         started = float(value) if isinstance(value, (int, float)) else 0.0
         # Launch to record, as for the runs the sweep starts.
         duration = max(0.0, result_path.stat().st_mtime - started) if started else 0.0
-        trial.adopt(run_dir, loaded, RunState.SUCCEEDED.value, started, duration)
+        trial.adopt(run_dir, loaded, str(state), started, duration)
+    for key, (_, checkpoints) in unfinished.items():
+        trial = by_key[key]
+        if not trial.reused:
+            trial.resume_from = checkpoints
+
+
+def read_record(folder: Path) -> dict[str, Any]:
+    """The sweep's folder's ``sweep.json`` as an earlier run of the sweep left it ({} when none,
+    or when it does not read: the sweep then starts its search afresh, saying so)."""
+    path = folder / "sweep.json"
+    if not path.is_file():
+        return {}
+    try:
+        return read_json(path)
+    except OrchError as e:
+        log.warning("sweep %s: %s does not read (%s): its search starts afresh", folder.name, path, e)
+        return {}
+
+
+def write_record(folder: Path, record: dict[str, Any]) -> None:
+    """Write ``sweep.json`` (how each trial stands, the pruner's rungs) into the sweep's folder."""
+    private_dir(folder.parent)
+    private_dir(folder)
+    write_json_atomic(folder / "sweep.json", record)
+
+
+def signature(
+    fn_name: str,
+    code: str,
+    world_size: int,
+    space: Any,
+    search: Any,
+    seed: int,
+    metric: str,
+    mode: str,
+    prune: Any,
+    steps: int | None,
+) -> str:
+    """What makes a rerun of a sweep the same search: its function (name and code), world size,
+    space, search, metric and pruner. A rerun with another goes on in a folder of its own."""
+
+    def described(value: Any) -> Any:
+        describe = getattr(value, "describe", None)
+        return describe() if callable(describe) else value
+
+    shown = {k: described(v) for k, v in space.items()} if isinstance(space, dict) else list(space)
+    searched = search if search is None or isinstance(search, str) else type(search).__qualname__
+    pruned = None if prune is None else type(prune).__qualname__
+    if type(prune).__module__.startswith("orch"):
+        pruned = repr(prune)  # its options too
+    text = json.dumps(
+        {
+            "fn": fn_name, "code": code, "world_size": world_size, "space": shown, "search": searched,
+            "seed": seed, "metric": metric, "mode": mode, "prune": pruned, "steps": steps,
+        },
+        sort_keys=True,
+        default=repr,
+    )  # fmt: skip
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def set_aside(folder: Path) -> Path:
+    """Move a sweep's folder out of the way (``<name>.<unix time>``), keeping what it holds."""
+    aside = folder.with_name(f"{folder.name}.{int(time.time() * 1000)}")
+    folder.rename(aside)
+    return aside

@@ -115,6 +115,7 @@ _COLOURS = {
     CRASHED: "red",
     DAMAGED: "darkorange",
     "STOPPED": "darkorange",
+    "PRUNED": "mediumpurple",
     "RUNNING": "royalblue",
 }
 

@@ -2,23 +2,33 @@
 
 It takes turns until every trial ended: it folds the states of the runs that go into their
 trials, closes the runs that ended (recording a failed one with its root cause) and starts
-the next queued configs on the warm forkserver, ``parallel`` at a time. Once
-``max_failures`` runs failed, or the sweep is stopped or closed, it starts no more: the
-queued trials are CANCELLED. :class:`~orch.experiments.sweep.Sweep` is its face; stopping
-and closing go through here, under the lock the thread takes its turns under.
+the next queued configs on the warm forkserver, ``parallel`` at a time (a search that draws
+its configs as it goes adds one when a slot frees: ``more``). With a pruner it reads each
+running trial's metric (the mean over its ranks, at the steps the pruner asks for) and stops a
+trial the pruner prunes: through its master, so every rank ends at the same step, and the run
+ends PRUNED; its slot goes to the next trial at once. Once ``max_failures`` runs failed, or the
+sweep is stopped or closed, it starts no more: the queued trials are CANCELLED.
+:class:`~orch.experiments.sweep.Sweep` is its face; stopping and closing go through here,
+under the lock the thread takes its turns under.
 """
 
 from __future__ import annotations
 
+import bisect
 import contextlib
 import logging
+import shutil
 import threading
 import time
+from collections.abc import Callable
+from pathlib import Path
 
 from orch.errors import ConfigError
+from orch.experiments.pruning import Pruner
 from orch.experiments.trial import CANCELLED, QUEUED, Trial
 from orch.launchers.run import Run
 from orch.launchers.spec import LaunchSpec
+from orch.record.store import private_dir
 from orch.wire.states import RunState
 
 log = logging.getLogger("orch.experiments.sweep")  # the sweep's messages, under the one name
@@ -28,13 +38,27 @@ class Scheduler:
     """Starts the trials of sweep ``name`` (``specs[i]`` launches ``trials[i]``) from a thread."""
 
     def __init__(
-        self, name: str, trials: list[Trial], specs: list[LaunchSpec], parallel: int, max_failures: int | None
+        self,
+        name: str,
+        trials: list[Trial],
+        specs: list[LaunchSpec],
+        parallel: int,
+        max_failures: int | None,
+        *,
+        pruner: Pruner | None = None,
+        more: Callable[[], bool] | None = None,
+        on_ended: Callable[[Trial], None] | None = None,
+        on_turn: Callable[[], None] | None = None,
     ) -> None:
         self.name = name
         self.trials = trials
         self.specs = specs
         self.parallel = parallel
         self.max_failures = max_failures
+        self.pruner = pruner
+        self.more = more  # adds one more queued trial (and its spec); False when the search is done
+        self.on_ended = on_ended  # a trial ended (the sweep tells its search, writes its folder)
+        self.on_turn = on_turn  # after each turn, under the lock
         self.lock = threading.Lock()
         self.wake = threading.Event()
         self.stopping = threading.Event()
@@ -66,9 +90,11 @@ class Scheduler:
                     self._collect()
                     if not self.stopping.is_set():
                         self._start_next()
+                    if self.on_turn is not None:
+                        self.on_turn()
                     if all(t.done for t in self.trials):
                         break
-                self.wake.wait(0.1)
+                self.wake.wait(0.1 if self.pruner is None else 0.05)  # a pruner's rungs are read sooner
                 self.wake.clear()
         except Exception as e:  # a bug here must not leave the sweep looking busy forever
             log.exception("sweep %s: the scheduler failed", self.name)
@@ -83,6 +109,10 @@ class Scheduler:
     def _running(self) -> list[Trial]:
         return [t for t in self.trials if t.run is not None and not t.done]
 
+    def _busy(self) -> int:
+        """The slots in use: a pruned trial's ranks are on their way out and hold none."""
+        return sum(t.pruned_at is None for t in self._running())
+
     def _failures(self) -> int:
         return sum(t.state == RunState.FAILED.value for t in self.trials)
 
@@ -94,11 +124,11 @@ class Scheduler:
                 f"(max_failures={self.max_failures})"
             )
             return
-        for trial in self.trials:
-            if len(self._running()) >= self.parallel:
+        while self._busy() < self.parallel:
+            trial = next((t for t in self.trials if t.state == QUEUED), None)
+            if trial is None and (self.more is None or not self.more()):
                 return
-            if trial.state != QUEUED:
-                continue
+            trial = trial or self.trials[-1]
             spec = self.specs[trial.index]
             run = Run(spec)
             trial.run, trial.run_dir, trial.state, trial.started = (
@@ -108,6 +138,14 @@ class Scheduler:
                 time.time(),
             )
             try:
+                if trial.resume_from is not None:
+                    _carry_checkpoints(trial.resume_from, run.run_dir / "checkpoints")
+                rungs = self.pruner.rungs() if self.pruner is not None else []
+                if self.pruner is not None and rungs:
+                    # The ranks wait at each rung for the decision (not at those a resumed trial passed).
+                    due = self.pruner.next_step(trial.index, 0)
+                    passed = max((s for s in rungs if due is None or s < due), default=0)
+                    run.coordinator.hold_at(rungs, passed)
                 run.start()
             except Exception as e:  # recorded with the config; the others go on
                 self._ended(trial, error=str(e))
@@ -122,6 +160,39 @@ class Scheduler:
                 self._ended(trial)
             else:
                 trial.state = run.coordinator.state.value
+                judged = self.pruner is not None and trial.pruned_at is None
+                if judged and self.pruner is not None and trial.state == RunState.RUNNING.value:
+                    self._judge(trial, run, self.pruner)
+
+    def _judge(self, trial: Trial, run: Run, pruner: Pruner) -> None:
+        """Feed the pruner the trial's metric at the steps it asks for (the mean over ranks of
+        each rank's value there, or its last one before); stop the trial where it says so."""
+        metric = pruner.metric or "loss"
+        points = run.coordinator.points
+        ranks = [points.get(r, metric) for r in range(run.coordinator.world_size)]
+        if any(len(s) == 0 for s in ranks):
+            return
+        reached = min(s.steps[-1] for s in ranks)
+        while (step := pruner.next_step(trial.index, reached)) is not None and step <= reached:
+            values = []
+            for s in ranks:
+                at = bisect.bisect_right(s.steps, step) - 1
+                if at < 0:
+                    return  # that rank's point is only on disk now: no judgement here
+                values.append(s.values[at])
+            value = sum(values) / len(values)
+            trial.reported[step] = value
+            if not pruner.report(trial.index, step, value):
+                run.coordinator.pass_gate(step)
+            else:
+                trial.pruned_at, trial.pruned_time = step, time.time()
+                log.info(
+                    "sweep %s: config %d pruned at step %d (%s %.4g)",
+                    self.name, trial.index, step, metric, value,
+                )  # fmt: skip
+                run.stop(f"pruned by the sweep at step {step}: {metric} {value:.4g}", prune=True)
+                self.wake.set()
+                return
 
     def _ended(self, trial: Trial, error: str = "") -> None:
         run = trial.run
@@ -132,6 +203,7 @@ class Scheduler:
         trial.state, trial.ended = coord.state.value, True
         trial.duration = time.time() - trial.started
         trial.pool_start = run.group.pool_start_seconds  # a cold pool's start, within duration
+        trial.steps_run = _steps_run(run)
         if coord.state is RunState.FAILED:
             cause = coord.root_cause
             trial.failure = error or coord.failure
@@ -139,6 +211,11 @@ class Scheduler:
             log.warning(
                 "sweep %s: config %d %s failed: %s", self.name, trial.index, trial.config, trial.failure
             )
+        if self.on_ended is not None:
+            try:
+                self.on_ended(trial)
+            except Exception:  # the search's own trouble must not stop the sweep's runs
+                log.exception("sweep %s: recording how config %d ended failed", self.name, trial.index)
 
     def _cancel_queued(self, why: str) -> None:
         for t in self.trials:
@@ -182,3 +259,20 @@ class Scheduler:
         if self.thread is not None and self.thread is not threading.current_thread():
             self.thread.join(60.0)
         self.finished.set()
+
+
+def _steps_run(run: Run) -> int:
+    """The steps the run's slowest rank finished (its record's step count)."""
+    with contextlib.suppress(Exception):
+        return min((r.step for r in run.coordinator.ranks), default=0)
+    return 0
+
+
+def _carry_checkpoints(src: Path, dst: Path) -> None:
+    """Put an earlier run's checkpoints into a new run's dir: its ranks load the newest one
+    (``ctx.load_checkpoint``) and ``ctx.steps`` goes on after it, not from step 0."""
+    private_dir(dst.parent)
+    private_dir(dst)
+    for f in sorted(src.iterdir()):
+        if f.is_file() and not f.name.endswith(".tmp"):
+            shutil.copy2(f, dst / f.name)

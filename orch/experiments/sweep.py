@@ -36,9 +36,20 @@ from typing import Any, Literal
 from orch._viewable import panel_class
 from orch.errors import ConfigError
 from orch.experiments.metrics import GREATER_IS_BETTER, default_mode, summarize
+from orch.experiments.pruning import ASHA, MedianStop, Pruner
 from orch.experiments.results import SweepResults, best_trial, dashboard_rows
-from orch.experiments.reuse import code_hash, config_key, reuse_earlier
+from orch.experiments.reuse import (
+    code_hash,
+    config_key,
+    read_record,
+    reuse_earlier,
+    set_aside,
+    signature,
+    write_record,
+)
 from orch.experiments.scheduler import Scheduler
+from orch.experiments.space import RandomSearch, Search, check_space, choice, loguniform, randint, uniform
+from orch.experiments.study import OptunaPruner, OptunaSearch, OptunaStudy, is_optuna
 from orch.experiments.trial import CANCELLED, QUEUED, History, Trial
 from orch.launchers._exiting import begin_exit
 from orch.launchers.clicks import Waiting
@@ -46,25 +57,33 @@ from orch.launchers.loaded import load_run
 from orch.launchers.run import Run, register_exit_hook
 from orch.launchers.spec import MAX_WORKERS_PER_CORE, LaunchSpec
 from orch.record.mlflow_export import export_mlflow
+from orch.record.store import private_dir
 from orch.record.tensorboard import export_runs
 from orch.runtime._target import TrainFn
+from orch.wire.states import RunState
 
 __all__ = [
+    "ASHA",
     "CANCELLED",
     "GREATER_IS_BETTER",
     "QUEUED",
     "History",
+    "MedianStop",
     "Sweep",
     "SweepResults",
     "Trial",
+    "choice",
     "close_all_sweeps",
     "code_hash",
     "config_key",
     "default_mode",
     "grid",
     "live_sweeps",
+    "loguniform",
+    "randint",
     "summarize",
     "sweep",
+    "uniform",
 ]
 
 log = logging.getLogger(__name__)
@@ -92,6 +111,12 @@ class _Options:
     heartbeat_timeout: float = 30.0
     max_restarts: int = 0
     threads: int | None = None
+    heartbeat_interval: float | None = None  # None: the launch default, or PRUNE_BEAT with a pruner
+
+
+# A pruned sweep's ranks beat this often (seconds), so that a rung's value reaches the sweep, and
+# its decision the ranks, within a fraction of a second (a launch's default beat is 0.25 s).
+PRUNE_BEAT = 0.1
 
 
 def _check_arguments(configs: Sequence[dict[str, Any]], parallel: int, max_failures: int | None) -> None:
@@ -118,7 +143,7 @@ class Sweep:
     def __init__(
         self,
         train: TrainFn | str | None,
-        configs: Sequence[dict[str, Any]],
+        configs: Sequence[dict[str, Any]] | dict[str, Any],
         *,
         world_size: int = 2,
         parallel: int = 1,
@@ -127,29 +152,48 @@ class Sweep:
         name: str | None = None,
         options: _Options | None = None,
         reuse: bool = True,
+        trials: int | None = None,
+        search: Any = None,
+        metric: str = "loss",
+        mode: Literal["min", "max"] | None = None,
+        prune: Any = None,
+        seed: int = 0,
     ) -> None:
-        opts = options or _Options()
-        _check_arguments(configs, parallel, max_failures)
-        fit = MAX_WORKERS_PER_CORE * (os.cpu_count() or 1)
-        # Each run's spec is checked now, before any process starts: a bad config fails the cell.
-        self.specs = [
-            LaunchSpec(
-                fn=train,
-                world_size=world_size,
-                config=dict(c),
-                steps=opts.steps,
-                run_root=run_root,
-                heartbeat_timeout=opts.heartbeat_timeout,
-                max_restarts=opts.max_restarts,
-                threads=opts.threads,
-            )
-            for c in configs
-        ]
-        fn_name = self.specs[0].fn_name
-        code = code_hash(train, fn_name, self.specs[0].workdir)
-        self.name = name or fn_name.rsplit(":", 1)[-1].rsplit(".", 1)[-1]
-        self.run_root = Path(run_root)
+        self._opts = opts = options or _Options()
+        self.metric = metric
+        self.mode: Literal["min", "max"] = mode or default_mode(metric)
+        if self.mode not in ("min", "max"):
+            raise ConfigError(f"mode must be 'min' or 'max', got {mode!r}")
+        searched = isinstance(configs, dict)
+        check_space(configs, trials)
+        if not searched:
+            if search not in (None, "grid"):
+                raise ConfigError(
+                    f"search={search!r} draws configs from a dict space, like "
+                    "{'lr': orch.loguniform(1e-4, 1e-1)}; a list of configs runs as it is (search=None)"
+                )
+            _check_arguments(configs, parallel, max_failures)  # type: ignore[arg-type]
+            if trials is not None and trials > len(configs):
+                raise ConfigError(
+                    f"trials={trials} is more than the {len(configs)} configs given: a list runs as it "
+                    "is (trials=N runs its first N); draw from a dict space for more"
+                )
+        else:
+            _check_arguments([{}], parallel, max_failures)
+        self._space = configs
+        self._train = train
+        self._beat = opts.heartbeat_interval or (PRUNE_BEAT if prune is not None else None)
+        self._run_root_text = run_root
         self.world_size = world_size
+        # The first spec is checked now, before any process starts: a bad config fails the cell.
+        sample = RandomSearch(configs, seed).next(0) if isinstance(configs, dict) else dict(configs[0])
+        first = self._spec(sample)
+        self._fn_name = first.fn_name
+        self._code = code_hash(train, first.fn_name, first.workdir)
+        self.name = name or first.fn_name.rsplit(":", 1)[-1].rsplit(".", 1)[-1]
+        self.run_root = Path(run_root)
+        self.folder = self.run_root / ".sweeps" / self.name  # the study, the rungs: sweep.json
+        fit = MAX_WORKERS_PER_CORE * (os.cpu_count() or 1)
         at_once = max(1, min(parallel, fit // world_size))
         if at_once < parallel:
             log.warning(
@@ -157,21 +201,187 @@ class Sweep:
                 "running %d at a time",
                 self.name, parallel, world_size, fit, at_once,
             )  # fmt: skip
+        self._threads = opts.threads or max(1, (os.cpu_count() or 1) // (world_size * at_once))
         self.reuse = reuse
-        for spec in self.specs:  # the cores shared among the ranks that run at once
-            spec.threads = opts.threads or max(1, (os.cpu_count() or 1) // (world_size * at_once))
         self.trials: list[Trial] = []
-        keys: set[str] = set()
-        for i, spec in enumerate(self.specs):
-            key = config_key(fn_name, spec.config, world_size, code)
-            if key in keys:
-                raise ConfigError(f"configs[{i}] repeats an earlier config of the sweep: {spec.config!r:.80}")
-            keys.add(key)
-            spec.sweep, spec.config_key, spec.name = self.name, key, f"{self.name}[{i}]"
-            self.trials.append(Trial(index=i, config=spec.config, key=key))
-        self._scheduler = Scheduler(self.name, self.trials, self.specs, at_once, max_failures)
+        self.specs: list[LaunchSpec] = []
+        self.size = trials if trials is not None else len(configs)
+        self._signature = signature(
+            self._fn_name, self._code, world_size, configs, search, seed, metric, self.mode, prune, opts.steps
+        )
+        record = read_record(self.folder) if reuse else {}
+        if record.get("signature") != self._signature and (self.folder / "sweep.json").exists():
+            # Another search under this name (other code, space, search or pruner), or reuse=False:
+            # its folder (its study) is kept aside, and this one starts afresh.
+            aside = set_aside(self.folder)
+            log.warning("sweep %s: its earlier search differs (or reuse=False): kept as %s", self.name, aside)
+            record = {}
+        self._record = record
+        self.study: Any = None  # the Optuna study, when a sampler or pruner of Optuna drives the sweep
+        self.storage: str | None = None  # its storage URL (sqlite:///...)
+        wants_study = is_optuna(search, "samplers") or is_optuna(prune, "pruners")
+        if wants_study:
+            if searched is False and is_optuna(search, "samplers"):
+                raise ConfigError("an Optuna sampler draws configs from a dict space; a list runs as it is")
+            private_dir(self.folder)
+            numbers = {
+                int(t["index"]): int(t["number"])
+                for t in self._record.get("trials", [])
+                if t.get("number") is not None
+            }
+            optuna_study = OptunaStudy(
+                self.folder,
+                self.name,
+                self.mode,
+                sampler=search if is_optuna(search, "samplers") else None,
+                pruner=prune if is_optuna(prune, "pruners") else None,
+                numbers=numbers,
+            )
+            self._optuna: OptunaStudy | None = optuna_study
+            self.study, self.storage = optuna_study.study, optuna_study.storage
+        else:
+            self._optuna = None
+        self.search: Search | None = None
+        if searched:
+            if search in (None, "random"):
+                self.search = RandomSearch(configs, seed)  # type: ignore[arg-type]
+            elif is_optuna(search, "samplers"):
+                assert self._optuna is not None
+                self.search = OptunaSearch(configs, self._optuna)  # type: ignore[arg-type]
+            else:
+                raise ConfigError(
+                    "search must be 'random' or an Optuna sampler (optuna.samplers.TPESampler(seed=0)), "
+                    f"got {search!r:.60}"
+                )
+        self.pruner: Pruner | None = None
+        if prune is not None:
+            if isinstance(prune, Pruner):
+                self.pruner = prune
+            elif is_optuna(prune, "pruners"):
+                assert self._optuna is not None
+                self.pruner = OptunaPruner(self._optuna)
+            else:
+                raise ConfigError(
+                    "prune must be orch.ASHA(...), orch.MedianStop(...) or an Optuna pruner, "
+                    f"got {prune!r:.60}"
+                )
+            self.pruner.bind(metric, self.mode)
+            steps = opts.steps or sample.get("steps")  # a run's step count, as orch reads it
+            asha = self.pruner if isinstance(self.pruner, ASHA) else None
+            if asha is not None and asha.max_steps is None and type(steps) is int and steps > 0:
+                asha.max_steps = steps
+            if reuse and self._record.get("pruner"):
+                self.pruner.restore(self._record["pruner"])
+        if not isinstance(configs, dict):
+            for config in list(configs)[: self.size]:
+                self._add(dict(config))
+        elif isinstance(self.search, RandomSearch):
+            for i in range(self.size):  # drawn now: the same seed draws the same configs again
+                self._add(self.search.next(i))
+        else:  # asked as slots free; the ones an earlier run of the sweep asked come back first
+            for rec in sorted(self._record.get("trials", []), key=lambda t: int(t["index"])):
+                if int(rec["index"]) == len(self.trials) and len(self.trials) < self.size:
+                    self._add(dict(rec["config"]))
+        self._scheduler = Scheduler(
+            self.name,
+            self.trials,
+            self.specs,
+            at_once,
+            max_failures,
+            pruner=self.pruner,
+            more=None if self.search is None or isinstance(self.search, RandomSearch) else self._more,
+            on_ended=self._trial_ended,
+            on_turn=self._write_record,
+        )
+        self._dirty, self._reports = True, 0
         self._panel: Any = None
         self.started = time.time()
+
+    def _spec(self, config: dict[str, Any]) -> LaunchSpec:
+        opts = self._opts
+        spec = LaunchSpec(
+            fn=self._train,
+            world_size=self.world_size,
+            config=config,
+            steps=opts.steps,
+            run_root=self._run_root_text,
+            heartbeat_timeout=opts.heartbeat_timeout,
+            max_restarts=opts.max_restarts,
+            threads=opts.threads,
+        )
+        if self._beat is not None:
+            spec.heartbeat_interval = self._beat
+        return spec
+
+    def _add(self, config: dict[str, Any]) -> Trial:
+        """One more trial of ``config`` (checked as a launch is), queued."""
+        i = len(self.trials)
+        spec = self._spec(config)
+        spec.threads = self._threads  # the cores shared among the ranks that run at once
+        if self.search is None:
+            key = config_key(self._fn_name, spec.config, self.world_size, self._code)
+            if any(t.key == key for t in self.trials):
+                raise ConfigError(f"configs[{i}] repeats an earlier config of the sweep: {spec.config!r:.80}")
+        else:  # a drawn config may come twice: the trial's place tells it apart
+            key = config_key(self._fn_name, {"trial": i, "config": spec.config}, self.world_size, self._code)
+        spec.sweep, spec.config_key, spec.name = self.name, key, f"{self.name}[{i}]"
+        trial = Trial(index=i, config=spec.config, key=key)
+        if self._optuna is not None:
+            trial.number = self._optuna.numbers.get(i)
+        self.specs.append(spec)
+        self.trials.append(trial)
+        return trial
+
+    def _more(self) -> bool:
+        """The scheduler wants another trial: ask the search (False when the sweep has its ``trials``)."""
+        if len(self.trials) >= self.size or self.search is None:
+            return False
+        trial = self._add(self.search.next(len(self.trials)))
+        if self._optuna is not None:
+            trial.number = self._optuna.numbers.get(trial.index)
+        self._dirty = True
+        return True
+
+    def _trial_ended(self, trial: Trial) -> None:
+        """Tell the search how a trial ended (its metric's final mean over ranks)."""
+        self._dirty = True
+        value = None
+        if trial.state == RunState.SUCCEEDED.value:
+            value = trial.summary({self.metric: self.mode})["final"].get(self.metric)
+        if self.search is not None:
+            self.search.tell(trial.index, value, trial.state)
+        elif self._optuna is not None:
+            self._optuna.tell(trial.index, value, trial.state)
+
+    def _write_record(self) -> None:
+        """The sweep's folder: how each trial stands and the pruner's rungs (see :func:`read_record`)."""
+        reports = sum(len(t.reported) for t in self.trials)
+        if not self._dirty and reports == self._reports:
+            return
+        self._dirty, self._reports = False, reports
+        write_record(
+            self.folder,
+            {
+                "name": self.name,
+                "signature": self._signature,
+                "metric": self.metric,
+                "mode": self.mode,
+                "trials": [
+                    {
+                        "index": t.index,
+                        "config": t.config,
+                        "key": t.key,
+                        "state": t.state,
+                        "run_id": t.run_id,
+                        "number": t.number if self._optuna is None else self._optuna.numbers.get(t.index),
+                        "pruned_at": t.pruned_at,
+                    }
+                    for t in self.trials
+                ],
+                "pruner": self.pruner.state() if self.pruner is not None else {},
+                "rungs": self.pruner.rungs() if self.pruner is not None else [],
+            },
+        )
 
     @property
     def parallel(self) -> int:
@@ -195,12 +405,19 @@ class Sweep:
     def start(self) -> Sweep:
         if self.reuse:
             reuse_earlier(self.trials, self.run_root, self.name)
+            earlier = {int(t["index"]): t for t in self._record.get("trials", [])}
+            for trial in self.trials:
+                rec = earlier.get(trial.index)
+                if trial.reused and rec is not None and rec.get("key") == trial.key:
+                    trial.pruned_at = rec.get("pruned_at")
             reused = sum(t.reused for t in self.trials)
-            if reused:
+            resumed = sum(t.resume_from is not None for t in self.trials)
+            if reused or resumed:
                 log.warning(
-                    "sweep %s: %d of %d configs already succeeded with this code and world size "
-                    "under %s: reusing those runs (reuse=False runs them again)",
-                    self.name, reused, len(self.trials), self.run_root,
+                    "sweep %s: %d of %d configs already ended (succeeded or pruned) with this code and "
+                    "world size under %s: reusing those runs (reuse=False runs them again); %d resume "
+                    "from the checkpoint of their unfinished run",
+                    self.name, reused, len(self.trials), self.run_root, resumed,
                 )  # fmt: skip
         _track(self)
         self._scheduler.start()
@@ -261,15 +478,17 @@ class Sweep:
 
     def best(
         self,
-        metric: str = "loss",
+        metric: str | None = None,
         mode: Literal["min", "max"] | None = None,
         scope: Literal["last", "all"] = "last",
     ) -> Trial:
-        """The succeeded config whose ``metric`` (mean over ranks) is best: by its last value
-        (``scope="last"``) or by its best value over the run (``scope="all"``). Best is the
-        least, or the greatest for a metric named like an accuracy or a score
-        (:func:`default_mode`); ``mode`` says which. A config whose metric ended NaN or inf
-        is never the best."""
+        """The succeeded config whose ``metric`` (mean over ranks; the sweep's ``metric`` by
+        default) is best: by its last value (``scope="last"``) or by its best value over the run
+        (``scope="all"``). Best is the least, or the greatest for a metric named like an accuracy
+        or a score (:func:`default_mode`); ``mode`` says which. Pruned trials never are, nor is a
+        config whose metric ended NaN or inf."""
+        if metric is None:
+            metric, mode = self.metric, mode or self.mode
         return best_trial(self.trials, self.name, metric, mode, scope)
 
     def rows(self, metric: str = "loss") -> list[dict[str, Any]]:
@@ -355,7 +574,7 @@ def close_all_sweeps() -> int:
 
 def sweep(
     train: TrainFn | str | None,
-    configs: Sequence[dict[str, Any]],
+    configs: Sequence[dict[str, Any]] | dict[str, Any],
     world_size: int = 2,
     parallel: int = 1,
     max_failures: int | None = None,
@@ -367,6 +586,12 @@ def sweep(
     max_restarts: int = 0,
     threads: int | None = None,
     reuse: bool = True,
+    trials: int | None = None,
+    search: Any = None,
+    metric: str = "loss",
+    mode: Literal["min", "max"] | None = None,
+    prune: Any = None,
+    seed: int = 0,
 ) -> Sweep:
     """Run ``train`` once per config, each as a run of ``world_size`` ranks; return the
     :class:`Sweep` at once.
@@ -378,6 +603,17 @@ def sweep(
     (the same ``name``, by default the function's name) starts only the configs that did
     not succeed before with the same code and world size (``reuse=False`` runs them all).
     Watch it with ``sweep.panel()``; ``wait()``, ``results()``, ``best(metric)``, ``stop()``.
+
+    ``configs`` may instead be a search space, a dict of dimensions (:func:`uniform`,
+    :func:`loguniform`, :func:`randint`, :func:`choice`) and fixed values, with ``trials=N``
+    configs drawn from it: ``search="random"`` (the default, seeded by ``seed``) or an
+    Optuna sampler (``optuna.samplers.TPESampler(seed=0)``, through ask/tell; the study is
+    ``sweep.study``, stored in ``<run_root>/.sweeps/<name>/study.db``). ``metric`` and
+    ``mode`` say what the search and the pruner optimize (the mean over ranks of a logged
+    scalar). ``prune=orch.ASHA(grace=3, reduction=3)``, ``orch.MedianStop()`` or any Optuna
+    pruner stops the trials that fall behind, every rank at the same step: they end PRUNED.
+    A sweep run again keeps its succeeded and pruned trials, resumes each unfinished one from
+    its newest checkpoint, and goes on with the same search history and rungs.
     """
     options = _Options(
         steps=steps, heartbeat_timeout=heartbeat_timeout, max_restarts=max_restarts, threads=threads
@@ -392,4 +628,10 @@ def sweep(
         name=name,
         options=options,
         reuse=reuse,
+        trials=trials,
+        search=search,
+        metric=metric,
+        mode=mode,
+        prune=prune,
+        seed=seed,
     ).start()

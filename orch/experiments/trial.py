@@ -3,7 +3,8 @@
 A trial is what the scheduler starts, what an earlier execution of the sweep can stand in
 for, and what a row of the results is read from: its run while it is live here, its run dir
 once it ended (or when it was reused). Beside the run states its run goes through, a trial
-has two of its own, :data:`QUEUED` and :data:`CANCELLED`.
+has two of its own, :data:`QUEUED` and :data:`CANCELLED`. A trial its sweep's pruner stopped
+ends PRUNED, a run state, with the step it was judged at (``pruned_at``).
 """
 
 from __future__ import annotations
@@ -44,6 +45,12 @@ class Trial:
     started: float = 0.0  # unix seconds
     duration: float = 0.0  # from its launch to its record, the pool's cold start included
     pool_start: float = 0.0  # of which: seconds its launch spent starting the workers' pool
+    pruned_at: int | None = None  # the step its pruner stopped it at (it runs on until its ranks agree)
+    pruned_time: float = 0.0  # when (unix seconds)
+    reported: dict[int, float] = field(default_factory=dict)  # step -> the metric its pruner was fed
+    steps_run: int = 0  # steps its run finished (known once it ended)
+    resume_from: Path | None = None  # an earlier run's checkpoints it starts from
+    number: int | None = None  # its Optuna trial's number, when a study drives the sweep
     _loaded: LoadedRun | None = field(default=None, repr=False)
 
     @property
@@ -106,6 +113,7 @@ class Trial:
             "failure": self.failure,
             "checkpoint": None,  # its best checkpoint: {"path", "step", "value", "metric"}
             "pool_start": round(self.pool_start, 3),
+            "pruned_at": self.pruned_at,
             "final": {},
             "best": {},
             "nonfinite": {},

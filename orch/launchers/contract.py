@@ -38,8 +38,8 @@ from orch.wire.stacks import Stacks, stacks_of
 from orch.wire.states import RunState
 
 # What a process that answers for a run exits with (orch run, orch master, a detached run's
-# supervisor): 0 succeeded, 1 failed, 3 stopped.
-EXIT_CODES = {RunState.SUCCEEDED: 0, RunState.FAILED: 1, RunState.STOPPED: 3}
+# supervisor): 0 succeeded, 1 failed, 3 stopped (by a user, or by a sweep's pruner).
+EXIT_CODES = {RunState.SUCCEEDED: 0, RunState.FAILED: 1, RunState.STOPPED: 3, RunState.PRUNED: 3}
 
 
 def exit_code(state: RunState) -> int:

@@ -300,9 +300,10 @@ class Run(RunHandle):
             time.sleep(0.05)
         return stacks_of(coord.stacks())
 
-    def stop(self, reason: str = "stopped by the user") -> RunState:
-        """Ask every rank to finish its current step and end; returns at once."""
-        return self.coordinator.request_stop(reason)
+    def stop(self, reason: str = "stopped by the user", *, prune: bool = False) -> RunState:
+        """Ask every rank to finish its current step and end; returns at once. ``prune``: a
+        sweep's pruner stops it, and it ends PRUNED rather than STOPPED."""
+        return self.coordinator.request_stop(reason, prune=prune)
 
     def close(self) -> None:
         """Tear everything down: workers (SIGTERM, grace, SIGKILL), then the master.

@@ -121,6 +121,9 @@ class Coordinator(RunFacade):
         self.stop_grace = stop_grace
         self.heartbeat_interval = heartbeat_interval
         self.beat_interval = heartbeat_interval  # what the ranks are asked for (see control.pace)
+        # A sweep's rungs (steps) where ctx.steps waits for its decision, and the last one it passed.
+        self.gates: list[int] = []
+        self.gate_passed = 0
         self.memory = MemoryWatch()
         self.startup = StartupWatch(clock())
 
@@ -232,6 +235,8 @@ class Coordinator(RunFacade):
         reply = pb.HeartbeatResponse(command=command, send_stack=rec.stack_wanted)  # type: ignore[arg-type]
         if self.beat_interval > self.heartbeat_interval:
             reply.interval = self.beat_interval
+        if command == pb.CONTINUE and self.gates:
+            reply.hold_after_step = next((g for g in self.gates if g > self.gate_passed), 0)
         if command == pb.STOP:
             reply.stop_at_step = self.stop_at_step
         elif command == pb.ABORT:
@@ -278,11 +283,23 @@ class Coordinator(RunFacade):
         with self._lock:
             return self.registry.reported(worker_id)
 
-    def request_stop(self, reason: str = "") -> RunState:
-        """Ask the ranks to stop. Only the request that sets the stop is an event; the ones
-        after it (a user clicking Stop again, a script in a loop) are only counted."""
+    def hold_at(self, steps: list[int], passed: int = 0) -> None:
+        """A sweep's rungs: ``ctx.steps`` waits after each of these steps (past ``passed``) until
+        :meth:`pass_gate` or a stop says how to go on, so that a pruned trial ends at its rung."""
         with self._lock:
-            return self.fate.request_stop(reason, self.registry, self._clock())
+            self.gates, self.gate_passed = sorted(steps), passed
+
+    def pass_gate(self, step: int) -> None:
+        """The sweep let the trial go on past its rung at ``step``."""
+        with self._lock:
+            self.gate_passed = max(self.gate_passed, step)
+
+    def request_stop(self, reason: str = "", *, prune: bool = False) -> RunState:
+        """Ask the ranks to stop. Only the request that sets the stop is an event; the ones
+        after it (a user clicking Stop again, a script in a loop) are only counted. A stop
+        with ``prune`` (a sweep's pruner's) ends the run PRUNED instead of STOPPED."""
+        with self._lock:
+            return self.fate.request_stop(reason, self.registry, self._clock(), prune=prune)
 
     def restart_refusal(self) -> str | None:
         """Why a failure of this attempt does not restart the group (None: it does). The

@@ -176,7 +176,7 @@ class OrchestratorServicer(pb_grpc.OrchestratorServicer):  # type: ignore[misc]
     async def StopRun(self, request: pb.StopRunRequest, context: Ctx) -> pb.StopRunResponse:
         if len(request.reason) > 1024:
             await _abort(context, Reject("invalid_argument", "reason is longer than 1024 characters"))
-        state = self.coordinator.request_stop(request.reason)
+        state = self.coordinator.request_stop(request.reason, prune=request.prune)
         return pb.StopRunResponse(state=getattr(pb, state.value))
 
 

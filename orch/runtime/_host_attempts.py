@@ -88,7 +88,7 @@ def run_attempts(specs: list[WorkerSpec], agent: HostAgent, poll_interval: float
     while True:
         if reply.action == pb.HOST_EXIT:
             # The run's end is this host's: ranks ended after a stop or a success exit 0.
-            return 0 if reply.state in (pb.SUCCEEDED, pb.STOPPED) else code or 1
+            return 0 if reply.state in (pb.SUCCEEDED, pb.STOPPED, pb.PRUNED) else code or 1
         if reply.action == pb.HOST_START:
             if attempt:  # fresh ids: each attempt's ranks have their own records and logs
                 renamed = zip(specs, worker_ids, strict=True)

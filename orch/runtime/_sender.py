@@ -64,6 +64,9 @@ class HeartbeatSender:
         self._queue: deque[Point] = deque()
         self._retry: pb.HeartbeatRequest | None = None  # built once, sent again until acknowledged
         self.step = 0  # set by ctx.steps()
+        self.hold_after = 0  # a sweep's rung: ctx.steps waits after this step (see wait_gate)
+        self.last_hold = 0  # the last rung the master named (it stays when a STOP clears hold_after)
+        self.told_stop = False  # the master said STOP
         self.logged = 0  # steps done by what ctx.log() was given: its highest step + 1
         self.total_steps = 0
         self.dropped = 0
@@ -128,6 +131,16 @@ class HeartbeatSender:
                 return False
             if not self._beat():
                 time.sleep(0.05)
+        return True
+
+    def wait_gate(self, step: int, timeout: float) -> bool:
+        """At a sweep's rung (``hold_after == step``): send this rank's points, and ask again until
+        the sweep decided: the master moves the rung on, or says STOP. False after ``timeout`` s."""
+        deadline = time.monotonic() + timeout
+        while self.hold_after == step and not self.told_stop:
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(0.005 if self._beat() else 0.05)
         return True
 
     def close(self, timeout: float = 5.0) -> bool:
@@ -264,9 +277,13 @@ class HeartbeatSender:
             self._untold = False
         if reply.send_stack and self.stack_of is not None and self._stack is None:
             self._stack = self.stack_of()  # it goes in the next beat
+        self.hold_after = reply.hold_after_step
+        if reply.hold_after_step:
+            self.last_hold = reply.hold_after_step
         if not self._obey:
             pass
         elif reply.command == pb.STOP:
+            self.told_stop = True
             self._on_stop(reply.stop_at_step)
         elif reply.command == pb.ABORT:
             self._deliver_logged()

@@ -35,6 +35,7 @@ from orch.runtime.checkpoints import read_checkpoint, write_checkpoint
 from orch.wire.limits import MAX_METRICS_PER_RANK, MAX_NAME_LEN
 
 T = TypeVar("T")
+GATE_WAIT = 10.0  # seconds ctx.steps waits at a sweep's rung for the sweep's decision
 
 
 class Context:
@@ -262,6 +263,17 @@ class Context:
                     resumed = clock()
                 if every and (step + 1) % every == 0:
                     self._checkpoint_together(checkpoint(), keep=keep, mode=mode)  # type: ignore[misc]
+                if self._sender is not None and 0 < self._sender.last_hold == step:
+                    # A sweep's rung: every rank waits here for its one decision, so a pruned
+                    # trial ends at its rung on every rank (a rank that waits too long goes on,
+                    # and a stop then ends it as any stop does).
+                    self._sender.wait_gate(step, GATE_WAIT)
+                    if self._stop.is_set():
+                        self.stopped = True
+                        self._sender.step = step + 1
+                        if checkpoint is not None:
+                            self._checkpoint_together(checkpoint(), keep=keep, mode=mode)
+                        return
             if self._sender is not None:
                 self._sender.step = n
         finally:

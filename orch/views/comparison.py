@@ -16,7 +16,7 @@ import logging
 import re
 import threading
 import traceback
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, Protocol
@@ -243,9 +243,15 @@ class _RunsPlot:
         x: XAxis,
         log_scale: bool,
         done: bool = False,
+        *,
+        faded: frozenset[int] = frozenset(),
+        rungs: Sequence[int] = (),
+        best_so_far: float | None = None,
     ) -> bytes:
         """``curves``: (label, colour index, curve, marked) per run; a marked run is drawn bold.
-        ``done``: every run ended (a plot without points then says none were logged)."""
+        ``done``: every run ended (a plot without points then says none were logged).
+        A sweep's pruned runs (their places in ``curves``: ``faded``) are drawn faded, ending in
+        an x; its pruner's ``rungs`` (steps) are dotted verticals, ``best_so_far`` a dotted level."""
         ax = self.ax
         ax.clear()
         ax.grid(True, alpha=0.3)
@@ -254,7 +260,7 @@ class _RunsPlot:
         drawn: list[tuple[Any, Any]] = []
         colors: list[str] = []
         nan_marks: list[tuple[float, str, str]] = []
-        for label, color_index, c, marked in curves:
+        for i, (label, color_index, c, marked) in enumerate(curves):
             color = f"C{color_index % 10}"
             if x == "step" and c.nonfinite:
                 first = c.nonfinite[0]
@@ -262,13 +268,28 @@ class _RunsPlot:
             if len(c.x) == 0:
                 continue
             px, mean = downsample(c.x, c.mean, self.width_px // 2)
+            alpha = 0.35 if i in faded else 1.0
             ax.plot(
-                px, mean, color=color, lw=2.4 if marked else 1.3, label=label + (" (best)" if marked else "")
+                px,
+                mean,
+                color=color,
+                lw=2.4 if marked else 1.3,
+                alpha=alpha,
+                label=label + (" (best)" if marked else " (pruned)" if i in faded else ""),
             )
+            if i in faded:
+                ax.plot(c.x[-1:], c.mean[-1:], marker="x", color=color, alpha=0.8, ms=6, lw=0)
             if len(c.x) <= 4 * self.width_px and np.any(c.hi > c.lo):
-                ax.fill_between(c.x, c.lo, c.hi, color=color, alpha=0.18, lw=0)
+                ax.fill_between(c.x, c.lo, c.hi, color=color, alpha=0.18 * alpha, lw=0)
             drawn.append((px, mean))
             colors.append(color)
+        if drawn and x == "step":
+            for step in rungs:
+                ax.axvline(step, color="#888", lw=0.8, ls=":", zorder=0)
+        if drawn and best_so_far is not None:
+            ax.axhline(
+                best_so_far, color="#1a7f37", lw=0.9, ls="--", label=f"best so far {number_text(best_so_far)}"
+            )
         ax.set_title(metric, fontsize=10)
         if drawn:
             show_ticks(ax, True)
@@ -364,8 +385,12 @@ class RunsView:
     def refresh(self) -> None:
         self._tick()
 
+    def _grow(self) -> None:
+        """Take in runs that came after the view was made (a subclass's: a sweep's new trials)."""
+
     def _tick(self) -> None:
         with self._lock:
+            self._grow()
             errors = []
             for i, follower in enumerate(self.runs):
                 try:  # one run that cannot be reached leaves the others followed
@@ -424,9 +449,14 @@ class RunsView:
                     self.x_axis.value,
                     self.log_scale.value,
                     done=self.done,
+                    **self._decorations(),
                 )
                 self._drawn = key
                 self.redraws += 1
+
+    def _decorations(self) -> dict[str, Any]:
+        """What a subclass adds to the plot (see :meth:`_RunsPlot.draw`): faded runs, rungs, a level."""
+        return {}
 
     def _draw_parts(self) -> None:
         """The header and whatever a subclass shows beside the plot."""

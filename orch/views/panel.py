@@ -302,9 +302,9 @@ class Panel:
         self.progress.layout.visibility = "visible"
         self.progress.max = total
         self.progress.value = min(done, total)
-        self.progress.bar_style = {"SUCCEEDED": "success", "FAILED": "danger", "STOPPED": "warning"}.get(
-            m.state.value, "info"
-        )
+        self.progress.bar_style = {
+            "SUCCEEDED": "success", "FAILED": "danger", "STOPPED": "warning", "PRUNED": "warning"
+        }.get(m.state.value, "info")  # fmt: skip
         self.progress_label.value = f"step {done}/{total} ({done / total:.0%})"
 
     def _draw_logs(self, m: StateMirror) -> None:

@@ -46,6 +46,7 @@ STATE_STYLES = {
     "RESTARTING": "bold yellow",
     "STOPPING": "bold yellow",
     "STOPPED": "bold yellow",
+    "PRUNED": "dim magenta",
 }
 
 
@@ -251,6 +252,7 @@ def _state(name: str) -> Text:
 def _bar_of(done: int, total: int, state: str, width: int) -> ProgressBar:
     """A progress bar in its run's colour (named colours: a 16-colour terminal shows them too)."""
     colour = {"FAILED": "red", "STOPPED": "yellow", "STOPPING": "yellow", "RESTARTING": "yellow"}
+    colour["PRUNED"] = "magenta"
     return ProgressBar(
         total=total,
         completed=min(done, total),

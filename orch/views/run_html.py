@@ -25,6 +25,7 @@ STATE_COLORS = {
     RunState.STOPPED: "#9a6700",
     RunState.RESTARTING: "#9a6700",
     RunState.STOPPING: "#bc4c00",
+    RunState.PRUNED: "#8250df",
 }
 
 # The parts of a step, as the rank table's stacked bar draws them; a section marked with

@@ -1,7 +1,10 @@
 """The live panel of a sweep: a curve per run, a row per run, Stop, and each run's own panel.
 
 The plot is :class:`~orch.views.comparison.RunsView`'s: each run's metric as its mean over ranks
-with a min-max band, in the run's colour, the best succeeded run drawn bold. Below it a
+with a min-max band, in the run's colour, the best succeeded run drawn bold. With a pruner, the
+pruned runs are drawn faded and cut at the rung they were judged at (an x), the rungs are dotted
+verticals, and the best value any run reached so far a dashed level. Trials a search draws as
+it goes (an Optuna sampler) join the plot and the table as they start. Below it a
 row per config (its values, state, progress, last and best value of the metric), in
 config order or sorted by the metric; the best run is marked, and a click on a row's
 button opens that run's per-rank panel under the table.
@@ -17,7 +20,7 @@ import ipywidgets as widgets
 from orch._text import escape_html, number_text
 from orch.experiments.sweep import default_mode
 from orch.experiments.trial import CANCELLED
-from orch.views.comparison import RunsView, _swatch, _TrialFollower, curve
+from orch.views.comparison import Curve, RunsView, _swatch, _TrialFollower, curve
 from orch.views.run_html import STATE_COLORS
 from orch.views.waiting import route_clicks_to_their_subshell
 from orch.wire.client import StateMirror
@@ -55,16 +58,7 @@ class SweepPanel(RunsView):
         self.table_head = widgets.HTML()
         self.rows: list[tuple[widgets.Button, widgets.HTML]] = []
         for trial in self.sweep.trials:
-            button = widgets.Button(
-                description=f"#{trial.index}",
-                tooltip="open this run's per-rank panel",
-                layout=widgets.Layout(width="52px"),
-            )
-            button.on_click(lambda _b, i=trial.index: self.open(i))
-            route_clicks_to_their_subshell(button)
-            cells = widgets.HTML()
-            cells.add_class("orch-trial-row")
-            self.rows.append((button, cells))
+            self._add_row(trial)
         self.table = widgets.VBox()
         self.detail = widgets.VBox()
         self.widget.children = [
@@ -78,6 +72,27 @@ class SweepPanel(RunsView):
             self.detail,
         ]
         self.widget.add_class("orch-sweep-panel")
+
+    def _add_row(self, trial: Trial) -> None:
+        button = widgets.Button(
+            description=f"#{trial.index}",
+            tooltip="open this run's per-rank panel",
+            layout=widgets.Layout(width="52px"),
+        )
+        button.on_click(lambda _b, i=trial.index: self.open(i))
+        route_clicks_to_their_subshell(button)
+        cells = widgets.HTML()
+        cells.add_class("orch-trial-row")
+        self.rows.append((button, cells))
+
+    def _grow(self) -> None:
+        """The trials a search drew since the last poll: a follower, a mirror and a row each."""
+        trials = list(self.sweep.trials)
+        for trial in trials[len(self.runs) :]:
+            self.runs.append(_TrialFollower(trial))
+            self.mirrors.append(StateMirror())
+            self._add_row(trial)
+        self.progress.max = max(len(trials), self.sweep.size)
 
     # -- actions ----------------------------------------------------------------------------
     def _on_stop(self, _button: Any) -> None:
@@ -122,16 +137,51 @@ class SweepPanel(RunsView):
                 best = (sign * float(c.mean[-1]), i)
         return best[1] if best else None
 
+    def curves(self) -> list[tuple[str, int, Curve, bool]]:
+        """The runs' curves, a pruned run's cut at the step it was judged at."""
+        out = super().curves()
+        metric = self.metric.value or "loss"
+        for i, trial in enumerate(self.sweep.trials[: len(out)]):
+            if trial.state == RunState.PRUNED.value and trial.pruned_at is not None:
+                label, color, c, marked = out[i]
+                steps = curve(self.mirrors[i], metric).x
+                n = int((steps <= trial.pruned_at).sum())
+                out[i] = (label, color, Curve(c.x[:n], c.mean[:n], c.lo[:n], c.hi[:n]), marked)
+        return out
+
+    def _decorations(self) -> dict[str, Any]:
+        pruner = self.sweep.pruner
+        if pruner is None:
+            return {}
+        metric = self.metric.value or "loss"
+        trials = self.sweep.trials[: len(self.mirrors)]
+        faded = frozenset(i for i, t in enumerate(trials) if t.state == RunState.PRUNED.value)
+        best: float | None = None
+        if metric == pruner.metric:
+            sign = -1.0 if self.sweep.mode == "max" else 1.0
+            values = [sign * v for t in self.sweep.trials for v in t.reported.values() if math.isfinite(v)]
+            values += [
+                sign * float(mean[-1])
+                for m in self.mirrors
+                if m.state is RunState.SUCCEEDED and len(mean := curve(m, metric).mean)
+            ]
+            best = sign * min(values) if values else None
+        return {"faded": faded, "rungs": pruner.rungs(), "best_so_far": best}
+
     def _header_html(self) -> str:
         trials = self.sweep.trials
         failed = sum(t.state == RunState.FAILED.value for t in trials)
+        pruned = sum(t.state == RunState.PRUNED.value for t in trials)
         running = sum(not t.done and t.run is not None for t in trials)
         state = "done" if self.sweep.done else "running"
         note = f" &middot; <i>{escape_html(self.last_error)}</i>" if self.last_error else ""
+        pruner = self.sweep.pruner
+        pruning = f" &middot; {pruned} pruned ({escape_html(repr(pruner))})" if pruner is not None else ""
         return (
             f'<div class="orch-header"><b>orch sweep {escape_html(self.sweep.name)}</b> &middot; '
             f'<span class="orch-sweep-state" data-state="{state}">{state}</span> &middot; '
-            f"{len(trials)} configs &middot; {running} in progress &middot; {failed} failed{note}</div>"
+            f"{max(len(trials), self.sweep.size)} configs &middot; {running} in progress &middot; "
+            f"{failed} failed{pruning}{note}</div>"
         )
 
     def _record_html(self) -> str:
@@ -154,7 +204,7 @@ class SweepPanel(RunsView):
         self.header.value = self._header_html()
         self.progress.value = ended
         self.progress.bar_style = "danger" if failed else ("success" if self.sweep.done else "info")
-        self.progress_label.value = f"{ended}/{len(trials)} runs ended"
+        self.progress_label.value = f"{ended}/{max(len(trials), self.sweep.size)} runs ended"
         if self.sweep.done:
             self.stop_button.disabled = True
             self.stop_button.description = "Done"
@@ -167,7 +217,7 @@ class SweepPanel(RunsView):
         keys = sorted({k for t in self.sweep.trials for k in t.config})
         widths = [max(8, len(k) + 1) for k in keys]
         head = [*(f"{k}" for k in keys), "state", "step", f"{metric} last", f"{metric} best", ""]
-        self.table_head.value = _cells(head, [*widths, 11, 9, 11, 11, 8], header=True)
+        self.table_head.value = _cells(head, [*widths, 11, 16, 11, 11, 8], header=True)
         order = list(range(len(self.sweep.trials)))
         finals: dict[int, float] = {}
         for i, m in enumerate(self.mirrors):
@@ -182,17 +232,20 @@ class SweepPanel(RunsView):
                 last = number_text(c.mean[-1])
             trial: Trial = self.sweep.trials[i]
             done, total = m.progress()
+            step = f"{done}/{total}" if total else str(done)
+            if trial.pruned_at is not None:
+                step += f" (rung {trial.pruned_at})"
             cells = [
                 *(str(trial.config.get(k, "")) for k in keys),
                 _state_html(trial),
-                f"{done}/{total}" if total else str(done),
+                step,
                 last,
                 number_text(_best_of(c.mean, metric)) if len(c.mean) else "-",
                 '<b class="orch-best" style="color:#1a7f37">&#9733; best</b>' if i == best else "",
             ]
             button, html_cells = self.rows[i]
             button.style.button_color = _swatch(i)
-            html_cells.value = _cells(cells, [*widths, 11, 9, 11, 11, 8], raw={len(keys), len(keys) + 4})
+            html_cells.value = _cells(cells, [*widths, 11, 16, 11, 11, 8], raw={len(keys), len(keys) + 4})
             if bad:
                 first = bad[0]
                 html_cells.value += (

@@ -43,7 +43,8 @@ class RunState(str, Enum):
     STOPPING -> STOPPED (every rank ended) | FAILED (a rank failed on the way)
     RESTARTING -> PENDING (the next attempt) | FAILED (no restart: ``give_up``)
             | STOPPED (a stop asked for while the group was torn down)
-    SUCCEEDED, FAILED and STOPPED are final. The table is
+    A stop a sweep's pruner asked for (``StopRun`` with ``prune``) ends PRUNED wherever it
+    would have ended STOPPED. SUCCEEDED, FAILED, STOPPED and PRUNED are final. The table is
     :data:`orch.master.control.lifecycle.TRANSITIONS`.
     """
 
@@ -54,10 +55,11 @@ class RunState(str, Enum):
     STOPPED = "STOPPED"
     RESTARTING = "RESTARTING"
     STOPPING = "STOPPING"
+    PRUNED = "PRUNED"
 
     @property
     def done(self) -> bool:
-        return self in (RunState.SUCCEEDED, RunState.FAILED, RunState.STOPPED)
+        return self in (RunState.SUCCEEDED, RunState.FAILED, RunState.STOPPED, RunState.PRUNED)
 
     @property
     def failing(self) -> bool:

@@ -53,7 +53,7 @@ def test_grid_is_every_combination_and_refuses_what_is_not_a_list() -> None:
     ("configs", "options", "message"),
     [
         ([], {}, "non-empty list of dicts"),
-        ({"lr": 0.1}, {}, "non-empty list of dicts"),
+        ({"lr": 0.1}, {}, "a dict space needs at least one dimension"),
         ([{"lr": 0.1}, 3], {}, r"configs\[1\] must be a dict"),
         ([{"lr": 0.1}, {"lr": 0.1}], {}, r"configs\[1\] repeats"),
         ([{"lr": object()}], {}, "JSON-serialisable"),

@@ -482,3 +482,35 @@ def test_a_master_with_many_callers_asks_for_fewer_beats_and_a_rank_obeys() -> N
     assert sender._beat() and sender.interval == pytest.approx(2.0)
     few, _ = started().accept_heartbeat(pb.HeartbeatRequest(run_id="r1", worker_id="w0", step=1))
     assert few.interval == 0.0  # two ranks: their own interval
+
+
+def test_a_pruners_stop_ends_the_run_pruned() -> None:
+    c = started()
+    assert c.request_stop("pruned at step 3", prune=True) is RunState.STOPPING
+    assert beat(c, "w0") == pb.STOP
+    complete(c, "w0", pb.RANK_STOPPED)
+    complete(c, "w1", pb.RANK_STOPPED)
+    assert c.state is RunState.PRUNED and c.state.done
+    assert any(e.kind == "pruned" and e.message == "pruned at step 3" for e in c.events)
+    pending = Coordinator(2, run_id="r2")
+    reg(pending, "a")
+    assert pending.request_stop(prune=True) is RunState.PRUNED  # before it started
+
+
+def test_a_sweeps_rungs_hold_the_ranks_until_it_decides() -> None:
+    c = started()
+    c.hold_at([3, 9, 27])
+
+    def hold() -> int:
+        reply, _ = c.accept_heartbeat(pb.HeartbeatRequest(run_id=c.run_id, worker_id="w0", step=3))
+        return reply.hold_after_step
+
+    assert hold() == 3  # ctx.steps waits after step 3
+    c.pass_gate(3)
+    assert hold() == 9
+    c.pass_gate(27)
+    assert hold() == 0  # past the last rung: no more waits
+    c.hold_at([3, 9], passed=3)  # a resumed trial: the rung it passed holds it no more
+    assert hold() == 9
+    c.request_stop("pruned", prune=True)
+    assert hold() == 0  # a stop ends the wait

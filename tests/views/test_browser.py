@@ -582,6 +582,62 @@ def test_sweep_panel_in_jupyterlab(tmp_path: Path) -> None:
             raise
 
 
+def write_pruned_sweep_notebook(path: Path, run_root: Path) -> None:
+    """A sweep of five configs of the synthetic landscape under ASHA, with its panel."""
+    cells = [
+        _code_cell(1, f"import sys\nsys.path.insert(0, {str(TESTS)!r})\nimport orch"),
+        _code_cell(
+            2,
+            'configs = [{"x": x, "steps": 30, "sleep": 0.05} for x in (15, 0, 26, 2, 18)]\n'
+            f'sweep = orch.sweep("jobs:landscape_job", configs, run_root={str(run_root)!r},\n'
+            "                   prune=orch.ASHA(grace=3, reduction=3))\n"
+            "sweep.panel(interval=0.3)",
+        ),
+        _code_cell(3, 'results = sweep.wait()\nprint("SWEPT", [r["state"] for r in results])'),
+    ]
+    write_cells(path, cells)
+
+
+@pytest.mark.timeout(300)
+def test_pruned_sweep_panel_in_jupyterlab(tmp_path: Path) -> None:
+    """The sweep panel of a pruned search as a page: PRUNED rows cut at their rung, the record."""
+    from playwright.sync_api import expect
+
+    root, home, run_root = tmp_path / "lab", tmp_path / "home", tmp_path / "runs"
+    root.mkdir()
+    home.mkdir()
+    write_pruned_sweep_notebook(root / "pruned_browser.ipynb", run_root)
+    ARTIFACTS.mkdir(exist_ok=True)
+    with lab_browser(tmp_path, root, home, run_root, 1400) as (lab, ctx):
+        try:
+            page = ctx.pages[0] if ctx.pages else ctx.new_page()
+            page.set_default_timeout(60_000)
+            page.goto(f"{lab.base}/lab/tree/pruned_browser.ipynb?token={lab.token}")
+            run_all_cells(page, lab)
+            panel = page.locator(".orch-sweep-panel")
+            panel.wait_for(timeout=120_000)
+            expect(panel.locator(".orch-trial-row")).to_have_count(5)
+            expect(panel.locator(".orch-trial-row").filter(has_text="PRUNED").first).to_contain_text(
+                "(rung 3)", timeout=120_000
+            )
+            page.screenshot(path=str(ARTIFACTS / "sweep-pruned.png"), full_page=True)
+            output = page.locator(".jp-Notebook .jp-Cell").nth(1).locator(".jp-OutputArea-output")
+            record = output.locator(".orch-record")
+            expect(record.locator(".orch-sweep-state")).to_have_attribute(
+                "data-state", "done", timeout=120_000
+            )
+            expect(record.locator("tr.orch-trial")).to_have_count(5)
+            assert record.locator('tr.orch-trial[data-state="PRUNED"]').count() >= 2
+            expect(record.locator('tr.orch-trial[data-state="PRUNED"]').first).to_contain_text("PRUNED at 3")
+            expect(record).to_contain_text("pruned (orch.ASHA(")
+            assert record.locator("img").evaluate("i => i.complete && i.naturalWidth") > 0
+            page.screenshot(path=str(ARTIFACTS / "sweep-pruned-record.png"), full_page=True)
+        except BaseException:
+            with contextlib.suppress(Exception):
+                page.screenshot(path=str(ARTIFACTS / "sweep-pruned-failure.png"), full_page=True)
+            raise
+
+
 def write_straggler_notebook(path: Path, run_root: Path) -> None:
     """4 ranks under DDP, rank 2 sleeping 30 ms per step in its compute; its panel."""
     cells = [

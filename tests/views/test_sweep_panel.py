@@ -132,3 +132,52 @@ def test_compare_overlays_runs_on_disk_and_a_live_one(tmp_path: Path, widget_mes
         orch.compare([5])
     with pytest.raises(orch.ConfigError, match="x must be 'step' or 'time'"):
         orch.compare(ids, x="wall", run_root=str(tmp_path))  # type: ignore[arg-type]
+
+
+def test_the_sweep_panel_draws_pruned_trials_faded_and_cut_at_their_rung(
+    tmp_path: Path, widget_messages: list[Any]
+) -> None:
+    configs = [{"x": x, "steps": 30, "sleep": 0.03} for x in (15, 0, 26, 2, 18)]
+    sweep = orch.sweep(
+        "jobs:landscape_job",
+        configs,
+        run_root=str(tmp_path),
+        name="pruned",
+        prune=orch.ASHA(grace=3, reduction=3),
+    )
+    panel = sweep.panel()
+    results = sweep.wait(300)
+    assert panel.wait_done(30)
+    pruned = [r["index"] for r in results if r["state"] == "PRUNED"]
+    assert pruned and results[0]["state"] == "SUCCEEDED"
+    assert f"{len(pruned)} pruned (orch.ASHA(" in panel.header.value
+    rows = row_texts(panel)
+    for i in pruned:
+        assert "PRUNED" in rows[i] and f"(rung {sweep.trials[i].pruned_at})" in rows[i]
+    decorations = panel._decorations()
+    assert decorations["faded"] == frozenset(pruned) and decorations["rungs"] == [3, 9, 27]
+    best_final = min(r["final"]["loss"] for r in results if r["state"] == "SUCCEEDED")
+    assert decorations["best_so_far"] == pytest.approx(best_final)
+    # A pruned run's curve ends at its rung (its ranks waited there for the decision).
+    for i, (_, _, c, _) in enumerate(panel.curves()):
+        ran = len(curve(panel.mirrors[i], "loss").x)
+        if i in pruned:
+            assert c.x[-1] == sweep.trials[i].pruned_at and ran == len(c.x)
+        else:
+            assert len(c.x) == ran == 30
+    assert images_sent(widget_messages, panel.plot) >= 2
+
+
+def test_the_sweep_panel_takes_in_the_trials_a_sampler_draws_as_it_goes(tmp_path: Path) -> None:
+    import optuna
+
+    space = {"lr": orch.loguniform(1e-3, 0.3), "steps": 4}
+    sweep = orch.sweep(
+        "jobs:lr_job", space, trials=3, search=optuna.samplers.RandomSampler(seed=0), run_root=str(tmp_path)
+    )
+    panel = sweep.panel()
+    sweep.wait(180)
+    assert panel.wait_done(30)
+    assert len(panel.runs) == len(panel.mirrors) == len(panel.rows) == 3
+    assert [r.split()[0] for r in row_texts(panel)] == ["#0", "#1", "#2"]
+    assert "3 configs" in panel.header.value and panel.progress.value == 3

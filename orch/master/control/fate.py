@@ -55,7 +55,7 @@ class Fate:
         """What a heartbeat's reply tells its rank (``rec``) to do (a pb.Command)."""
         if self.state.failing or (rec is not None and rec.forced):
             return int(pb.ABORT)
-        if self.stop.requested or self.state in (RunState.STOPPING, RunState.STOPPED):
+        if self.stop.requested or self.state in (RunState.STOPPING, RunState.STOPPED, RunState.PRUNED):
             return int(pb.STOP)
         return int(pb.CONTINUE)
 
@@ -181,7 +181,7 @@ class Fate:
         if all(r.state is RankState.SUCCEEDED for r in registry.ranks) and not self.stop.requested:
             self.finish(RunState.SUCCEEDED, now)
         else:
-            self.finish(RunState.STOPPED, now)
+            self.finish(self.stop.ended, now)
 
     # -- the run's failure, restart and end ------------------------------------------------
     def fail(self, cause: RootCause, registry: Registry, now: float) -> None:
@@ -232,13 +232,15 @@ class Fate:
         self._tell("finished", -1, state.value + (f": {self.failure}" if self.failure else ""))
         self._changed()
 
-    def request_stop(self, reason: str, registry: Registry, now: float) -> RunState:
-        """Ask the ranks to stop (see :class:`.stopping.StopOrder`); returns the run's state."""
+    def request_stop(self, reason: str, registry: Registry, now: float, *, prune: bool = False) -> RunState:
+        """Ask the ranks to stop (see :class:`.stopping.StopOrder`); returns the run's state.
+        A ``prune`` stop (a sweep's pruner's) ends the run PRUNED where a stop ends it STOPPED."""
         if not self.stop.ask(self.state.done):
             return self.state
-        self._tell("stop_requested", -1, reason or "stop requested")
+        self.stop.prune = prune
+        self._tell("pruned" if prune else "stop_requested", -1, reason or "stop requested")
         if self.state is RunState.PENDING:
-            self.finish(RunState.STOPPED, now)
+            self.finish(self.stop.ended, now)
         elif self.state is RunState.RUNNING:
             self.lifecycle.to(RunState.STOPPING, now)
             self.stop.at_step = stop_step(registry.ranks)
@@ -273,7 +275,7 @@ class Fate:
             f"did not reach a step boundary within {grace:g}s of the stop: terminated",
             now,
         )
-        self.finish(RunState.STOPPED, now)
+        self.finish(self.stop.ended, now)
         return False
 
     def _force_end(self, ranks: list[RankRecord], state: RankState, why: str, now: float) -> None:
@@ -294,7 +296,7 @@ class Fate:
             if left:
                 self.stop.note = f"stopped; {ranks_text([r.rank for r in left])} terminated: {message}"
             self._force_end(left, RankState.STOPPED, f"terminated: {message}", now)
-            self.finish(RunState.STOPPED, now)
+            self.finish(self.stop.ended, now)
         else:
             self.judge.outside(message)
             self._force_end(left, RankState.FAILED, f"terminated: {message}", now)

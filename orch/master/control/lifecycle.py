@@ -6,13 +6,15 @@ from orch.wire.states import RunState
 
 S = RunState
 TRANSITIONS: dict[RunState, frozenset[RunState]] = {
-    S.PENDING: frozenset({S.RUNNING, S.FAILED, S.STOPPED}),  # barrier opened; launch failed; stopped early
-    S.RUNNING: frozenset({S.STOPPING, S.SUCCEEDED, S.FAILED, S.STOPPED, S.RESTARTING}),
-    S.STOPPING: frozenset({S.STOPPED, S.FAILED}),  # every rank ended; a rank failed on the way
-    S.RESTARTING: frozenset({S.PENDING, S.FAILED, S.STOPPED}),  # next attempt; gave up; stop pressed
+    # barrier opened; launch failed; stopped (or pruned) early
+    S.PENDING: frozenset({S.RUNNING, S.FAILED, S.STOPPED, S.PRUNED}),
+    S.RUNNING: frozenset({S.STOPPING, S.SUCCEEDED, S.FAILED, S.STOPPED, S.PRUNED, S.RESTARTING}),
+    S.STOPPING: frozenset({S.STOPPED, S.PRUNED, S.FAILED}),  # every rank ended; a rank failed on the way
+    S.RESTARTING: frozenset({S.PENDING, S.FAILED, S.STOPPED, S.PRUNED}),  # next attempt; gave up; stopped
     S.SUCCEEDED: frozenset(),
     S.FAILED: frozenset(),
     S.STOPPED: frozenset(),
+    S.PRUNED: frozenset(),
 }
 
 

@@ -14,6 +14,7 @@ import math
 from collections.abc import Sequence
 
 from orch.master.control.registry import RankRecord
+from orch.wire.states import RunState
 
 STOP_LEAD_SECONDS = 2.0  # how far ahead of the ranks a stop step is set
 STOP_GRACE = 10.0  # seconds ranks get to reach the stop before they are terminated
@@ -32,11 +33,17 @@ class StopOrder:
 
     def __init__(self) -> None:
         self.requested = False  # a stop was asked for (it carries over a restart)
+        self.prune = False  # the stop that was set is a sweep's pruner's: the run ends PRUNED
         self.requests = 0  # every StopRun; only the one that set the stop is an event
         self.at_step = 0  # with a stop: the step count loops without ctx.steps end at
         self.asked_at: float | None = None  # the master's clock: when the running ranks were told
         self.stacks_asked = False  # the stop is late: the ranks' stacks were asked for
         self.note = ""  # how the stop ended, when it had to end ranks that never reached a step
+
+    @property
+    def ended(self) -> RunState:
+        """The state a run this stop ends is in: STOPPED, or PRUNED for a pruner's stop."""
+        return RunState.PRUNED if self.prune else RunState.STOPPED
 
     def ask(self, done: bool) -> bool:
         """Count one request; True when it is the one that sets the stop. The ones after it (a

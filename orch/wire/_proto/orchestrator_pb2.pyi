@@ -17,6 +17,7 @@ class RunState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     STOPPED: _ClassVar[RunState]
     RESTARTING: _ClassVar[RunState]
     STOPPING: _ClassVar[RunState]
+    PRUNED: _ClassVar[RunState]
 
 class RankState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -49,6 +50,7 @@ FAILED: RunState
 STOPPED: RunState
 RESTARTING: RunState
 STOPPING: RunState
+PRUNED: RunState
 RANK_STATE_UNSPECIFIED: RankState
 RANK_REGISTERED: RankState
 RANK_RUNNING: RankState
@@ -251,18 +253,20 @@ class StepTiming(_message.Message):
     def __init__(self, steps: _Optional[int] = ..., step_seconds: _Optional[float] = ..., data_seconds: _Optional[float] = ..., collective_seconds: _Optional[float] = ..., other_seconds: _Optional[float] = ..., sections: _Optional[_Mapping[str, float]] = ..., collectives: _Optional[bool] = ..., timed_by: _Optional[str] = ...) -> None: ...
 
 class HeartbeatResponse(_message.Message):
-    __slots__ = ("command", "stop_at_step", "send_stack", "reason", "interval")
+    __slots__ = ("command", "stop_at_step", "send_stack", "reason", "interval", "hold_after_step")
     COMMAND_FIELD_NUMBER: _ClassVar[int]
     STOP_AT_STEP_FIELD_NUMBER: _ClassVar[int]
     SEND_STACK_FIELD_NUMBER: _ClassVar[int]
     REASON_FIELD_NUMBER: _ClassVar[int]
     INTERVAL_FIELD_NUMBER: _ClassVar[int]
+    HOLD_AFTER_STEP_FIELD_NUMBER: _ClassVar[int]
     command: Command
     stop_at_step: int
     send_stack: bool
     reason: str
     interval: float
-    def __init__(self, command: _Optional[_Union[Command, str]] = ..., stop_at_step: _Optional[int] = ..., send_stack: _Optional[bool] = ..., reason: _Optional[str] = ..., interval: _Optional[float] = ...) -> None: ...
+    hold_after_step: int
+    def __init__(self, command: _Optional[_Union[Command, str]] = ..., stop_at_step: _Optional[int] = ..., send_stack: _Optional[bool] = ..., reason: _Optional[str] = ..., interval: _Optional[float] = ..., hold_after_step: _Optional[int] = ...) -> None: ...
 
 class HostHeartbeatsRequest(_message.Message):
     __slots__ = ("beats",)
@@ -554,10 +558,12 @@ class ClusterJob(_message.Message):
     def __init__(self, scheduler: _Optional[str] = ..., job_id: _Optional[str] = ..., state: _Optional[str] = ..., reason: _Optional[str] = ..., nodes: _Optional[str] = ...) -> None: ...
 
 class StopRunRequest(_message.Message):
-    __slots__ = ("reason",)
+    __slots__ = ("reason", "prune")
     REASON_FIELD_NUMBER: _ClassVar[int]
+    PRUNE_FIELD_NUMBER: _ClassVar[int]
     reason: str
-    def __init__(self, reason: _Optional[str] = ...) -> None: ...
+    prune: bool
+    def __init__(self, reason: _Optional[str] = ..., prune: _Optional[bool] = ...) -> None: ...
 
 class StopRunResponse(_message.Message):
     __slots__ = ("state",)

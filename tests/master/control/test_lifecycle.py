@@ -14,13 +14,14 @@ S = RunState
 # The transitions the RunState docstring promises, written out again: a change to the table
 # must be a change to this test too.
 EXPECTED: dict[RunState, set[RunState]] = {
-    S.PENDING: {S.RUNNING, S.FAILED, S.STOPPED},
-    S.RUNNING: {S.SUCCEEDED, S.FAILED, S.STOPPED, S.STOPPING, S.RESTARTING},
-    S.STOPPING: {S.STOPPED, S.FAILED},
-    S.RESTARTING: {S.PENDING, S.FAILED, S.STOPPED},
+    S.PENDING: {S.RUNNING, S.FAILED, S.STOPPED, S.PRUNED},
+    S.RUNNING: {S.SUCCEEDED, S.FAILED, S.STOPPED, S.PRUNED, S.STOPPING, S.RESTARTING},
+    S.STOPPING: {S.STOPPED, S.PRUNED, S.FAILED},
+    S.RESTARTING: {S.PENDING, S.FAILED, S.STOPPED, S.PRUNED},
     S.SUCCEEDED: set(),
     S.FAILED: set(),
     S.STOPPED: set(),
+    S.PRUNED: set(),
 }
 PAIRS = list(itertools.product(RunState, RunState))
 

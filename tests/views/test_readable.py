@@ -164,6 +164,21 @@ def test_the_panel_plot_keeps_its_range_and_marks_the_spike_and_the_nan_step() -
     assert plot.ax.get_ylim()[1] < 10
 
 
+def test_a_float64_loss_diverging_to_the_float_limit_is_drawn_not_raised() -> None:
+    """Values near 1.8e308 overflowed the range's sums: a ValueError (linear) or an
+    OverflowError (log scale) in the panel's drawing, for the run that most needs its plot."""
+    steps = list(range(40))
+    near_max = [1.7e308 if s % 2 else -1.7e308 for s in steps]
+    m = mirror_with({0: (steps, near_max), 1: (steps, [1e308] * 40)})
+    plot = RankPlot(400, 200)
+    for log_scale in (False, True):
+        assert plot.draw(m, "loss", log_scale)[:4] == b"\x89PNG"
+        low, high = plot.ax.get_ylim()
+        assert math.isfinite(low) and math.isfinite(high) and low < high
+    rng = robust_range([(np.arange(3), np.full(3, 1.79e308))], log_scale=True)
+    assert rng is not None and math.isfinite(rng.hi) and rng.lo < rng.hi
+
+
 def test_an_empty_run_says_no_points_were_logged_not_empty_axes() -> None:
     m = StateMirror(run_id="r", state=RunState.SUCCEEDED)
     plot = RankPlot(400, 200)

@@ -121,6 +121,21 @@ def test_the_mean_rates_of_many_ended_ranks_read_each_series_once() -> None:
     assert [r.steps_per_sec for r in m.ranks[:2]] == [pytest.approx(2.0), pytest.approx(2.2)]
 
 
+def test_the_plain_table_keeps_its_columns_with_an_ended_ranks_mean_rate() -> None:
+    """``30.7 mean`` is wider than the steps/s column once was: every later column of the
+    plain text table (``orch status``, a dashboard piped to a file) moved right on its row."""
+    m = mirror_with({0: ([0, 1000], [1.0, 1.0]), 1: ([0, 3], [1.0, 1.0])}, RunState.SUCCEEDED)
+    slow = m.series[(1, "loss")] = SeriesBuffer()
+    slow.extend([0, 3], [1.0, 1.0], [100.0, 600.0])
+    m.fill_mean_rates()  # 2 steps/s and 0.006 steps/s: "2 mean", "0.006 mean"
+    assert rate_of(m.ranks[1]) == "0.006 mean"
+    lines = render(m).splitlines()
+    head = next(line for line in lines if line.startswith("rank  state"))
+    rows = [line for line in lines if line.lstrip().startswith(("0  ", "1  "))]
+    end = head.index("heartbeat") + len("heartbeat")
+    assert len(rows) == 2 and all(row[end - 1] == "-" and row[end] == " " for row in rows), lines
+
+
 def test_the_scores_say_what_they_compare_without_a_tooltip() -> None:
     m = mirror_with({0: ([0], [1.0])})
     r = m.ranks[0]

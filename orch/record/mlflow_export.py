@@ -9,7 +9,9 @@ run, and a tracker run per rank would split it. :func:`export_mlflow` writes, fo
                                   were logged at (a restart's replayed steps replace the older
                                   attempt's, as in to_csv)
                <metric>           the mean over the ranks that logged the step (NaN and inf
-                                  left out, as a sweep's results); not for orch's own rank/ metrics
+                                  left out, as a sweep's results; a step where every rank's
+                                  value is NaN or inf is NaN or inf, so a diverged run ends
+                                  so); not for orch's own rank/ metrics
     tags       orch.run_id, orch.state, orch.root_cause (why it failed), orch.root_cause_rank,
                orch.root_cause_error (the traceback), orch.world_size, orch.fn, orch.run_dir,
                orch.attempts, and orch.sweep and orch.name for a sweep's runs
@@ -119,7 +121,8 @@ def _export_run(client: MlflowClient, experiment_id: str, name: str, run: Export
     for i in range(0, len(params), _PARAMS_BATCH):
         client.log_batch(mlflow_id, params=params[i : i + _PARAMS_BATCH])
     batch: list[Metric] = []
-    means: dict[tuple[str, int], list[float]] = {}  # (metric, step): [sum, count, last time]
+    # (metric, step): [sum of finite values, their count, last time, sum of the others]
+    means: dict[tuple[str, int], list[float]] = {}
     last = start
     for rank, points in kept_points(run.run_dir / "metrics.pb"):
         for step, metric, value, when in points:
@@ -129,13 +132,18 @@ def _export_run(client: MlflowClient, experiment_id: str, name: str, run: Export
             if len(batch) == _BATCH:
                 client.log_batch(mlflow_id, metrics=batch)
                 batch = []
-            if math.isfinite(value) and not metric.startswith(OWN_METRICS):
-                held = means.setdefault((metric, step), [0.0, 0.0, when])
-                held[0] += value
-                held[1] += 1
+            if not metric.startswith(OWN_METRICS):
+                held = means.setdefault((metric, step), [0.0, 0.0, when, 0.0])
+                if math.isfinite(value):
+                    held[0] += value
+                    held[1] += 1
+                else:
+                    held[3] += value  # nan; inf, -inf, or nan for both
                 held[2] = max(held[2], when)
-    for (metric, step), (total, count, when) in sorted(means.items()):
-        batch.append(Metric(_key(metric), total / count, _ms(when), step))
+    for (metric, step), (total, count, when, others) in sorted(means.items()):
+        # A step with no finite value is NaN or inf in the mean too: a run whose loss went NaN
+        # ends NaN, as in a sweep's results, never at its last finite value.
+        batch.append(Metric(_key(metric), total / count if count else others, _ms(when), step))
         if len(batch) == _BATCH:
             client.log_batch(mlflow_id, metrics=batch)
             batch = []

@@ -401,7 +401,7 @@ class Context:
             if step == self._logged_step + 1 and self._log_fast:  # the usual next step: no call, no lock
                 self._logged_step = step
                 self._log_steps += 1
-                if self._log_steps >= LOG_EVERY:
+                if self._log_steps >= LOG_EVERY or clock() - self._logged_at >= HANDOVER_S:
                     self._log_step(step)
             else:
                 self._log_step(step)
@@ -416,7 +416,8 @@ class Context:
         since the last one logged are timed, from that call to this one (compute is all of it
         but the collective wait: ctx.log cannot tell data from compute). Without a model of
         ctx.ddp's to read, steps one after another are counted in :meth:`log` itself and
-        handed over here every LOG_EVERY steps: ctx.log stays a few attribute updates."""
+        handed over here every LOG_EVERY steps (or HANDOVER_S seconds): ctx.log stays a few
+        attribute updates."""
         times = self.times
         if times is None:
             return
@@ -489,6 +490,7 @@ class Context:
 
 MAX_STEP = 2**63 - 1
 LOG_EVERY = 16  # steps one after another ctx.log counts before handing them to the rank's timing
+HANDOVER_S = 0.1  # ... or seconds: slow steps reach the timing as they end, not 16 steps later
 USER_METRICS = MAX_METRICS_PER_RANK - 2  # the names ctx.log takes: orch's own two fill the cap
 
 

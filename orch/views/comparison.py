@@ -302,7 +302,8 @@ class _RunsPlot:
         else:
             self.y_range = None
             say_empty(ax, "no points were logged" if done else "waiting for the first points")
-        return self.png(compress_level=1)  # speed over size: it only crosses a local socket
+        with np.errstate(over="ignore", invalid="ignore"):  # matplotlib's ticks near 1e308
+            return self.png(compress_level=1)  # speed over size: it only crosses a local socket
 
     def png(self, compress_level: int = 6) -> bytes:
         """The figure as last drawn (the record a notebook keeps is compressed harder)."""

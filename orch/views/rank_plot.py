@@ -78,14 +78,21 @@ def robust_range(curves: Sequence[tuple[Any, Any]], log_scale: bool = False) -> 
     if len(pooled) == 0:
         return None
     space = np.log10(pooled) if log_scale else pooled
-    q_lo, q_hi = np.quantile(space, QUANTILES)
-    span = q_hi - q_lo
-    keep = space[(space >= q_lo - WIDEN * span) & (space <= q_hi + WIDEN * span)]
+    # Values near the float limit (a float64 loss diverging to 1e308) overflow the sums below:
+    # each overflow ends at the largest finite value, never at inf, NaN or an empty range.
+    with np.errstate(over="ignore", invalid="ignore"):
+        q_lo, q_hi = np.quantile(space, QUANTILES)
+        span = q_hi - q_lo
+        keep = space[(space >= q_lo - WIDEN * span) & (space <= q_hi + WIDEN * span)]
+    if len(keep) == 0:
+        keep = space
     lo, hi = float(keep.min()), float(keep.max())
-    pad = (hi - lo) * 0.05 or (abs(hi) * 0.05 if hi else 0.05)  # a flat curve still gets a band
-    lo, hi = lo - pad, hi + pad
+    pad = (hi * 0.05 - lo * 0.05) or (abs(hi) * 0.05 if hi else 0.05)  # a flat curve still gets a band
+    biggest = float(np.finfo(np.float64).max) / 4  # matplotlib's ticks need hi - lo finite
+    lo, hi = max(lo - pad, -biggest), min(hi + pad, biggest)
     if log_scale:
-        lo, hi = 10.0**lo, 10.0**hi
+        top = 307.0  # matplotlib's log ticks overflow past it
+        lo, hi = 10.0 ** min(lo, top - 1), 10.0 ** min(hi, top)
     found = []
     for i, ((x, _), y) in enumerate(zip(curves, ys, strict=True)):
         xs = np.asarray(x)
@@ -211,8 +218,9 @@ class RankPlot:
         for artist in self.marks:
             artist.remove()
         self.marks = []
-        ax.relim()
-        ax.autoscale_view()
+        with np.errstate(over="ignore", invalid="ignore"):  # matplotlib's margins of values near 1e308
+            ax.relim()
+            ax.autoscale_view()
         ranks = sorted(self.lines)
         self.y_range = robust_range([self.lines[r].get_data() for r in ranks], log_scale)
         if self.y_range is not None:
@@ -230,7 +238,8 @@ class RankPlot:
             why = "no points were logged" if mirror.state.done else "waiting for the first points"
             self.marks.append(say_empty(ax, why))
         # Speed over size: the PNG only crosses a local socket to the browser.
-        return self.png(compress_level=1)
+        with np.errstate(over="ignore", invalid="ignore"):  # matplotlib's ticks near 1e308
+            return self.png(compress_level=1)
 
     def png(self, compress_level: int = 6) -> bytes:
         """The figure as last drawn (the record kept in a notebook is compressed harder)."""

@@ -182,6 +182,7 @@ def startup_text(m: StateMirror) -> str:
 def render(mirror: StateMirror, *, address: str = "") -> str:
     """The run as plain text, no escape codes: for files, pipes and ``orch status``."""
     done, total = mirror.progress()
+    rate_w = max([8, *(len(rate_of(r)) for r in mirror.ranks)])  # "0.0412 mean" is wider than 8
     lines = [
         f"orch run {printable(mirror.run_id, one_line=True) or '?'}  {mirror.state.value:<9}  "
         f"{mirror.registered}/{mirror.world_size} ranks  elapsed {mirror.elapsed:6.1f}s"
@@ -191,7 +192,7 @@ def render(mirror: StateMirror, *, address: str = "") -> str:
         *([printable(mirror.job.describe(), one_line=True)] if mirror.job is not None else []),
         _bar(done, total),
         "",
-        f"{'rank':>4}  {'state':<10} {'step':>7} {'loss':>10} {'steps/s':>8} {'heartbeat':>9}  "
+        f"{'rank':>4}  {'state':<10} {'step':>7} {'loss':>10} {'steps/s':>{rate_w}} {'heartbeat':>9}  "
         f"{'memory cpu':<{MEMORY_WIDTH}}  {SPLIT_HEADER:<{SPLIT_WIDTH}}  host/pid",
     ]
     slow = stragglers(mirror)
@@ -211,7 +212,7 @@ def render(mirror: StateMirror, *, address: str = "") -> str:
         host = printable(r.host, one_line=True)  # what the worker says its host is called
         lines.append(
             f"{r.rank:>4}  {r.state.value:<10} {r.step:>7} {r.loss_text():>10} "
-            f"{rate_of(r):>8} {_fmt_age(r.heartbeat_age):>9}  "
+            f"{rate_of(r):>{rate_w}} {_fmt_age(r.heartbeat_age):>9}  "
             f"{memory_text(r):<{MEMORY_WIDTH}}  {split_text(r):<{SPLIT_WIDTH}}  {host}/{r.pid}"
             + (f"  <- {', '.join(marks)}" if marks else "")
         )

@@ -137,13 +137,33 @@ def _listening(path: Path) -> bool:
     return True
 
 
+MAX_SOCKET_PATH = 107  # bytes in a unix socket's path (sun_path holds 108, with the final NUL)
+
+
+def socket_parent(name: str) -> Path:
+    """Where a private socket named ``name`` goes: the temp dir, or /tmp (then /var/tmp,
+    /dev/shm) when the temp dir's path is too long for a socket's, or cannot be written."""
+    for parent in dict.fromkeys((tempfile.gettempdir(), "/tmp", "/var/tmp", "/dev/shm")):
+        # mkdtemp's folder: the prefix and 8 random characters
+        fits = len(os.fsencode(os.path.join(parent, SOCKET_PREFIX + "x" * 8, name))) <= MAX_SOCKET_PATH
+        if fits and os.path.isdir(parent) and os.access(parent, os.W_OK | os.X_OK):
+            return Path(parent)
+    raise ConfigError(
+        f"no folder for a private unix socket: the temp dir {tempfile.gettempdir()!r} makes its path "
+        f"longer than a socket's {MAX_SOCKET_PATH} bytes, and /tmp, /var/tmp and /dev/shm cannot be "
+        "written: set TMPDIR to a short folder you can write"
+    )
+
+
 class PrivateSocket:
     """A unix socket path in a fresh 0700 folder (short, under the temp dir: a socket's path
-    may be at most 107 bytes, which a run dir deep in a project would pass)."""
+    may be at most 107 bytes, which a run dir deep in a project would pass; a temp dir too
+    long for that is passed over for /tmp)."""
 
     def __init__(self, name: str) -> None:
-        sweep_stale_sockets(Path(tempfile.gettempdir()))
-        self.folder = Path(tempfile.mkdtemp(prefix=SOCKET_PREFIX))  # mkdtemp makes it 0700
+        parent = socket_parent(name)
+        sweep_stale_sockets(parent)
+        self.folder = Path(tempfile.mkdtemp(prefix=SOCKET_PREFIX, dir=parent))  # mkdtemp makes it 0700
         self.path = self.folder / name
 
     @property

@@ -326,14 +326,18 @@ class StateMirror:
     def fill_mean_rates(self) -> None:
         """An ended rank's steps/s is its mean over its points (the master reports a rate only
         while a rank runs): steps from its first point to its last over the seconds between."""
-        for r in self.ranks:
-            if not r.state.done or r.steps_per_sec:
-                continue
+        ended = {r.rank: r for r in self.ranks if r.state.done and not r.steps_per_sec}
+        if not ended:
+            return
+        # Each series is looked at once, whatever the ranks (not once per ended rank).
+        series_of: dict[int, list[SeriesBuffer]] = {}
+        for (rank, _), buf in self.series.items():
+            if rank in ended and len(buf) >= 2:
+                series_of.setdefault(rank, []).append(buf)
+        for r in ended.values():
             first: tuple[float, int] | None = None
             last: tuple[float, int] | None = None
-            for (rank, _), buf in self.series.items():
-                if rank != r.rank or len(buf) < 2:
-                    continue
+            for buf in series_of.get(r.rank, ()):
                 t0, t1 = float(buf.times[0]), float(buf.times[-1])
                 if math.isfinite(t0) and (first is None or t0 < first[0]):
                     first = (t0, int(buf.steps[0]))

@@ -67,6 +67,20 @@ def test_a_run_is_one_mlflow_run_with_its_config_per_rank_metrics_their_mean_and
     assert found.data.metrics["loss"] == pytest.approx(mean[-1])  # MLflow's latest value
 
 
+def test_a_loss_that_went_nan_ends_nan_in_the_mean_as_in_the_sweeps_results(
+    tmp_path: Path, tracking: str
+) -> None:
+    """The mean left NaN out, so a diverged run's ``loss`` ended at its last finite value in
+    MLflow (what ``order_by=["metrics.loss"]`` ranks by), hiding the divergence."""
+    with orch.launch("jobs:nan_loss", world_size=2, run_root=str(tmp_path)) as run:
+        run.wait(timeout=120)
+    exported = orch.load_run(run.run_dir).to_mlflow(tracking_uri=tracking, experiment="nan")
+    (found,) = mlflow.search_runs(experiment_names=["nan"], output_format="list")
+    assert np.isnan(found.data.metrics["loss"]) and np.isinf(found.data.metrics["other"])
+    steps, values = metric_points(MlflowClient(tracking), exported, "loss")
+    assert values[:2] == [1.0, 1.0] and steps[-1] >= 2 and all(np.isnan(v) for v in values[2:])
+
+
 def test_a_sweep_is_one_mlflow_run_per_trial_with_the_failure_as_tags(tmp_path: Path, tracking: str) -> None:
     configs = [{"lr": 0.05, "steps": 6}, {"lr": 0.1, "steps": 6, "fail": True}]
     sweep = orch.sweep("jobs:lr_job", configs, world_size=2, parallel=2, run_root=str(tmp_path), name="lrs")

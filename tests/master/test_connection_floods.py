@@ -11,6 +11,7 @@ import socket
 import stat
 import subprocess
 import sys
+import tempfile
 import textwrap
 import time
 from pathlib import Path
@@ -19,10 +20,14 @@ import grpc
 import psutil
 import pytest
 
+from orch.errors import ConfigError
+from orch.master.coordinator import Coordinator
+from orch.master.server import MasterServer
 from orch.runtime.agent import HostAgent
-from orch.wire._net import sweep_stale_sockets
+from orch.wire._net import socket_parent, sweep_stale_sockets
 from orch.wire._proto import orchestrator_pb2 as pb
 from orch.wire.auth import bearer
+from orch.wire.client import MasterClient
 from orch.wire.states import SERVICE_NAME
 from tests.conftest import NOBODY, needs_second_uid
 
@@ -218,3 +223,36 @@ def test_a_killed_servers_socket_folder_is_swept_and_a_live_ones_kept(tmp_path: 
     finally:
         live_socket.close()
     assert sweep_stale_sockets(tmp_path) == [live]  # its server went away
+
+
+def test_a_temp_dir_too_long_for_a_socket_path_puts_the_private_listener_under_tmp(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A TMPDIR deeper than a unix socket's 107 bytes (a cluster job's scratch folder) once made
+    every local launch fail with "port ... is already in use": the master's private listener
+    could not bind. It now goes under /tmp, and the master serves on it."""
+    long_tmp = tmp_path / ("t" * 60) / ("m" * 60)
+    long_tmp.mkdir(parents=True)
+    monkeypatch.setattr(tempfile, "tempdir", str(long_tmp))
+    server = MasterServer(Coordinator(1), port=0, local_socket=True).start()
+    try:
+        path = server.local_address[len("unix:") :]
+        assert len(path.encode()) <= 107 and not path.startswith(str(long_tmp))
+        assert stat.S_IMODE(os.stat(os.path.dirname(path)).st_mode) == 0o700
+        client = MasterClient(server.local_address)
+        try:
+            client.wait_ready()
+            assert client.get_state().run_id == server.coordinator.run_id
+        finally:
+            client.close()
+    finally:
+        server.stop()
+    assert not os.path.exists(os.path.dirname(path))
+
+
+@pytest.mark.unit
+def test_no_folder_for_a_private_socket_is_a_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(tempfile, "tempdir", "/" + "d" * 120)
+    monkeypatch.setattr(os, "access", lambda *a, **k: False)
+    with pytest.raises(ConfigError, match="set TMPDIR to a short folder"):
+        socket_parent("master")

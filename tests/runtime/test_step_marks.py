@@ -146,3 +146,17 @@ def test_ctx_log_every_k_steps_counts_the_last_collective_wait_for_each_of_the_k
     assert t is not None and t.timed_by == "ctx.log" and t.collectives
     # steps 0 to 30: three times 10 steps, each read once, its last wait standing for all 10
     assert t.steps == 30 and abs(t.collective_seconds - 30 * 0.003) < 1e-9
+
+
+def test_slow_steps_logged_every_step_are_handed_over_without_waiting_for_a_bunch() -> None:
+    """A big model's loop (a second or more a step) that only logs: its steps reach the rank's
+    timing as they end, not 16 steps later (a 15-step run once ended "too few steps")."""
+    ctx = context()
+    assert ctx.times is not None
+    for step in range(7):
+        time.sleep(0.15)  # a slow step (over HANDOVER_S)
+        ctx.log(step, loss=1.0)
+    t = ctx.times.take()
+    assert t is not None and t.timed_by == "ctx.log"
+    assert t.steps >= 5, t.steps  # steps 1..6 closed; the bunch of 16 was never reached
+    assert t.step_seconds >= t.steps * 0.15

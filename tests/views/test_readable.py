@@ -99,6 +99,43 @@ def test_an_ended_rank_shows_its_mean_rate_not_zero() -> None:
     assert rate_of(live) == "12.3"
 
 
+def test_the_mean_rates_of_many_ended_ranks_read_each_series_once() -> None:
+    """Every poll of a finished run fills the ended ranks' mean rates: at 1,024 ranks this once
+    read every series once per rank (seconds per poll at 4,096 ranks)."""
+
+    class Counted(dict[tuple[int, str], SeriesBuffer]):
+        passes = 0
+
+        def items(self) -> Any:
+            Counted.passes += 1
+            return super().items()
+
+    m = StateMirror(state=RunState.SUCCEEDED)
+    m.ranks = [RankView(rank=r, state=RankState.SUCCEEDED) for r in range(50)]
+    m.series = Counted()
+    for r in range(50):
+        buf = m.series[(r, "loss")] = SeriesBuffer()
+        buf.extend([0, 10 + r], [1.0, 0.5], [100.0, 105.0])
+    m.fill_mean_rates()
+    assert Counted.passes == 1
+    assert [r.steps_per_sec for r in m.ranks[:2]] == [pytest.approx(2.0), pytest.approx(2.2)]
+
+
+def test_the_plain_table_keeps_its_columns_with_an_ended_ranks_mean_rate() -> None:
+    """``30.7 mean`` is wider than the steps/s column once was: every later column of the
+    plain text table (``orch status``, a dashboard piped to a file) moved right on its row."""
+    m = mirror_with({0: ([0, 1000], [1.0, 1.0]), 1: ([0, 3], [1.0, 1.0])}, RunState.SUCCEEDED)
+    slow = m.series[(1, "loss")] = SeriesBuffer()
+    slow.extend([0, 3], [1.0, 1.0], [100.0, 600.0])
+    m.fill_mean_rates()  # 2 steps/s and 0.006 steps/s: "2 mean", "0.006 mean"
+    assert rate_of(m.ranks[1]) == "0.006 mean"
+    lines = render(m).splitlines()
+    head = next(line for line in lines if line.startswith("rank  state"))
+    rows = [line for line in lines if line.lstrip().startswith(("0  ", "1  "))]
+    end = head.index("heartbeat") + len("heartbeat")
+    assert len(rows) == 2 and all(row[end - 1] == "-" and row[end] == " " for row in rows), lines
+
+
 def test_the_scores_say_what_they_compare_without_a_tooltip() -> None:
     m = mirror_with({0: ([0], [1.0])})
     r = m.ranks[0]
@@ -140,6 +177,21 @@ def test_the_panel_plot_keeps_its_range_and_marks_the_spike_and_the_nan_step() -
     assert plot.y_range is not None and plot.y_range.clipped[0].x == 40
     plot.draw(m, "loss", True)  # log scale: still a robust range
     assert plot.ax.get_ylim()[1] < 10
+
+
+def test_a_float64_loss_diverging_to_the_float_limit_is_drawn_not_raised() -> None:
+    """Values near 1.8e308 overflowed the range's sums: a ValueError (linear) or an
+    OverflowError (log scale) in the panel's drawing, for the run that most needs its plot."""
+    steps = list(range(40))
+    near_max = [1.7e308 if s % 2 else -1.7e308 for s in steps]
+    m = mirror_with({0: (steps, near_max), 1: (steps, [1e308] * 40)})
+    plot = RankPlot(400, 200)
+    for log_scale in (False, True):
+        assert plot.draw(m, "loss", log_scale)[:4] == b"\x89PNG"
+        low, high = plot.ax.get_ylim()
+        assert math.isfinite(low) and math.isfinite(high) and low < high
+    rng = robust_range([(np.arange(3), np.full(3, 1.79e308))], log_scale=True)
+    assert rng is not None and math.isfinite(rng.hi) and rng.lo < rng.hi
 
 
 def test_an_empty_run_says_no_points_were_logged_not_empty_axes() -> None:

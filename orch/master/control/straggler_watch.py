@@ -20,6 +20,7 @@ from orch.master.control.stragglers import OFF, Verdict, judge, scores
 from orch.wire.states import RunState
 
 JUDGE_EVERY = 1.0  # seconds between straggler judgements
+MARKED_BEATS = 3  # beats with steps from one rank, and none from another: that one marks none
 NOT_YET_JUDGED = Verdict(
     False,
     note="not judged yet: stragglers are judged once every rank runs",
@@ -61,7 +62,14 @@ class StragglerWatch:
         for r in ranks:
             r.timing.trim(now)
         means = {r.rank: r.timing.means() for r in ranks}
-        verdict = judge(means, world_size, off=[r.rank for r in ranks if r.timing.timed_by == OFF])
+        # A rank that never said what marks its steps while another has sent MARKED_BEATS beats
+        # of them marks none: its loop calls none of ctx.steps, ctx.data and ctx.log (a loop
+        # that logs on rank 0 alone). Under DDP its peers' steps are its own, a beat apart.
+        marked = max((len(r.timing.beats) for r in ranks), default=0) >= MARKED_BEATS
+        unmarked = [r.rank for r in ranks if not r.timing.timed_by] if marked else []
+        verdict = judge(
+            means, world_size, off=[r.rank for r in ranks if r.timing.timed_by == OFF], unmarked=unmarked
+        )
         seen, self._last = self._last, verdict.key
         if verdict.key != self.verdict.key and verdict.key != seen:
             verdict = self.verdict  # one judgement alone does not move the mark

@@ -223,9 +223,17 @@ def _ranks(ranks: list[int]) -> str:
     return f"rank {listed}" + (f" and {len(ranks) - 8} more" if len(ranks) > 8 else "")
 
 
-def judge(means: dict[int, Means | None], world_size: int, *, off: Collection[int] = ()) -> Verdict:
+def judge(
+    means: dict[int, Means | None],
+    world_size: int,
+    *,
+    off: Collection[int] = (),
+    unmarked: Collection[int] = (),
+) -> Verdict:
     """The straggler among ranks ``means`` (rank -> its per-step means, None: no step times
-    yet); ``off``: the ranks that said they do not time their steps (ORCH_STEP_TIMING=0)."""
+    yet); ``off``: the ranks that said they do not time their steps (ORCH_STEP_TIMING=0);
+    ``unmarked``: the ranks found to mark no steps while others do (they call none of
+    ctx.steps, ctx.data and ctx.log)."""
     if world_size < 2:
         return Verdict(True, note="one rank: no other rank to wait for")
     if len(means) < world_size:
@@ -247,6 +255,13 @@ def judge(means: dict[int, Means | None], world_size: int, *, off: Collection[in
             False,
             note="not judged yet: too few steps (no rank has sent step times yet)",
             ended="not judged: the run ended after too few steps (no rank had sent step times)",
+        )
+    if untimed and all(r in unmarked for r in untimed):
+        return Verdict(
+            False,
+            note=f"stragglers cannot be judged: {_ranks(untimed)} has marked no step while the others "
+            "have (a loop that calls ctx.log on some ranks only, or none of ctx.steps, ctx.data and "
+            "ctx.log: call ctx.log on every rank, or drive the loop with ctx.steps or ctx.data)",
         )
     if untimed:
         return Verdict(

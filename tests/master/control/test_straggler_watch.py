@@ -163,3 +163,25 @@ def test_a_new_attempt_is_judged_afresh_and_its_straggler_told_again() -> None:
     assert watch.look(R, fresh, 4, 5.0) is None  # the judgement before a restart counts for nothing
     told = watch.look(R, fresh, 4, 6.0)
     assert told is not None and told.rank == 2
+
+
+def test_a_rank_that_marks_no_step_while_its_peers_do_cannot_be_judged_not_too_few_steps() -> None:
+    """``if ctx.rank == 0: ctx.log(step, ...)`` in a plain loop: rank 1 never marks a step. The
+    run once said "not judged yet: too few steps" for all of its 60 steps, and its record "the
+    run ended after too few steps"."""
+    watch, recs = StragglerWatch(), ranks(2)
+    logged = pb.StepTiming(
+        steps=10, step_seconds=0.4, collective_seconds=0.1, collectives=True, timed_by="ctx.log"
+    )
+    recs[0].timing.add(0.0, logged)
+    watch.look(R, recs, 2, 0.0)
+    assert watch.verdict.note.startswith("not judged yet: too few steps")  # rank 1 may be a beat behind
+    for t in (0.5, 1.0, 1.5):
+        recs[0].timing.add(t, logged)
+    watch.look(R, recs, 2, JUDGE_EVERY + 1.5)
+    v = watch.verdict
+    assert not v.judged and v.note.startswith("stragglers cannot be judged: rank 1 has marked no step")
+    assert "ctx.log" in v.note and v.shown(run_ended=True) == v.note  # a reason that stays
+    recs[1].timing.add(2.0, logged)  # rank 1 marks its steps after all: judged
+    watch.look(R, recs, 2, 2 * JUDGE_EVERY + 1.5)
+    assert "marked no step" not in watch.verdict.note

@@ -638,6 +638,56 @@ def test_pruned_sweep_panel_in_jupyterlab(tmp_path: Path) -> None:
             raise
 
 
+def write_nan_sweep_notebook(path: Path, run_root: Path) -> None:
+    """A sweep of three configs, one of which diverges: NaN from step 12, after a 1e34 spike."""
+    cells = [
+        _code_cell(1, f"import sys\nsys.path.insert(0, {str(TESTS)!r})\nimport orch"),
+        _code_cell(
+            2,
+            'configs = [{"lr": 0.05, "steps": 30}, {"lr": 0.1, "steps": 30, "nan_at": 12},\n'
+            '           {"lr": 0.02, "steps": 30}]\n'
+            f'sweep = orch.sweep("jobs:lr_job", configs, run_root={str(run_root)!r})\n'
+            "sweep.panel(interval=0.3)",
+        ),
+        _code_cell(3, 'sweep.wait()\nprint("BEST", sweep.best("loss").config)'),
+    ]
+    write_cells(path, cells)
+
+
+@pytest.mark.timeout(300)
+def test_a_nan_sweep_in_jupyterlab(tmp_path: Path) -> None:
+    """A diverged config as a page: flagged NaN from its step with its last finite value, sorted
+    last, never the best, and its spike drawn at the plot's edge instead of flattening the others."""
+    from playwright.sync_api import expect
+
+    root, home, run_root = tmp_path / "lab", tmp_path / "home", tmp_path / "runs"
+    root.mkdir()
+    home.mkdir()
+    write_nan_sweep_notebook(root / "nan_browser.ipynb", run_root)
+    ARTIFACTS.mkdir(exist_ok=True)
+    with lab_browser(tmp_path, root, home, run_root, 1400) as (lab, ctx):
+        try:
+            page = ctx.pages[0] if ctx.pages else ctx.new_page()
+            page.set_default_timeout(60_000)
+            page.goto(f"{lab.base}/lab/tree/nan_browser.ipynb?token={lab.token}")
+            run_all_cells(page, lab)
+            output = page.locator(".jp-Notebook .jp-Cell").nth(1).locator(".jp-OutputArea-output")
+            record = output.locator(".orch-record")
+            expect(record.locator(".orch-sweep-state")).to_have_attribute(
+                "data-state", "done", timeout=180_000
+            )
+            expect(record).to_contain_text("nan from step 12")
+            best = page.locator(".jp-Notebook .jp-Cell").nth(2).locator(".jp-OutputArea-output")
+            expect(best).to_contain_text("BEST {", timeout=60_000)  # the diverged config is never the best
+            assert "nan_at" not in best.inner_text()
+            assert record.locator("img").evaluate("i => i.complete && i.naturalWidth") > 0
+            page.screenshot(path=str(ARTIFACTS / "sweep-nan-record.png"), full_page=True)
+        except BaseException:
+            with contextlib.suppress(Exception):
+                page.screenshot(path=str(ARTIFACTS / "sweep-nan-failure.png"), full_page=True)
+            raise
+
+
 def write_straggler_notebook(path: Path, run_root: Path) -> None:
     """4 ranks under DDP, rank 2 sleeping 30 ms per step in its compute; its panel."""
     cells = [

@@ -14,9 +14,12 @@ import orch
 from orch.cli import build_parser
 from orch.launchers.spec import LaunchSpec, add_flag, options
 
-# Parameters of launch() and sweep() that are not launch options, and launch options a
-# signature spells another way.
-NOT_OPTIONS = {"detach", "configs", "parallel", "max_failures", "reuse"}
+# Parameters of launch() and sweep() that are not launch options (a sweep's own: how it
+# searches and prunes), and launch options a signature spells another way.
+NOT_OPTIONS = {
+    "detach", "configs", "parallel", "max_failures", "reuse",
+    "trials", "search", "metric", "mode", "prune", "seed",
+}  # fmt: skip
 SPELLED = {"train": "fn"}
 # Defaults a signature sets on purpose: a sweep's runs are small by default; config=None
 # is a fresh {} per call.

@@ -374,6 +374,26 @@ RUNNING_POLL = 10.0  # seconds between squeue calls once the job runs (a control
 UNKNOWN_LIMIT = 300.0  # a queued job squeue cannot tell of for this long fails the run
 
 
+# The states of a job ended from outside (not by its ranks exiting, not by orch, which has not
+# cancelled it yet when they are looked for).
+ENDED_FROM_OUTSIDE = ENDED - {"COMPLETED", "FAILED"}
+
+
+def _ended_by_itself(job: SlurmJob, patience: float) -> JobStatus | None:
+    """The job's state once it ended from outside (scancel, its time limit, a node's failure),
+    within ``patience`` seconds; None when it did not."""
+    deadline = time.monotonic() + patience
+    while True:
+        status = job.status()
+        if status.state in ENDED_FROM_OUTSIDE:
+            return status
+        if status.ended:
+            return None
+        if time.monotonic() >= deadline:
+            return None
+        time.sleep(0.5)
+
+
 def follow_job(job: SlurmJob, coordinator: Coordinator, closing: threading.Event, *, grace: float) -> None:
     """Show the job's state in the run's until the run ends, fail the run if the job ends
     first, then end the job: let it finish by itself (its host agents exit once told the run
@@ -413,6 +433,17 @@ def follow_job(job: SlurmJob, coordinator: Coordinator, closing: threading.Event
                     running = status.state in ("RUNNING", "COMPLETING")
                     next_poll = now + (max(poll, RUNNING_POLL) if running else poll)
             coordinator.wait_changed(0.25)  # the run's end is seen at once; squeue only as above
+        if not closing.is_set() and coordinator.state.value == "FAILED" and coordinator.fate.weak_cause:
+            # A rank failed only because a peer went away: a job cancelled behind the run's
+            # back (scancel, its time limit) is the reason, once Slurm says so.
+            ended = _ended_by_itself(job, JOB_END_GRACE / 2)
+            if ended is not None:
+                why = f" ({ended.reason})" if ended.reason not in ("", "None") else ""
+                coordinator.fail(
+                    f"Slurm job {job.job_id} ended {ended.state}{why} before the run did; "
+                    f"its output: {job.output}",
+                    detail=job.output_tail(40),
+                )
         if not closing.is_set():
             wait_gone(job, grace + JOB_END_GRACE)
     finally:

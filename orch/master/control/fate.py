@@ -303,10 +303,21 @@ class Fate:
             self.finish(RunState.FAILED, now)
 
     def fail_outside(self, message: str, detail: str, now: float) -> None:
-        """Fail the run from outside, for good; ``detail`` is the root cause's traceback."""
+        """Fail the run from outside, for good; ``detail`` is the root cause's traceback.
+        A run already FAILED on a rank whose error only says that a peer went away (or that
+        the launcher ended it) takes this reason instead: a cancelled job explains it."""
         if not self.state.done:
             self.judge.outside(message, detail)
             self.finish(RunState.FAILED, now)
+        elif self.state is RunState.FAILED and self.weak_cause:
+            self.judge.outside(message, detail)
+            self._tell("root_cause", -1, f"the root cause is {self.failure}")
+
+    @property
+    def weak_cause(self) -> bool:
+        """The root cause only says a peer went away, or that the launcher ended the rank."""
+        cause = self.judge.cause
+        return cause is not None and cause.kind.weight > 0
 
     def give_up(self, reason: str, now: float) -> None:
         """No restart follows this failure: the run is FAILED, with the first attempt's root

@@ -136,6 +136,24 @@ def test_a_better_explanation_within_the_settle_time_becomes_the_root_cause_and_
     assert told.kinds().count("finished") == 1
 
 
+def test_a_reason_from_outside_replaces_a_peers_error_but_never_a_ranks_own() -> None:
+    # A job cancelled behind the run's back: the first rank to report only saw its peer go.
+    fate, reg, told = running(2)
+    peer = "RuntimeError: Connection reset by peer"
+    fate.end_rank(reg.ranks[0], RankState.FAILED, reg, 101.0, error=peer, kind=CauseKind.PEER)
+    assert fate.state is S.FAILED and fate.weak_cause
+    fate.fail_outside("Slurm job 4 ended CANCELLED before the run did", "job output", 104.0)
+    cause = fate.judge.cause
+    assert cause is not None and cause.kind is CauseKind.OUTSIDE and cause.detail == "job output"
+    assert "ended CANCELLED" in fate.failure and told.events[-1][0] == "root_cause"
+    assert told.kinds().count("finished") == 1
+    # A rank's own error explains its run: a later reason from outside does not replace it.
+    fate, reg, _ = running(2)
+    fate.end_rank(reg.ranks[1], RankState.FAILED, reg, 101.0, error="ValueError: x", kind=CauseKind.ERROR)
+    fate.fail_outside("Slurm job 5 ended CANCELLED before the run did", "", 104.0)
+    assert fate.judge.cause is not None and fate.judge.cause.kind is CauseKind.ERROR and not fate.weak_cause
+
+
 def test_a_completion_is_taken_once_with_its_step_checksum_and_kind() -> None:
     fate, reg, _ = running(max_attempts=2)
     rec = reg.ranks[0]

@@ -249,7 +249,8 @@ class MasterServer:
         # local_socket: a second listener, a unix socket in a 0700 folder, for this user's own
         # processes on this machine (a local run's ranks and its panel): a stranger filling the
         # TCP listener's connections never reaches them.
-        self._local = PrivateSocket("master") if local_socket else None
+        self._local_socket = local_socket
+        self._local: PrivateSocket | None = None  # made by start(): nothing is left by a failed one
 
     @property
     def local_address(self) -> str:
@@ -274,6 +275,8 @@ class MasterServer:
             host=host,
         )
         try:
+            if self._local_socket:
+                self._local = PrivateSocket("master")
             try:
                 self._start_on(port)
             except PortInUseError:

@@ -256,3 +256,25 @@ def test_no_folder_for_a_private_socket_is_a_clear_error(monkeypatch: pytest.Mon
     monkeypatch.setattr(os, "access", lambda *a, **k: False)
     with pytest.raises(ConfigError, match="set TMPDIR to a short folder"):
         socket_parent("master")
+
+
+def test_a_master_that_cannot_start_leaves_no_socket_folder() -> None:
+    import tempfile
+
+    from orch.errors import PortInUseError
+    from orch.master.coordinator import Coordinator
+    from orch.master.server import MasterServer
+
+    def folders() -> set[str]:
+        return {p.name for p in Path(tempfile.gettempdir()).glob("orch-*") if p.is_dir()}
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        before = folders()
+        with pytest.raises(PortInUseError):
+            MasterServer(Coordinator(1), port=taken.getsockname()[1], local_socket=True).start()
+    assert not (folders() - before)
+    with MasterServer(Coordinator(1), port=0, local_socket=True) as server:
+        assert Path(server.local_address[len("unix:") :]).exists()
+    assert not Path(server.local_address[len("unix:") :]).parent.exists()

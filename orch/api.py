@@ -12,6 +12,7 @@ from orch.launchers.detach import DetachedRun, start_detached
 from orch.launchers.run import Run, live_runs
 from orch.launchers.slurm import Slurm
 from orch.launchers.spec import LaunchSpec
+from orch.runtime._nested import refuse_launch
 from orch.runtime._target import TrainFn
 
 
@@ -35,6 +36,8 @@ def launch(
     world_size: int = 4,
     config: dict[str, Any] | None = None,
     *,
+    args: list[str] | None = None,
+    module: str | None = None,
     steps: int | None = None,
     master_port: int | None = None,
     rdzv_port: int | None = None,
@@ -63,6 +66,8 @@ def launch(
     world_size: int = 4,
     config: dict[str, Any] | None = None,
     *,
+    args: list[str] | None = None,
+    module: str | None = None,
     steps: int | None = None,
     master_port: int | None = None,
     rdzv_port: int | None = None,
@@ -91,6 +96,8 @@ def launch(
     world_size: int = 4,
     config: dict[str, Any] | None = None,
     *,
+    args: list[str] | None = None,
+    module: str | None = None,
     steps: int | None = None,
     master_port: int | None = None,
     rdzv_port: int | None = None,
@@ -118,6 +125,8 @@ def launch(
     world_size: int = 4,
     config: dict[str, Any] | None = None,
     *,
+    args: list[str] | None = None,
+    module: str | None = None,
     steps: int | None = None,
     master_port: int | None = None,
     rdzv_port: int | None = None,
@@ -143,7 +152,11 @@ def launch(
     ``train`` is a function (defined in a notebook cell; closures and lambdas work), an
     import path ``"package.module:function"`` (found from the current folder, as
     ``python -m`` finds it), a file path ``"train.py:main"``, or ``None`` for the built-in
-    example job. The workers run in the current folder.
+    example job. The workers run in the current folder. Code written for torchrun runs
+    unchanged: ``train="train.py"`` (a script's path, no ``:function``) with ``args=[...]``,
+    or ``module="pkg.train"``, runs it in each rank as ``__main__`` with those arguments, as
+    torchrun does; every rank carries torchrun's environment (``RANK``, ``LOCAL_RANK``,
+    ``WORLD_SIZE``, ...), so Accelerate, Lightning and the HF Trainer see the run's world.
     ``config`` reaches the function as ``ctx.config``; ``steps`` sets ``config["steps"]``.
     On a failure the whole group is torn down and, up to ``max_restarts`` times, started
     again; ``ctx.load_checkpoint()`` lets it resume after its last ``ctx.save_checkpoint``.
@@ -178,8 +191,11 @@ def launch(
             "detach=True with a cluster: a Slurm run's master lives in this process; "
             "leave out detach (the job is cancelled when this process ends)"
         )
+    refuse_launch("orch.launch")
     spec = LaunchSpec(
         fn=train,
+        args=args,
+        module=module,
         world_size=world_size,
         config={} if config is None else config,
         steps=steps,

@@ -31,6 +31,7 @@ from orch.launchers.spec import LaunchSpec, add_flag, as_flag
 from orch.master.coordinator import Coordinator
 from orch.record.rundir import write_result
 from orch.record.store import RunStore
+from orch.runtime._nested import refuse_launch
 from orch.runtime._target import EXAMPLE
 from orch.views.dashboard import Dashboard, show, summary
 from orch.wire._net import split_address
@@ -100,10 +101,29 @@ def cmd_run(args: argparse.Namespace) -> int:
         raise as_flag(e) from e
 
 
+def _script(args: argparse.Namespace) -> dict[str, Any]:
+    """What ``orch run [flags] train.py ARGS`` or ``orch run [flags] -m pkg.train ARGS`` runs."""
+    if args.script is None:
+        if args.module:
+            raise ConfigError("-m names a module to run: orch run [flags] -m pkg.train [its arguments]")
+        return {"fn": args.fn}
+    if args.fn is not None:
+        raise ConfigError(f"--fn {args.fn} and a script ({args.script}): pass one of them")
+    if args.module:
+        return {"fn": None, "module": args.script, "args": args.script_args}
+    if not args.script.endswith(".py"):
+        raise ConfigError(
+            f"{args.script!r} is not a script (train.py) to run: pass a .py file, -m package.module, "
+            "or --fn package.module:function for a function of ctx"
+        )
+    return {"fn": args.script, "args": args.script_args}
+
+
 def _run(args: argparse.Namespace) -> int:
+    refuse_launch("orch run")
     cluster = _cluster(args)
     spec = LaunchSpec(
-        fn=args.fn,
+        **_script(args),
         world_size=cluster.world_size if cluster is not None else (args.world_size or 4),
         cluster=cluster,
         config=args.config,
@@ -286,7 +306,14 @@ def build_parser() -> argparse.ArgumentParser:
             add_flag(sp, name)
         sp.add_argument("--refresh", type=seconds, default=0.5, help="dashboard refresh interval (s)")
 
-    r = sub.add_parser("run", help="start a master and N local workers, with a live dashboard")
+    # No abbreviations: what follows the script is its own, and one of its flags must never be
+    # taken for a prefix of one of orch's (argparse reads every --flag before it places them).
+    r = sub.add_parser(
+        "run",
+        help="start a master and N local workers, with a live dashboard",
+        usage="orch run [flags] [train.py | -m package.module] [the script's arguments]",
+        allow_abbrev=False,
+    )
     add_flag(r, "world_size", "-n", default=None, help="number of worker processes (default 4)")
     add_flag(r, "master_port")
     add_flag(r, "run_root")
@@ -311,6 +338,21 @@ def build_parser() -> argparse.ArgumentParser:
         help="one more sbatch option, e.g. --sbatch-arg=--qos=high",
     )
     common(r)
+    r.add_argument(
+        "-m",
+        "--module",
+        action="store_true",
+        help="SCRIPT is a module, run as `python -m` runs it (as torchrun -m)",
+    )
+    r.add_argument(
+        "script",
+        nargs="?",
+        default=None,
+        metavar="SCRIPT",
+        help="a script written for torchrun: each rank runs it as __main__, with torchrun's "
+        "environment (RANK, LOCAL_RANK, WORLD_SIZE, ...) and the arguments after it",
+    )
+    r.add_argument("script_args", nargs=argparse.REMAINDER, metavar="...", help="the script's arguments")
     r.set_defaults(func=cmd_run)
 
     _sweep_cli.add_parser(sub, seconds=seconds)

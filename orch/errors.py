@@ -8,7 +8,8 @@
     ├── MasterUnavailable          no orch master answers at the address
     │   └── AuthError              it answered, but refused our token
     ├── RunFailed                  a run ended FAILED; carries the root cause
-    └── WorkerError                a worker could not join or finish its run
+    ├── WorkerError                a worker could not join or finish its run
+    └── NestedRunError             a rank started a distributed job of its own
 
     StopTraining (a BaseException) ends a training function that was asked to stop.
 """
@@ -50,6 +51,12 @@ class AuthError(MasterUnavailable):
 
 class WorkerError(OrchError):
     """A worker could not register, pass the start barrier, or report back."""
+
+
+class NestedRunError(OrchError):
+    """A rank of an orch run started a distributed job of its own (a nested ``orch.launch``,
+    ``torch.multiprocessing.spawn``, a library re-executing the program): orch runs the ranks
+    already, and a second set beside them would train apart from them."""
 
 
 class RunFailed(OrchError):

@@ -26,6 +26,7 @@ from orch.launchers.loaded import load_run
 from orch.record.owned import is_own_dir
 from orch.record.rundir import read_json
 from orch.record.store import private_dir, write_json_atomic
+from orch.runtime._script import Script
 from orch.runtime._target import resolve_fn
 from orch.wire.states import RunState
 
@@ -54,6 +55,8 @@ def code_hash(fn: Any, fn_name: str, workdir: str) -> str:
 
     if fn is None:
         return f"orch {__version__}"
+    if isinstance(fn, Script):  # its file's text
+        return fn.code()[:16]
     try:
         target = resolve_fn(fn, workdir) if isinstance(fn, str) else fn
         text = inspect.getsource(target)

@@ -59,6 +59,8 @@ from orch.launchers.spec import MAX_WORKERS_PER_CORE, LaunchSpec
 from orch.record.mlflow_export import export_mlflow
 from orch.record.store import private_dir
 from orch.record.tensorboard import export_runs
+from orch.runtime._nested import refuse_launch
+from orch.runtime._script import Script
 from orch.runtime._target import TrainFn
 from orch.wire.states import RunState
 
@@ -158,8 +160,12 @@ class Sweep:
         mode: Literal["min", "max"] | None = None,
         prune: Any = None,
         seed: int = 0,
+        args: list[str] | None = None,
+        module: str | None = None,
     ) -> None:
+        refuse_launch("orch.sweep")
         self._opts = opts = options or _Options()
+        self._args, self._module = args, module
         self.metric = metric
         self.mode: Literal["min", "max"] = mode or default_mode(metric)
         if self.mode not in ("min", "max"):
@@ -189,8 +195,11 @@ class Sweep:
         sample = RandomSearch(configs, seed).next(0) if isinstance(configs, dict) else dict(configs[0])
         first = self._spec(sample)
         self._fn_name = first.fn_name
-        self._code = code_hash(train, first.fn_name, first.workdir)
-        self.name = name or first.fn_name.rsplit(":", 1)[-1].rsplit(".", 1)[-1]
+        self._code = code_hash(first.fn, first.fn_name, first.workdir)
+        if isinstance(first.fn, Script):
+            self.name = name or first.fn.stem
+        else:
+            self.name = name or first.fn_name.rsplit(":", 1)[-1].rsplit(".", 1)[-1]
         self.run_root = Path(run_root)
         self.folder = self.run_root / ".sweeps" / self.name  # the study, the rungs: sweep.json
         fit = MAX_WORKERS_PER_CORE * (os.cpu_count() or 1)
@@ -301,6 +310,8 @@ class Sweep:
         opts = self._opts
         spec = LaunchSpec(
             fn=self._train,
+            args=self._args,
+            module=self._module,
             world_size=self.world_size,
             config=config,
             steps=opts.steps,
@@ -592,6 +603,8 @@ def sweep(
     mode: Literal["min", "max"] | None = None,
     prune: Any = None,
     seed: int = 0,
+    args: list[str] | None = None,
+    module: str | None = None,
 ) -> Sweep:
     """Run ``train`` once per config, each as a run of ``world_size`` ranks; return the
     :class:`Sweep` at once.
@@ -614,6 +627,10 @@ def sweep(
     pruner stops the trials that fall behind, every rank at the same step: they end PRUNED.
     A sweep run again keeps its succeeded and pruned trials, resumes each unfinished one from
     its newest checkpoint, and goes on with the same search history and rungs.
+
+    ``train`` may be a torchrun script (``"train.py"``, with ``args=[...]``) or ``module=``
+    (see :func:`orch.launch`): each config reaches it as arguments after ``args``,
+    ``--key=value``, and as JSON in ``$ORCH_CONFIG``.
     """
     options = _Options(
         steps=steps, heartbeat_timeout=heartbeat_timeout, max_restarts=max_restarts, threads=threads
@@ -634,4 +651,6 @@ def sweep(
         mode=mode,
         prune=prune,
         seed=seed,
+        args=args,
+        module=module,
     ).start()

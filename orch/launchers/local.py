@@ -12,8 +12,10 @@ from orch.launchers.launcher import Launcher, RunParts
 from orch.launchers.spec import LaunchSpec
 from orch.master.coordinator import Coordinator
 from orch.record.store import private_dir
+from orch.runtime._launcher_env import LaunchedAs
 from orch.runtime._owner import Owner
 from orch.runtime.spec import WorkerSpec
+from orch.wire._net import DEFAULT_RENDEZVOUS_PORT, choose_port
 from orch.wire.auth import TOKEN_ENV
 
 
@@ -53,6 +55,12 @@ class LocalLauncher(Launcher):
             "MKL_NUM_THREADS": str(threads),
             TOKEN_ENV: parts.token,
         }
+        if self.coordinator.rendezvous_file:
+            # torchrun's MASTER_PORT, for code that reads it: the ranks meet through the run dir,
+            # so nothing of orch listens there (see orch.runtime._torchrun).
+            env["MASTER_PORT"] = str(
+                choose_port(None, DEFAULT_RENDEZVOUS_PORT, what="MASTER_PORT", option="rdzv_port")
+            )
         owner = Owner()
         return [
             WorkerSpec(
@@ -62,6 +70,10 @@ class LocalLauncher(Launcher):
                 config=spec.config,
                 local_rank=i,
                 local_world_size=spec.world_size,
+                # Rank i in process i: on one host LOCAL_RANK == RANK, as under torchrun.
+                launched=LaunchedAs(
+                    "orch", rank=i, local_rank=i, world_size=spec.world_size, local_world_size=spec.world_size
+                ),
                 advertise_addr="127.0.0.1",
                 threads=threads,
                 heartbeat_interval=spec.heartbeat_interval,

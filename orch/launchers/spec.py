@@ -24,6 +24,7 @@ from orch.errors import ConfigError, PortInUseError
 from orch.launchers.slurm_options import Slurm, check_commands
 from orch.master.control.progress import ON_HANG, STARTUP_TIMEOUT
 from orch.master.control.stopping import STOP_GRACE
+from orch.runtime._script import Script, script_target
 from orch.runtime._target import EXAMPLE, TrainFn, resolve_fn, split_target
 
 Check = Callable[[str, Any], None]  # (the option's name, its value); raises ConfigError
@@ -100,6 +101,13 @@ class LaunchSpec:
         "orch.example:train)",
         flag="--fn",
         parse=_target,
+    )
+    args: list[str] | None = option(
+        help="a script's command-line arguments (with train= a script's path, such as \"train.py\", "
+        "or module=): it runs as torchrun runs it, as __main__ with these in sys.argv"
+    )
+    module: str | None = option(
+        help="run this module as a script in each rank, as `torchrun -m` (and `python -m`) runs it"
     )
     world_size: int = option(
         4, help="number of ranks (worker processes)", flag="--workers", parse=int, check=_at_least(1)
@@ -196,6 +204,7 @@ class LaunchSpec:
     workdir: str = option(factory=os.getcwd, help="where workers run and find the function")
 
     def __post_init__(self) -> None:
+        self.fn = script_target(self.fn, args=self.args, module=self.module, workdir=self.workdir)
         _check_fn(self.fn, self.workdir)
         for f in dataclasses.fields(self):
             declared: Option | None = f.metadata.get("option")
@@ -241,6 +250,8 @@ class LaunchSpec:
             return EXAMPLE
         if isinstance(self.fn, str):
             return self.fn
+        if isinstance(self.fn, Script):
+            return self.fn.describe()
         return f"{getattr(self.fn, '__module__', '?')}:{getattr(self.fn, '__qualname__', '?')}"
 
 

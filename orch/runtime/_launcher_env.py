@@ -30,7 +30,7 @@ LAUNCHER_CHOICES: tuple[LauncherChoice, ...] = ("auto", "torchrun", "slurm", "no
 class LaunchedAs:
     """Where a launcher put this process: its rank, local rank and the sizes around them."""
 
-    launcher: Literal["torchrun", "slurm"]
+    launcher: Literal["torchrun", "slurm", "orch"]  # orch: its own local launcher, rank i in process i
     rank: int
     local_rank: int
     world_size: int
@@ -51,12 +51,16 @@ class LaunchedAs:
     @property
     def variables(self) -> tuple[str, str]:
         """The names of the rank's and the world size's variables."""
-        return ("RANK", "WORLD_SIZE") if self.launcher == "torchrun" else ("SLURM_PROCID", "SLURM_NTASKS")
+        return {
+            "torchrun": ("RANK", "WORLD_SIZE"),
+            "slurm": ("SLURM_PROCID", "SLURM_NTASKS"),
+            "orch": ("rank", "world_size"),
+        }[self.launcher]
 
     def describe(self) -> str:
         """``torchrun's RANK=1, WORLD_SIZE=2``: where the rank came from, for messages."""
         rank, world = self.variables
-        who = "torchrun's" if self.launcher == "torchrun" else "Slurm's"
+        who = {"torchrun": "torchrun's", "slurm": "Slurm's", "orch": "orch's local launcher's"}[self.launcher]
         return f"{who} {rank}={self.rank}, {world}={self.world_size}"
 
 

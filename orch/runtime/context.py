@@ -467,6 +467,16 @@ class Context:
         self._names.update(new)
 
     @property
+    def logged_step(self) -> int:
+        """The furthest step this rank reached or logged (-1: none yet)."""
+        return self._sender.progress - 1 if self._sender is not None else self._logged_step
+
+    def stop_due(self, step: int) -> bool:
+        """True when the run was asked to stop and ``step`` is the last one every rank takes
+        (for a loop ``ctx.steps`` does not drive: a library's own)."""
+        return bool(self._stop_at) and step + 1 >= self._stop_at
+
+    @property
     def total_steps(self) -> int:
         """The run's length in steps, for its progress bar (0: unknown)."""
         return self._sender.total_steps if self._sender is not None else 0

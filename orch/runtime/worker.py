@@ -29,12 +29,16 @@ import grpc
 
 from orch.errors import PortInUseError, StopTraining, WorkerError
 from orch.record.store import private_dir, write_json_atomic
+from orch.runtime import _nested, _scalars, current
+from orch.runtime._children import become_subreaper, end_descendants
 from orch.runtime._memory import ProcessReader
 from orch.runtime._owner import exit_when_gone
+from orch.runtime._script import Script
 from orch.runtime._sender import HeartbeatSender
 from orch.runtime._source import install, label_cells
 from orch.runtime._stack import capture as capture_stack
 from orch.runtime._target import EXAMPLE, resolve_fn
+from orch.runtime._torchrun import GroupAdopter, environment, real_init_process_group
 from orch.runtime.spec import WorkerSpec
 from orch.wire._net import (
     DEFAULT_RENDEZVOUS_PORT,
@@ -377,6 +381,7 @@ def run_worker(spec: WorkerSpec) -> int:
     reported = False
     sender: HeartbeatSender | None = None
     error_file = Path(spec.run_root) / run_id / "errors" / f"{spec.worker_id}.json"
+    adopter: GroupAdopter | None = None
     try:
         fn = resolve_fn(fn_name, spec.workdir)
         install(fn, spec.sources)
@@ -402,22 +407,48 @@ def run_worker(spec: WorkerSpec) -> int:
                 False,
                 timeout=datetime.timedelta(seconds=spec.collective_timeout),
             )
-        dist.init_process_group(
-            backend,
-            store=store,
-            rank=rank,
-            world_size=world,
-            timeout=datetime.timedelta(seconds=spec.collective_timeout),
+        # torchrun's contract: code written for it (and the libraries it uses) finds its place here.
+        os.environ.update(
+            environment(
+                rank=rank,
+                local_rank=spec.local_rank,
+                world_size=world,
+                local_world_size=spec.local_world_size,
+                run_id=run_id,
+                attempt=reg.attempt or 1,
+                master_addr=go.master_addr or advertised_address(spec),
+                master_port=go.master_port or int(os.environ.get("MASTER_PORT") or DEFAULT_RENDEZVOUS_PORT),
+            )
         )
-        control = dist.new_group(backend="gloo") if world > 1 else None
-        log.info(
-            "rank %d: process group up (%s, rendezvous %s:%d); training on %s",
-            rank,
-            backend,
-            go.master_addr,
-            go.master_port,
-            device,
-        )
+        os.environ[current.RANK_ENV] = f"{run_id}:{rank}"
+
+        def make_group(asked: str | None, timeout: datetime.timedelta | None, device_id: Any) -> None:
+            real_init_process_group(
+                asked or backend,
+                store=store,
+                rank=rank,
+                world_size=world,
+                timeout=timeout or datetime.timedelta(seconds=spec.collective_timeout),
+                device_id=device_id,
+            )
+
+        control = None
+        if not isinstance(fn, Script):
+            # A function of ctx gets its group (and orch's own, for ctx.steps) before it runs; a
+            # script makes the group itself, with its backend and timeout, when it asks for it.
+            make_group(None, None, None)
+            control = dist.new_group(backend="gloo") if world > 1 else None
+            log.info(
+                "rank %d: process group up (%s, rendezvous %s:%d); training on %s",
+                rank,
+                backend,
+                go.master_addr,
+                go.master_port,
+                device,
+            )
+        adopter = GroupAdopter(rank=rank, world_size=world, make=make_group).install()
+        _nested.guard()
+        _scalars.install()
         ctx: Context
         sender = HeartbeatSender(
             stub,
@@ -446,6 +477,7 @@ def run_worker(spec: WorkerSpec) -> int:
         training_thread = threading.get_ident()
         sender.stack_of = lambda: capture_stack(training_thread, spec.sources, sender.progress)
         sender.start()
+        current.set_context(ctx)
         fn(ctx)
         checksum = ctx.param_checksum()
         if ctx.stopped:
@@ -457,7 +489,8 @@ def run_worker(spec: WorkerSpec) -> int:
         code = e.code if isinstance(e.code, int) else (0 if e.code is None else EXIT_FAILED)
         if code != 0:
             outcome = pb.RANK_FAILED
-            error = f"the training function called sys.exit({e.code!r})\n" + _format_exc(spec)
+            who = "the script" if isinstance(fn_name, Script) else "the training function"
+            error = f"{who} called sys.exit({e.code!r})\n" + _format_exc(spec)
             _write_error(error_file, spec, rank, code, error)
     except BaseException:  # the rank's failure, whatever it is, goes to the master
         outcome, code = pb.RANK_FAILED, EXIT_FAILED
@@ -477,10 +510,25 @@ def run_worker(spec: WorkerSpec) -> int:
     log.info("rank %d: %s at step %d", rank, pb.RankState.Name(outcome), step)
     if outcome != pb.RANK_FAILED or not reported:
         _report(stub, run_id, spec.worker_id, outcome, error, checksum, step)
-    if outcome != pb.RANK_FAILED and dist.is_initialized():
-        dist.destroy_process_group()
+    current.set_context(None)
+    if outcome != pb.RANK_FAILED:
+        if adopter is not None:
+            adopter.destroy_all()
+        elif dist.is_initialized():
+            dist.destroy_process_group()
     channel.close()
     return code
+
+
+def own_logging(worker_id: str) -> None:
+    """orch's lines in the rank's log go through orch's own logger, never the root one: the
+    user's ``logging.basicConfig`` works, and a library's lines are printed once."""
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter(f"%(asctime)s {worker_id} %(levelname)s %(message)s"))
+    logger = logging.getLogger("orch")
+    logger.handlers[:] = [handler]
+    logger.setLevel(logging.INFO)
+    logger.propagate = False
 
 
 def spawn_main(payload: bytes) -> None:
@@ -507,7 +555,9 @@ def spawn_main(payload: bytes) -> None:
         os.environ.update(spec.env)
     if spec.workdir:
         os.chdir(spec.workdir)  # the launcher's folder at this launch, as torchrun's workers
-    logging.basicConfig(level=logging.INFO, format=f"%(asctime)s {spec.worker_id} %(levelname)s %(message)s")
+    own_logging(spec.worker_id)
+    # What the training code starts stays in this process's tree, and ends with it.
+    become_subreaper()
     try:
         code = run_worker(spec)
     except Exception:
@@ -515,5 +565,6 @@ def spawn_main(payload: bytes) -> None:
         code = EXIT_FAILED
     sys.stdout.flush()
     sys.stderr.flush()
+    end_descendants()
     # Skip interpreter shutdown: it can hang on a process group a failed peer left behind.
     os._exit(code)

@@ -39,6 +39,7 @@ from orch.views.rendering import summary
 from orch.views.run_html import STATE_COLORS, failure_html, header_html, progress_html, table_html
 from orch.views.waiting import route_clicks_to_their_subshell, wait_for
 from orch.wire.client import MasterClient, StateMirror
+from orch.wire.ranks import loss_name
 from orch.wire.stacks import stacks_of
 from orch.wire.states import RunState
 
@@ -64,8 +65,10 @@ def choose(view: Any, dropdown: widgets.Dropdown, options: list[Any], value: Any
 
 
 def default_metric(names: list[str]) -> str:
-    """The metric a panel shows first: the loss if one is logged."""
-    return "loss" if "loss" in names else names[0]
+    """The metric a panel shows first: the loss if one is logged (``train/loss``, ``train_loss``
+    where the code names it so), else the first."""
+    shown = loss_name(set(names))
+    return shown if shown in names else names[0]
 
 
 class Panel:

@@ -135,3 +135,12 @@ class RankView:
 
 
 _FIELDS = dataclasses.fields(RankView)
+
+
+def loss_name(names: set[str]) -> str:
+    """The metric a rank's "loss" column shows: ``loss``, else the first by name of those that end
+    in it (``train/loss``, ``train_loss``: a SummaryWriter tag, Lightning's ``self.log``)."""
+    if "loss" in names:
+        return "loss"
+    ends = sorted(n for n in names if n.lower().endswith("loss") and not n.lower().startswith("val"))
+    return ends[0] if ends else "loss"

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from orch.master.control.validate import Reject
 from orch.wire._proto import orchestrator_pb2 as pb
 from orch.wire.limits import MAX_METRICS_PER_RANK
+from orch.wire.ranks import loss_name
 
 # Points held in memory by one master, across all its series (24 bytes each: 23 MiB). Past it
 # the oldest points of the biggest series leave memory first, down to three quarters of it.
@@ -183,7 +184,9 @@ class SeriesLog:
     def add(self, rank: int, series: Sequence[pb.Series], attempt: int, wall: float) -> float | None:
         """Append one heartbeat's points (checked with :meth:`check_names` first); returns the
         last loss value it carried, if any. Points without times get ``wall``."""
-        self._names.setdefault(rank, set()).update(s.name for s in series)
+        names = self._names.setdefault(rank, set())
+        names.update(s.name for s in series)
+        shown = loss_name(names)
         loss = None
         for s in series:
             held_series = self._series.get((rank, s.name))
@@ -194,7 +197,7 @@ class SeriesLog:
             if held_series.add(s.steps, s.values, times, attempt):
                 self.epoch += 1
             self.points_in_memory += len(held_series) - held
-            if s.name == "loss" and s.values:
+            if s.name == shown and s.values:
                 loss = s.values[-1]
         if self.max_points_in_memory and self.points_in_memory > self.max_points_in_memory:
             self._trim()

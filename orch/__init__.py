@@ -30,6 +30,7 @@ if TYPE_CHECKING:
         AuthError,
         ConfigError,
         MasterUnavailable,
+        NestedRunError,
         OrchError,
         PortInUseError,
         RunFailed,
@@ -56,6 +57,7 @@ if TYPE_CHECKING:
     from orch.launchers.run import Run
     from orch.launchers.slurm import Slurm, SlurmError
     from orch.runtime.context import Context
+    from orch.runtime.current import log
     from orch.views.comparison import compare
     from orch.views.panel import Panel
     from orch.wire.client import MasterClient, StateMirror
@@ -92,6 +94,7 @@ _EXPORTS = {
     "Sweep": "orch.experiments.sweep",
     "SweepResults": "orch.experiments.sweep",
     "Trial": "orch.experiments.sweep",
+    "NestedRunError": "orch.errors",
     "WorkerError": "orch.errors",
     "attach": "orch.api",
     "close_all": "orch.experiments.catalog",
@@ -99,6 +102,7 @@ _EXPORTS = {
     "grid": "orch.experiments.sweep",
     "launch": "orch.api",
     "load_run": "orch.launchers.loaded",
+    "log": "orch.runtime.current",
     "runs": "orch.experiments.catalog",
     "sweep": "orch.experiments.sweep",
 }
@@ -114,6 +118,7 @@ __all__ = [
     "MasterClient",
     "MasterUnavailable",
     "MedianStop",
+    "NestedRunError",
     "OrchError",
     "Panel",
     "PortInUseError",
@@ -137,6 +142,7 @@ __all__ = [
     "grid",
     "launch",
     "load_run",
+    "log",
     "loguniform",
     "randint",
     "runs",

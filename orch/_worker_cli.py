@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import socket
 import sys
 from typing import Any
 
@@ -124,6 +125,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
             flush=True,
         )
     nproc = args.nproc_per_node or 1
+    group = f"{socket.gethostname()}-{os.getpid()}" if launched is None and nproc > 1 else ""
     specs = [
         WorkerSpec(
             run_root=args.run_root,
@@ -138,6 +140,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
             tls_ca=args.tls_ca,
             trust_master=args.trust_master,
             launched=launched,
+            group=group,
             log_dir=args.log_dir,
             **({"sources": sources} if sources is not None else {}),
         )

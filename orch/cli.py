@@ -34,6 +34,7 @@ from orch.record.store import RunStore
 from orch.runtime._nested import refuse_launch
 from orch.runtime._target import EXAMPLE
 from orch.views.dashboard import Dashboard, show, summary
+from orch.views.output import OutputFollower, parse_ranks
 from orch.wire._net import split_address
 from orch.wire.auth import certificate_name, new_token, token_from_env
 from orch.wire.client import MasterClient, StateMirror
@@ -166,7 +167,12 @@ def _run(args: argparse.Namespace) -> int:
         assert client is not None
         with client:
             dash = Dashboard(client, interval=args.refresh)
+            follower = OutputFollower(
+                run.run_dir / "logs", lambda: [(r.rank, r.worker_id) for r in dash.mirror.ranks], args.output
+            )
+            dash.output = follower.lines
             mirror = dash.run()
+            dash.out.write("".join(line + "\n" for line in follower.lines()))  # what came last
         with contextlib.suppress(RunFailed):  # the summary below names the root cause
             run.wait(timeout=60)
         mirror = run.state()
@@ -318,6 +324,14 @@ def build_parser() -> argparse.ArgumentParser:
     add_flag(r, "master_port")
     add_flag(r, "run_root")
     add_flag(r, "max_restarts")
+    r.add_argument(
+        "--output",
+        type=parse_ranks,
+        default=frozenset({0}),
+        metavar="RANKS",
+        help="whose output to show as it comes: 0 (rank 0, the default), all, none, or ranks such as "
+        "0,3 (each rank's whole output is in its log in the run dir)",
+    )
     r.add_argument(
         "--detach",
         action="store_true",

@@ -219,6 +219,9 @@ class Coordinator(RunFacade):
             raise
         if req.HasField("stack"):
             rec.take_stack(req.stack, now)
+        if req.note and req.note != rec.note:
+            rec.note = req.note  # a warning of its code's (a library sees another world size)
+            self._event("warning", rec.rank, f"rank {rec.rank}: {req.note}")
         if MORE_SECTIONS in req.timing.sections and not rec.many_sections:
             rec.many_sections = True  # told once per rank: the straggler note names the bucket
             self._event(

@@ -386,4 +386,17 @@ def tail(path: Path, lines: int, max_bytes: int = 16384) -> str:
         return ""
     except OrchError as e:
         return str(e)
-    return "\n".join(data.splitlines()[-lines:])
+    return "\n".join(shown_lines(data)[-lines:])
+
+
+def shown_lines(text: str) -> list[str]:
+    """The lines of a log as a terminal leaves them: a line rewritten with ``\r`` (a tqdm bar)
+    is its last state, one line, so the lines printed around it stay in view."""
+    out = []
+    for line in text.split("\n"):
+        if "\r" in line:
+            line = next((part for part in reversed(line.split("\r")) if part.strip()), "")
+        out.append(line.rstrip("\r"))
+    if out and not out[-1]:
+        out.pop()  # the text ended with its last line's newline
+    return out

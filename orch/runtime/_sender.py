@@ -71,12 +71,14 @@ class HeartbeatSender:
         self.total_steps = 0
         self.dropped = 0
         self.dropped_reason = ""  # why points were last dropped, told with the next beat
+        self.note = ""  # a warning of the rank's code about its run (Context.warn), until the master has it
         self._untold = False  # points were dropped since the master last heard the count
         self.timing: Callable[[], pb.StepTiming | None] | None = None  # ctx's step times, taken per beat
         # The training thread's stack, taken when the master asks (see orch.runtime._stack).
         self.stack_of: Callable[[], pb.Stack] | None = None
         self._stack: pb.Stack | None = None  # taken, to go in the next beat
         self.process: ProcessReader | None = None  # this process's memory and CPU, read per beat
+        self.watch: Callable[[], None] | None = None  # looked at before each beat (orch.runtime._world)
         self._closing = threading.Event()
         self._beat_lock = threading.Lock()  # one heartbeat at a time: the thread's or a flush's
         self._obey = True
@@ -156,6 +158,8 @@ class HeartbeatSender:
 
     def _loop(self) -> None:
         while not self._closing.wait(self.interval):
+            if self.watch is not None:
+                self.watch()
             self._beat()
         deadline = time.monotonic() + self.interval * 4 + 2.0
         while self._unsent and time.monotonic() < deadline:
@@ -199,6 +203,7 @@ class HeartbeatSender:
             dropped_points=self.dropped,
             dropped_reason=self.dropped_reason,
             series=series,
+            note=self.note,
         )
         timing = self.timing() if self.timing is not None else None
         if timing is not None:
@@ -275,6 +280,8 @@ class HeartbeatSender:
         self.interval = max(self.base_interval, reply.interval) if reply.interval > 0 else self.base_interval
         if request.dropped_points == self.dropped:
             self._untold = False
+        if request.note and request.note == self.note:
+            self.note = ""  # told
         if reply.send_stack and self.stack_of is not None and self._stack is None:
             self._stack = self.stack_of()  # it goes in the next beat
         self.hold_after = reply.hold_after_step

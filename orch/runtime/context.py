@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import logging
 import math
 import numbers
 import operator
@@ -35,6 +36,7 @@ from orch.runtime.checkpoints import read_checkpoint, write_checkpoint
 from orch.wire.limits import MAX_METRICS_PER_RANK, MAX_NAME_LEN
 
 T = TypeVar("T")
+log = logging.getLogger(__name__)
 GATE_WAIT = 10.0  # seconds ctx.steps waits at a sweep's rung for the sweep's decision
 
 
@@ -89,6 +91,7 @@ class Context:
         self._log_steps = 0  # steps ctx.log counted since _logged_at, not handed to self.times yet
         self._log_fast = False  # ctx.log may count the next step itself (see _log_step)
         self._log_timed = self.times is not None  # ctx.log marks the steps: nothing stronger did yet
+        self._warned = ""  # the last warning told (see warn)
         if sender is not None:
             # The master is told when this rank does not time its steps: never "not yet" for that.
             sender.timing = self.times.take if self.times is not None else lambda: OFF
@@ -465,6 +468,21 @@ class Context:
                 "group of layers"
             )
         self._names.update(new)
+
+    def warn(self, text: str) -> None:
+        """A warning about the run, from the rank's code (a library that sees another world
+        size): in the rank's log, its row of the panel and the run's events."""
+        text = " ".join(str(text).split())[:1000]
+        if text and text != self._warned:
+            self._warned = text
+            log.warning("%s", text)
+            if self._sender is not None:
+                self._sender.note = text
+
+    def progress_to(self, done: int) -> None:
+        """This rank has done ``done`` steps (a library's own loop: the HF Trainer's global step)."""
+        if self._sender is not None and done > self._sender.step:
+            self._sender.step = done
 
     @property
     def logged_step(self) -> int:

@@ -17,6 +17,7 @@ import os
 from typing import TYPE_CHECKING, Any
 
 from orch.errors import StopTraining
+from orch.runtime._world import check
 
 if TYPE_CHECKING:
     from orch.runtime.context import Context
@@ -91,6 +92,20 @@ def set_total_steps(n: int) -> None:
     ctx = _context
     if ctx is not None and isinstance(n, int) and n >= 0:
         ctx.total_steps = n
+
+
+def progress(done: int) -> None:
+    """The steps this rank has done, where the library counts them (its progress and pace)."""
+    ctx = _context
+    if ctx is not None:
+        ctx.progress_to(done)
+
+
+def check_world(library: str, processes: int) -> None:
+    """Warn (once) when ``library`` counts ``processes`` where the run has another world size."""
+    ctx = _context
+    if ctx is not None:
+        check(ctx, library, processes)
 
 
 def rank_of() -> str | None:

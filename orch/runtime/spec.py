@@ -51,6 +51,9 @@ class WorkerSpec:
     # Started by torchrun or srun: the rank (and world size) its launcher gave, which this
     # worker asks the master for. None: the master's next free rank.
     launched: LaunchedAs | None = None
+    # One host agent's ranks (orch worker --nproc-per-node K): the master numbers them as one
+    # block, so that RANK = GROUP_RANK * LOCAL_WORLD_SIZE + LOCAL_RANK.
+    group: str = ""
 
     def __post_init__(self) -> None:
         check_address(self.master)

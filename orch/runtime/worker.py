@@ -39,6 +39,7 @@ from orch.runtime._source import install, label_cells
 from orch.runtime._stack import capture as capture_stack
 from orch.runtime._target import EXAMPLE, resolve_fn
 from orch.runtime._torchrun import GroupAdopter, environment, real_init_process_group
+from orch.runtime._world import watcher as world_watcher
 from orch.runtime.spec import WorkerSpec
 from orch.wire._net import (
     DEFAULT_RENDEZVOUS_PORT,
@@ -138,6 +139,8 @@ def _register(stub: pb_grpc.OrchestratorStub, spec: WorkerSpec) -> pb.RegisterRe
     )
     if spec.launched is not None:
         req.rank, req.world_size = spec.launched.rank, spec.launched.world_size
+    elif spec.group:
+        req.group, req.local_world_size = spec.group, spec.local_world_size
     deadline = time.monotonic() + spec.register_timeout
     while True:
         left = deadline - time.monotonic()
@@ -478,6 +481,7 @@ def run_worker(spec: WorkerSpec) -> int:
         sender.stack_of = lambda: capture_stack(training_thread, spec.sources, sender.progress)
         sender.start()
         current.set_context(ctx)
+        sender.watch = world_watcher(ctx)
         fn(ctx)
         checksum = ctx.param_checksum()
         if ctx.stopped:

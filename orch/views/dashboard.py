@@ -23,6 +23,7 @@ from rich.control import Control
 from rich.live import Live
 from rich.live_render import LiveRender
 from rich.segment import ControlType, Segment
+from rich.text import Text
 
 from orch._text import printable
 from orch.errors import MasterUnavailable
@@ -117,6 +118,17 @@ class _Screen:
         else:
             self._live.update(view, refresh=True)
 
+    def above(self, lines: list[str]) -> None:
+        """Print ``lines`` above the live view (before it starts: plainly)."""
+        if not lines:
+            return
+        if self._live is None:
+            self.out.write("".join(line + "\n" for line in lines))
+            self.out.flush()
+            return
+        for line in lines:
+            self._live.console.print(Text(line), soft_wrap=True, highlight=False)
+
     def close(self) -> None:
         """Leave the last frame on the screen, the cursor below it and shown again."""
         if self._live is not None:
@@ -145,8 +157,10 @@ class Dashboard:
         out: TextIO | None = None,
         interval: float = 0.5,
         plain_every: float = 5.0,
+        output: Callable[[], list[str]] | None = None,
     ) -> None:
         self.client = client
+        self.output = output  # the ranks' own lines to print since the last draw (orch.views.output)
         self.out = out or sys.stdout
         self.interval = interval
         self.plain_every = plain_every
@@ -161,9 +175,14 @@ class Dashboard:
         return self.mirror.poll(self.client, skip_series=True)  # the table needs no points
 
     def draw(self) -> None:
+        lines = self.output() if self.output is not None else []
         if self._tty:
+            self._screen.above(lines)
             self._screen.frame(run_table(self.mirror, address=self.client.address))
             return
+        if lines:
+            self.out.write("".join(line + "\n" for line in lines))
+            self.out.flush()
         job = self.mirror.job.describe() if self.mirror.job is not None else ""
         if job != self._job:  # a line each time the job's state changes: queued, running, over
             self._job = job

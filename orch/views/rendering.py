@@ -209,6 +209,8 @@ def render(mirror: StateMirror, *, address: str = "") -> str:
             marks.append(f"no step for {r.progress_age:.0f}s")
         if r.memory_note:
             marks.append(printable(r.memory_note, one_line=True))
+        if r.note:
+            marks.append(printable(r.note, one_line=True))
         host = printable(r.host, one_line=True)  # what the worker says its host is called
         lines.append(
             f"{r.rank:>4}  {r.state.value:<10} {r.step:>7} {r.loss_text():>10} "
@@ -332,6 +334,8 @@ def run_table(mirror: StateMirror, *, address: str = "") -> RenderableType:
             marks.append((f"no step for {r.progress_age:.0f}s", "bold red"))
         if r.memory_note:
             marks.append((printable(r.memory_note, one_line=True), "bold yellow"))
+        if r.note:
+            marks.append((printable(r.note, one_line=True), "bold yellow"))
         mem_style = "yellow" if r.memory_note else ""
         table.add_row(
             Text(str(r.rank)),

@@ -196,6 +196,11 @@ def table_html(m: StateMirror) -> str:
                 '<span class="orch-memory" style="color:#9a6700;font-weight:bold">'
                 f"{escape_html(r.memory_note)}</span>"
             )
+        if r.note:
+            marks.append(
+                '<span class="orch-note" style="color:#9a6700;font-weight:bold">'
+                f"{escape_html(r.note)}</span>"
+            )
         color = "#cf222e" if r.state in (RankState.FAILED, RankState.LOST) else "inherit"
         age = "-" if r.heartbeat_age < 0 else f"{r.heartbeat_age:.1f}s"
         where = escape_html(f"{r.host or '?'}, pid {r.pid}" + (f", {r.worker_id}" if r.worker_id else ""))

@@ -68,6 +68,7 @@ class RankView:
     memory_limit: int = 0
     limit_kind: str = ""
     memory_note: str = ""  # a warning about its memory: growing, or near its limit
+    note: str = ""  # the last warning its code raised about the run (a library's world size)
     dropped_reason: str = ""  # why it last dropped points (see dropped_points)
     # What marks the steps its times are of: "ctx.steps", "ctx.data" (each batch), "ctx.log"
     # (from one logged step to the next: its step is not split into data and compute).

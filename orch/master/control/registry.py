@@ -108,6 +108,7 @@ class Registry:
         self.ranks: list[RankRecord] = []
         self._by_worker: dict[str, RankRecord] = {}
         self._by_rank: dict[int, RankRecord] = {}
+        self._blocks: dict[str, range] = {}  # a host agent's group -> its block of ranks
 
     @property
     def full(self) -> bool:
@@ -143,7 +144,13 @@ class Registry:
                 "resource_exhausted", f"run {run_id} already has all {self.world_size} ranks registered"
             )
         else:
-            rank = next(r for r in range(self.world_size) if r not in self._by_rank)
+            in_block = self._in_block(req)
+            if in_block is not None:
+                rank = in_block
+            else:
+                free = [r for r in range(self.world_size) if r not in self._by_rank]
+                held = {r for block in self._blocks.values() for r in block}
+                rank = next((r for r in free if r not in held), free[0])
         rec = RankRecord(
             rank=rank,
             worker_id=req.worker_id,
@@ -157,6 +164,30 @@ class Registry:
         self._by_worker[req.worker_id] = rec
         self._by_rank[rank] = rec
         return rec, True
+
+    def _in_block(self, req: pb.RegisterRequest) -> int | None:
+        """The rank of a host agent's worker: its group's block (the first whole free one, on a
+        multiple of the group's size) at its local rank; None when it has no group or no block
+        fits (then the lowest free rank)."""
+        size = req.local_world_size
+        if not req.group or size <= 1 or not 0 <= req.local_rank < size:
+            return None
+        block = self._blocks.get(req.group)
+        if block is None:
+            held = {r for b in self._blocks.values() for r in b}
+            block = next(
+                (
+                    range(start, start + size)
+                    for start in range(0, self.world_size - size + 1, size)
+                    if not any(r in self._by_rank or r in held for r in range(start, start + size))
+                ),
+                None,
+            )
+            if block is None or len(block) != size:
+                return None
+            self._blocks[req.group] = block
+        rank = block[req.local_rank]
+        return rank if rank not in self._by_rank else None
 
     def _requested(self, req: pb.RegisterRequest, run_id: str) -> int:
         """The rank the worker asked for, if it is free and in range."""

@@ -75,6 +75,8 @@ def check_heartbeat(req: pb.HeartbeatRequest) -> None:
         )
     if len(req.dropped_reason) > MAX_REASON_LEN:
         raise Reject("invalid_argument", f"dropped_reason is longer than {MAX_REASON_LEN} characters")
+    if len(req.note) > MAX_REASON_LEN:
+        raise Reject("invalid_argument", f"note is longer than {MAX_REASON_LEN} characters")
     if req.HasField("timing"):
         check_timing(req.timing)
     for s in req.series:

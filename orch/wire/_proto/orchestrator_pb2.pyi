@@ -68,7 +68,7 @@ HOST_WAIT: HostAction
 HOST_EXIT: HostAction
 
 class RegisterRequest(_message.Message):
-    __slots__ = ("worker_id", "host", "pid", "address", "rendezvous_port", "local_rank", "backend", "run_id", "rank", "world_size")
+    __slots__ = ("worker_id", "host", "pid", "address", "rendezvous_port", "local_rank", "backend", "run_id", "rank", "world_size", "group", "local_world_size")
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     HOST_FIELD_NUMBER: _ClassVar[int]
     PID_FIELD_NUMBER: _ClassVar[int]
@@ -79,6 +79,8 @@ class RegisterRequest(_message.Message):
     RUN_ID_FIELD_NUMBER: _ClassVar[int]
     RANK_FIELD_NUMBER: _ClassVar[int]
     WORLD_SIZE_FIELD_NUMBER: _ClassVar[int]
+    GROUP_FIELD_NUMBER: _ClassVar[int]
+    LOCAL_WORLD_SIZE_FIELD_NUMBER: _ClassVar[int]
     worker_id: str
     host: str
     pid: int
@@ -89,7 +91,9 @@ class RegisterRequest(_message.Message):
     run_id: str
     rank: int
     world_size: int
-    def __init__(self, worker_id: _Optional[str] = ..., host: _Optional[str] = ..., pid: _Optional[int] = ..., address: _Optional[str] = ..., rendezvous_port: _Optional[int] = ..., local_rank: _Optional[int] = ..., backend: _Optional[str] = ..., run_id: _Optional[str] = ..., rank: _Optional[int] = ..., world_size: _Optional[int] = ...) -> None: ...
+    group: str
+    local_world_size: int
+    def __init__(self, worker_id: _Optional[str] = ..., host: _Optional[str] = ..., pid: _Optional[int] = ..., address: _Optional[str] = ..., rendezvous_port: _Optional[int] = ..., local_rank: _Optional[int] = ..., backend: _Optional[str] = ..., run_id: _Optional[str] = ..., rank: _Optional[int] = ..., world_size: _Optional[int] = ..., group: _Optional[str] = ..., local_world_size: _Optional[int] = ...) -> None: ...
 
 class RegisterResponse(_message.Message):
     __slots__ = ("rank", "world_size", "run_id", "fn", "config_json", "total_steps", "heartbeat_timeout", "attempt", "rendezvous_port")
@@ -152,7 +156,7 @@ class Series(_message.Message):
     def __init__(self, rank: _Optional[int] = ..., name: _Optional[str] = ..., steps: _Optional[_Iterable[int]] = ..., values: _Optional[_Iterable[float]] = ..., times: _Optional[_Iterable[float]] = ...) -> None: ...
 
 class HeartbeatRequest(_message.Message):
-    __slots__ = ("run_id", "worker_id", "step", "total_steps", "series", "dropped_points", "timing", "process", "stack", "dropped_reason")
+    __slots__ = ("run_id", "worker_id", "step", "total_steps", "series", "dropped_points", "timing", "process", "stack", "dropped_reason", "note")
     RUN_ID_FIELD_NUMBER: _ClassVar[int]
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     STEP_FIELD_NUMBER: _ClassVar[int]
@@ -163,6 +167,7 @@ class HeartbeatRequest(_message.Message):
     PROCESS_FIELD_NUMBER: _ClassVar[int]
     STACK_FIELD_NUMBER: _ClassVar[int]
     DROPPED_REASON_FIELD_NUMBER: _ClassVar[int]
+    NOTE_FIELD_NUMBER: _ClassVar[int]
     run_id: str
     worker_id: str
     step: int
@@ -173,7 +178,8 @@ class HeartbeatRequest(_message.Message):
     process: ProcessStats
     stack: Stack
     dropped_reason: str
-    def __init__(self, run_id: _Optional[str] = ..., worker_id: _Optional[str] = ..., step: _Optional[int] = ..., total_steps: _Optional[int] = ..., series: _Optional[_Iterable[_Union[Series, _Mapping]]] = ..., dropped_points: _Optional[int] = ..., timing: _Optional[_Union[StepTiming, _Mapping]] = ..., process: _Optional[_Union[ProcessStats, _Mapping]] = ..., stack: _Optional[_Union[Stack, _Mapping]] = ..., dropped_reason: _Optional[str] = ...) -> None: ...
+    note: str
+    def __init__(self, run_id: _Optional[str] = ..., worker_id: _Optional[str] = ..., step: _Optional[int] = ..., total_steps: _Optional[int] = ..., series: _Optional[_Iterable[_Union[Series, _Mapping]]] = ..., dropped_points: _Optional[int] = ..., timing: _Optional[_Union[StepTiming, _Mapping]] = ..., process: _Optional[_Union[ProcessStats, _Mapping]] = ..., stack: _Optional[_Union[Stack, _Mapping]] = ..., dropped_reason: _Optional[str] = ..., note: _Optional[str] = ...) -> None: ...
 
 class ProcessStats(_message.Message):
     __slots__ = ("rss_bytes", "cpu_percent", "cuda_allocated", "cuda_reserved", "cuda_peak", "cuda_total", "memory_limit", "limit_kind", "oom_kills", "limit_used")
@@ -355,7 +361,7 @@ class GetStateRequest(_message.Message):
     def __init__(self, cursor: _Optional[bytes] = ..., skip_series: _Optional[bool] = ..., max_points: _Optional[int] = ...) -> None: ...
 
 class RankInfo(_message.Message):
-    __slots__ = ("rank", "worker_id", "host", "pid", "state", "step", "total_steps", "steps_per_sec", "heartbeat_age", "loss", "param_checksum", "error", "exit_code", "dropped_points", "address", "has_loss", "timed", "step_ms", "data_ms", "compute_ms", "collective_ms", "other_ms", "relative_score", "individual_score", "slow_in", "progress_age", "stack", "rss_bytes", "cpu_percent", "cuda_allocated", "cuda_reserved", "cuda_peak", "cuda_total", "memory_limit", "limit_kind", "memory_note", "dropped_reason", "timed_by", "section_ms")
+    __slots__ = ("rank", "worker_id", "host", "pid", "state", "step", "total_steps", "steps_per_sec", "heartbeat_age", "loss", "param_checksum", "error", "exit_code", "dropped_points", "address", "has_loss", "timed", "step_ms", "data_ms", "compute_ms", "collective_ms", "other_ms", "relative_score", "individual_score", "slow_in", "progress_age", "stack", "rss_bytes", "cpu_percent", "cuda_allocated", "cuda_reserved", "cuda_peak", "cuda_total", "memory_limit", "limit_kind", "memory_note", "dropped_reason", "timed_by", "section_ms", "note")
     class SectionMsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -402,6 +408,7 @@ class RankInfo(_message.Message):
     DROPPED_REASON_FIELD_NUMBER: _ClassVar[int]
     TIMED_BY_FIELD_NUMBER: _ClassVar[int]
     SECTION_MS_FIELD_NUMBER: _ClassVar[int]
+    NOTE_FIELD_NUMBER: _ClassVar[int]
     rank: int
     worker_id: str
     host: str
@@ -441,7 +448,8 @@ class RankInfo(_message.Message):
     dropped_reason: str
     timed_by: str
     section_ms: _containers.ScalarMap[str, float]
-    def __init__(self, rank: _Optional[int] = ..., worker_id: _Optional[str] = ..., host: _Optional[str] = ..., pid: _Optional[int] = ..., state: _Optional[_Union[RankState, str]] = ..., step: _Optional[int] = ..., total_steps: _Optional[int] = ..., steps_per_sec: _Optional[float] = ..., heartbeat_age: _Optional[float] = ..., loss: _Optional[float] = ..., param_checksum: _Optional[str] = ..., error: _Optional[str] = ..., exit_code: _Optional[int] = ..., dropped_points: _Optional[int] = ..., address: _Optional[str] = ..., has_loss: _Optional[bool] = ..., timed: _Optional[bool] = ..., step_ms: _Optional[float] = ..., data_ms: _Optional[float] = ..., compute_ms: _Optional[float] = ..., collective_ms: _Optional[float] = ..., other_ms: _Optional[float] = ..., relative_score: _Optional[float] = ..., individual_score: _Optional[float] = ..., slow_in: _Optional[str] = ..., progress_age: _Optional[float] = ..., stack: _Optional[str] = ..., rss_bytes: _Optional[int] = ..., cpu_percent: _Optional[float] = ..., cuda_allocated: _Optional[int] = ..., cuda_reserved: _Optional[int] = ..., cuda_peak: _Optional[int] = ..., cuda_total: _Optional[int] = ..., memory_limit: _Optional[int] = ..., limit_kind: _Optional[str] = ..., memory_note: _Optional[str] = ..., dropped_reason: _Optional[str] = ..., timed_by: _Optional[str] = ..., section_ms: _Optional[_Mapping[str, float]] = ...) -> None: ...
+    note: str
+    def __init__(self, rank: _Optional[int] = ..., worker_id: _Optional[str] = ..., host: _Optional[str] = ..., pid: _Optional[int] = ..., state: _Optional[_Union[RankState, str]] = ..., step: _Optional[int] = ..., total_steps: _Optional[int] = ..., steps_per_sec: _Optional[float] = ..., heartbeat_age: _Optional[float] = ..., loss: _Optional[float] = ..., param_checksum: _Optional[str] = ..., error: _Optional[str] = ..., exit_code: _Optional[int] = ..., dropped_points: _Optional[int] = ..., address: _Optional[str] = ..., has_loss: _Optional[bool] = ..., timed: _Optional[bool] = ..., step_ms: _Optional[float] = ..., data_ms: _Optional[float] = ..., compute_ms: _Optional[float] = ..., collective_ms: _Optional[float] = ..., other_ms: _Optional[float] = ..., relative_score: _Optional[float] = ..., individual_score: _Optional[float] = ..., slow_in: _Optional[str] = ..., progress_age: _Optional[float] = ..., stack: _Optional[str] = ..., rss_bytes: _Optional[int] = ..., cpu_percent: _Optional[float] = ..., cuda_allocated: _Optional[int] = ..., cuda_reserved: _Optional[int] = ..., cuda_peak: _Optional[int] = ..., cuda_total: _Optional[int] = ..., memory_limit: _Optional[int] = ..., limit_kind: _Optional[str] = ..., memory_note: _Optional[str] = ..., dropped_reason: _Optional[str] = ..., timed_by: _Optional[str] = ..., section_ms: _Optional[_Mapping[str, float]] = ..., note: _Optional[str] = ...) -> None: ...
 
 class Event(_message.Message):
     __slots__ = ("time", "kind", "rank", "message")

@@ -27,10 +27,18 @@ def add_parser(sub: Any) -> None:
     """``orch worker``'s options."""
     w = sub.add_parser("worker", help="join the run of a master")
     w.add_argument(
+        "address",
+        nargs="?",
+        default=None,
+        metavar="HOST:PORT",
+        help="the master's address, as orch master printed it (the form torchrun passes on: "
+        "torchrun --nproc-per-node K -m orch.worker HOST:PORT)",
+    )
+    w.add_argument(
         "--master",
         default=None,
-        help="HOST:PORT of the master (default $ORCH_MASTER: under torchrun, whose parser refuses "
-        "--master after the script unless a -- comes first)",
+        help="HOST:PORT of the master, as the first argument does (default $ORCH_MASTER; torchrun's "
+        "parser takes --master for an abbreviation of its --master-addr: give the address first)",
     )
     token_options(w, "default $ORCH_TOKEN")
     w.add_argument("--tls-ca", default=None, help="verify the master's TLS certificate with this CA")
@@ -91,9 +99,11 @@ def add_parser(sub: Any) -> None:
 
 
 def cmd_worker(args: argparse.Namespace) -> int:
-    master = args.master or os.environ.get("ORCH_MASTER", "")
+    if args.address and args.master and args.address != args.master:
+        raise ConfigError(f"two masters: {args.address} and --master {args.master}; pass one")
+    master = args.address or args.master or os.environ.get("ORCH_MASTER", "")
     if not master:
-        raise ConfigError("pass --master HOST:PORT (the address orch master printed), or set ORCH_MASTER")
+        raise ConfigError("pass the master's HOST:PORT (the address orch master printed), or set ORCH_MASTER")
     launched = launched_as(os.environ, args.launcher)
     if launched is not None and args.nproc_per_node is not None:
         raise ConfigError(

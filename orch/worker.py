@@ -1,8 +1,9 @@
 """``python -m orch.worker ARGS`` is ``orch worker ARGS``: the entry point torchrun and srun name.
 
-Under torchrun, ``torchrun ... -m orch.worker -- --master HOST:PORT`` (or ORCH_MASTER in the
-environment): without the ``--`` torchrun's own parser takes ``--master`` for an
-abbreviation of its ``--master-addr`` and refuses it. Some Pythons pass the ``--`` on. It
+Under torchrun, ``torchrun --nproc-per-node K -m orch.worker HOST:PORT [flags]`` (or
+ORCH_MASTER in the environment): the master's address comes first, as an argument, since
+torchrun's own parser takes ``--master`` for an abbreviation of its ``--master-addr`` and
+refuses it wherever it stands. A ``--`` before the worker's arguments is dropped. It
 parses the worker's flags alone (:mod:`orch._worker_cli`), so a worker host loads no master,
 launcher or view; the worker itself is :mod:`orch.runtime.worker`.
 """

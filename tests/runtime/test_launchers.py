@@ -261,9 +261,7 @@ def test_torchrun_runs_orch_workers_with_its_own_ranks(
             "2",
             "-m",
             "orch.worker",
-            "--",  # else torchrun's parser takes --master for its --master-addr, and refuses it
-            "--master",
-            address,
+            address,  # first: torchrun's parser would take --master for its --master-addr, and refuse it
             "--fn",
             "jobs:launcher_ranks",
             "--threads",

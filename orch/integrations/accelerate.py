@@ -1,9 +1,9 @@
 """Accelerate's tracked metrics in orch: ``Accelerator(log_with=OrchTracker())``.
 
-An Accelerate ``GeneralTracker``: ``accelerator.log({"loss": ...}, step=step)`` records on every
-rank (Accelerate calls its trackers on the main process only unless a tracker says otherwise:
-this one says ``main_process_only = False``). The world Accelerate sees is held against the
-run's at every beat anyway (:mod:`orch.runtime._world`).
+An Accelerate ``GeneralTracker``: what ``accelerator.log({"loss": ...}, step=step)`` logs is
+recorded at its step. Accelerate calls ``log`` on its main process only, so the panel draws
+rank 0's curve; ``orch.log(step, loss=...)`` in the loop draws every rank's. The world Accelerate
+sees is held against the run's at every beat, tracker or not (:mod:`orch.runtime._world`).
 """
 
 from __future__ import annotations

@@ -154,13 +154,15 @@ class HeartbeatSender:
     @property
     def _unsent(self) -> bool:
         """Points wait to be sent, or the master has not yet heard of the last ones dropped."""
-        return bool(self._queue) or self._retry is not None or self._untold
+        return bool(self._queue) or self._retry is not None or self._untold or bool(self.note)
 
     def _loop(self) -> None:
         while not self._closing.wait(self.interval):
             if self.watch is not None:
                 self.watch()
             self._beat()
+        if self.watch is not None:
+            self.watch()  # a last look: a run shorter than a beat is judged too
         deadline = time.monotonic() + self.interval * 4 + 2.0
         while self._unsent and time.monotonic() < deadline:
             if not self._beat():

@@ -1,0 +1,50 @@
+"""Code built on Lightning (``Trainer(strategy="ddp", accelerator="cpu", devices=2)``) trains in
+an orch run as under Lightning's own launcher: global ranks 0 and 1, the launcher's parameters,
+no process of Lightning's own beside orch's ranks (it re-executed the program for its "local
+rank 1" before torchrun's environment was there); OrchLogger's metrics are in the history."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import orch
+from theirs import CODE, assert_same_training, clean_env
+
+pytestmark = pytest.mark.timeout(300)
+
+
+def test_lightning_ddp_in_an_orch_run_trains_as_under_its_own_launcher(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    code = Path(shutil.copy(CODE / "lightning_fn.py", tmp_path / "train_lit.py"))
+    ours, theirs = tmp_path / "ours", tmp_path / "theirs"
+    ours.mkdir(), theirs.mkdir()
+    proc = subprocess.run(  # Lightning's own launcher: it starts the second process itself
+        [sys.executable, str(code)], cwd=tmp_path, env=clean_env(ORCH_TEST_OUT=str(theirs)),
+        capture_output=True, text=True, timeout=240,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("ORCH_TEST_OUT", str(ours))
+    monkeypatch.setenv("ORCH_TEST_LOGGER", "1")
+    with orch.launch("train_lit.py:train", world_size=2) as run:
+        result = run.wait(timeout=240)
+        pids = {r.rank: r.pid for r in run.state().ranks}
+    assert result.state is orch.RunState.SUCCEEDED
+    for rank in (0, 1):
+        seen = json.loads((ours / f"seen-rank{rank}.json").read_text())
+        assert seen == {"global_rank": rank, "world_size": 2, "pid": pids[rank]}, seen  # the rank itself
+    assert_same_training(ours, theirs)
+    assert [p.name for p in (tmp_path / "runs").iterdir()] == [run.run_id]  # no second orch run
+    history = run.history()
+    # 128 samples, 2 ranks, batches of 16, 2 epochs: 8 steps a rank, each logged on its own rank
+    assert {r: s["step"] for r, s in history["train_loss"].items()} == {0: list(range(8)), 1: list(range(8))}
+    assert history["train_loss"][0]["value"] != history["train_loss"][1]["value"]  # each its own half
+    state = run.state()
+    assert state.total_steps == 8 and all(r.step == 8 for r in state.ranks)  # OrchCallback's total

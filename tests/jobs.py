@@ -551,3 +551,47 @@ def landscape_job(ctx: Any) -> None:
             with open(trace, "a") as f:
                 f.write(f"{ctx.config['x']} {step}\n")
         time.sleep(float(ctx.config.get("sleep", 0.0)))
+
+
+TORCHRUN_VARIABLES = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "MASTER_PORT")
+
+
+def torchrun_contract(ctx: Any) -> None:
+    """Log torchrun's variables beside ctx's rank and local rank (one point, step 0)."""
+    seen = {f"env/{n}": float(os.environ.get(n, -1)) for n in TORCHRUN_VARIABLES}
+    ctx.log(0, ctx_rank=float(ctx.rank), ctx_local_rank=float(ctx.local_rank), **seen)
+
+
+def spawns_its_own_job(ctx: Any) -> None:
+    """What Lightning's ddp_spawn does: torch.multiprocessing.spawn of the training itself."""
+    import torch.multiprocessing as tmp
+
+    tmp.spawn(allreduce_steps, nprocs=2)
+
+
+def launches_a_run_inside(ctx: Any) -> None:
+    import orch
+
+    orch.launch(allreduce_steps, world_size=2)
+
+
+def starts_processes_and_returns(ctx: Any) -> None:
+    """A child, and a grandchild whose parent exits at once (an orphan): none may outlive the run."""
+    import subprocess
+
+    subprocess.Popen(["sleep", "600"])
+    subprocess.run(["sh", "-c", "sleep 600 &"], check=True)
+    ctx.log(0, loss=1.0)
+
+
+def reexecutes_orch_run(ctx: Any) -> None:
+    """What a library that re-executes the program does when the program is `orch run`."""
+    import subprocess
+    import sys
+
+    proc = subprocess.run(
+        [sys.executable, "-m", "orch", "run", "--workers", "2", "--fn", "jobs:allreduce_steps"],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    print(f"child exited {proc.returncode}: {proc.stderr.strip()}", flush=True)
+    ctx.log(0, child_exit=float(proc.returncode))

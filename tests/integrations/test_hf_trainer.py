@@ -21,9 +21,10 @@ def test_the_hf_trainer_under_orch_run_trains_as_under_torchrun(tmp_path: Path) 
     shutil.copy(CODE / "hf_script.py", tmp_path / "train_hf.py")
     ours, theirs = tmp_path / "ours", tmp_path / "theirs"
     ours.mkdir(), theirs.mkdir()
+    env = clean_env(ORCH_TEST_OUT=str(theirs), HF_HUB_OFFLINE="1")
     proc = subprocess.run(
-        [TORCHRUN, "--standalone", "--nproc-per-node", "2", "train_hf.py"], cwd=tmp_path,
-        env=clean_env(ORCH_TEST_OUT=str(theirs), HF_HUB_OFFLINE="1"), capture_output=True, text=True, timeout=240,
+        [TORCHRUN, "--standalone", "--nproc-per-node", "2", "train_hf.py"], cwd=tmp_path, env=env,
+        capture_output=True, text=True, timeout=240,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stdout + proc.stderr
     proc = subprocess.run(
@@ -37,7 +38,8 @@ def test_the_hf_trainer_under_orch_run_trains_as_under_torchrun(tmp_path: Path) 
     assert_same_training(ours, theirs)
     run = orch.load_run(next((tmp_path / "runs").iterdir()))
     history = run.history()
+    every_step = {0: list(range(6)), 1: list(range(6))}
     for name in ("loss", "learning_rate", "grad_norm"):
-        assert {r: s["step"] for r, s in history[name].items()} == {0: list(range(6)), 1: list(range(6))}, name
+        assert {r: s["step"] for r, s in history[name].items()} == every_step, name
     assert "train_runtime" not in history  # the end-of-training summary is not a series
     assert all(r.step == 6 and r.total_steps == 6 for r in run.state().ranks)

@@ -279,3 +279,29 @@ def test_reported_means_ended_and_not_lost(state: RankState, reported: bool) -> 
 
 def test_an_unknown_worker_reported_nothing() -> None:
     assert not filled(1).reported("ghost")
+
+
+# -- host agents' blocks --------------------------------------------------------------------
+
+
+def test_a_host_agents_ranks_are_one_block_whatever_the_order_they_register_in() -> None:
+    order = [("b", 1), ("a", 0), ("c", 2), ("b", 0), ("a", 2), ("c", 0), ("a", 1), ("b", 2), ("c", 1)]
+    reg = Registry(9)
+    ranks = {}
+    for group, local in order:
+        rec, _ = reg.add(req(f"{group}{local}", group=group, local_world_size=3, local_rank=local), "run-a")
+        ranks[(group, local)] = rec.rank
+    for group in "abc":
+        block = [ranks[(group, local)] for local in range(3)]
+        start = block[0]
+        assert start % 3 == 0 and block == [start, start + 1, start + 2], (group, block)  # RANK = G*3 + L
+    assert sorted(ranks.values()) == list(range(9))
+
+
+def test_a_worker_without_a_group_takes_a_rank_no_block_holds() -> None:
+    reg = Registry(4)
+    reg.add(req("a0", group="a", local_world_size=2, local_rank=0), "run-a")  # holds ranks 0-1
+    lone, _ = reg.add(req("lone"), "run-a")
+    assert lone.rank == 2
+    a1, _ = reg.add(req("a1", group="a", local_world_size=2, local_rank=1), "run-a")
+    assert a1.rank == 1

@@ -492,7 +492,10 @@ class Context:
     def stop_due(self, step: int) -> bool:
         """True when the run was asked to stop and ``step`` is the last one every rank takes
         (for a loop ``ctx.steps`` does not drive: a library's own)."""
-        return bool(self._stop_at) and step + 1 >= self._stop_at
+        due = bool(self._stop_at) and step + 1 >= self._stop_at
+        if due:
+            self.stopped = True  # the library leaves its loop there: the rank ends STOPPED
+        return due
 
     @property
     def total_steps(self) -> int:

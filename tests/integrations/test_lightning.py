@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 import orch
+from conftest import until
 from theirs import CODE, assert_same_training, clean_env
 
 pytestmark = pytest.mark.timeout(300)
@@ -48,3 +49,22 @@ def test_lightning_ddp_in_an_orch_run_trains_as_under_its_own_launcher(
     assert history["train_loss"][0]["value"] != history["train_loss"][1]["value"]  # each its own half
     state = run.state()
     assert state.total_steps == 8 and all(r.step == 8 for r in state.ranks)  # OrchCallback's total
+
+
+def test_stop_ends_a_lightning_run_at_the_same_step_on_every_rank(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    shutil.copy(CODE / "lightning_fn.py", tmp_path / "train_lit.py")
+    monkeypatch.chdir(tmp_path)
+    for name, value in {"ORCH_TEST_OUT": str(tmp_path), "ORCH_TEST_LOGGER": "1", "ORCH_TEST_EPOCHS": "1000",
+                        "ORCH_TEST_STEP_SLEEP": "0.02"}.items():  # fmt: skip
+        monkeypatch.setenv(name, value)
+    with orch.launch("train_lit.py:train", world_size=2, stop_grace=30.0) as run:
+        until(lambda: min((r.step for r in run.state().ranks), default=0) >= 10, 120)
+        run.stop()
+        result = run.wait(timeout=60)
+        ranks = run.state().ranks
+    assert result.state is orch.RunState.STOPPED
+    assert [r.state for r in ranks] == [orch.RankState.STOPPED] * 2, ranks  # by OrchCallback, not terminated
+    assert ranks[0].step == ranks[1].step < 8000, ranks
+    assert "terminated" not in (run.state().progress_note or "")

@@ -109,3 +109,36 @@ def test_a_script_that_is_not_there_is_named_before_anything_starts(tmp_path: Pa
     assert proc.returncode == 2
     assert "there is no script" in proc.stderr and "nope.py" in proc.stderr
     assert not (tmp_path / "runs").exists()
+
+
+SWEPT = """
+import argparse, json, os
+import torch.distributed as dist
+import orch
+
+parser = argparse.ArgumentParser()
+parser.add_argument("--lr", type=float, required=True)
+parser.add_argument("--epochs", type=int, default=1)
+args = parser.parse_args()
+dist.init_process_group("gloo")
+assert json.loads(os.environ["ORCH_CONFIG"])["lr"] == args.lr
+for step in range(3 * args.epochs):
+    orch.log(step, loss=1.0 / (step + 1) + args.lr, lr=args.lr)
+dist.destroy_process_group()
+"""
+
+
+def test_a_sweep_passes_each_config_to_a_script_as_arguments(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (tmp_path / "swept.py").write_text(SWEPT)
+    monkeypatch.chdir(tmp_path)
+    sweep = orch.sweep("swept.py", orch.grid(lr=[0.01, 0.1]), world_size=2, args=["--epochs", "2"])
+    sweep.wait(timeout=240)
+    assert sweep.name == "swept"
+    results = sweep.results()
+    assert [t.state for t in sweep.trials] == [orch.RunState.SUCCEEDED] * 2, results
+    for trial in sweep.trials:
+        lr = trial.run.history()["lr"]
+        assert {r: s["value"] for r, s in lr.items()} == {0: [trial.config["lr"]] * 6, 1: [trial.config["lr"]] * 6}
+    assert sweep.best("loss", mode="min").config == {"lr": 0.01}

@@ -4,6 +4,7 @@ as a script, under Lightning's own launcher (which starts the second process its
 
 import json
 import os
+import time
 
 import torch
 
@@ -23,6 +24,7 @@ def train(ctx=None):
             x, y = batch
             loss = torch.nn.functional.mse_loss(self.net(x), y)
             self.log("train_loss", loss)
+            time.sleep(float(os.environ.get("ORCH_TEST_STEP_SLEEP", "0")))
             return loss
 
         def configure_optimizers(self):
@@ -38,8 +40,9 @@ def train(ctx=None):
     x = torch.randn(128, 8, generator=g)
     loader = DataLoader(TensorDataset(x, x.sum(1, keepdim=True)), batch_size=16)
     model = Regression()
+    epochs = int(os.environ.get("ORCH_TEST_EPOCHS", "2"))
     trainer = L.Trainer(
-        strategy="ddp", accelerator="cpu", devices=2, max_epochs=2, logger=loggers or False,
+        strategy="ddp", accelerator="cpu", devices=2, max_epochs=epochs, logger=loggers or False,
         callbacks=callbacks, log_every_n_steps=1, enable_checkpointing=False,
         enable_progress_bar=False, enable_model_summary=False,
     )

@@ -140,5 +140,6 @@ def test_a_sweep_passes_each_config_to_a_script_as_arguments(
     assert [t.state for t in sweep.trials] == [orch.RunState.SUCCEEDED] * 2, results
     for trial in sweep.trials:
         lr = trial.run.history()["lr"]
-        assert {r: s["value"] for r, s in lr.items()} == {0: [trial.config["lr"]] * 6, 1: [trial.config["lr"]] * 6}
+        expected = [trial.config["lr"]] * 6
+        assert {r: s["value"] for r, s in lr.items()} == {0: expected, 1: expected}
     assert sweep.best("loss", mode="min").config == {"lr": 0.01}

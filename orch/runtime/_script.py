@@ -6,7 +6,8 @@
 ``sys.argv``, its folder first on ``sys.path``, and torchrun's environment
 (:mod:`orch.runtime._torchrun`), so its argparse, its ``init_process_group`` and its
 ``destroy_process_group`` work. Its exit decides the rank's outcome as a process's would:
-returning or ``sys.exit(0)`` is success, any other exit code or exception a failure.
+returning, ``sys.exit(0)`` or ``os._exit(0)`` is success, any other exit code or exception a
+failure (``os._exit`` reports first: ``orch.runtime.worker._exit_reporting``).
 
 A run's config (a sweep's trial) reaches the script as arguments, ``--key=value`` after the
 script's own (as sweep agents pass them), and as JSON in ``$ORCH_CONFIG``.

@@ -23,7 +23,7 @@ import threading
 import time
 import traceback
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import grpc
 
@@ -69,6 +69,17 @@ def _set_threads(spec: WorkerSpec) -> None:
     cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     n = spec.threads or max(1, cpus // spec.local_world_size)
     torch.set_num_threads(n)
+
+
+def _set_interop_threads(spec: WorkerSpec, fn_name: object) -> None:
+    """The inter-op pool of a function's rank, as _set_threads sizes the intra-op one. A
+    script's is left alone: it may size the pool itself, which torch allows once per process."""
+    if isinstance(fn_name, Script):
+        return
+    import torch
+
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    n = spec.threads or max(1, cpus // spec.local_world_size)
     with contextlib.suppress(RuntimeError):  # only settable before the first parallel op
         torch.set_num_interop_threads(max(1, min(n, 2)))
 
@@ -386,6 +397,7 @@ def run_worker(spec: WorkerSpec) -> int:
     error_file = Path(spec.run_root) / run_id / "errors" / f"{spec.worker_id}.json"
     adopter: GroupAdopter | None = None
     try:
+        _set_interop_threads(spec, fn_name)
         fn = resolve_fn(fn_name, spec.workdir)
         install(fn, spec.sources)
         config = spec.config if spec.config is not None else json.loads(reg.config_json or "{}")
@@ -482,7 +494,14 @@ def run_worker(spec: WorkerSpec) -> int:
         sender.start()
         current.set_context(ctx)
         sender.watch = world_watcher(ctx)
-        fn(ctx)
+        if isinstance(fn, Script):
+            real_exit = _exit_reporting(stub, spec, rank, sender, lambda: ctx.param_checksum())
+            try:
+                fn(ctx)
+            finally:
+                os._exit = real_exit
+        else:
+            fn(ctx)
         checksum = ctx.param_checksum()
         if ctx.stopped:
             outcome = pb.RANK_STOPPED
@@ -522,6 +541,44 @@ def run_worker(spec: WorkerSpec) -> int:
             dist.destroy_process_group()
     channel.close()
     return code
+
+
+def _exit_reporting(
+    stub: pb_grpc.OrchestratorStub,
+    spec: WorkerSpec,
+    rank: int,
+    sender: HeartbeatSender,
+    checksum: Any,
+) -> Any:
+    """Make ``os._exit`` in a script end the rank as its exit code says, as torchrun reads it.
+
+    Scripts call ``os._exit(0)`` to skip an interpreter shutdown that gloo's threads can abort;
+    torchrun counts that a success. Here the call first sends the rank's last points and its
+    outcome (0: SUCCEEDED, else FAILED with the code and where it was called), then exits as
+    asked, with no unwinding. Returns the real ``os._exit``, which the caller puts back."""
+    real_exit = os._exit
+
+    def exit_now(status: int) -> NoReturn:
+        os._exit = real_exit
+        outcome, error, total = pb.RANK_SUCCEEDED, "", ""
+        try:
+            with contextlib.suppress(Exception):
+                total = checksum()
+            if status != 0:
+                outcome = pb.RANK_FAILED
+                where = "".join(traceback.format_stack(sys._getframe(1), limit=8))
+                error = f"the script called os._exit({status})\n{where}"
+            sender.close()
+            log.info("rank %d: %s at step %d (os._exit)", rank, pb.RankState.Name(outcome), sender.progress)
+            _report(stub, sender.run_id, spec.worker_id, outcome, error, total, sender.progress)
+            sys.stdout.flush()
+            sys.stderr.flush()
+            end_descendants()
+        finally:
+            real_exit(status)
+
+    os._exit = exit_now
+    return real_exit
 
 
 def own_logging(worker_id: str) -> None:

@@ -155,3 +155,41 @@ def test_orch_run_inside_a_rank_is_refused_in_the_cli_too(tmp_path: Path) -> Non
     assert proc.returncode == 1
     assert "rank 1 of orch run abc123 started a distributed job of its own (orch run)" in proc.stderr
     assert not (tmp_path / "runs").exists()
+
+
+EXITS = """
+import os
+import sys
+import torch
+import torch.distributed as dist
+import orch
+
+torch.set_num_interop_threads(1)  # a script may size torch's pools itself, once
+dist.init_process_group("gloo")
+for step in range(5):
+    orch.log(step, loss=1.0 / (step + 1))
+dist.barrier()
+sys.stdout.flush()
+os._exit(int(sys.argv[1]) if dist.get_rank() == 1 else 0)  # past gloo's teardown, as scripts do
+"""
+
+
+@pytest.mark.parametrize("code", [0, 3])
+def test_os_exit_in_a_script_is_its_exit_code_as_under_torchrun(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, code: int
+) -> None:
+    (tmp_path / "exits.py").write_text(EXITS)
+    monkeypatch.chdir(tmp_path)
+    with orch.launch("exits.py", world_size=2, args=[str(code)]) as run:
+        if code == 0:
+            assert run.wait(timeout=60).state is orch.RunState.SUCCEEDED
+        else:
+            with pytest.raises(orch.RunFailed) as failed:
+                run.wait(timeout=60)
+            assert failed.value.rank == 1 and "the script called os._exit(3)" in failed.value.traceback
+            assert "exits.py" in failed.value.traceback  # where it was called
+        ranks = run.state().ranks
+        history = run.history()
+    wanted = [orch.RankState.SUCCEEDED, orch.RankState.SUCCEEDED if code == 0 else orch.RankState.FAILED]
+    assert [r.state for r in ranks] == wanted, ranks
+    assert [history["loss"][r]["step"] for r in (0, 1)] == [list(range(5))] * 2  # every point delivered

@@ -82,6 +82,13 @@ BENCHMARKS: dict[str, tuple[str, str]] = {
         "(parallel=1 and 2, forkserver cold and warm) against 8 `torchrun --nproc-per-node 2` "
         "invocations one after the other",
     ),
+    "script_run": (
+        "A torchrun script: orch run vs torchrun",
+        "the same unmodified torchrun script (a small DDP MLP, world size 2, gloo, its own "
+        "`init_process_group`) under `orch run --workers 2 script.py ARGS` and `torchrun "
+        "--standalone --nproc-per-node 2 script.py ARGS`: median step time, and time from the "
+        "command's start to every rank at its first step",
+    ),
     "ends": (
         "How runs end",
         "time from a SIGKILL of the launching process alone (`orch.launch`'s process, `orch run`) "

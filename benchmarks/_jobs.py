@@ -255,7 +255,9 @@ def _torchrun_main() -> None:
     loss_fn = nn.CrossEntropyLoss()
     marks: list[float] = []
     cpu: list[float] = []
-    for _step in range(int(cfg["steps"]) + 1):
+    for step in range(int(cfg["steps"]) + 1):
+        if step == 0:
+            _write(args.out, f"first{rank}.json", time.time())  # script_run: launch to first step
         marks.append(time.perf_counter())
         cpu.append(time.process_time())
         opt.zero_grad(set_to_none=True)

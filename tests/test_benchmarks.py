@@ -36,6 +36,15 @@ EXPECTED = {
     "panel_redraw": ["redraw_ms_1000", "redraw_ms_20000"],
     "teardown": ["orch_kill_failed_s", "torchrun_kill_failed_s", "orch_stop_failed_s", "torchrun_retries"],
     "sweep": ["torchrun_s", "orch_p1_cold_s", "orch_p1_warm_s", "orch_p2_warm_s", "torchrun_retries"],
+    "script_run": [
+        "torchrun_step_ms",
+        "orch_step_ms",
+        "step_ratio",
+        "torchrun_launch_s",
+        "orch_launch_s",
+        "launch_ratio",
+        "torchrun_retries",
+    ],
     "ends": ["owner_launch_gone_s", "owner_cli_gone_s", "stop_stopped_s", "stop_exited_s", "stop_wait_s"],
 }
 

@@ -32,6 +32,9 @@ class OrchCallback(TrainerCallback):
         if current.stop_due(int(state.global_step) - 1):
             control.should_training_stop = True
 
+    def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        current.loop_ended()
+
     def on_log(
         self, args: Any, state: Any, control: Any, logs: dict[str, Any] | None = None, **kw: Any
     ) -> None:

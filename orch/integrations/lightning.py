@@ -62,3 +62,6 @@ class OrchCallback(Callback):
         current.progress(int(trainer.global_step))
         if current.stop_due(int(trainer.global_step) - 1):
             trainer.should_stop = True
+
+    def on_train_end(self, trainer: Any, pl_module: Any) -> None:
+        current.loop_ended()

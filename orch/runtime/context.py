@@ -21,6 +21,7 @@ from torch import nn
 from orch.errors import StopTraining
 from orch.record.checkpoint_index import Mode, check_keep
 from orch.runtime._sender import HeartbeatSender
+from orch.runtime._stop_vote import StopVote
 from orch.runtime._timing import (
     BY_DATA,
     BY_LOG,
@@ -80,6 +81,7 @@ class Context:
         self._step = -1
         self._stop_at = 0  # with a stop: the step count a loop without ctx.steps ends at
         self._uses_steps = False  # ctx.steps() drives the loop: it handles stops itself
+        self._vote: StopVote | None = None  # a library's loop's stop decision (see stop_due)
         self._names: set[str] = set()  # the metric names ctx.log took (see MAX_METRICS_PER_RANK)
         self._watched: str | None = None  # ctx.steps(metric=...): the metric its checkpoints carry
         self._watched_value: float | None = None  # this rank's last logged value of it
@@ -224,28 +226,12 @@ class Context:
             self.times.marks(BY_STEPS)
         if self._sender is not None:
             self._sender.total_steps = n
-        pending: Any = None
-        flag = torch.zeros(1)
+        vote = StopVote(self._control_group) if self._control_group is not None else None
         times = self.times
         started = resumed = 0.0  # the current step's start; when the user's body handed back
         try:
             for step in range(self.resume_step, n):
-                if self._control_group is not None:
-                    if pending is not None:
-                        pending.wait()
-                        stop = flag.item() > 0
-                    else:
-                        stop = False
-                    flag = torch.ones(1) if self._stop.is_set() else torch.zeros(1)
-                    pending = (
-                        None
-                        if stop
-                        else dist.all_reduce(
-                            flag, op=dist.ReduceOp.MAX, group=self._control_group, async_op=True
-                        )
-                    )
-                else:
-                    stop = self._stop.is_set()
+                stop = vote.cast(self._stop.is_set()) if vote is not None else self._stop.is_set()
                 if stop:
                     self.stopped = True
                     if self._sender is not None:
@@ -280,8 +266,8 @@ class Context:
             if self._sender is not None:
                 self._sender.step = n
         finally:
-            if pending is not None and not pending.is_completed():
-                pending.wait()
+            if vote is not None:
+                vote.settle()
 
     def _checkpoint_together(self, state: Any, *, keep: int, mode: Mode) -> Path | None:
         """A checkpoint of ``ctx.steps``, which every rank takes at the same step: rank 0 writes
@@ -490,12 +476,27 @@ class Context:
         return self._sender.progress - 1 if self._sender is not None else self._logged_step
 
     def stop_due(self, step: int) -> bool:
-        """True when the run was asked to stop and ``step`` is the last one every rank takes
-        (for a loop ``ctx.steps`` does not drive: a library's own)."""
-        due = bool(self._stop_at) and step + 1 >= self._stop_at
+        """True when the run was asked to stop and every rank leaves its loop after this
+        step: for a library's loop (``ctx.steps`` has its own). Every rank calls it once a step,
+        from the library's step-end hook: with several ranks the decision is a vote of all of
+        them (see :class:`StopVote`), so each learns of the stop at the same step however late
+        its own heartbeat brought it. The vote runs on orch's group, made here the first time
+        where the rank has none (a script made its own training group)."""
+        if self._vote is None and dist.is_initialized() and dist.get_world_size() > 1:
+            group = self._control_group or dist.new_group(backend="gloo")
+            self._vote = StopVote(group)
+        if self._vote is not None:
+            due = self._vote.cast(self._stop.is_set())
+        else:
+            due = self._stop.is_set() or (bool(self._stop_at) and step + 1 >= self._stop_at)
         if due:
             self.stopped = True  # the library leaves its loop there: the rank ends STOPPED
         return due
+
+    def settle_stop_vote(self) -> None:
+        """The library's loop ended: wait for the stop vote still in flight, if any."""
+        if self._vote is not None:
+            self._vote.settle()
 
     @property
     def total_steps(self) -> int:

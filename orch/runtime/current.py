@@ -87,6 +87,13 @@ def stop_due(step: int) -> bool:
     return ctx is not None and ctx.stop_due(step)
 
 
+def loop_ended() -> None:
+    """The library's training loop ended on this rank (every rank calls it there)."""
+    ctx = _context
+    if ctx is not None:
+        ctx.settle_stop_vote()
+
+
 def set_total_steps(n: int) -> None:
     """The run's length in steps, for its progress bar, where the library knows it."""
     ctx = _context

@@ -905,7 +905,8 @@ def test_start_up_is_narrated_and_the_table_fits_1100_px_with_the_file_browser_o
             assert "heartbeat" in (rows.nth(0).locator("td").nth(1).get_attribute("title") or "")
             scores = rows.nth(2).locator("td.orch-step-time").get_attribute("title") or ""
             assert "the fastest rank's" in scores, scores
-            rows.nth(3).scroll_into_view_if_needed()
+            # The table is redrawn at each poll, its rows replaced: scroll the output, which stays.
+            output.evaluate("el => el.scrollIntoView({block: 'end'})")
             page.screenshot(path=str(ARTIFACTS / "panel-1100.png"))
             panel.get_by_role("button", name="Stop").click()
             record = page.locator(".jp-Notebook .jp-Cell").nth(1).locator(".orch-record")

@@ -62,7 +62,7 @@ def widget_values(nb: nbformat.NotebookNode) -> list[Any]:
 
 
 def test_the_notebooks_are_there() -> None:
-    assert {nb.stem for nb in NOTEBOOKS} >= {"quickstart", "fault_tolerance", "sweep"}
+    assert {nb.stem for nb in NOTEBOOKS} >= {"quickstart", "fault_tolerance", "sweep", "existing_code"}
 
 
 @pytest.mark.parametrize("notebook", NOTEBOOKS, ids=[nb.stem for nb in NOTEBOOKS])
@@ -80,6 +80,11 @@ def test_notebook_runs_clean(notebook: Path, tmp_path: Path) -> None:
         states = [("SUCCEEDED", "attempt 2/2"), ("FAILED", "ValueError: bad batch on rank 2")]
     elif notebook.stem == "sweep":
         check_sweep(nb, tmp_path / notebook.name)
+        return
+    elif notebook.stem == "existing_code":
+        check_existing_code(nb)
+        records = panel_records(nb)
+        assert [(r["state"], r["world_size"]) for r in records] == [("SUCCEEDED", 2)] * 2
         return
     else:
         return
@@ -170,6 +175,24 @@ def check_fault_tolerance(nb: nbformat.NotebookNode) -> None:
     assert any('data-state="FAILED"' in h for h in headers)
     failures = [v for v in widget_values(nb) if isinstance(v, str) and "orch-failure" in v]
     assert any("bad batch on rank 2" in f for f in failures)
+
+
+def check_existing_code(nb: nbformat.NotebookNode) -> None:
+    """Accelerate and Lightning code in an orch run: two processes as the libraries count them,
+    each on its half of the data, every rank's curve in the history."""
+    text = text_of(nb)
+    assert text.splitlines().count("SUCCEEDED") == 2, text  # each result.state, printed
+    # Accelerate: 2 processes, a DDP model, 16 of the 32 batches a pass on each (3 passes)
+    for index in (0, 1):
+        assert f"process {index} of 2, 48 steps, model DistributedDataParallel" in text, text
+    assert "rank_loss steps per rank: {0: 48, 1: 48}" in text, text
+    assert "loss (rank 0, from Accelerate's tracker): 48 points" in text, text
+    # Lightning: global ranks 0 and 1, 4 epochs of 16 steps, the loss down on each rank
+    assert "global rank 0 of 2" in text and "global rank 1 of 2" in text, text
+    curves = re.findall(r"rank (\d): steps 0\.\.(\d+), train_loss ([\d.]+) -> ([\d.]+)", text)
+    assert [(rank, last) for rank, last, _, _ in curves] == [("0", "63"), ("1", "63")], text
+    for rank, _, first, last in curves:
+        assert float(last) < 0.1 * float(first), f"Lightning rank {rank}: {first} -> {last}"
 
 
 def check_sweep(nb: nbformat.NotebookNode, path: Path) -> None:

@@ -916,3 +916,94 @@ def test_start_up_is_narrated_and_the_table_fits_1100_px_with_the_file_browser_o
             with contextlib.suppress(Exception):
                 page.screenshot(path=str(ARTIFACTS / "panel-1100-failure.png"), full_page=True)
             raise
+
+
+LIGHTNING_CELL = '''import time
+
+import lightning as L
+import torch
+from torch.utils.data import DataLoader, TensorDataset
+
+import orch
+from orch.integrations.lightning import OrchCallback, OrchLogger
+
+
+def train(ctx=None):
+    class Regression(L.LightningModule):
+        def __init__(self):
+            super().__init__()
+            self.net = torch.nn.Linear(8, 1)
+
+        def training_step(self, batch, batch_idx):
+            x, y = batch
+            loss = torch.nn.functional.mse_loss(self.net(x), y)
+            self.log("train_loss", loss)
+            time.sleep(0.03)
+            return loss
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=0.01)
+
+    x = torch.randn(512, 8, generator=torch.Generator().manual_seed(0))
+    loader = DataLoader(TensorDataset(x, x.sum(1, keepdim=True)), batch_size=16)
+    trainer = L.Trainer(
+        strategy="ddp", accelerator="cpu", devices=2, max_epochs=500, log_every_n_steps=1,
+        logger=OrchLogger(), callbacks=[OrchCallback()], enable_progress_bar=False,
+        enable_checkpointing=False, enable_model_summary=False,
+    )
+    trainer.fit(Regression(), loader)
+'''
+
+
+@pytest.mark.timeout(300)
+def test_the_panel_draws_a_lightning_run(tmp_path: Path) -> None:
+    """Lightning code from a cell (strategy="ddp", devices=2, OrchLogger): the panel shows its
+    two ranks and draws train_loss, redrawn as training runs; Stop ends it STOPPED on both."""
+    from playwright.sync_api import expect
+
+    root, home, run_root = tmp_path / "lab", tmp_path / "home", tmp_path / "runs"
+    root.mkdir()
+    home.mkdir()
+    cells = [
+        _code_cell(1, LIGHTNING_CELL),
+        _code_cell(2, f"run = orch.launch(train, world_size=2, run_root={str(run_root)!r})\n"
+                      "run.panel(interval=0.3)"),
+    ]
+    write_cells(root / "lightning.ipynb", cells)
+    ARTIFACTS.mkdir(exist_ok=True)
+    with lab_browser(tmp_path, root, home, run_root, 1100) as (lab, ctx):
+        try:
+            page = ctx.pages[0] if ctx.pages else ctx.new_page()
+            page.set_default_timeout(60_000)
+            page.goto(f"{lab.base}/lab/tree/lightning.ipynb?token={lab.token}")
+            run_all_cells(page, lab)
+            panel = page.locator(".orch-panel")
+            rows = panel.locator("tr.orch-rank")
+            plot = panel.locator("img")
+            expect(rows).to_have_count(2, timeout=120_000)
+            state = panel.locator("span.orch-state")
+            expect(state).to_have_attribute("data-state", "RUNNING", timeout=120_000)
+            expect(panel.locator("select").first).to_have_value("train_loss", timeout=120_000)
+            wait_until(lambda: _step(rows) > 10, 120, "Lightning's steps in the table")
+            src1, step1 = plot.get_attribute("src"), _step(rows)
+            wait_until(
+                lambda: _step(rows) > step1 + 5 and plot.get_attribute("src") != src1,
+                60,
+                "the plot to be redrawn",
+            )
+            # Lightning's own progress: the run's length from the Trainer (500 epochs x 16 steps)
+            expect(panel).to_contain_text("/8000", timeout=30_000)
+            output = page.locator(".jp-Notebook .jp-Cell").nth(1).locator(".jp-OutputArea-output")
+            output.evaluate("el => el.scrollIntoView({block: 'start'})")
+            page.screenshot(path=str(ARTIFACTS / "panel-lightning.png"))
+            panel.get_by_role("button", name="Stop").click()
+            record = page.locator(".jp-Notebook .jp-Cell").nth(1).locator(".orch-record")
+            expect(record.locator(".orch-state")).to_have_attribute("data-state", "STOPPED", timeout=60_000)
+            states = record.locator("tr.orch-rank").evaluate_all(
+                "rs => rs.map(r => r.querySelectorAll('td')[1].innerText.trim())"
+            )
+            assert states == ["STOPPED", "STOPPED"], states
+        except BaseException:
+            with contextlib.suppress(Exception):
+                page.screenshot(path=str(ARTIFACTS / "panel-lightning-failure.png"), full_page=True)
+            raise

@@ -55,6 +55,7 @@ class OrchCallback(Callback):
                 total = 0
         current.set_total_steps(int(total))
         current.check_world("Lightning", int(trainer.world_size))
+        current.watch_ddp(getattr(trainer.strategy, "model", None))  # DDP under strategy="ddp"
 
     def on_train_batch_end(
         self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int

@@ -133,6 +133,18 @@ class Context:
             self._ddp_models.append(wrapped)
         return wrapped
 
+    def watch_ddp(self, model: Any) -> None:
+        """Time the gradient collectives of a DistributedDataParallel model a library made (as
+        :meth:`ddp` does for its own), so the panel can tell a straggler from its peers."""
+        if (
+            self.times is not None
+            and isinstance(model, nn.parallel.DistributedDataParallel)
+            and all(m is not model for m in self._ddp_models)
+            and CollectiveWait.watch(model)
+        ):
+            self._ddp_models.append(model)
+            self._log_fast = False  # each step's wait is read: ctx.log no longer counts alone
+
     def data(self, batches: Iterable[T]) -> Iterator[T]:
         """Iterate ``batches`` (a DataLoader, any iterable), timing the wait for each one:
         ``for x, y in ctx.data(loader):``. The panel shows it as the step's "data" time.

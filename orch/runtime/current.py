@@ -87,6 +87,13 @@ def stop_due(step: int) -> bool:
     return ctx is not None and ctx.stop_due(step)
 
 
+def watch_ddp(model: Any) -> None:
+    """A library's DistributedDataParallel model: its gradient collectives are timed."""
+    ctx = _context
+    if ctx is not None:
+        ctx.watch_ddp(model)
+
+
 def loop_ended() -> None:
     """The library's training loop ended on this rank (every rank calls it there)."""
     ctx = _context

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 import orch
-from conftest import until
+from conftest import until, until_value
 from theirs import CODE, assert_same_training, clean_env
 
 pytestmark = pytest.mark.timeout(300)
@@ -68,3 +68,25 @@ def test_stop_ends_a_lightning_run_at_the_same_step_on_every_rank(
     assert [r.state for r in ranks] == [orch.RankState.STOPPED] * 2, ranks  # by OrchCallback, not terminated
     assert ranks[0].step == ranks[1].step < 8000, ranks
     assert "terminated" not in (run.state().progress_note or "")
+
+
+def test_a_slow_lightning_rank_is_named_the_straggler(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """OrchCallback hands Lightning's DDP model to orch, whose timers read its gradient wait:
+    rank 1, 40 ms slower a step in its own compute, is the straggler, its peer waiting for it."""
+    shutil.copy(CODE / "lightning_fn.py", tmp_path / "train_lit.py")
+    monkeypatch.chdir(tmp_path)
+    for name, value in {"ORCH_TEST_OUT": str(tmp_path), "ORCH_TEST_LOGGER": "1", "ORCH_TEST_EPOCHS": "1000",
+                        "ORCH_TEST_STEP_SLEEP": "0.01", "ORCH_TEST_SLOW_RANK": "1"}.items():  # fmt: skip
+        monkeypatch.setenv(name, value)
+    with orch.launch("train_lit.py:train", world_size=2) as run:
+        judged = until_value(
+            lambda: (m := run.state()).stragglers_judged and m.straggler_rank >= 0 and m, 120
+        )
+        run.stop()
+        run.wait(timeout=60)
+    assert judged.straggler_rank == 1, judged.straggler_note
+    assert "rank 1 is the straggler" in judged.straggler_note, judged.straggler_note
+    fast, slow = judged.ranks
+    assert fast.collective_ms > slow.collective_ms + 20, (fast, slow)  # rank 0 waits for rank 1

@@ -121,7 +121,7 @@ def test_a_loop_without_ctx_ddp_is_timed_by_ctx_log_and_says_why_it_cannot_be_ju
         # Its steps are timed (by ctx.log); what it lacks is a model from ctx.ddp: said so.
         assert m.straggler_note == (
             "stragglers cannot be judged: the gradient collectives are not timed "
-            "(wrap the model with ctx.ddp)"
+            "(wrap the model with ctx.ddp, or give Lightning's Trainer orch's OrchCallback)"
         )
         assert all(r.timed and r.timed_by == "ctx.log" and r.step_ms > 5 for r in m.ranks)
     finally:

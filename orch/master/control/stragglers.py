@@ -274,7 +274,7 @@ def judge(
         return Verdict(
             False,
             note="stragglers cannot be judged: the gradient collectives are not timed "
-            "(wrap the model with ctx.ddp)",
+            "(wrap the model with ctx.ddp, or give Lightning's Trainer orch's OrchCallback)",
         )
     how = _timed_by(timed)
     # The medians of the others, for every rank at once (numpy): O(ranks), a few ms at a

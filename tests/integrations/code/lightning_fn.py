@@ -25,6 +25,8 @@ def train(ctx=None):
             loss = torch.nn.functional.mse_loss(self.net(x), y)
             self.log("train_loss", loss)
             time.sleep(float(os.environ.get("ORCH_TEST_STEP_SLEEP", "0")))
+            if str(self.global_rank) == os.environ.get("ORCH_TEST_SLOW_RANK"):
+                time.sleep(0.04)  # a straggler, slow in its own compute
             return loss
 
         def configure_optimizers(self):

@@ -416,3 +416,43 @@ def _argv(process: psutil.Process) -> list[str]:
         return process.cmdline()
     except (psutil.NoSuchProcess, psutil.ZombieProcess, psutil.AccessDenied):
         return []
+
+
+def test_a_torchrun_script_runs_on_both_nodes_as_torchrun_runs_it(
+    on_cluster: SlurmCluster, tmp_path: Path
+) -> None:
+    """``orch.launch("train.py", args=..., cluster=orch.Slurm(...))``: the script and its
+    arguments reach the nodes in the signed function file; each node's rank gets torchrun's
+    numbering across hosts and trains as under torchrun on one host."""
+    import shutil
+    import subprocess
+
+    from integrations.theirs import CODE, TORCHRUN, assert_same_training, clean_env
+
+    script = Path(shutil.copy(CODE / "ddp_script.py", tmp_path / "train.py"))
+    ours, theirs = tmp_path / "ours", tmp_path / "theirs"
+    ours.mkdir(), theirs.mkdir()
+    run = orch.launch(
+        "train.py", world_size=2, args=["--epochs", "2", "--out", str(ours)],
+        cluster=orch.Slurm(nodes=2, tasks_per_node=1), run_root=str(tmp_path / "runs"),
+    )  # fmt: skip
+    try:
+        result = run.wait(timeout=240)
+        hosts = [r.host for r in run.state().ranks]
+    finally:
+        run.close()
+    assert result.state is RunState.SUCCEEDED
+    assert hosts == on_cluster.node_names, hosts  # one rank on each node
+    for rank in (0, 1):
+        env = (ours / f"env-rank{rank}.txt").read_text()
+        assert f"RANK={rank} LOCAL_RANK=0 WORLD_SIZE=2 LOCAL_WORLD_SIZE=1 GROUP_RANK={rank}" in env, env
+    steps = {r: s["step"] for r, s in run.history()["train/loss"].items()}
+    assert steps == {0: list(range(16)), 1: list(range(16))}, steps
+    proc = subprocess.run(
+        [TORCHRUN, "--standalone", "--nproc-per-node", "2", str(script), "--epochs", "2",
+         "--out", str(theirs)],
+        cwd=tmp_path, env=clean_env(), capture_output=True, text=True, timeout=240,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert_same_training(ours, theirs)
+    until(lambda: nothing_left(on_cluster), 20)

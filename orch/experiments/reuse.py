@@ -26,6 +26,7 @@ from orch.launchers.loaded import load_run
 from orch.record.owned import is_own_dir
 from orch.record.rundir import read_json
 from orch.record.store import private_dir, write_json_atomic
+from orch.record.writes import own_dir
 from orch.runtime._script import Script
 from orch.runtime._target import resolve_fn
 from orch.wire.states import RunState
@@ -200,5 +201,6 @@ def signature(
 def set_aside(folder: Path) -> Path:
     """Move a sweep's folder out of the way (``<name>.<unix time>``), keeping what it holds."""
     aside = folder.with_name(f"{folder.name}.{int(time.time() * 1000)}")
-    folder.rename(aside)
+    with own_dir(folder.parent) as sweeps:
+        sweeps.rename(folder.name, aside.name)
     return aside

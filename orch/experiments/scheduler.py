@@ -28,7 +28,9 @@ from orch.experiments.pruning import Pruner
 from orch.experiments.trial import CANCELLED, QUEUED, Trial
 from orch.launchers.run import Run
 from orch.launchers.spec import LaunchSpec
+from orch.record.owned import open_own
 from orch.record.store import private_dir
+from orch.record.writes import own_dir
 from orch.wire.states import RunState
 
 log = logging.getLogger("orch.experiments.sweep")  # the sweep's messages, under the one name
@@ -272,7 +274,9 @@ def _carry_checkpoints(src: Path, dst: Path) -> None:
     """Put an earlier run's checkpoints into a new run's dir: its ranks load the newest one
     (``ctx.load_checkpoint``) and ``ctx.steps`` goes on after it, not from step 0."""
     private_dir(dst.parent)
-    private_dir(dst)
-    for f in sorted(src.iterdir()):
-        if f.is_file() and not f.name.endswith(".tmp"):
-            shutil.copy2(f, dst / f.name)
+    with own_dir(dst) as folder:
+        for f in sorted(src.iterdir()):
+            if f.name.endswith(".tmp") or f.is_symlink() or not f.is_file():
+                continue
+            with folder.atomic(f.name) as out, open_own(f) as source:
+                shutil.copyfileobj(source, out)  # the earlier run's own files only, never a link

@@ -17,12 +17,14 @@ from __future__ import annotations
 
 import importlib
 import math
+import os
 from pathlib import Path
 from typing import Any, Literal
 
 from orch.errors import ConfigError
 from orch.experiments.pruning import Pruner
 from orch.experiments.space import Choice, Dimension, LogUniform, RandInt, Search, Uniform, fixed
+from orch.record.writes import own_file
 
 
 def _optuna() -> Any:
@@ -42,7 +44,9 @@ def is_optuna(obj: Any, kind: Literal["samplers", "pruners"]) -> bool:
 
 
 def storage_url(folder: Path) -> str:
-    return f"sqlite:///{(folder / 'study.db').resolve()}"
+    """The study's SQLite URL: ``study.db`` in the sweep's own folder (checked, never resolved
+    through a link), a regular file of this user's where it is there already."""
+    return f"sqlite:///{own_file(Path(os.path.abspath(folder)) / 'study.db')}"
 
 
 class OptunaStudy:

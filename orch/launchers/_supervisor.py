@@ -29,6 +29,7 @@ from orch.launchers.contract import exit_code
 from orch.launchers.run import Run
 from orch.launchers.spec import LaunchSpec
 from orch.record.store import private_dir, write_json_atomic
+from orch.record.writes import own_dir
 from orch.runtime._owner import process_start_time
 
 log = logging.getLogger("orch.launchers._supervisor")  # also when run as __main__
@@ -86,8 +87,8 @@ def _load_job(data: bytes) -> tuple[LaunchSpec, Any]:
 
 def _redirect_output(run_dir: Path) -> None:
     """From here on this process's stdout and stderr (and its forkserver's) go to ``supervisor.log``."""
-    flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC
-    fd = os.open(run_dir / LOG_FILE, flags, 0o600)
+    with own_dir(run_dir) as folder:
+        fd = folder.append_fd(LOG_FILE)
     sys.stdout.flush()
     sys.stderr.flush()
     os.dup2(fd, 1)
@@ -152,8 +153,8 @@ def main(argv: list[str] | None = None) -> int:
         log.info("run %s: ended %s", run.run_id, run.coordinator.state.value)
         return exit_code(run.coordinator.state)
     finally:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(attach_path)  # the address and token are good for nothing now
+        with contextlib.suppress(OSError), own_dir(attach_path.parent) as folder:
+            folder.remove(attach_path.name)  # the address and token are good for nothing now
         status.close()
 
 

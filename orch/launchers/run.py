@@ -20,6 +20,7 @@ import json
 import logging
 import multiprocessing as mp
 import os
+import re
 import socket
 import threading
 import time
@@ -27,7 +28,7 @@ import weakref
 from pathlib import Path
 from typing import Any
 
-from orch.errors import RunFailed
+from orch.errors import OrchError, RunFailed
 from orch.launchers._exiting import begin_exit, launcher_exit_message, launcher_exiting
 from orch.launchers.clicks import Waiting
 from orch.launchers.contract import RunHandle, RunResult, still_running
@@ -44,6 +45,7 @@ from orch.master.coordinator import Coordinator
 from orch.master.server import MasterServer
 from orch.record.rundir import write_result
 from orch.record.store import RunStore
+from orch.record.writes import OwnDir
 from orch.runtime._source import SourceMap, capture
 from orch.wire._net import DEFAULT_RENDEZVOUS_PORT, choose_port
 from orch.wire.auth import certificate_name, new_token, token_from_env
@@ -52,6 +54,7 @@ from orch.wire.stacks import Stacks, stacks_of
 from orch.wire.states import RunState
 
 log = logging.getLogger(__name__)
+RENDEZVOUS_FILE = re.compile(r"rendezvous\.a[0-9]+")  # the ranks' file store, one an attempt
 
 
 class Run(RunHandle):
@@ -235,11 +238,27 @@ class Run(RunHandle):
         with self._finish_lock:
             if self._done.is_set():
                 return
+            if self.store is not None:
+                self._tidy(self.store.folder)
             try:
                 write_result(self.coordinator, self.run_dir)
-            except OSError as e:
+            except (OSError, OrchError) as e:
                 log.warning("run %s: could not write %s/result.json: %s", self.run_id, self.run_dir, e)
             self._done.set()
+
+    def _tidy(self, folder: OwnDir) -> None:
+        """The ranks are done: their rendezvous files go (they hold the store's keys), and a run
+        whose dir was renamed and replaced behind its back fails, saying so."""
+        for name in folder.names():
+            if RENDEZVOUS_FILE.fullmatch(name):
+                folder.remove(name)
+        moved = folder.moved()
+        if moved:
+            log.error("run %s: %s", self.run_id, moved)
+            self.coordinator.fail(
+                f"the run dir was swapped while the run ran: {moved}; its own files are in the folder "
+                "it was made as, wherever that is now, and nothing of the other folder was used by orch"
+            )
 
     def wait(self, timeout: float | None = None, interval: float = 0.5) -> RunResult:
         """Block until the run ends; raise :class:`orch.RunFailed` if it failed.

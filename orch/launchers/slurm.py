@@ -55,6 +55,7 @@ from orch.launchers.slurm_options import Slurm as Slurm
 from orch.launchers.slurm_options import SlurmError as SlurmError
 from orch.launchers.slurm_options import check_commands as check_commands
 from orch.record.store import tail
+from orch.record.writes import own_dir
 from orch.runtime._owner import process_alive
 from orch.runtime.function_file import read_function as read_function
 from orch.wire._proto import orchestrator_pb2 as pb
@@ -200,9 +201,8 @@ class SlurmJob:
     def submit(self, script: str, run_dir: Path) -> str:
         """sbatch the script (kept as run_dir/job.sh); returns the job id."""
         path = run_dir / "job.sh"
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o700)
-        with os.fdopen(fd, "w") as f:
-            f.write(script)
+        with own_dir(run_dir) as folder:
+            folder.write_bytes(path.name, script.encode())  # 0600: sbatch reads it, nobody else
         self._watch()
         argv = ["sbatch", "--parsable", *self.cluster.sbatch_args, str(path)]
         try:

@@ -60,7 +60,11 @@ class Checkpoint:
 def read_index(checkpoint_dir: Path) -> tuple[list[Checkpoint], Mode]:
     """The checkpoints in ``checkpoint_dir``, oldest written first, and the index's mode."""
     listed, mode = _read_listed(checkpoint_dir)
-    present = {p.name: p for p in checkpoint_dir.glob("step-*.pt") if CHECKPOINT_NAME.fullmatch(p.name)}
+    present = {
+        p.name: p
+        for p in checkpoint_dir.glob("step-*.pt")
+        if CHECKPOINT_NAME.fullmatch(p.name) and not p.is_symlink() and p.is_file()  # orch's own only
+    }
     out = [c for c in listed if present.pop(c.name, None) is not None]
     out += [Checkpoint(path, _step_of(path.name)) for path in sorted(present.values())]
     return out, mode

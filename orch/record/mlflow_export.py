@@ -39,6 +39,7 @@ from typing import TYPE_CHECKING, Any
 
 from orch.errors import ConfigError, OrchError
 from orch.record.tensorboard import Exportable, flatten_config, kept_points
+from orch.record.writes import private_store
 from orch.wire.limits import OWN_METRICS
 from orch.wire.states import RunState
 
@@ -89,6 +90,14 @@ def _client(tracking_uri: str | None) -> MlflowClient:
         raise ConfigError(
             f"tracking_uri must be a URI string (file:///path/mlruns, http://host:5000), got {tracking_uri!r}"
         )
+    if tracking_uri is None:
+        # MLflow's default store is ./mlflow.db, made with the usual mode (0644): readable by
+        # every user of the host, and a run's tracebacks go into it. Made 0600 here first.
+        import mlflow
+
+        default = mlflow.get_tracking_uri()
+        if default.startswith("sqlite:///"):
+            private_store(default[len("sqlite:///") :])
     return MlflowClient(tracking_uri=tracking_uri)
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import bisect
 import csv
+import io
 import logging
 import math
 from array import array
@@ -33,6 +34,7 @@ from orch.record.store import (
     write_json_atomic,
 )
 from orch.record.tensorboard import export_runs
+from orch.record.writes import export_file
 from orch.wire._proto import orchestrator_pb2 as pb
 from orch.wire.client import NonFinite, SeriesBuffer, Snapshots, StateMirror
 from orch.wire.ranks import RankView
@@ -206,7 +208,7 @@ class RunRecord:
         metrics = self.run_dir / "metrics.pb"
         replaced = Replaced(metrics)
         out = Path(path)
-        with open(out, "w", newline="") as f:
+        with export_file(out) as raw, io.TextIOWrapper(raw, newline="") as f:
             writer = csv.writer(f)
             writer.writerow(["rank", "metric", "step", "value"])
             for position, record in enumerate(read_metrics(metrics, MetricsDamage())):

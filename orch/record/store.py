@@ -29,6 +29,7 @@ from google.protobuf.message import DecodeError
 
 from orch.errors import OrchError
 from orch.record.owned import open_own, read_line
+from orch.record.writes import own_dir, write_json
 from orch.wire._proto import orchestrator_pb2 as pb
 
 log = logging.getLogger(__name__)
@@ -37,31 +38,18 @@ HEADER = struct.Struct("<II")
 MAX_RECORD = 64 * 1024 * 1024
 
 
-def private_opener(path: str, flags: int) -> int:
-    """``open(..., opener=private_opener)``: a file this user alone can read (0600) when created."""
-    return os.open(path, flags, 0o600)
-
-
 def private_dir(path: Path) -> Path:
-    """Make the folder ``path`` for this user alone (0700); folders above it get the usual mode.
-
-    A run dir holds tracebacks, logs and checkpoints: other users of the host have no business
-    reading them. An existing folder is left as it is.
-    """
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with contextlib.suppress(FileExistsError):
-        os.mkdir(path, 0o700)  # the umask can only narrow the mode, and 0700 is narrow already
+    """Make the folder ``path`` for this user alone (0700), checked as :func:`.writes.own_dir`
+    checks it (no link, no folder of someone else's, nothing above it others could move);
+    folders above it get the usual mode. A run dir holds tracebacks, logs and checkpoints:
+    other users of the host have no business reading them."""
+    own_dir(path).close()
     return path
 
 
 def write_json_atomic(path: Path, value: Any) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "w", opener=private_opener) as f:
-        os.fchmod(f.fileno(), 0o600)  # a .tmp left behind by a crash keeps its old mode
-        json.dump(value, f)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    """``path`` holds ``value`` as JSON, whole or not at all, 0600 (see :mod:`.writes`)."""
+    write_json(path, value)
 
 
 class RunStore:
@@ -69,10 +57,11 @@ class RunStore:
 
     def __init__(self, run_dir: Path, *, fsync_interval: float = 1.0) -> None:
         self.run_dir = run_dir
-        private_dir(run_dir)
+        # Held open from its creation: the run's own writes go through it (see .writes).
+        self.folder = own_dir(run_dir)
         self._lock = threading.Lock()
-        self._metrics = open(run_dir / "metrics.pb", "ab", buffering=0, opener=private_opener)  # noqa: SIM115
-        self._events = open(run_dir / "events.jsonl", "a", buffering=1, opener=private_opener)  # noqa: SIM115
+        self._metrics = self.folder.append("metrics.pb")
+        self._events = self.folder.append("events.jsonl")
         self._dirty = False
         self._closed = threading.Event()
         self._syncer = threading.Thread(
@@ -81,7 +70,7 @@ class RunStore:
         self._syncer.start()
 
     def write_meta(self, meta: dict[str, Any]) -> None:
-        write_json_atomic(self.run_dir / "run.json", meta)
+        self.folder.write_json("run.json", meta)
 
     def append_points(self, rank: int, attempt: int, series: Iterable[pb.Series]) -> None:
         payload = pb.MetricRecord(rank=rank, attempt=attempt, series=series).SerializeToString()
@@ -98,7 +87,7 @@ class RunStore:
         )
         with self._lock:
             if not self._closed.is_set():
-                self._events.write(line + "\n")
+                self._events.write(line.encode() + b"\n")
 
     def _sync_loop(self, interval: float) -> None:
         while not self._closed.wait(interval):
@@ -124,6 +113,7 @@ class RunStore:
             self._metrics.close()
             self._events.close()
         self._syncer.join(timeout=2.0)
+        self.folder.close()
 
 
 _NOTED_REGIONS = 10

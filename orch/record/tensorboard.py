@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from orch.errors import ConfigError
 from orch.record._replay import Replaced, SeriesKey
 from orch.record.store import MetricsDamage, read_metrics
+from orch.record.writes import OwnDir, own_dir
 from orch.wire.states import RunState
 
 if TYPE_CHECKING:
@@ -109,19 +110,24 @@ def _export_points(run: Exportable, name: str, folder: Path) -> _Session:
     """Every point that stayed in the log into ``folder/rank<N>/``; the run's summary."""
     from torch.utils.tensorboard import SummaryWriter
 
-    _clear(folder)
+    run_folder = own_dir(folder)
+    _clear(run_folder)
     meta = run.meta
     started = meta.get("started")
     start = float(started) if isinstance(started, int | float) and not isinstance(started, bool) else 0.0
     last: dict[SeriesKey, tuple[int, float, float]] = {}  # each series' last finite point
     clock: dict[int, float] = {}  # each rank's last wall time, for points logged without one
     writers: dict[int, SummaryWriter] = {}
+    ranks: list[OwnDir] = []  # each rank's folder, open while its writer writes
     try:
         for rank, points in kept_points(run.run_dir / "metrics.pb"):
             writer = writers.get(rank)
             if writer is None:
+                # Through the folders' descriptors: TensorBoard opens its files by path.
+                ranks.append(run_folder.sub(f"rank{rank}"))
+                _clear(ranks[-1])
                 writer = writers[rank] = SummaryWriter(
-                    str(folder / f"rank{rank}"), max_queue=1000, filename_suffix=SUFFIX
+                    ranks[-1].proc_path(), max_queue=1000, filename_suffix=SUFFIX
                 )
             for step, metric, value, when in points:
                 when = clock[rank] = clock.get(rank, start) if when is None else when
@@ -132,6 +138,8 @@ def _export_points(run: Exportable, name: str, folder: Path) -> _Session:
     finally:
         for writer in writers.values():
             writer.close()
+        for f in (*ranks, run_folder):
+            f.close()
     state = run.state()
     times = [t for _, _, t in last.values()]
     if not start:
@@ -253,7 +261,8 @@ def _write_session(session: _Session, experiment: Any) -> None:
         status=api_pb2.Status.Value(_STATUS.get(session.state, "STATUS_RUNNING")),
         end_time_secs=session.end,
     )
-    writer = FileWriter(str(session.folder), filename_suffix=SUFFIX)
+    folder = own_dir(session.folder)
+    writer = FileWriter(folder.proc_path(), filename_suffix=SUFFIX)
     try:
         writer.add_summary(_summary(metadata, metadata.EXPERIMENT_TAG, columns), 0, session.start)
         # The run's name as its trial id: runs of equal configs stay rows of their own.
@@ -268,6 +277,7 @@ def _write_session(session: _Session, experiment: Any) -> None:
         writer.add_summary(_summary(metadata, metadata.SESSION_END_INFO_TAG, ended), 0, session.end)
     finally:
         writer.close()
+        folder.close()
 
 
 def _summary(metadata: Any, tag: str, data: Any) -> Summary:
@@ -279,11 +289,12 @@ def _summary(metadata: Any, tag: str, data: Any) -> Summary:
     return out
 
 
-def _clear(folder: Path) -> None:
-    """Remove the event files an earlier export of this run wrote (theirs only)."""
-    if folder.is_dir():
-        for old in folder.rglob(f"events.out.tfevents.*{SUFFIX}"):
-            old.unlink()
+def _clear(folder: OwnDir) -> None:
+    """Remove the event files an earlier export of this run wrote in ``folder`` (theirs only:
+    regular files by their names)."""
+    for name in folder.names():
+        if name.startswith("events.out.tfevents.") and name.endswith(SUFFIX) and folder.is_file(name):
+            folder.remove(name)
 
 
 def _check_name(name: object, root: Path) -> None:

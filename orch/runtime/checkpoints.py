@@ -17,7 +17,6 @@ the one loaded, so that no later ranking counts it.
 from __future__ import annotations
 
 import logging
-import os
 import pickle
 import time
 import zipfile
@@ -35,7 +34,8 @@ from orch.record.checkpoint_index import (
     read_index,
     write_index,
 )
-from orch.record.store import private_dir, private_opener
+from orch.record.store import private_dir
+from orch.record.writes import own_dir
 
 __all__ = ["CHECKPOINT_NAME", "read_checkpoint", "write_checkpoint"]
 
@@ -56,9 +56,7 @@ def write_checkpoint(
     """Write ``state`` as of ``step``, atomically; point ``latest`` at it; keep the ``keep``
     best by ``value`` (``mode``) plus this newest one."""
     private_dir(checkpoint_dir.parent)  # the run dir, 0700 like everything in it
-    private_dir(checkpoint_dir)
     path = checkpoint_dir / f"step-{step:09d}.pt"
-    tmp = path.with_name(path.name + ".tmp")
     record = {
         "step": step,
         "attempt": attempt,
@@ -67,20 +65,20 @@ def write_checkpoint(
         "value": value,
         "time": time.time(),
     }
-    with open(tmp, "wb", opener=private_opener) as f:
-        torch.save(record, f)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    written, _ = read_index(checkpoint_dir)
-    written = [c for c in written if c.name != path.name]  # a restart replays a step: the new file counts
-    kept = keep_best([*written, Checkpoint(path, step, value, metric)], keep, mode)
-    write_index(checkpoint_dir, kept, mode)
-    _point_latest(checkpoint_dir, path.name)
-    names = {c.name for c in kept}
-    for old in checkpoint_dir.glob("step-*.pt"):
-        if old.name not in names:
-            old.unlink(missing_ok=True)
+    with own_dir(checkpoint_dir) as folder:
+        with folder.atomic(path.name) as f:
+            torch.save(record, f)
+        written, _ = read_index(checkpoint_dir)
+        written = [c for c in written if c.name != path.name]  # a restart replays a step: the new file counts
+        kept = keep_best([*written, Checkpoint(path, step, value, metric)], keep, mode)
+        write_index(checkpoint_dir, kept, mode)
+        folder.write_bytes("latest", path.name.encode())
+        names = {c.name for c in kept}
+        for name in folder.names():
+            # Only orch's own files: its exact names (step-<digits>.pt), and regular files, never
+            # a folder or what a link points at; step-final.pt or step-best.pt are the user's.
+            if CHECKPOINT_NAME.fullmatch(name) and name not in names and folder.is_file(name):
+                folder.remove(name)
     return path
 
 
@@ -169,20 +167,14 @@ def _fell_back(
     log.warning("checkpoint fallback: %s; resuming from %s (step %d) instead", skipped, used, step)
     if not writer:
         return
-    for path, _ in damaged:
-        with_suffix = path.with_name(path.name + ".corrupt")
-        try:
-            os.replace(path, with_suffix)
-        except FileNotFoundError:
-            continue
-        log.warning("checkpoint fallback: moved %s aside to %s", path, with_suffix.name)
-    gone = {p.name for p, _ in damaged}
-    write_index(checkpoint_dir, [c for c in listed if c.name not in gone], mode)
-    _point_latest(checkpoint_dir, used.name)
-
-
-def _point_latest(checkpoint_dir: Path, name: str) -> None:
-    latest_tmp = checkpoint_dir / "latest.tmp"
-    with open(latest_tmp, "w", opener=private_opener) as f:
-        f.write(name)
-    os.replace(latest_tmp, checkpoint_dir / "latest")
+    with own_dir(checkpoint_dir) as folder:
+        for path, _ in damaged:
+            aside = path.name + ".corrupt"
+            try:
+                folder.rename(path.name, aside)
+            except FileNotFoundError:
+                continue
+            log.warning("checkpoint fallback: moved %s aside to %s", path, aside)
+        gone = {p.name for p, _ in damaged}
+        write_index(checkpoint_dir, [c for c in listed if c.name not in gone], mode)
+        folder.write_bytes("latest", used.name.encode())

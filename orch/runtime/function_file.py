@@ -11,7 +11,6 @@ launching side) since the worker's side, :func:`read_function`, needs none of it
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import hmac
 import os
@@ -20,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from orch.errors import WorkerError
+from orch.record.writes import own_dir
 
 FUNCTION_FILE = "function.pkl"
 SIGNATURE = b"orch-function-v2\n"  # what a function file starts with, then its HMAC, then the pickle
@@ -38,15 +38,9 @@ def write_function(run_dir: Path, fn: Any, sources: Any, token: str) -> Path:
 
     payload = cloudpickle.dumps({"fn": fn, "sources": sources})
     digest = _digest(token, run_dir.name, payload)
-    path = run_dir / FUNCTION_FILE
-    tmp = path.with_suffix(".tmp")
-    with contextlib.suppress(FileNotFoundError):
-        tmp.unlink()  # a leftover (or someone's link): never written through
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
-    with os.fdopen(fd, "wb") as f:
-        f.write(SIGNATURE + digest + payload)
-    os.replace(tmp, path)
-    return path
+    with own_dir(run_dir) as folder:
+        folder.write_bytes(FUNCTION_FILE, SIGNATURE + digest + payload)
+    return run_dir / FUNCTION_FILE
 
 
 def read_function(path: str | Path, token: str | None) -> tuple[Any, Any]:

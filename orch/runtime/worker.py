@@ -27,8 +27,9 @@ from typing import Any, NoReturn
 
 import grpc
 
-from orch.errors import PortInUseError, StopTraining, WorkerError
+from orch.errors import OrchError, PortInUseError, StopTraining, WorkerError
 from orch.record.store import private_dir, write_json_atomic
+from orch.record.writes import OwnDir, own_dir
 from orch.runtime import _nested, _scalars, current
 from orch.runtime._children import become_subreaper, end_descendants
 from orch.runtime._memory import ProcessReader
@@ -260,16 +261,25 @@ def _serve_rendezvous(
     return store
 
 
+_HELD: list[OwnDir] = []  # folders a file store reaches its file through (see _file_store)
+
+
 def _file_store(prefix: str, reg: pb.RegisterResponse, world: int, timeout: float) -> Any:
     """The rendezvous of ranks on one host: a file store in the run dir (0700), one file per
     attempt, which only this user can open; torch removes it once every rank let it go."""
     from torch._C._distributed_c10d import FileStore
 
-    path = f"{prefix}.a{reg.attempt or 1}"
+    where = Path(prefix)
+    name = f"{where.name}.a{reg.attempt or 1}"
+    # The run dir, checked and held open for as long as the store lives: torch opens the file
+    # by its path at each use, and that path goes through the folder's descriptor, so a run dir
+    # renamed or replaced afterwards cannot hand the ranks another store.
+    folder = own_dir(where.parent)
+    _HELD.append(folder)
     # Created 0600 by whichever rank comes first (torch would create it 0644): every file of
     # the run dir is its user's alone.
-    os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW, 0o600))
-    store = FileStore(path, world)
+    os.close(folder.append_fd(name))
+    store = FileStore(folder.proc_path(name), world)
     store.set_timeout(datetime.timedelta(seconds=timeout))
     return store
 
@@ -317,9 +327,8 @@ def _write_error(path: Path, spec: WorkerSpec, rank: int, code: int, error: str)
         "time": time.time(),
         "traceback": error,
     }
-    with contextlib.suppress(OSError):
+    with contextlib.suppress(OSError, OrchError):  # a refused folder is in the log above
         private_dir(path.parent.parent)  # the run dir: 0700, as the launcher makes it
-        private_dir(path.parent)
         write_json_atomic(path, record)
 
 
@@ -604,7 +613,9 @@ def spawn_main(payload: bytes) -> None:
     if spec.log_dir and not spec.log_file:
         spec.log_file = str(Path(spec.log_dir) / f"{spec.worker_id}.log")
     if spec.log_file:
-        fd = os.open(spec.log_file, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        log_file = Path(spec.log_file)
+        with own_dir(log_file.parent) as logs:
+            fd = logs.append_fd(log_file.name)
         sys.stdout.flush()
         sys.stderr.flush()
         os.dup2(fd, 1)

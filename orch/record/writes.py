@@ -1,0 +1,363 @@
+"""Writing in a run root where others may write: the one way orch puts anything there.
+
+A run root can be shared (``/tmp/runs``, a group's scratch folder), so what another user
+plants in it must never redirect a write: a link where a file or folder is expected, a folder
+of theirs where orch's should be, a folder swapped in behind a run's back. :mod:`.owned` keeps
+the reads safe; this module keeps the writes safe, as OpenSSH's ``StrictModes`` keeps the
+files it trusts:
+
+- A folder orch writes in (:func:`own_dir`) is made 0700 and opened without following a link
+  (``O_DIRECTORY | O_NOFOLLOW``); its owner and mode are checked on the open descriptor: it is
+  this user's, and nobody else may write in it. Every folder above it is checked as it is
+  walked: each is this user's or root's, and none lets others write in it without the sticky
+  bit (in such a folder another user could rename what is below and put theirs in its place).
+  A link on the way is followed only when it is this user's or root's, never a stranger's.
+  Anything else is refused with an :class:`UnsafePath` naming it and what to do.
+- A file is created ``O_CREAT | O_EXCL | O_NOFOLLOW`` at 0600 under a fresh random name, in
+  the folder it belongs to, through that folder's descriptor, then renamed into place: a
+  ``.tmp`` name someone planted is never opened. An appended file (a log, the metrics log) is
+  opened ``O_NOFOLLOW`` and must be a regular file of this user's.
+- Only orch's own files are removed: by their exact name, and only regular files.
+
+A checked folder is held open (:class:`OwnDir`): the run's writes go through its descriptor,
+so they stay in it even if its path were changed afterwards; :meth:`OwnDir.moved` says when
+the path no longer leads to it (the run then fails with that cause).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import json
+import os
+import secrets
+import stat
+from collections.abc import Iterator
+from pathlib import Path
+from typing import IO, Any
+
+from orch.errors import OrchError
+from orch.record.owned import owner_name
+
+MAX_LINKS = 40  # links followed in one walk, as the kernel allows
+
+# Safe in a folder others can write in: they can add names, never rename or remove ours.
+_OTHERS_WRITE = stat.S_IWGRP | stat.S_IWOTH
+
+
+class UnsafePath(OrchError):
+    """A folder or file orch would write through is not safe to write through."""
+
+
+def _trusted_owner(st: os.stat_result) -> bool:
+    return st.st_uid in (os.geteuid(), 0)
+
+
+def _others_may_move(st: os.stat_result) -> bool:
+    """Others may rename or remove what is in this folder: it lets them write, without sticky."""
+    return bool(st.st_mode & _OTHERS_WRITE) and not st.st_mode & stat.S_ISVTX
+
+
+def _walk(path: Path) -> os.stat_result:
+    """Check every folder and link on the way to ``path`` (which must exist); its lstat."""
+    parts = list(Path(os.path.abspath(path)).parts[1:])
+    at = Path("/")
+    links = 0
+    st = os.lstat(at)
+    while parts:
+        name = parts.pop(0)
+        if name in ("", "."):
+            continue
+        if name == "..":
+            at = at.parent
+            continue
+        here = at / name
+        st = os.lstat(here)
+        if stat.S_ISLNK(st.st_mode):
+            if not _trusted_owner(st):
+                raise UnsafePath(
+                    f"{here} is a link of {owner_name(st.st_uid)}'s: orch follows no link another user "
+                    "made on the way to where it writes; remove it, or use a run root of your own"
+                )
+            links += 1
+            if links > MAX_LINKS:
+                raise UnsafePath(f"{path}: too many links on the way (more than {MAX_LINKS})")
+            target = Path(os.readlink(here))
+            parts = list(target.parts[1:] if target.is_absolute() else target.parts) + parts
+            if target.is_absolute():
+                at = Path("/")
+            continue
+        if stat.S_ISDIR(st.st_mode):
+            if not _trusted_owner(st):
+                raise UnsafePath(
+                    f"{here} belongs to {owner_name(st.st_uid)}: orch writes only under folders of "
+                    f"yours ({owner_name(os.geteuid())}) or root's; use a run root of your own"
+                )
+            if _others_may_move(st):
+                raise UnsafePath(
+                    f"{here} lets others write in it (mode {stat.filemode(st.st_mode)}) without the "
+                    "sticky bit, so another user could rename a run's folder below it and put theirs "
+                    f"in its place: make it sticky (chmod +t {here}), as /tmp is, or take their write "
+                    "away (chmod go-w), or use another run root"
+                )
+        at = here
+    return st
+
+
+def _check_own(fd: int, path: Path) -> None:
+    """The folder open at ``fd`` is this user's and nobody else may write in it."""
+    st = os.fstat(fd)
+    if st.st_uid != os.geteuid():
+        raise UnsafePath(
+            f"{path} belongs to {owner_name(st.st_uid)}, not to you ({owner_name(os.geteuid())}): orch "
+            "did not make it, and writes nothing in a folder of someone else's; move it aside or use "
+            "another run root"
+        )
+    if st.st_mode & _OTHERS_WRITE:
+        raise UnsafePath(
+            f"{path} lets others write in it (mode {stat.filemode(st.st_mode)}): orch makes its "
+            f"folders 0700; take their write away (chmod go-w {path}) or move it aside"
+        )
+
+
+class OwnDir:
+    """A folder of this user's that nobody else may write in, held open: writes go through its
+    descriptor (``dir_fd``), never through its path again."""
+
+    def __init__(self, fd: int, path: Path) -> None:
+        self.fd = fd
+        self.path = path
+        st = os.fstat(fd)
+        self._identity = (st.st_dev, st.st_ino)
+
+    def close(self) -> None:
+        fd, self.fd = self.fd, -1
+        if fd >= 0:
+            os.close(fd)
+
+    def __enter__(self) -> OwnDir:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        with contextlib.suppress(Exception):
+            self.close()
+
+    def moved(self) -> str:
+        """"" while ``self.path`` still leads to this folder; else what is there now."""
+        try:
+            st = os.lstat(self.path)
+        except OSError as e:
+            return f"{self.path} is gone ({e.strerror})"
+        if (st.st_dev, st.st_ino) == self._identity:
+            return ""
+        return (
+            f"{self.path} is no longer the folder orch made for it: it was renamed and replaced by "
+            f"another ({stat.filemode(st.st_mode)}, {owner_name(st.st_uid)})"
+        )
+
+    def proc_path(self, name: str = "") -> str:
+        """A path that reaches ``name`` in this folder through its descriptor, for a library
+        that takes only paths (torch's FileStore, SQLite): ``/proc/self/fd/<fd>/<name>``."""
+        base = f"/proc/self/fd/{self.fd}"
+        return f"{base}/{name}" if name else base
+
+    def sub(self, name: str) -> OwnDir:
+        """The folder ``name`` in this one, made 0700 where it is not there yet."""
+        _plain(name)
+        with contextlib.suppress(FileExistsError):
+            os.mkdir(name, 0o700, dir_fd=self.fd)
+        try:
+            fd = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=self.fd)
+        except OSError as e:
+            raise _refused(self.path / name, e) from e
+        try:
+            _check_own(fd, self.path / name)
+        except BaseException:
+            os.close(fd)
+            raise
+        return OwnDir(fd, self.path / name)
+
+    def write_bytes(self, name: str, data: bytes, *, sync: bool = True) -> None:
+        """``name`` holds ``data``, whole or not at all: a fresh 0600 file renamed into place."""
+        with self.atomic(name, sync=sync) as f:
+            f.write(data)
+
+    def write_json(self, name: str, value: Any) -> None:
+        self.write_bytes(name, json.dumps(value).encode())
+
+    @contextlib.contextmanager
+    def atomic(self, name: str, *, sync: bool = True) -> Iterator[IO[bytes]]:
+        """A new file to write, that becomes ``name`` once the block ends without an error."""
+        _plain(name)
+        tmp = f".{name}.{secrets.token_hex(6)}.tmp"
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600,
+                     dir_fd=self.fd)  # fmt: skip
+        try:
+            with os.fdopen(fd, "wb") as f:
+                yield f
+                if not f.closed:  # a text wrapper around it closes it with itself
+                    f.flush()
+                    if sync:
+                        os.fsync(f.fileno())
+            os.replace(tmp, name, src_dir_fd=self.fd, dst_dir_fd=self.fd)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp, dir_fd=self.fd)
+            raise
+
+    def append(self, name: str) -> IO[bytes]:
+        """``name`` opened to append (made 0600 where it is not there): a regular file of yours."""
+        return os.fdopen(self.append_fd(name), "ab", buffering=0)
+
+    def append_fd(self, name: str) -> int:
+        """As :meth:`append`, the descriptor itself (for a child's stdout and stderr)."""
+        _plain(name)
+        flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
+        try:
+            fd = os.open(name, flags, 0o600, dir_fd=self.fd)
+        except OSError as e:
+            raise _refused(self.path / name, e) from e
+        try:
+            _check_file(fd, self.path / name)
+            os.set_blocking(fd, True)
+        except BaseException:
+            os.close(fd)
+            raise
+        return fd
+
+    def remove(self, name: str) -> bool:
+        """Remove ``name`` if it is a regular file (never a folder or a link's target); True if gone."""
+        _plain(name)
+        try:
+            st = os.stat(name, dir_fd=self.fd, follow_symlinks=False)
+        except FileNotFoundError:
+            return True
+        if not (stat.S_ISREG(st.st_mode) or stat.S_ISLNK(st.st_mode)):
+            return False
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(name, dir_fd=self.fd)  # a link itself goes, never what it points at
+        return True
+
+    def rename(self, name: str, new: str) -> None:
+        _plain(name)
+        _plain(new)
+        os.replace(name, new, src_dir_fd=self.fd, dst_dir_fd=self.fd)
+
+    def names(self) -> list[str]:
+        return os.listdir(self.fd)
+
+    def is_file(self, name: str) -> bool:
+        """``name`` is a regular file here (not a link, folder or device)."""
+        try:
+            st = os.stat(name, dir_fd=self.fd, follow_symlinks=False)
+        except OSError:
+            return False
+        return stat.S_ISREG(st.st_mode)
+
+
+def _plain(name: str) -> None:
+    if not name or "/" in name or name in (".", "..") or "\0" in name:
+        raise ValueError(f"{name!r} is not a plain file name")
+
+
+def _check_file(fd: int, path: Path) -> None:
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode):
+        raise UnsafePath(f"{path} is not a regular file ({stat.filemode(st.st_mode)}): move it aside")
+    if st.st_uid != os.geteuid():
+        raise UnsafePath(f"{path} belongs to {owner_name(st.st_uid)}: orch writes only files of its own")
+
+
+def _refused(path: Path, e: OSError) -> UnsafePath:
+    if e.errno in (errno.ELOOP, errno.ENOTDIR, errno.EMLINK) or os.path.islink(path):
+        return UnsafePath(f"{path} is a link: orch writes through no link in a run root; move it aside")
+    return UnsafePath(f"cannot use {path}: {e.strerror or e}")
+
+
+def own_dir(path: str | Path) -> OwnDir:
+    """The folder ``path``, made 0700 where it is missing (its missing parents with the usual
+    mode, as ``mkdir -p``), checked as the module docstring says, held open."""
+    path = Path(os.path.abspath(path))
+    parent = path.parent
+    if not parent.exists():
+        parent.mkdir(parents=True, exist_ok=True)
+    _walk(parent)
+    with contextlib.suppress(FileExistsError):
+        os.mkdir(path, 0o700)
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError as e:
+        raise _refused(path, e) from e
+    try:
+        _check_own(fd, path)
+        walked = os.lstat(path)
+        if (walked.st_dev, walked.st_ino) != (os.fstat(fd).st_dev, os.fstat(fd).st_ino):
+            raise UnsafePath(f"{path} changed while orch opened it: another user is at work in its run root")
+    except BaseException:
+        os.close(fd)
+        raise
+    return OwnDir(fd, path)
+
+
+def own_file(path: str | Path) -> Path:
+    """``path``, a file orch keeps in a folder of its own (an SQLite study): its folder is made
+    and checked as :func:`own_dir` does, and the file, where it is there, must be a regular
+    file of this user's. Returns the path, never resolved through a link."""
+    path = Path(os.path.abspath(path))
+    with own_dir(path.parent) as folder:
+        try:
+            st = os.stat(path.name, dir_fd=folder.fd, follow_symlinks=False)
+        except FileNotFoundError:
+            return path
+        if stat.S_ISLNK(st.st_mode):
+            raise UnsafePath(f"{path} is a link: orch writes through no link in a run root; move it aside")
+        if not stat.S_ISREG(st.st_mode):
+            raise UnsafePath(f"{path} is not a regular file ({stat.filemode(st.st_mode)}): move it aside")
+        if st.st_uid != os.geteuid():
+            raise UnsafePath(
+                f"{path} belongs to {owner_name(st.st_uid)}, not to you: orch did not write it and will "
+                "not use it; move it aside"
+            )
+    return path
+
+
+def write_json(path: str | Path, value: Any) -> None:
+    """``path`` holds ``value`` as JSON, whole or not at all (see :meth:`OwnDir.atomic`)."""
+    path = Path(path)
+    with own_dir(path.parent) as folder:
+        folder.write_json(path.name, value)
+
+
+def create_private(path: str | Path) -> None:
+    """An empty 0600 file at ``path`` where none is there (for a store a library opens by path)."""
+    path = Path(os.path.abspath(path))
+    with own_dir(path.parent) as folder, contextlib.suppress(FileExistsError):
+        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+        os.close(os.open(path.name, flags, 0o600, dir_fd=folder.fd))
+
+
+@contextlib.contextmanager
+def export_file(path: str | Path) -> Iterator[IO[bytes]]:
+    """A file of an export to a place the user named (a CSV, a store): written under a fresh
+    0600 name beside ``path``, then renamed onto it, so a link planted at ``path`` is replaced,
+    never written through. The folder is the user's choice and is not checked as a run root is."""
+    path = Path(os.path.abspath(path))
+    _plain(path.name)
+    fd = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)  # closed with the OwnDir
+    with OwnDir(fd, path.parent) as folder, folder.atomic(path.name, sync=False) as f:
+        yield f
+
+
+def private_store(path: str | Path) -> None:
+    """An empty 0600 file at ``path`` unless one is there (a store a library opens by path and
+    would create with the usual mode, readable by everyone): never through a link."""
+    path = Path(os.path.abspath(path))
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+    try:
+        os.close(os.open(path, flags, 0o600))
+    except FileExistsError:
+        if os.path.islink(path):
+            raise UnsafePath(f"{path} is a link: orch opens no store through one; move it aside") from None

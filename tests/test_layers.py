@@ -173,3 +173,77 @@ def test_orch_worker_the_entry_point_of_torchrun_and_srun_loads_no_master_launch
     assert not above and "orch.cli" not in loaded, above
     assert not [m for m in NOT_IN_A_WORKER if m in loaded]
     assert "orch._worker_cli" in loaded and "orch.runtime.host" in loaded  # it can run a host's ranks
+
+
+# -- writes: every one in orch/ goes through orch/record/writes.py --------------------------------
+WRITER = "orch/record/writes.py"
+WRITE_FLAGS = {"O_WRONLY", "O_RDWR", "O_CREAT", "O_APPEND", "O_TRUNC"}
+# Calls that make, change or remove a file or folder by its path.
+WRITE_CALLS = {
+    "os": {"mkdir", "makedirs", "replace", "rename", "renames", "unlink", "remove", "rmdir", "symlink",
+           "link", "chmod", "chown", "truncate", "mkfifo", "mknod"},
+    "shutil": {"copy", "copy2", "copyfile", "copytree", "move", "rmtree", "copymode", "copystat"},
+    "tempfile": {"mkdtemp", "mkstemp", "NamedTemporaryFile", "TemporaryDirectory"},
+}  # fmt: skip
+PATH_WRITES = {"mkdir", "write_text", "write_bytes", "unlink", "rmdir", "touch", "symlink_to", "hardlink_to",
+               "rename", "chmod"}  # fmt: skip
+# Writes that are not in a run root, each with why.
+OUTSIDE_THE_RUN_ROOT = {
+    ("orch/wire/_net.py", "mkdtemp"): "a private socket's own 0700 folder under the temp dir",
+    ("orch/wire/_net.py", "rmtree"): "that folder, and stale ones of this user's (checked by owner first)",
+}
+
+
+def _writes(path: Path) -> list[tuple[int, str]]:
+    """The lines of ``path`` that write to the file system other than through the writer."""
+    tree = ast.parse(path.read_text(), str(path))
+    found = []
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.Call):
+            continue
+        f = node.func
+        if isinstance(f, ast.Name) and f.id == "open":
+            mode = node.args[1] if len(node.args) > 1 else next((k.value for k in node.keywords if k.arg == "mode"), None)
+            text = mode.value if isinstance(mode, ast.Constant) and isinstance(mode.value, str) else "r"
+            if mode is not None and not isinstance(mode, ast.Constant):
+                text = "?"
+            if set(text) & set("wax+?"):
+                found.append((node.lineno, f"open(..., {text!r})"))
+        elif isinstance(f, ast.Attribute) and isinstance(f.value, ast.Name):
+            if f.value.id == "os" and f.attr == "open" and len(node.args) > 1:
+                named = {n.attr for n in ast.walk(node.args[1]) if isinstance(n, ast.Attribute)}
+                if named & WRITE_FLAGS:
+                    found.append((node.lineno, "os.open(..., " + "|".join(sorted(named & WRITE_FLAGS)) + ")"))
+            elif f.attr in WRITE_CALLS.get(f.value.id, ()):
+                found.append((node.lineno, f"{f.value.id}.{f.attr}"))
+            elif f.value.id not in WRITE_CALLS and f.attr in PATH_WRITES:
+                found.append((node.lineno, f".{f.attr}()"))
+        elif isinstance(f, ast.Attribute) and f.attr in PATH_WRITES and not isinstance(f.value, ast.Name):
+            found.append((node.lineno, f".{f.attr}()"))
+    return found
+
+
+def test_every_write_in_orch_goes_through_the_writer() -> None:
+    """A run root may be shared: a write that bypasses orch/record/writes.py (its link, owner
+    and mode checks, O_EXCL|O_NOFOLLOW files) could follow what another user planted there."""
+    bypasses = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        rel = path.relative_to(ROOT).as_posix()
+        if rel == WRITER or "/_proto/" in rel:
+            continue
+        for line, call in _writes(path):
+            name = call.split("(")[0].split(".")[-1].strip("()") or call
+            if (rel, name) not in OUTSIDE_THE_RUN_ROOT:
+                bypasses.append(f"{rel}:{line}: {call}")
+    assert bypasses == [], "writes that bypass orch/record/writes.py:\n" + "\n".join(bypasses)
+
+
+def test_the_write_finder_finds_writes(tmp_path: Path) -> None:
+    sample = tmp_path / "sample.py"
+    sample.write_text(
+        "import os, shutil\nfrom pathlib import Path\n"
+        "open('x', 'w')\nopen('x')\nos.open('x', os.O_WRONLY | os.O_CREAT)\nos.open('x', os.O_RDONLY)\n"
+        "Path('x').write_text('y')\nos.replace('a', 'b')\nshutil.copy2('a', 'b')\n(Path('a') / 'b').mkdir()\n"
+        "'abc'.replace('a', 'b')\n"
+    )
+    assert [line for line, _ in _writes(sample)] == [3, 5, 7, 8, 9, 10]

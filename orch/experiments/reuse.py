@@ -202,5 +202,5 @@ def set_aside(folder: Path) -> Path:
     """Move a sweep's folder out of the way (``<name>.<unix time>``), keeping what it holds."""
     aside = folder.with_name(f"{folder.name}.{int(time.time() * 1000)}")
     with own_dir(folder.parent) as sweeps:
-        sweeps.rename(folder.name, aside.name)
+        sweeps.move(folder.name, aside.name)
     return aside

@@ -41,7 +41,7 @@ class _Status:
 
     def __init__(self, fd: int) -> None:
         os.set_inheritable(fd, False)  # the forkserver and the workers never hold it
-        self._file: IO[bytes] | None = open(fd, "wb", buffering=0)  # noqa: SIM115
+        self._file: IO[bytes] | None = os.fdopen(fd, "wb", buffering=0)
 
     def send(self, **message: Any) -> None:
         if self._file is None:

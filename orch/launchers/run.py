@@ -121,6 +121,7 @@ class Run(RunHandle):
         _track(self)
         # The run dir first: a launch that fails below still leaves a record that says so.
         self.store = RunStore(self.run_dir)
+        self.store.on_moved = self._swapped
         meta = run_meta(self.coordinator, config=spec.config, max_restarts=spec.max_restarts)
         for key in ("name", "sweep", "config_key"):
             if getattr(spec, key) is not None:
@@ -241,7 +242,7 @@ class Run(RunHandle):
             if self.store is not None:
                 self._tidy(self.store.folder)
             try:
-                write_result(self.coordinator, self.run_dir)
+                write_result(self.coordinator, self.run_dir, self.store.folder if self.store else None)
             except (OSError, OrchError) as e:
                 log.warning("run %s: could not write %s/result.json: %s", self.run_id, self.run_dir, e)
             self._done.set()
@@ -254,11 +255,14 @@ class Run(RunHandle):
                 folder.remove(name)
         moved = folder.moved()
         if moved:
-            log.error("run %s: %s", self.run_id, moved)
-            self.coordinator.fail(
-                f"the run dir was swapped while the run ran: {moved}; its own files are in the folder "
-                "it was made as, wherever that is now, and nothing of the other folder was used by orch"
-            )
+            self._swapped(moved)
+
+    def _swapped(self, moved: str) -> None:
+        log.error("run %s: %s", self.run_id, moved)
+        self.coordinator.fail(
+            f"the run dir was swapped while the run ran: {moved}; the run's record stays in the folder "
+            "it was made as, wherever that is now"
+        )
 
     def wait(self, timeout: float | None = None, interval: float = 0.5) -> RunResult:
         """Block until the run ends; raise :class:`orch.RunFailed` if it failed.

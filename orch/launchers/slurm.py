@@ -202,7 +202,7 @@ class SlurmJob:
         """sbatch the script (kept as run_dir/job.sh); returns the job id."""
         path = run_dir / "job.sh"
         with own_dir(run_dir) as folder:
-            folder.write_bytes(path.name, script.encode())  # 0600: sbatch reads it, nobody else
+            folder.put(path.name, script.encode())  # 0600: sbatch reads it, nobody else
         self._watch()
         argv = ["sbatch", "--parsable", *self.cluster.sbatch_args, str(path)]
         try:

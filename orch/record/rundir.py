@@ -34,7 +34,7 @@ from orch.record.store import (
     write_json_atomic,
 )
 from orch.record.tensorboard import export_runs
-from orch.record.writes import export_file
+from orch.record.writes import OwnDir, export_file
 from orch.wire._proto import orchestrator_pb2 as pb
 from orch.wire.client import NonFinite, SeriesBuffer, Snapshots, StateMirror
 from orch.wire.ranks import RankView
@@ -46,13 +46,17 @@ DEFAULT_MAX_POINTS = 1_000_000
 _E = TypeVar("_E", bound=Enum)
 
 
-def write_result(coordinator: Snapshots, run_dir: Path) -> Path:
-    """Write ``result.json``: the final state of the run and of every rank (atomically)."""
+def write_result(coordinator: Snapshots, run_dir: Path, folder: OwnDir | None = None) -> Path:
+    """Write ``result.json``: the final state of the run and of every rank (atomically), in
+    ``folder`` (the run dir held open since it was made) where there is one."""
     mirror = StateMirror.of(coordinator)
     record: dict[str, Any] = mirror.as_dict()
     record["events"] = [
         {"time": t, "kind": kind, "rank": rank, "message": msg} for t, kind, rank, msg in mirror.events
     ]
+    if folder is not None and folder.fd >= 0:
+        folder.put_json("result.json", record)
+        return run_dir / "result.json"
     private_dir(run_dir)
     path = run_dir / "result.json"
     write_json_atomic(path, record)

@@ -20,7 +20,7 @@ import re
 import struct
 import threading
 import zlib
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -63,6 +63,7 @@ class RunStore:
         self._metrics = self.folder.append("metrics.pb")
         self._events = self.folder.append("events.jsonl")
         self._dirty = False
+        self.on_moved: Callable[[str], None] | None = None  # told once if the run dir is swapped
         self._closed = threading.Event()
         self._syncer = threading.Thread(
             target=self._sync_loop, args=(fsync_interval,), daemon=True, name="orch-store-fsync"
@@ -70,7 +71,7 @@ class RunStore:
         self._syncer.start()
 
     def write_meta(self, meta: dict[str, Any]) -> None:
-        self.folder.write_json("run.json", meta)
+        self.folder.put_json("run.json", meta)
 
     def append_points(self, rank: int, attempt: int, series: Iterable[pb.Series]) -> None:
         payload = pb.MetricRecord(rank=rank, attempt=attempt, series=series).SerializeToString()
@@ -92,6 +93,12 @@ class RunStore:
     def _sync_loop(self, interval: float) -> None:
         while not self._closed.wait(interval):
             self.sync()
+            # The run dir's path still leads to the folder made for it (the writes here go
+            # through its descriptor whatever the path says; the ranks open it by its path).
+            moved = self.folder.moved() if self.on_moved is not None else ""
+            if moved and self.on_moved is not None:
+                self.on_moved(moved)
+                self.on_moved = None
 
     def sync(self) -> None:
         with self._lock:

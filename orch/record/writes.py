@@ -180,13 +180,13 @@ class OwnDir:
             raise
         return OwnDir(fd, self.path / name)
 
-    def write_bytes(self, name: str, data: bytes, *, sync: bool = True) -> None:
+    def put(self, name: str, data: bytes, *, sync: bool = True) -> None:
         """``name`` holds ``data``, whole or not at all: a fresh 0600 file renamed into place."""
         with self.atomic(name, sync=sync) as f:
             f.write(data)
 
-    def write_json(self, name: str, value: Any) -> None:
-        self.write_bytes(name, json.dumps(value).encode())
+    def put_json(self, name: str, value: Any) -> None:
+        self.put(name, json.dumps(value).encode())
 
     @contextlib.contextmanager
     def atomic(self, name: str, *, sync: bool = True) -> Iterator[IO[bytes]]:
@@ -241,7 +241,7 @@ class OwnDir:
             os.unlink(name, dir_fd=self.fd)  # a link itself goes, never what it points at
         return True
 
-    def rename(self, name: str, new: str) -> None:
+    def move(self, name: str, new: str) -> None:
         _plain(name)
         _plain(new)
         os.replace(name, new, src_dir_fd=self.fd, dst_dir_fd=self.fd)
@@ -273,7 +273,12 @@ def _check_file(fd: int, path: Path) -> None:
 
 def _refused(path: Path, e: OSError) -> UnsafePath:
     if e.errno in (errno.ELOOP, errno.ENOTDIR, errno.EMLINK) or os.path.islink(path):
-        return UnsafePath(f"{path} is a link: orch writes through no link in a run root; move it aside")
+        whose = ""
+        with contextlib.suppress(OSError):
+            whose = f" of {owner_name(os.lstat(path).st_uid)}'s"
+        return UnsafePath(
+            f"{path} is a link{whose}: orch writes through no link in a run root; move it aside"
+        )
     return UnsafePath(f"cannot use {path}: {e.strerror or e}")
 
 
@@ -283,6 +288,8 @@ def own_dir(path: str | Path) -> OwnDir:
     path = Path(os.path.abspath(path))
     parent = path.parent
     if not parent.exists():
+        # Checked before anything is made in it: a root others could move things in stays as it was.
+        _walk(next(p for p in parent.parents if p.exists()))
         parent.mkdir(parents=True, exist_ok=True)
     _walk(parent)
     with contextlib.suppress(FileExistsError):
@@ -328,7 +335,7 @@ def write_json(path: str | Path, value: Any) -> None:
     """``path`` holds ``value`` as JSON, whole or not at all (see :meth:`OwnDir.atomic`)."""
     path = Path(path)
     with own_dir(path.parent) as folder:
-        folder.write_json(path.name, value)
+        folder.put_json(path.name, value)
 
 
 def create_private(path: str | Path) -> None:

@@ -72,7 +72,7 @@ def write_checkpoint(
         written = [c for c in written if c.name != path.name]  # a restart replays a step: the new file counts
         kept = keep_best([*written, Checkpoint(path, step, value, metric)], keep, mode)
         write_index(checkpoint_dir, kept, mode)
-        folder.write_bytes("latest", path.name.encode())
+        folder.put("latest", path.name.encode())
         names = {c.name for c in kept}
         for name in folder.names():
             # Only orch's own files: its exact names (step-<digits>.pt), and regular files, never
@@ -171,10 +171,10 @@ def _fell_back(
         for path, _ in damaged:
             aside = path.name + ".corrupt"
             try:
-                folder.rename(path.name, aside)
+                folder.move(path.name, aside)
             except FileNotFoundError:
                 continue
             log.warning("checkpoint fallback: moved %s aside to %s", path, aside)
         gone = {p.name for p, _ in damaged}
         write_index(checkpoint_dir, [c for c in listed if c.name not in gone], mode)
-        folder.write_bytes("latest", used.name.encode())
+        folder.put("latest", used.name.encode())

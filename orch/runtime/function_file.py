@@ -39,7 +39,7 @@ def write_function(run_dir: Path, fn: Any, sources: Any, token: str) -> Path:
     payload = cloudpickle.dumps({"fn": fn, "sources": sources})
     digest = _digest(token, run_dir.name, payload)
     with own_dir(run_dir) as folder:
-        folder.write_bytes(FUNCTION_FILE, SIGNATURE + digest + payload)
+        folder.put(FUNCTION_FILE, SIGNATURE + digest + payload)
     return run_dir / FUNCTION_FILE
 
 

@@ -203,7 +203,8 @@ def _writes(path: Path) -> list[tuple[int, str]]:
             continue
         f = node.func
         if isinstance(f, ast.Name) and f.id == "open":
-            mode = node.args[1] if len(node.args) > 1 else next((k.value for k in node.keywords if k.arg == "mode"), None)
+            given = [k.value for k in node.keywords if k.arg == "mode"]
+            mode = node.args[1] if len(node.args) > 1 else (given[0] if given else None)
             text = mode.value if isinstance(mode, ast.Constant) and isinstance(mode.value, str) else "r"
             if mode is not None and not isinstance(mode, ast.Constant):
                 text = "?"

@@ -28,8 +28,12 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import functools
+import grp
 import json
+import logging
 import os
+import pwd
 import secrets
 import stat
 from collections.abc import Iterator
@@ -39,10 +43,9 @@ from typing import IO, Any
 from orch.errors import OrchError
 from orch.record.owned import owner_name
 
-MAX_LINKS = 40  # links followed in one walk, as the kernel allows
+log = logging.getLogger(__name__)
 
-# Safe in a folder others can write in: they can add names, never rename or remove ours.
-_OTHERS_WRITE = stat.S_IWGRP | stat.S_IWOTH
+MAX_LINKS = 40  # links followed in one walk, as the kernel allows
 
 
 class UnsafePath(OrchError):
@@ -53,9 +56,41 @@ def _trusted_owner(st: os.stat_result) -> bool:
     return st.st_uid in (os.geteuid(), 0)
 
 
-def _others_may_move(st: os.stat_result) -> bool:
-    """Others may rename or remove what is in this folder: it lets them write, without sticky."""
-    return bool(st.st_mode & _OTHERS_WRITE) and not st.st_mode & stat.S_ISVTX
+def _group_may_move(st: os.stat_result) -> bool:
+    """The folder's group may rename or remove what is in it (it may write, no sticky bit), and
+    the group is not this user's own (a user private group, as Debian and Ubuntu make one for
+    each user, and their umask 002 makes every new folder group-writable)."""
+    risky = st.st_mode & stat.S_IWGRP and not st.st_mode & stat.S_ISVTX
+    return bool(risky) and not _private_group(st.st_gid)
+
+
+@functools.lru_cache(maxsize=64)
+def _private_group(gid: int) -> bool:
+    """No user but this one is in group ``gid``, as a member or by their primary group."""
+    me = os.geteuid()
+    try:
+        members = grp.getgrgid(gid).gr_mem
+        name = pwd.getpwuid(me).pw_name
+    except KeyError:
+        return False
+    if any(m != name for m in members):
+        return False
+    return all(p.pw_gid != gid or p.pw_uid == me for p in pwd.getpwall())
+
+
+def _group_name(gid: int) -> str:
+    with contextlib.suppress(KeyError):
+        return grp.getgrgid(gid).gr_name
+    return f"gid {gid}"
+
+
+_told: set[str] = set()  # the folders warned of (once each)
+
+
+def _warn_once(key: str, text: str) -> None:
+    if key not in _told:
+        _told.add(key)
+        log.warning("%s", text)
 
 
 def _walk(path: Path) -> os.stat_result:
@@ -89,16 +124,27 @@ def _walk(path: Path) -> os.stat_result:
             continue
         if stat.S_ISDIR(st.st_mode):
             if not _trusted_owner(st):
-                raise UnsafePath(
-                    f"{here} belongs to {owner_name(st.st_uid)}: orch writes only under folders of "
-                    f"yours ({owner_name(os.geteuid())}) or root's; use a run root of your own"
+                # A project folder of an admin's, say: its owner could move what is below it,
+                # as root could. Said once; the checks below still hold for the rest.
+                _warn_once(
+                    str(here),
+                    f"{here} belongs to {owner_name(st.st_uid)}, who could rename folders orch makes "
+                    "below it; orch writes there all the same, through folders it holds open",
                 )
-            if _others_may_move(st):
+            if _group_may_move(st):
+                _warn_once(
+                    str(here),
+                    f"{here} lets its group ({_group_name(st.st_gid)}) write in it without the sticky bit: "
+                    "a member could rename a run's folder below it and put theirs in its place; orch "
+                    "writes through the folders it holds open, and a run whose dir was swapped fails "
+                    f"saying so; make it sticky (chmod +t {here}) to close this",
+                )
+            if st.st_mode & stat.S_IWOTH and not st.st_mode & stat.S_ISVTX:
                 raise UnsafePath(
-                    f"{here} lets others write in it (mode {stat.filemode(st.st_mode)}) without the "
+                    f"{here} lets every user write in it (mode {stat.filemode(st.st_mode)}) without the "
                     "sticky bit, so another user could rename a run's folder below it and put theirs "
                     f"in its place: make it sticky (chmod +t {here}), as /tmp is, or take their write "
-                    "away (chmod go-w), or use another run root"
+                    "away (chmod o-w), or use another run root"
                 )
         at = here
     return st
@@ -113,7 +159,7 @@ def _check_own(fd: int, path: Path) -> None:
             "did not make it, and writes nothing in a folder of someone else's; move it aside or use "
             "another run root"
         )
-    if st.st_mode & _OTHERS_WRITE:
+    if st.st_mode & stat.S_IWOTH or (st.st_mode & stat.S_IWGRP and not _private_group(st.st_gid)):
         raise UnsafePath(
             f"{path} lets others write in it (mode {stat.filemode(st.st_mode)}): orch makes its "
             f"folders 0700; take their write away (chmod go-w {path}) or move it aside"

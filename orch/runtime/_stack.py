@@ -5,6 +5,10 @@ heartbeat thread reads the training thread's, which may be blocked anywhere (a c
 data loader, the user's own ``time.sleep``). Frames of notebook cells carry IPython's label
 (``Cell In[3]``) as the rank's tracebacks do; each frame says whether it is the user's own
 code, so that a stack is summed up by the user's innermost line.
+
+Each frame carries its source line (``code``), as a traceback does: whoever holds the run's
+token sees it (``run.stacks()``, ``orch stacks``, the hang warning). ``ORCH_STACK_SOURCE=0`` in
+the launcher's environment, which its ranks inherit, sends file, line and function only.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ from orch.wire._proto import orchestrator_pb2 as pb
 
 MAX_FRAMES = 200  # a deep recursion is cut at its innermost frames
 MAX_CODE = 200  # characters of a frame's source line
+SOURCE_ENV = "ORCH_STACK_SOURCE"
 
 _ORCH = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
 _WORKER = os.path.join(_ORCH, "runtime", "worker.py")
@@ -38,6 +43,11 @@ def is_user_code(filename: str) -> bool:
         return False
     path = os.path.abspath(filename)
     return not path.startswith(_ORCH) and not path.startswith(_LIBRARIES)
+
+
+def sends_source() -> bool:
+    """Whether this rank's stacks carry their frames' source lines (``ORCH_STACK_SOURCE=0``: no)."""
+    return os.environ.get(SOURCE_ENV, "1").lower() not in ("0", "false", "no", "off")
 
 
 def capture(thread_id: int, sources: SourceMap | None, step: int) -> pb.Stack:
@@ -59,8 +69,9 @@ def capture(thread_id: int, sources: SourceMap | None, step: int) -> pb.Stack:
         if function == "run_worker" and os.path.abspath(filename) == _WORKER:
             start = i + 1
     labels = sources.labels if sources is not None else {}
+    source = sends_source()
     for filename, line, function in raw[start:]:
-        code = linecache.getline(filename, line).strip()[:MAX_CODE]
+        code = linecache.getline(filename, line).strip()[:MAX_CODE] if source else ""
         stack.frames.add(
             file=labels.get(filename, filename),
             line=line,

@@ -173,7 +173,7 @@ def test_a_run_root_others_can_write_without_the_sticky_bit_is_refused(shared_ro
     open_root = shared_root.parent / "open"
     open_root.mkdir()
     open_root.chmod(0o777)  # anyone can rename what is in it: a run dir could be swapped
-    with pytest.raises(UnsafePath, match=r"lets others write in it .* without the sticky bit"):
+    with pytest.raises(UnsafePath, match=r"lets every user write in it .* without the sticky bit"):
         orch.launch(world_size=1, steps=2, run_root=str(open_root / "runs"))
     assert os.listdir(open_root) == []  # refused before anything was written
 

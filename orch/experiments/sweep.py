@@ -59,6 +59,7 @@ from orch.launchers.spec import MAX_WORKERS_PER_CORE, LaunchSpec
 from orch.record.mlflow_export import export_mlflow
 from orch.record.store import private_dir
 from orch.record.tensorboard import export_runs
+from orch.record.writes import check_dir
 from orch.runtime._nested import refuse_launch
 from orch.runtime._script import Script
 from orch.runtime._target import TrainFn
@@ -202,10 +203,10 @@ class Sweep:
             self.name = name or first.fn_name.rsplit(":", 1)[-1].rsplit(".", 1)[-1]
         self.run_root = Path(run_root)
         self.folder = self.run_root / ".sweeps" / self.name  # the study, the rungs: sweep.json
-        # Made and checked now: a .sweeps another user planted (theirs, a link) fails the cell
-        # before any process starts, naming it, and nothing is written through it.
-        private_dir(self.folder.parent)
-        private_dir(self.folder)
+        # Checked now: a .sweeps another user planted (theirs, a link) fails the cell before
+        # any process starts, naming it, and nothing is written through it.
+        check_dir(self.folder.parent)
+        check_dir(self.folder)
         fit = MAX_WORKERS_PER_CORE * (os.cpu_count() or 1)
         at_once = max(1, min(parallel, fit // world_size))
         if at_once < parallel:

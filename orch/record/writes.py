@@ -355,6 +355,16 @@ def own_dir(path: str | Path) -> OwnDir:
     return OwnDir(fd, path)
 
 
+def check_dir(path: str | Path) -> None:
+    """Refuse now what :func:`own_dir` would refuse for ``path``, making nothing: the folder
+    where it is there, else the folders above it that are."""
+    path = Path(os.path.abspath(path))
+    if os.path.lexists(path):
+        own_dir(path).close()  # there already: nothing is made
+    else:
+        _walk(next(p for p in path.parents if os.path.lexists(p)))
+
+
 def own_file(path: str | Path) -> Path:
     """``path``, a file orch keeps in a folder of its own (an SQLite study): its folder is made
     and checked as :func:`own_dir` does, and the file, where it is there, must be a regular

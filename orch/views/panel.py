@@ -143,7 +143,9 @@ class Panel:
         logs = widgets.VBox([self.log_rank, self.log_tail])
         self.logs = widgets.Accordion(children=[logs], titles=("worker logs",), selected_index=None)
         self._choosing = False  # the panel itself sets a dropdown's choices: no redraw for that
-        for w in (self.metric, self.log_scale, self.log_rank):
+        self._metric_chosen = False  # the user picked the metric: the panel never picks another
+        self.metric.observe(self._on_metric, names="value")
+        for w in (self.log_scale, self.log_rank):
             w.observe(lambda _change: None if self._choosing else self._redraw(force=True), names="value")
         self.widget = widgets.VBox(
             [
@@ -255,6 +257,11 @@ class Panel:
 
         threading.Thread(target=ask, name="orch-panel-stacks", daemon=True).start()
 
+    def _on_metric(self, _change: Any) -> None:
+        if not self._choosing:
+            self._metric_chosen = True
+            self._redraw(force=True)
+
     # -- drawing --------------------------------------------------------------------------
     def _redraw(self, force: bool = False) -> None:
         m = self.mirror
@@ -262,8 +269,10 @@ class Panel:
         points = sum(len(b) for b in m.series.values())
         with self.widget.hold_sync():
             if names and list(self.metric.options) != names:
-                current = self.metric.value if self.metric.value in names else default_metric(names)
-                choose(self, self.metric, names, current)
+                # The panel's own pick follows the names as they come (orch's rank/memory may
+                # come before the code's loss); the user's stays.
+                kept = self._metric_chosen and self.metric.value in names
+                choose(self, self.metric, names, self.metric.value if kept else default_metric(names))
             self._draw_header(m)
             self.table.value = table_html(m)
             self.progress_box.value = progress_html(m, self.asked_stacks)

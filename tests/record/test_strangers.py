@@ -302,8 +302,9 @@ def test_the_victim_as_an_ordinary_user(shared_root: Path, victim_file: Path) ->
         str(shared_root), str(victim_file.parent),
     )  # fmt: skip
 
-    def make_sweeps_folder() -> str:
+    def make_sweeps_folder() -> str:  # as orch.sweep makes its folder
         try:
+            own_dir(shared_root / ".sweeps").close()
             own_dir(shared_root / ".sweeps" / "train").close()
         except UnsafePath as e:
             return str(e)

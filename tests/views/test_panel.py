@@ -430,3 +430,32 @@ def test_live_runs_are_torn_down_when_the_interpreter_exits(tmp_path: Path) -> N
     pids = [int(p) for p in proc.stdout.split()[1:]]
     assert len(pids) == 2
     # no_leftover_processes (conftest) fails this test if either worker is still alive
+
+
+def test_the_panel_s_own_pick_follows_a_loss_that_comes_after_orch_s_memory() -> None:
+    """orch's rank/memory reaches the panel before the code's first loss (a slow first step, a
+    Lightning run): the panel's pick moves to the loss when it comes; a metric the user picked stays."""
+    coord = Coordinator(1, run_id="r", clock=lambda: 100.0)
+    coord.register(pb.RegisterRequest(worker_id="w", host="h", pid=1, rendezvous_port=29400))
+    coord.can_start(pb.CanStartTrainingRequest(run_id="r", worker_id="w"))
+
+    def heartbeat(stub: pb_grpc.OrchestratorStub, step: int, **metrics: float) -> None:
+        series = [pb.Series(name=k, steps=[step], values=[v]) for k, v in metrics.items()]
+        beat = pb.HeartbeatRequest(run_id="r", worker_id="w", step=step, series=series)
+        stub.SendHeartbeat(beat, timeout=60)
+
+    with MasterServer(coord, port=0) as server, grpc.insecure_channel(server.address) as channel:
+        stub = pb_grpc.OrchestratorStub(channel)
+        heartbeat(stub, 0, **{"rank/memory": 3e8})
+        panel = Panel(_Source(server.address), interval=0.05)
+        try:
+            assert wait_for(lambda: list(panel.metric.options) == ["rank/memory"], 60)
+            heartbeat(stub, 1, train_loss=0.5, **{"rank/memory": 3e8})
+            assert wait_for(lambda: list(panel.metric.options) == ["rank/memory", "train_loss"], 60)
+            assert panel.metric.value == "train_loss"
+            panel.metric.value = "rank/memory"  # the user's pick
+            heartbeat(stub, 2, train_loss=0.4, accuracy=0.9, **{"rank/memory": 3e8})
+            assert wait_for(lambda: "accuracy" in panel.metric.options, 60)
+            assert panel.metric.value == "rank/memory"
+        finally:
+            panel.close()

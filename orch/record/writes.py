@@ -314,7 +314,10 @@ def _check_file(fd: int, path: Path) -> None:
     if not stat.S_ISREG(st.st_mode):
         raise UnsafePath(f"{path} is not a regular file ({stat.filemode(st.st_mode)}): move it aside")
     if st.st_uid != os.geteuid():
-        raise UnsafePath(f"{path} belongs to {owner_name(st.st_uid)}: orch writes only files of its own")
+        raise UnsafePath(
+            f"{path} belongs to {owner_name(st.st_uid)}, not to you: orch did not write it and will not "
+            "use it; move it aside"
+        )
 
 
 def _refused(path: Path, e: OSError) -> UnsafePath:
@@ -371,19 +374,17 @@ def own_file(path: str | Path) -> Path:
     file of this user's. Returns the path, never resolved through a link."""
     path = Path(os.path.abspath(path))
     with own_dir(path.parent) as folder:
+        flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
         try:
-            st = os.stat(path.name, dir_fd=folder.fd, follow_symlinks=False)
+            fd = os.open(path.name, flags, dir_fd=folder.fd)
         except FileNotFoundError:
             return path
-        if stat.S_ISLNK(st.st_mode):
-            raise UnsafePath(f"{path} is a link: orch writes through no link in a run root; move it aside")
-        if not stat.S_ISREG(st.st_mode):
-            raise UnsafePath(f"{path} is not a regular file ({stat.filemode(st.st_mode)}): move it aside")
-        if st.st_uid != os.geteuid():
-            raise UnsafePath(
-                f"{path} belongs to {owner_name(st.st_uid)}, not to you: orch did not write it and will "
-                "not use it; move it aside"
-            )
+        except OSError as e:
+            raise _refused(path, e) from e
+        try:
+            _check_file(fd, path)
+        finally:
+            os.close(fd)
     return path
 
 

@@ -135,6 +135,11 @@ class HeartbeatSender:
                 time.sleep(0.05)
         return True
 
+    def hear(self) -> None:
+        """One beat now, from the calling thread: what the master says (a sweep's first rung)
+        is known before the loop's first step, not a beat interval later."""
+        self._beat()
+
     def wait_gate(self, step: int, timeout: float) -> bool:
         """At a sweep's rung (``hold_after == step``): send this rank's points, and ask again until
         the sweep decided: the master moves the rung on, or says STOP. False after ``timeout`` s."""

@@ -5,6 +5,11 @@ steps. A loop that left on hearing would leave its peers alone in the next colle
 each call all-reduces the rank's "I heard" (MAX) without waiting for it, and reads the
 previous call's result: every rank learns the same answer at the same call, one call after
 the first rank heard, at the cost of one small asynchronous all-reduce a step.
+
+The same all-reduce carries the sweep's next rung as each rank last heard it (MAX: rungs only
+move on), so that every rank holds at the same rung or none does; at the rung, once each rank
+waited for the sweep's word, :meth:`StopVote.agree` makes "pruned" one answer for all of them
+(a rank whose word came late goes the way its peers were told).
 """
 
 from __future__ import annotations
@@ -21,21 +26,29 @@ class StopVote:
     def __init__(self, group: Any) -> None:
         self.group = group  # a gloo group of every rank (orch's own, not the training's)
         self.decided = False
-        self._flag = torch.zeros(1)
+        self.hold = 0  # the sweep's next rung, as every rank agreed on it at the last call
+        self._flag = torch.zeros(2, dtype=torch.float64)
         self._pending: Any = None
 
-    def cast(self, heard: bool) -> bool:
+    def cast(self, heard: bool, hold: int = 0) -> bool:
         if self.decided:
             return True
         if self._pending is not None:
             self._pending.wait()
             self._pending = None
-            if self._flag.item() > 0:
+            self.hold = int(self._flag[1].item())
+            if self._flag[0].item() > 0:
                 self.decided = True
                 return True
-        self._flag = torch.ones(1) if heard else torch.zeros(1)
+        self._flag = torch.tensor([1.0 if heard else 0.0, float(hold)], dtype=torch.float64)
         self._pending = dist.all_reduce(self._flag, op=dist.ReduceOp.MAX, group=self.group, async_op=True)
         return False
+
+    def agree(self, told: bool) -> bool:
+        """At a rung every rank holds at: True on every rank when any of them was told to stop."""
+        flag = torch.tensor([1.0 if told else 0.0])
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=self.group)
+        return flag.item() > 0
 
     def settle(self) -> None:
         """Wait for the vote still in flight (every rank cast it): before the group goes."""

@@ -239,11 +239,16 @@ class Context:
         if self._sender is not None:
             self._sender.total_steps = n
         vote = StopVote(self._control_group) if self._control_group is not None else None
+        sender = self._sender
+        if sender is not None:
+            sender.hear()  # a sweep's first rung, before the first step: it may come within a beat
         times = self.times
         started = resumed = 0.0  # the current step's start; when the user's body handed back
         try:
             for step in range(self.resume_step, n):
-                stop = vote.cast(self._stop.is_set()) if vote is not None else self._stop.is_set()
+                heard = self._stop.is_set()
+                rung = sender.last_hold if sender is not None else 0
+                stop = vote.cast(heard, rung) if vote is not None else heard
                 if stop:
                     self.stopped = True
                     if self._sender is not None:
@@ -264,14 +269,18 @@ class Context:
                     resumed = clock()
                 if every and (step + 1) % every == 0:
                     self._checkpoint_together(checkpoint(), keep=keep, mode=mode)  # type: ignore[misc]
-                if self._sender is not None and 0 < self._sender.last_hold == step:
-                    # A sweep's rung: every rank waits here for its one decision, so a pruned
-                    # trial ends at its rung on every rank (a rank that waits too long goes on,
-                    # and a stop then ends it as any stop does).
-                    self._sender.wait_gate(step, GATE_WAIT)
-                    if self._stop.is_set():
+                rung = vote.hold if vote is not None else sender.last_hold if sender is not None else 0
+                if sender is not None and 0 < rung == step:
+                    # A sweep's rung, the same on every rank (the vote carried it): each waits
+                    # here for the sweep's decision, then all take the one answer, so a pruned
+                    # trial ends at its rung on every rank, never one rank a step ahead.
+                    sender.wait_gate(step, GATE_WAIT)
+                    told = self._stop.is_set()
+                    if vote is not None:
+                        told = vote.agree(told)
+                    if told:
                         self.stopped = True
-                        self._sender.step = step + 1
+                        sender.step = step + 1
                         if checkpoint is not None:
                             self._checkpoint_together(checkpoint(), keep=keep, mode=mode)
                         return

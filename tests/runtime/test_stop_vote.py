@@ -54,3 +54,75 @@ def test_ranks_that_hear_of_a_stop_at_different_steps_leave_after_the_same_one(
     seen = [json.loads((tmp_path / f"r{r}.json").read_text()) for r in (0, 1)]
     # The stop is the vote of the first step either rank heard it at, read one step later.
     assert seen[0] == seen[1] == {"left": min(heard) + 1, "stopped": True}, seen
+
+
+class _RungSender:
+    """A unit test's stand-in for a rank's heartbeat sender in a pruned trial: it hears of the
+    rung at step ``heard_at`` of the loop (0: before the first step), and at the rung it is
+    told to stop (``pruned``) or not told anything before its wait ends (a late word)."""
+
+    def __init__(self, ctx: object, rung: int, heard_at: int, pruned: bool) -> None:
+        self.ctx, self.rung, self.heard_at, self.pruned = ctx, rung, heard_at, pruned
+        self.step = self.total_steps = 0
+        self.last_hold = 0
+        self.timing = None
+
+    def hear(self) -> None:
+        if self.heard_at == 0:
+            self.last_hold = self.rung
+
+    def wait_gate(self, step: int, timeout: float) -> bool:
+        if self.pruned:
+            self.ctx.request_stop()  # type: ignore[attr-defined]
+        return self.pruned
+
+    def log(self, step: int, values: dict[str, float]) -> None:
+        if step + 1 >= self.heard_at:
+            self.last_hold = max(self.last_hold, self.rung)
+
+
+def _pruned_rank(rank: int, store_path: str, heard_at: int, pruned: bool, out: str) -> None:
+    import torch
+    import torch.distributed as dist
+
+    from orch.runtime.context import Context
+
+    store = dist.FileStore(store_path, 2)
+    timeout = datetime.timedelta(seconds=20)  # a rank left alone in a collective fails the test
+    dist.init_process_group("gloo", store=store, rank=rank, world_size=2, timeout=timeout)
+    control = dist.new_group(backend="gloo")
+    ctx = Context(rank=rank, world_size=2, local_rank=rank, device=torch.device("cpu"), config={},
+                  run_id="r", sender=None, control_group=control)  # fmt: skip
+    ctx._sender = _RungSender(ctx, rung=6, heard_at=heard_at, pruned=pruned)  # type: ignore[assignment]
+    model = ctx.ddp(torch.nn.Linear(4, 1))
+    last = -1
+    for step in ctx.steps(40):
+        model(torch.ones(2, 4)).sum().backward()  # DDP's all-reduce: a peer left alone would hang
+        ctx.log(step, loss=1.0)
+        last = step
+    with open(out, "w") as f:
+        json.dump({"last": last, "stopped": ctx.stopped}, f)
+    dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("late", [(0, 3), (3, 0), (0, 0)], ids=["rank1-late", "rank0-late", "both-early"])
+def test_a_pruned_trial_stops_at_its_rung_on_every_rank_though_one_heard_of_it_late(
+    tmp_path: Path, late: tuple[int, int]
+) -> None:
+    """Rank 0 is told "pruned" at the rung (step 6); rank 1 heard of the rung only later, or
+    was told nothing: both hold at the rung, take rank 0's answer, and leave after step 6."""
+    spawn = mp.get_context("spawn")
+    procs = [
+        spawn.Process(
+            target=_pruned_rank,
+            args=(r, str(tmp_path / "store"), late[r], r == 0, str(tmp_path / f"r{r}.json")),
+        )
+        for r in (0, 1)
+    ]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(60)
+    assert [p.exitcode for p in procs] == [0, 0]
+    seen = [json.loads((tmp_path / f"r{r}.json").read_text()) for r in (0, 1)]
+    assert seen[0] == seen[1] == {"last": 6, "stopped": True}, seen

@@ -95,6 +95,13 @@ BENCHMARKS: dict[str, tuple[str, str]] = {
         "until every process it started is gone, and from `run.stop()` to the run STOPPED, its "
         "workers exited and a blocked `run.wait()` returned",
     ),
+    "connection_flood": (
+        "A connection flood: the master's memory before, at the peak and after",
+        "three floods in a row of one local process's connections up to the master's cap (HTTP/2 "
+        "preface each), then one of connections that send nothing: the master's RSS before, at the "
+        "peak and 60 s after (with its trim of freed memory and without), the memory per "
+        "connection, the idle close, and how long a new connection's `GetState` was refused",
+    ),
 }
 
 

@@ -46,6 +46,14 @@ EXPECTED = {
         "torchrun_retries",
     ],
     "ends": ["owner_launch_gone_s", "owner_cli_gone_s", "stop_stopped_s", "stop_exited_s", "stop_wait_s"],
+    "connection_flood": [
+        "rss_before_mb",
+        "rss_peak_mb",
+        "rss_after_mb",
+        "kib_per_connection",
+        "unreachable_s",
+        "silent_closed_s",
+    ],
 }
 
 

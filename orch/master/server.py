@@ -23,6 +23,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from orch.errors import ConfigError, PortInUseError
+from orch.master import _trim
 from orch.master.control.validate import STATUS_CODE
 from orch.master.coordinator import Coordinator, Reject
 from orch.wire._net import (
@@ -251,6 +252,7 @@ class MasterServer:
         # TCP listener's connections never reaches them.
         self._local_socket = local_socket
         self._local: PrivateSocket | None = None  # made by start(): nothing is left by a failed one
+        self._trimming = False  # holds the process's trimmer (see _trim) while serving
 
     @property
     def local_address(self) -> str:
@@ -289,6 +291,9 @@ class MasterServer:
             if self._local is not None:
                 self._local.remove()
             raise
+        # What a connection flood made gRPC allocate goes back to the system once it is freed.
+        _trim.hold()
+        self._trimming = True
         log.info("orch master serving run %s on %s", self.coordinator.run_id, self.address)
         return self
 
@@ -404,6 +409,9 @@ class MasterServer:
         self._server = None
         if self._local is not None:
             self._local.remove()
+        if self._trimming:
+            self._trimming = False
+            _trim.release()
 
     def __enter__(self) -> MasterServer:
         return self.start()

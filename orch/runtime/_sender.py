@@ -138,7 +138,8 @@ class HeartbeatSender:
     def hear(self) -> None:
         """One beat now, from the calling thread: what the master says (a sweep's first rung)
         is known before the loop's first step, not a beat interval later."""
-        self._beat()
+        if self._stub is not None:
+            self._beat()
 
     def wait_gate(self, step: int, timeout: float) -> bool:
         """At a sweep's rung (``hold_after == step``): send this rank's points, and ask again until

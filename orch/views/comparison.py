@@ -349,7 +349,9 @@ class RunsView:
         self.plot = widgets.Image(format="png", layout=widgets.Layout(width=f"{width_px}px"))
         self.header = widgets.HTML(layout=widgets.Layout(width="100%"))
         self._choosing = False
-        for w in (self.metric, self.x_axis, self.log_scale):
+        self._wanted = metric  # the metric asked for; the user's pick in the dropdown wins over it
+        self.metric.observe(self._on_metric, names="value")
+        for w in (self.x_axis, self.log_scale):
             w.observe(lambda _c: None if self._choosing else self._redraw_now(), names="value")
         self.widget = widgets.VBox()
         self._layout()
@@ -430,6 +432,11 @@ class RunsView:
             for i, (f, m) in enumerate(zip(self.runs, self.mirrors, strict=True))
         ]
 
+    def _on_metric(self, _change: Any) -> None:
+        if not self._choosing:
+            self._wanted = self.metric.value
+            self._redraw_now()
+
     def _redraw_now(self) -> None:
         with self._lock:
             self._redraw(force=True)
@@ -438,8 +445,10 @@ class RunsView:
         names = sorted({name for m in self.mirrors for _, name in m.series})
         with self.widget.hold_sync():
             if names and list(self.metric.options) != names:
-                current = self.metric.value if self.metric.value in names else default_metric(names)
-                choose(self, self.metric, names, current)
+                # The metric asked for (or the user's pick) once it is there: orch's rank/memory
+                # may come before it, and a pick made then must not stay.
+                wanted = self._wanted if self._wanted in names else default_metric(names)
+                choose(self, self.metric, names, wanted)
             self._draw_parts()
             points = tuple(sum(len(b) for b in m.series.values()) for m in self.mirrors)
             key = (points, self.marked(), tuple(m.state for m in self.mirrors))

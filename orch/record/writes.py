@@ -395,14 +395,6 @@ def write_json(path: str | Path, value: Any) -> None:
         folder.put_json(path.name, value)
 
 
-def create_private(path: str | Path) -> None:
-    """An empty 0600 file at ``path`` where none is there (for a store a library opens by path)."""
-    path = Path(os.path.abspath(path))
-    with own_dir(path.parent) as folder, contextlib.suppress(FileExistsError):
-        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
-        os.close(os.open(path.name, flags, 0o600, dir_fd=folder.fd))
-
-
 @contextlib.contextmanager
 def export_file(path: str | Path) -> Iterator[IO[bytes]]:
     """A file of an export to a place the user named (a CSV, a store): written under a fresh

@@ -279,12 +279,17 @@ if __name__ == "__main__":
     os._exit(0)
 
 
-def landscape_value(x: int, step: int, seed: int = 0) -> float:
+def landscape_value(x: int, step: int, seed: int = 0, valley: bool = False) -> float:
     """The sweep benchmark's seeded synthetic landscape: 27 configs (x = 0..26), each a curve
     ``final + start * exp(-step / tau)`` with its own start and pace; the finals are a seeded
-    shuffle of 0.05, 0.07, ... (one best), so the grid's order says nothing of the best."""
+    shuffle of 0.05, 0.07, ... (one best), so the grid's order says nothing of the best. With
+    ``valley``, the finals fall with x to the best at x = 13 and rise after it, as a grid of
+    learning rates written in order does: in x's order each config up to 13 beats every one before it."""
     order = list(range(27))
-    random.Random(f"landscape:{seed}").shuffle(order)
+    if valley:
+        order.sort(key=lambda v: (abs(v - 13), v))
+    else:
+        random.Random(f"landscape:{seed}").shuffle(order)
     final = 0.05 + 0.02 * order.index(x)
     rng = random.Random(f"landscape:{seed}:{x}")
     start, tau = 1.0 + 0.05 * rng.random(), 18.0 + 6.0 * rng.random()
@@ -296,28 +301,30 @@ def landscape_train(ctx: Any) -> None:
     (a real DDP group); rank r logs the value shifted by (r - (n-1)/2) / 1000 (the mean is the value)."""
     model = ctx.ddp(torch.nn.Linear(2, 1))
     shift = (ctx.rank - (ctx.world_size - 1) / 2) / 1000.0
-    x, seed = int(ctx.config["x"]), int(ctx.config.get("seed", 0))
+    x, seed, valley = int(ctx.config["x"]), int(ctx.config.get("seed", 0)), bool(ctx.config.get("valley"))
     for step in ctx.steps(int(ctx.config["steps"])):
         model(torch.ones(1, 2)).sum().backward()
-        ctx.log(step, loss=landscape_value(x, step, seed) + shift)
+        ctx.log(step, loss=landscape_value(x, step, seed, valley) + shift)
         time.sleep(float(ctx.config["sleep"]))
 
 
 def asha_and_time(out_dir: str, run_root: str, n: int, steps: int, sleep: float, seeds: list[int]) -> None:
     """sweep --case asha's orch side, in a fresh process: a warm-up run, the full grid of the
-    landscape (seed ``seeds[0]``), then an ASHA sweep (grace 3, reduction 3) per seed. Each
-    sweep is timed from the call until ``wait()`` and ``close()`` returned; its trials' steps,
-    states and the slot-reuse gaps (a prune to the next trial's first logged step) go to
-    ``out_dir/asha.json``."""
+    landscape (seed ``seeds[0]``), then per seed an ASHA sweep (grace 3, reduction 3) of the
+    shuffled landscape and one of the valley (the grid in the order a user writes it), each
+    with ``seed=seed`` (the order a pruned grid runs in), and once the valley in its given
+    order. Each sweep is timed from the call until ``wait()`` and ``close()`` returned; its
+    trials' steps, states and the slot-reuse gaps (a prune to the next trial's first logged
+    step) go to ``out_dir/asha.json``."""
     import orch
 
-    def configs(seed: int) -> list[dict[str, Any]]:
-        return [{"x": x, "seed": seed, "steps": steps, "sleep": sleep} for x in range(n)]
+    def configs(seed: int, valley: bool) -> list[dict[str, Any]]:
+        return [{"x": x, "seed": seed, "steps": steps, "sleep": sleep, "valley": valley} for x in range(n)]
 
-    def one(name: str, seed: int, prune: Any) -> dict[str, Any]:
+    def one(name: str, seed: int, prune: Any, valley: bool = False, order: Any = None) -> dict[str, Any]:
         t0 = time.time()
-        sw = orch.sweep("_jobs:landscape_train", configs(seed), world_size=2, run_root=run_root,
-                        name=name, threads=1, prune=prune)  # fmt: skip
+        sw = orch.sweep("_jobs:landscape_train", configs(seed, valley), world_size=2, run_root=run_root,
+                        name=name, threads=1, prune=prune, seed=seed, order=order)  # fmt: skip
         try:
             res = sw.wait(timeout=1800)
         finally:
@@ -339,6 +346,8 @@ def asha_and_time(out_dir: str, run_root: str, n: int, steps: int, sleep: float,
             "steps": [r["steps"] for r in res],
             "pruned_at": [r["pruned_at"] for r in res],
             "best": sw.best().config["x"],
+            "known_best": min(range(n), key=lambda x: landscape_value(x, steps - 1, seed, valley)),
+            "order": sw.order,
             "gaps": gaps,
         }
 
@@ -346,9 +355,11 @@ def asha_and_time(out_dir: str, run_root: str, n: int, steps: int, sleep: float,
                       name="warm-up", threads=1)  # fmt: skip
     warm.wait(timeout=300)
     warm.close()
-    result: dict[str, Any] = {"grid": one("grid", seeds[0], None), "asha": {}}
+    result: dict[str, Any] = {"grid": one("grid", seeds[0], None), "asha": {}, "valley": {}}
     for seed in seeds:
-        asha = one(f"asha{seed}", seed, orch.ASHA(grace=3, reduction=3, max_steps=steps))
-        asha["known_best"] = min(range(n), key=lambda x: landscape_value(x, steps - 1, seed))
-        result["asha"][str(seed)] = asha
+        result["asha"][str(seed)] = one(f"asha{seed}", seed, orch.ASHA(grace=3, reduction=3, max_steps=steps))
+        result["valley"][str(seed)] = one(
+            f"valley{seed}", seed, orch.ASHA(grace=3, reduction=3, max_steps=steps), valley=True
+        )
+    result["given"] = one("given", seeds[0], orch.ASHA(grace=3, reduction=3, max_steps=steps), True, "given")
     _write(out_dir, "asha.json", result)

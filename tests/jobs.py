@@ -524,6 +524,8 @@ def landscape_loss(config: dict[str, Any], step: int) -> float:
     rng = random.Random(f"landscape:{config.get('seed', 0)}:{x}")
     a, b, c = x // 9, (x // 3) % 3, x % 3
     final = 0.05 + 0.04 * ((a - 1) ** 2 + 0.7 * (b - 2) ** 2 + 0.4 * c**2) + 0.01 * rng.random()
+    if "valley" in config:  # a valley at x = valley: in x's order each config beats those before it
+        final = 0.05 + 0.02 * abs(x - int(config["valley"])) + 0.001 * rng.random()
     return final + (1.0 + 0.01 * rng.random()) * math.exp(-step / 20.0)
 
 

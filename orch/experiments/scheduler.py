@@ -49,6 +49,7 @@ class Scheduler:
         *,
         pruner: Pruner | None = None,
         more: Callable[[], bool] | None = None,
+        order: list[int] | None = None,
         on_ended: Callable[[Trial], None] | None = None,
         on_turn: Callable[[], None] | None = None,
     ) -> None:
@@ -59,6 +60,7 @@ class Scheduler:
         self.max_failures = max_failures
         self.pruner = pruner
         self.more = more  # adds one more queued trial (and its spec); False when the search is done
+        self.order = order  # the trials' indices in the order they start (None: index order)
         self.on_ended = on_ended  # a trial ended (the sweep tells its search, writes its folder)
         self.on_turn = on_turn  # after each turn, under the lock
         self.lock = threading.Lock()
@@ -127,7 +129,8 @@ class Scheduler:
             )
             return
         while self._busy() < self.parallel:
-            trial = next((t for t in self.trials if t.state == QUEUED), None)
+            queue = (self.trials[i] for i in self.order) if self.order is not None else iter(self.trials)
+            trial = next((t for t in queue if t.state == QUEUED), None)
             if trial is None and (self.more is None or not self.more()):
                 return
             trial = trial or self.trials[-1]

@@ -26,6 +26,7 @@ import contextlib
 import itertools
 import logging
 import os
+import random
 import time
 import weakref
 from collections.abc import Sequence
@@ -163,6 +164,7 @@ class Sweep:
         seed: int = 0,
         args: list[str] | None = None,
         module: str | None = None,
+        order: Literal["given", "random"] | None = None,
     ) -> None:
         refuse_launch("orch.sweep")
         self._opts = opts = options or _Options()
@@ -187,6 +189,20 @@ class Sweep:
                 )
         else:
             _check_arguments([{}], parallel, max_failures)
+        if order not in (None, "given", "random"):
+            raise ConfigError(
+                f"order must be 'random' (configs run in a seeded random order), 'given' (in the list's "
+                f"order) or None (random with a pruner, else given), got {order!r:.60}"
+            )
+        if order == "random" and searched:
+            raise ConfigError(
+                "order='random' shuffles a list of configs; a dict space's configs are drawn by its search"
+            )
+        # A pruner compares each trial with those before it at each rung: a grid written in order
+        # (lr 1e-4, 3e-4, ...) would bring it configs that each beat all the earlier ones, and
+        # asynchronous halving would keep nearly all of them. Shuffled (seeded), the early trials
+        # at each rung come from across the grid.
+        self.shuffled = not searched and (order == "random" or (order is None and prune is not None))
         self._space = configs
         self._train = train
         self._beat = opts.heartbeat_interval or (PRUNE_BEAT if prune is not None else None)
@@ -221,7 +237,16 @@ class Sweep:
         self.specs: list[LaunchSpec] = []
         self.size = trials if trials is not None else len(configs)
         self._signature = signature(
-            self._fn_name, self._code, world_size, configs, search, seed, metric, self.mode, prune, opts.steps
+            self._fn_name,
+            self._code,
+            world_size,
+            configs,
+            "random order" if self.shuffled else search,
+            seed,
+            metric,
+            self.mode,
+            prune,
+            opts.steps,
         )
         record = read_record(self.folder) if reuse else {}
         if record.get("signature") != self._signature and (self.folder / "sweep.json").exists():
@@ -286,9 +311,19 @@ class Sweep:
                 asha.max_steps = steps
             if reuse and self._record.get("pruner"):
                 self.pruner.restore(self._record["pruner"])
+        self.order: list[int] = []  # the configs' indices in the order they start (a list's)
         if not isinstance(configs, dict):
             for config in list(configs)[: self.size]:
                 self._add(dict(config))
+            self.order = list(range(len(self.trials)))
+            if self.shuffled:
+                random.Random(f"orch.sweep order:{seed}").shuffle(self.order)
+                shown = ", ".join(map(str, self.order[:12])) + (", ..." if len(self.order) > 12 else "")
+                log.warning(
+                    "sweep %s: the pruner compares each trial with those before it, so the %d configs "
+                    "run in a random order (seed=%d; order='given' keeps the list's): %s",
+                    self.name, len(self.order), seed, shown,
+                )  # fmt: skip
         elif isinstance(self.search, RandomSearch):
             for i in range(self.size):  # drawn now: the same seed draws the same configs again
                 self._add(self.search.next(i))
@@ -304,6 +339,7 @@ class Sweep:
             max_failures,
             pruner=self.pruner,
             more=None if self.search is None or isinstance(self.search, RandomSearch) else self._more,
+            order=self.order or None,
             on_ended=self._trial_ended,
             on_turn=self._write_record,
         )
@@ -394,6 +430,7 @@ class Sweep:
                     }
                     for t in self.trials
                 ],
+                "order": self.order,
                 "pruner": self.pruner.state() if self.pruner is not None else {},
                 "rungs": self.pruner.rungs() if self.pruner is not None else [],
             },
@@ -610,6 +647,7 @@ def sweep(
     seed: int = 0,
     args: list[str] | None = None,
     module: str | None = None,
+    order: Literal["given", "random"] | None = None,
 ) -> Sweep:
     """Run ``train`` once per config, each as a run of ``world_size`` ranks; return the
     :class:`Sweep` at once.
@@ -632,6 +670,11 @@ def sweep(
     pruner stops the trials that fall behind, every rank at the same step: they end PRUNED.
     A sweep run again keeps its succeeded and pruned trials, resumes each unfinished one from
     its newest checkpoint, and goes on with the same search history and rungs.
+
+    ``order``: a list of configs runs in the list's order (``"given"``), or in a random order
+    seeded by ``seed`` (``"random"``; ``sweep.order`` and the sweep's record say which). The
+    default is random with a pruner, which compares each trial with those before it, and
+    given without one. Indices (``stop(i)``, the results' rows) stay the list's.
 
     ``train`` may be a torchrun script (``"train.py"``, with ``args=[...]``) or ``module=``
     (see :func:`orch.launch`): each config reaches it as arguments after ``args``,
@@ -658,4 +701,5 @@ def sweep(
         seed=seed,
         args=args,
         module=module,
+        order=order,
     ).start()

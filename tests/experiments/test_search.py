@@ -250,3 +250,41 @@ def test_tpe_and_asha_sweeps_of_ddp_trials_never_fail_a_pruned_trial(tmp_path: P
                 ended = ranks_steps(trial)
                 assert ended == {trial.pruned_at}, (seed, trial.index, trial.pruned_at, ended)
     assert pruned >= 8  # ASHA pruned, and each prune was at its rung on both ranks
+
+
+def test_a_grid_written_in_order_runs_in_a_seeded_random_order_under_a_pruner(tmp_path: Path) -> None:
+    """A grid in the order people write it, whose best is in the middle: in that order each
+    config beats every one before it at each rung, and ASHA keeps nearly all of them. A sweep
+    with a pruner runs the list in a random order seeded by ``seed`` (recorded in its folder,
+    started in that order), so the early trials at a rung come from across the grid: ASHA prunes
+    more and runs fewer steps, and finds the same best."""
+    configs = [{"x": x, "valley": 6, "steps": 27, "sleep": 0.01} for x in range(9)]
+
+    def swept(name: str, **kw: Any) -> tuple[orch.Sweep, list[dict[str, Any]]]:
+        sweep = orch.sweep(
+            "jobs:landscape_job", configs, world_size=1, run_root=str(tmp_path), name=name,
+            prune=orch.ASHA(grace=1, reduction=3), **kw,
+        )  # fmt: skip
+        return sweep, sweep.wait(300)
+
+    given, given_rows = swept("given", order="given")
+    shuffled, rows = swept("shuffled")
+    again, _ = swept("again", seed=0)
+    other, _ = swept("other", seed=1)
+    assert given.order == list(range(9))
+    assert sorted(shuffled.order) == list(range(9)) and shuffled.order != list(range(9))
+    assert again.order == shuffled.order and other.order != shuffled.order  # seeded
+    # started in that order, and recorded with the sweep
+    assert [t.index for t in sorted(shuffled.trials, key=lambda t: t.started)] == shuffled.order
+    record = json.loads((tmp_path / ".sweeps" / "shuffled" / "sweep.json").read_text())
+    assert record["order"] == shuffled.order
+    # the rows stay the list's, and the best is found in either order
+    assert [row["config"]["x"] for row in rows] == list(range(9))
+    assert given.best().config["x"] == shuffled.best().config["x"] == 6
+
+    def steps(results: list[dict[str, Any]]) -> int:
+        return sum(int(row["steps"]) for row in results)
+
+    pruned = [sum(row["state"] == "PRUNED" for row in r) for r in (given_rows, rows)]
+    assert steps(rows) < steps(given_rows) and pruned[1] > pruned[0], (steps(rows), steps(given_rows), pruned)
+    print("steps run, given / random order:", steps(given_rows), steps(rows), "pruned:", pruned)

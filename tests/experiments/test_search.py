@@ -6,10 +6,7 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
-import sys
 from collections import Counter
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -292,53 +289,3 @@ def test_a_grid_written_in_order_runs_in_a_seeded_random_order_under_a_pruner(tm
     assert steps(rows) < steps(given_rows) and pruned[1] > pruned[0], (steps(rows), steps(given_rows), pruned)
     print("steps run, given / random order:", steps(given_rows), steps(rows), "pruned:", pruned)
 
-
-@pytest.fixture
-def cpu_hog() -> Iterator[None]:
-    """Both cores busy with another user's work for the length of the test."""
-    hogs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(os.cpu_count() or 2)]
-    try:
-        yield
-    finally:
-        for hog in hogs:
-            hog.kill()
-            hog.wait()
-
-
-# A loop that ctx.steps does not drive (a DataLoader's, through ctx.data) ends at the master's
-# stop_at_step, about 2 s of steps past the rung; MedianStop and Optuna's pruners stop a
-# ctx.steps loop through its vote, a step or two after the decision. Neither is exact to the
-# rung, but every rank ends at the same step and the trial is PRUNED, never FAILED.
-@pytest.mark.parametrize(
-    ("loop", "world_size", "prune"),
-    [
-        ("data", 3, lambda: orch.ASHA(grace=9, reduction=3)),
-        ("steps", 2, lambda: orch.MedianStop(grace=3, interval=3, min_trials=2)),
-        ("steps", 4, lambda: optuna.pruners.SuccessiveHalvingPruner(min_resource=3, reduction_factor=3)),
-        ("steps", 1, lambda: orch.ASHA(grace=3, reduction=3)),
-    ],
-    ids=["ctx.data-ASHA-3-ranks", "MedianStop-2-ranks", "optuna-4-ranks", "ASHA-1-rank"],
-)
-def test_pruned_trials_end_pruned_on_every_rank_at_one_step_on_a_busy_machine(
-    tmp_path: Path, cpu_hog: None, loop: str, world_size: int, prune: Any
-) -> None:
-    steps = 90 if loop == "data" else 30
-    plain = loop if loop == "data" else None
-    configs = [{"x": x, "steps": steps, "sleep": 0.02, "loop": plain} for x in range(7)]
-    sweep = orch.sweep(
-        "jobs:landscape_job", configs, world_size=world_size, run_root=str(tmp_path), name="busy",
-        prune=prune(),
-    )  # fmt: skip
-    results = sweep.wait(360)
-    states = Counter(row["state"] for row in results)
-    assert set(states) <= {"PRUNED", "SUCCEEDED"}, (states, [r.get("failure") for r in results])
-    assert states["PRUNED"] >= 2, states
-    for trial, row in zip(sweep.trials, results, strict=True):
-        ended = ranks_steps(trial)
-        assert len(ended) == 1, f"the ranks of config {trial.index} ended at steps {ended}"
-        if row["state"] == "PRUNED":
-            last = ended.pop()
-            assert trial.pruned_at is not None and trial.pruned_at <= last < steps - 1, (trial.index, last)
-            if loop == "steps" and isinstance(sweep.pruner, orch.ASHA):
-                assert last == trial.pruned_at  # ctx.steps waits at ASHA's rungs: exact
-    assert sweep.best().config["x"] == 6  # the landscape's best leads from its first steps

@@ -18,7 +18,7 @@ from orch.launchers.spec import LaunchSpec, add_flag, options
 # searches and prunes), and launch options a signature spells another way.
 NOT_OPTIONS = {
     "detach", "configs", "parallel", "max_failures", "reuse",
-    "trials", "search", "metric", "mode", "prune", "seed",
+    "trials", "search", "metric", "mode", "prune", "seed", "order",
 }  # fmt: skip
 SPELLED = {"train": "fn"}
 # Defaults a signature sets on purpose: a sweep's runs are small by default; config=None

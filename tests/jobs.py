@@ -543,10 +543,8 @@ def landscape_job(ctx: Any) -> None:
     trace = ctx.config.get("trace")
     shift = (ctx.rank - (ctx.world_size - 1) / 2) / 1000.0
     steps = int(ctx.config.get("steps", 81))
-    loop: Any = ctx.steps(steps, checkpoint=lambda: state, every=every)
-    if ctx.config.get("loop"):
-        loop = ctx.data(range(steps)) if ctx.config["loop"] == "data" else range(steps)
-    for step in loop:  # "loop": a loop without ctx.steps (a DataLoader's), which a stop ends at stop_at_step
+    loop = range(steps) if ctx.config.get("loop") else ctx.steps(steps, checkpoint=lambda: state, every=every)
+    for step in loop:  # "loop": a loop without ctx.steps, which a stop ends at stop_at_step
         loss = model(torch.ones(1, 2)).sum() * 0.0
         loss.backward()
         state["w"] += 1

@@ -319,10 +319,11 @@ class Sweep:
             if self.shuffled:
                 random.Random(f"orch.sweep order:{seed}").shuffle(self.order)
                 shown = ", ".join(map(str, self.order[:12])) + (", ..." if len(self.order) > 12 else "")
+                why = "the pruner compares each trial with those before it, so " if prune is not None else ""
                 log.warning(
-                    "sweep %s: the pruner compares each trial with those before it, so the %d configs "
-                    "run in a random order (seed=%d; order='given' keeps the list's): %s",
-                    self.name, len(self.order), seed, shown,
+                    "sweep %s: %sthe %d configs run in a random order (seed=%d; order='given' keeps the "
+                    "list's): %s",
+                    self.name, why, len(self.order), seed, shown,
                 )  # fmt: skip
         elif isinstance(self.search, RandomSearch):
             for i in range(self.size):  # drawn now: the same seed draws the same configs again

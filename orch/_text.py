@@ -1,11 +1,14 @@
 """Text from elsewhere (a remote host, a traceback, a file in a run root), made safe to show;
-and numbers as every view writes them (:func:`number_text`, :func:`rate_text`, :func:`size_text`)."""
+and numbers as every view writes them (:func:`number_text`, :func:`value_text`, :func:`nonfinite_words`,
+:func:`rate_text`, :func:`size_text`)."""
 
 from __future__ import annotations
 
 import html
 import math
+import numbers
 import re
+from typing import Any
 
 # Terminal control sequences, whole: CSI (ESC [ or 0x9b ... final byte), OSC, DCS, SOS, PM and
 # APC strings (up to BEL or ST), other two-byte escapes; then any other C0/C1 control but
@@ -76,6 +79,35 @@ def number_text(value: float | None, digits: int = 4) -> str:
     if not math.isfinite(value):
         return str(value)
     return f"{value:.{digits}g}"
+
+
+def value_text(value: Any) -> str:
+    """A config value as every view writes it (a sweep's rows, its plot's legend, its best run,
+    its results): a float as :func:`number_text` (``lr=0.4457``, not ``lr=0.4457453393648168``),
+    an int, a bool and a string as they are."""
+    if isinstance(value, numbers.Real) and not isinstance(value, numbers.Integral):  # numpy's too
+        return number_text(float(value))
+    return str(value)
+
+
+def config_text(config: dict[str, Any]) -> str:
+    """A config as its runs are named: ``lr=0.4457, batch=32``."""
+    return ", ".join(f"{k}={value_text(v)}" for k, v in config.items())
+
+
+def nonfinite_words(
+    value: float, step: int, last_finite: float | None, last_finite_step: int, stays: bool
+) -> str:
+    """Where a metric went NaN or inf, in the words of every view, live and recorded (the
+    sweep's rows, its results, the run panel, ``orch show``): the value it became at the step
+    it became so, ``inf from step 10 (last finite 6.433e+35 at step 9)``; one that came back:
+    ``inf at step 10``."""
+    if not stays:
+        return f"{number_text(value)} at step {step}"
+    text = f"{number_text(value)} from step {step}"
+    if last_finite is not None:
+        text += f" (last finite {number_text(last_finite)} at step {last_finite_step})"
+    return text
 
 
 def rate_text(steps_per_sec: float) -> str:

@@ -12,7 +12,7 @@ import math
 from collections.abc import Iterator, Sequence
 from typing import Any, Literal
 
-from orch._text import escape_html, number_text
+from orch._text import escape_html, nonfinite_words, value_text
 from orch.errors import ConfigError, OrchError
 from orch.experiments.metrics import default_mode
 from orch.experiments.trial import CANCELLED, Trial
@@ -102,19 +102,17 @@ class SweepResults:
 
 
 def _fmt(value: Any) -> str:
-    if isinstance(value, float):
-        return number_text(value)
-    return str(value)
+    return value_text(value)  # lr=0.4457 here as in the sweep's panel
 
 
 def nonfinite_text(bad: dict[str, Any], final: str = "") -> str:
-    """A metric that went NaN or inf, as its cell: ``nan from step 45 (last finite 6.433e+35)``,
-    or, for one that came back, its final value and ``(inf at step 45)``."""
-    value = number_text(bad["value"])
-    if not bad["stays"]:
-        return f"{final} ({value} at step {bad['step']})"
-    last = "" if bad["last_finite"] is None else f" (last finite {number_text(bad['last_finite'])})"
-    return f"{final or value} from step {bad['step']}{last}"
+    """A metric that went NaN or inf, as its cell, in the words the live panel uses:
+    ``inf from step 45 (last finite 6.433e+35 at step 44)``, or, for one that came back, its
+    final value and ``(inf at step 45)``."""
+    words = nonfinite_words(
+        bad["value"], bad["step"], bad["last_finite"], bad.get("last_finite_step", -1), bool(bad["stays"])
+    )
+    return f"{final} ({words})" if not bad["stays"] else words
 
 
 def wall_time_text(duration: float, pool_start: float = 0.0) -> str:

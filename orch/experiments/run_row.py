@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from orch._text import number_text
+from orch._text import nonfinite_words, number_text
 from orch.errors import OrchError
 from orch.launchers.loaded import LoadedRun, load_run
 from orch.launchers.run import Run
@@ -130,17 +130,16 @@ class RunRow:
 
     def loss_text(self) -> str:
         """The final loss; one that went NaN or inf says from which step, and its last finite
-        value: ``nan from step 45 (last finite 6.433e+35)``."""
+        value, in the words of the live rows: ``inf from step 45 (last finite 6.433e+35 at step 44)``."""
         if self.final_loss is None:
             return ""
         text = number_text(self.final_loss)
         bad = next((d for d in self.nonfinite if d.metric == "loss"), None)
         if bad is None:
             return text
-        if not bad.stays:
-            return f"{text} ({number_text(bad.value)} at step {bad.step})"
-        last = "" if bad.last_finite is None else f" (last finite {number_text(bad.last_finite)})"
-        return f"{text} from step {bad.step}{last}"
+        words = nonfinite_words(bad.value, bad.step, bad.last_finite, bad.last_finite_step, bad.stays)
+        # the value it became, as the live rows say it (a loss that went inf reads nan later)
+        return words if bad.stays else f"{text} ({words})"
 
     def __repr__(self) -> str:
         return f"<orch run {self.run_id} {self.state}{' live here' if self.live_here else ''} at {self.path}>"

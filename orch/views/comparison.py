@@ -25,7 +25,7 @@ import ipywidgets as widgets
 import numpy as np
 import numpy.typing as npt
 
-from orch._text import escape_html, number_text
+from orch._text import config_text, escape_html, nonfinite_words, number_text
 from orch.errors import ConfigError, OrchError
 from orch.experiments.sweep import Sweep, Trial, default_mode
 from orch.launchers.attached import open_run
@@ -155,7 +155,7 @@ class _TrialFollower:
 
     @property
     def label(self) -> str:
-        return f"#{self.trial.index} " + ", ".join(f"{k}={v}" for k, v in self.trial.config.items())
+        return f"#{self.trial.index} {config_text(self.trial.config)}"
 
     def poll(self) -> StateMirror:
         source = self.trial.run if self.trial.run is not None else None
@@ -215,7 +215,7 @@ def config_label(source: Any) -> str:
         config = meta.get("config") if isinstance(meta, dict) else None
     if not isinstance(config, dict):
         return ""
-    return ", ".join(f"{k}={v}" for k, v in config.items())
+    return config_text(config)
 
 
 def _best_of(values: Any, metric: str) -> float:
@@ -231,7 +231,7 @@ class _RunsPlot:
 
         self.width_px = width_px
         self.fig = Figure(figsize=(width_px / 100, height_px / 100), dpi=100)
-        FigureCanvasAgg(self.fig)
+        self.canvas = FigureCanvasAgg(self.fig)
         self.ax = self.fig.add_subplot(1, 1, 1)
         self.fig.subplots_adjust(left=0.1, right=0.98, top=0.92, bottom=0.15)
         self.y_range: YRange | None = None  # the limits of the last drawing
@@ -260,29 +260,39 @@ class _RunsPlot:
         drawn: list[tuple[Any, Any]] = []
         colors: list[str] = []
         nan_marks: list[tuple[float, str, str]] = []
+        shown: list[tuple[int, str, str, Curve, bool]] = []
         for i, (label, color_index, c, marked) in enumerate(curves):
             color = f"C{color_index % 10}"
             if x == "step" and c.nonfinite:
                 first = c.nonfinite[0]
-                nan_marks.append((first.step, f"{number_text(first.value)} from step {first.step}", color))
+                words = nonfinite_words(first.value, first.step, None, -1, first.stays)  # as its row says
+                nan_marks.append((first.step, words, color))
             if len(c.x) == 0:
                 continue
-            px, mean = downsample(c.x, c.mean, self.width_px // 2)
-            alpha = 0.35 if i in faded else 1.0
-            ax.plot(
-                px,
-                mean,
-                color=color,
-                lw=2.4 if marked else 1.3,
-                alpha=alpha,
-                label=label + (" (best)" if marked else " (pruned)" if i in faded else ""),
-            )
-            if i in faded:
-                ax.plot(c.x[-1:], c.mean[-1:], marker="x", color=color, alpha=0.8, ms=6, lw=0)
-            if len(c.x) <= 4 * self.width_px and np.any(c.hi > c.lo):
-                ax.fill_between(c.x, c.lo, c.hi, color=color, alpha=0.18 * alpha, lw=0)
-            drawn.append((px, mean))
+            drawn.append(downsample(c.x, c.mean, self.width_px // 2))
             colors.append(color)
+            shown.append((i, label, color, c, marked))
+        # The range first, from the runs that converge: a diverged run is drawn along the edge
+        # it passed (clipped there), its most extreme value marked once.
+        self.y_range = robust_range(drawn, log_scale) if drawn else None
+        lo, hi = (self.y_range.lo, self.y_range.hi) if self.y_range is not None else (-np.inf, np.inf)
+        for (i, label, color, c, marked), (px, mean) in zip(shown, drawn, strict=True):
+            alpha = 0.35 if i in faded else 1.0
+            with np.errstate(invalid="ignore"):
+                ax.plot(
+                    px,
+                    np.clip(mean, lo, hi),
+                    color=color,
+                    lw=2.4 if marked else 1.3,
+                    alpha=alpha,
+                    label=label + (" (best)" if marked else " (pruned)" if i in faded else ""),
+                )
+                if i in faded:
+                    end = np.clip(c.mean[-1:], lo, hi)
+                    ax.plot(c.x[-1:], end, marker="x", color=color, alpha=0.8, ms=6, lw=0)
+                if len(c.x) <= 4 * self.width_px and np.any(c.hi > c.lo):
+                    band = np.clip(c.lo, lo, hi), np.clip(c.hi, lo, hi)
+                    ax.fill_between(c.x, *band, color=color, alpha=0.18 * alpha, lw=0)
         if drawn and x == "step":
             for step in rungs:
                 ax.axvline(step, color="#888", lw=0.8, ls=":", zorder=0)
@@ -293,17 +303,26 @@ class _RunsPlot:
         ax.set_title(metric, fontsize=10)
         if drawn:
             show_ticks(ax, True)
-            ax.legend(loc="upper right", fontsize=7)
             ax.set_yscale("log" if log_scale else "linear")
-            self.y_range = robust_range(drawn, log_scale)
-            if self.y_range is not None:  # one diverged run does not flatten the others
-                mark_clipped(ax, self.y_range, colors)
+            marks = mark_clipped(ax, self.y_range, colors) if self.y_range is not None else []
             mark_nonfinite(ax, nan_marks)
+            self._legend([m for m in marks if hasattr(m, "get_text")])
         else:
             self.y_range = None
             say_empty(ax, "no points were logged" if done else "waiting for the first points")
         with np.errstate(over="ignore", invalid="ignore"):  # matplotlib's ticks near 1e308
             return self.png(compress_level=1)  # speed over size: it only crosses a local socket
+
+    def _legend(self, labels: list[Any]) -> None:
+        """The legend where it hides the fewest points, and under the clipped runs' values at
+        the top edge, never over them (a sweep of eight runs has a tall legend)."""
+        ax = self.ax
+        legend = ax.legend(loc="best", fontsize=7)
+        renderer = self.canvas.get_renderer()  # type: ignore[no-untyped-call]
+        boxes = [t.get_window_extent(renderer) for t in labels]
+        if any(legend.get_window_extent(renderer).overlaps(b) for b in boxes):
+            below = ax.transAxes.inverted().transform((0.0, min(b.y0 for b in boxes) - 3.0))[1]
+            ax.legend(loc="upper right", bbox_to_anchor=(1.0, float(below)), fontsize=7)
 
     def png(self, compress_level: int = 6) -> bytes:
         """The figure as last drawn (the record a notebook keeps is compressed harder)."""

@@ -43,11 +43,16 @@ def downsample(x: npt.NDArray[Any], y: npt.NDArray[np.float64], width: int) -> t
     return np.concatenate([idx_x, x[m * k :]]), np.concatenate([idx_y, y[m * k :]])
 
 
-# Robust y limits: the 5th to 95th percentile of every finite point shown, widened by ten times that span
-# on each side; points past it are clipped and marked at the edge (TensorBoard's "ignore
-# outliers in chart scaling"). A curve that diverged to 6e35 or inf leaves the others readable.
+# Robust y limits: the 5th to 95th percentile of every finite point of the curves that did not
+# diverge, widened by ten times that span on each side; points past it are clipped and marked
+# at the edge (TensorBoard's "ignore outliers in chart scaling"). A spike to 6e35 or inf leaves
+# the others readable, and so does a run whose whole curve is at 1e7: a curve diverged when
+# where it ended (the median size of its last half) is FAR times the typical curve's (the
+# lower median of those), as two of eight lrs of a log-uniform search do. Percentiles of the
+# points alone let such runs set the axis: two of eight curves are a quarter of the points.
 QUANTILES = (0.05, 0.95)
 WIDEN = 10.0
+FAR = 1e3
 
 
 @dataclass
@@ -74,7 +79,9 @@ def robust_range(curves: Sequence[tuple[Any, Any]], log_scale: bool = False) -> 
     diverged curve (a spike of 6e35, inf) never sets the axis. None: no finite point to show."""
     ys = [np.asarray(y, dtype=np.float64) for _, y in curves]
     shown = [y[np.isfinite(y) & (y > 0)] if log_scale else y[np.isfinite(y)] for y in ys]
-    pooled = np.concatenate(shown) if shown else np.empty(0)
+    away = diverged(shown)
+    kept = [v for i, v in enumerate(shown) if i not in away]
+    pooled = np.concatenate(kept) if kept else np.empty(0)
     if len(pooled) == 0:
         return None
     space = np.log10(pooled) if log_scale else pooled
@@ -108,49 +115,89 @@ def robust_range(curves: Sequence[tuple[Any, Any]], log_scale: bool = False) -> 
     return YRange(lo, hi, found)
 
 
+def diverged(values: Sequence[npt.NDArray[np.float64]]) -> set[int]:
+    """The curves (their finite values each) that ended :data:`FAR` times above the typical one."""
+    levels: dict[int, float] = {}
+    for i, v in enumerate(values):
+        if len(v):
+            with np.errstate(over="ignore"):
+                levels[i] = float(np.median(np.abs(v[len(v) // 2 :])))
+    if len(levels) < 2:
+        return set()
+    typical = float(np.sort(list(levels.values()))[(len(levels) - 1) // 2])
+    if not typical > 0:  # a metric at 0: no scale to be far from
+        return set()
+    return {i for i, level in levels.items() if level > FAR * typical}
+
+
+def keep_apart(ax: Any, labels: Sequence[tuple[Any, float]]) -> None:
+    """Move each label (an annotation in offset points, and the way it moves: -1 down, 1 up)
+    a line at a time until it overlaps none before it: two clipped runs' values at one edge,
+    or two runs that went NaN near one step, each stay readable."""
+    renderer = ax.figure.canvas.get_renderer()
+    placed: list[Any] = []
+    for label, way in labels:
+        x, y = label.xyann
+        for _ in range(len(labels)):
+            box = label.get_window_extent(renderer)
+            if not any(box.overlaps(b) for b in placed):
+                break
+            y += way * 9  # a line of the labels' 7-point type, and a gap
+            label.xyann = (x, y)
+        placed.append(label.get_window_extent(renderer))
+
+
 def mark_clipped(ax: Any, rng: YRange, colors: Sequence[str]) -> list[Any]:
     """Set ``ax``'s y limits to ``rng`` and mark each clipped point at the edge it passed: a
-    triangle in its curve's colour and its value (``▲ 6.433e+35``). Returns the artists."""
+    triangle in its curve's colour and its value (``▲ 6.433e+35``), one per curve and edge, the
+    labels kept apart (:func:`keep_apart`). Returns the artists."""
     ax.set_ylim(rng.lo, rng.hi)
     artists = []
-    for c in rng.clipped:
+    labels = []
+    for c in sorted(rng.clipped, key=lambda c: (not c.top, c.x, c.curve)):
         edge = rng.hi if c.top else rng.lo
         color = colors[c.curve % len(colors)] if colors else "black"
         artists.append(
             ax.plot([c.x], [edge], marker="^" if c.top else "v", color=color, ms=7, clip_on=False, ls="")[0]
         )
-        artists.append(
-            ax.annotate(
-                number_text(c.value),
-                (c.x, edge),
-                xytext=(-5, -10 if c.top else 4),
-                textcoords="offset points",
-                ha="right",
-                fontsize=7,
-                color=color,
-                annotation_clip=False,
-            )
+        label = ax.annotate(
+            number_text(c.value),
+            (c.x, edge),
+            xytext=(-5, -10 if c.top else 4),
+            textcoords="offset points",
+            ha="right",
+            fontsize=7,
+            color=color,
+            annotation_clip=False,
         )
+        artists.append(label)
+        labels.append((label, -1.0 if c.top else 1.0))
+    keep_apart(ax, labels)
     return artists
 
 
 def mark_nonfinite(ax: Any, steps: Sequence[tuple[float, str, str]]) -> list[Any]:
     """A dotted vertical line where a curve's value became NaN or inf: ``(x, text, colour)``,
-    its words at the foot of the line (a clipped spike's value is at the top)."""
+    its words at the foot of the line (a clipped spike's value is at the top), kept apart."""
     artists = []
-    for x, text, color in steps:
+    labels = []
+    left, right = ax.get_xlim()
+    for x, text, color in sorted(steps, key=lambda s: s[0]):
         artists.append(ax.axvline(x, color=color, ls=":", lw=1.0))
-        artists.append(
-            ax.annotate(
-                text,
-                (x, 0.0),
-                xycoords=("data", "axes fraction"),
-                xytext=(3, 4),
-                textcoords="offset points",
-                fontsize=7,
-                color=color,
-            )
+        late = x > (left + right) / 2  # its words to the left of the line, inside the plot
+        label = ax.annotate(
+            text,
+            (x, 0.0),
+            xycoords=("data", "axes fraction"),
+            xytext=(-3 if late else 3, 4),
+            textcoords="offset points",
+            ha="right" if late else "left",
+            fontsize=7,
+            color=color,
         )
+        artists.append(label)
+        labels.append((label, 1.0))
+    keep_apart(ax, labels)
     return artists
 
 

@@ -25,7 +25,7 @@ from rich.table import Table
 from rich.text import Text
 
 from orch._text import number_text as number_text  # the sweep's views import it from here
-from orch._text import printable, rate_text, size_text
+from orch._text import printable, rate_text, size_text, value_text
 from orch.experiments.results import nonfinite_text
 from orch.wire.client import StateMirror
 from orch.wire.ranks import RankView
@@ -380,7 +380,11 @@ def run_table(mirror: StateMirror, *, address: str = "") -> RenderableType:
 
 # -- a sweep ----------------------------------------------------------------------------------
 def _config_text(config: dict[str, Any]) -> str:
-    return printable(", ".join(f"{k}={v!r}" for k, v in config.items()), one_line=True)
+    # a string quoted, as the config was written; a number as every view writes it (lr=0.4457)
+    shown = ", ".join(
+        f"{k}={v!r}" if isinstance(v, str) else f"{k}={value_text(v)}" for k, v in config.items()
+    )
+    return printable(shown, one_line=True)
 
 
 def _step_text(row: dict[str, Any]) -> str:

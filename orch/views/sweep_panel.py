@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 import ipywidgets as widgets
 
-from orch._text import escape_html, number_text
+from orch._text import config_text, escape_html, number_text, value_text
 from orch.experiments.sweep import default_mode
 from orch.experiments.trial import CANCELLED
 from orch.views.comparison import Curve, RunsView, _swatch, _TrialFollower, curve
@@ -28,6 +28,20 @@ from orch.wire.states import RunState
 
 if TYPE_CHECKING:
     from orch.experiments.sweep import Sweep, Trial
+
+# The widest a cell of the table gets (in ``ch``); a failure or a NaN note under a row wraps
+# anywhere, a path included, instead of passing the output's edge.
+CELL_CH = 14
+WRAP = "white-space:normal;overflow-wrap:anywhere"
+
+# The record's results table in a narrow output (a notebook beside JupyterLab's file browser at
+# 1,100 px: 668 px): narrower padding, its cells wrapped between words, and the last column (the
+# failure, when a config failed) anywhere, a path included, so that no column passes the edge.
+RESULTS_FIT = (
+    "<style>.orch-sweep-results {max-width: 100%} .orch-sweep-results td, .orch-sweep-results th "
+    "{padding: .3em .4em}</style>"
+)
+FAILURE_FIT = "<style>.orch-sweep-results td:last-child {overflow-wrap: anywhere}</style>"
 
 SORTS = [("config order", ""), ("metric, least first", "min"), ("metric, greatest first", "max")]
 
@@ -56,6 +70,7 @@ class SweepPanel(RunsView):
         self.stop_button.on_click(self._on_stop)
         route_clicks_to_their_subshell(self.stop_button)
         self.table_head = widgets.HTML()
+        self.table_head.add_class("orch-trial-head")
         self.rows: list[tuple[widgets.Button, widgets.HTML]] = []
         for trial in self.sweep.trials:
             self._add_row(trial)
@@ -113,7 +128,7 @@ class SweepPanel(RunsView):
         self.opened = index
         title = widgets.HTML(
             f'<b class="orch-opened" data-index="{index}">run #{index}</b> '
-            f"{escape_html(_config_text(trial.config))}"
+            f"{escape_html(config_text(trial.config))}"
         )
         self.detail.children = [title, source.panel().widget]
 
@@ -193,9 +208,11 @@ class SweepPanel(RunsView):
             trial = self.sweep.trials[best]
             note = (
                 f'<div class="orch-best">best by final {escape_html(metric)}: #{best} '
-                f"{escape_html(_config_text(trial.config))} (run {escape_html(trial.run_id)})</div>"
+                f"{escape_html(config_text(trial.config))} (run {escape_html(trial.run_id)})</div>"
             )
-        return super()._record_html() + note + self.sweep.results()._repr_html_()
+        results = self.sweep.results()
+        fit = RESULTS_FIT + (FAILURE_FIT if any(row["failure"] for row in results) else "")
+        return super()._record_html() + note + fit + results._repr_html_()
 
     def _draw_parts(self) -> None:
         trials = self.sweep.trials
@@ -215,15 +232,13 @@ class SweepPanel(RunsView):
         metric = self.metric.value or "loss"
         best = self.marked()
         keys = sorted({k for t in self.sweep.trials for k in t.config})
-        widths = [max(8, len(k) + 1) for k in keys]
         head = [*(f"{k}" for k in keys), "state", "step", f"{metric} last", f"{metric} best", ""]
-        self.table_head.value = _cells(head, [*widths, 11, 16, 11, 11, 8], header=True)
         order = list(range(len(self.sweep.trials)))
         finals: dict[int, float] = {}
+        texts: list[list[str]] = []  # each row's cells as shown, before their markup
         for i, m in enumerate(self.mirrors):
             c = curve(m, metric)
-            bad = m.nonfinite(metric)
-            ends_bad = next((d for d in bad if d.stays), None)
+            ends_bad = next((d for d in m.nonfinite(metric) if d.stays), None)
             last = "-"
             if ends_bad is not None:
                 last = number_text(ends_bad.final)  # it ended NaN or inf, whatever came before
@@ -235,27 +250,43 @@ class SweepPanel(RunsView):
             step = f"{done}/{total}" if total else str(done)
             if trial.pruned_at is not None:
                 step += f" (rung {trial.pruned_at})"
-            cells = [
-                *(str(trial.config.get(k, "")) for k in keys),
-                _state_html(trial),
-                step,
-                last,
-                number_text(_best_of(c.mean, metric)) if len(c.mean) else "-",
-                '<b class="orch-best" style="color:#1a7f37">&#9733; best</b>' if i == best else "",
-            ]
+            texts.append(
+                [
+                    *(value_text(trial.config.get(k, "")) for k in keys),
+                    trial.state + (" (earlier)" if trial.reused else ""),
+                    step,
+                    last,
+                    number_text(_best_of(c.mean, metric)) if len(c.mean) else "-",
+                    "★ best" if i == best else "",
+                ]
+            )
+        # One width per column, from what it holds (header and every row), so that the live
+        # rows line up under the header whatever their values; a long value ends in "…".
+        widths = [
+            min(CELL_CH, max(len(h), *(len(t[j]) for t in texts))) if texts else len(h)
+            for j, h in enumerate(head)
+        ]
+        self.table_head.value = _cells(head, widths, header=True)
+        for i, (m, cells) in enumerate(zip(self.mirrors, texts, strict=True)):
+            trial = self.sweep.trials[i]
+            shown = [escape_html(v) for v in cells]
+            shown[len(keys)] = _state_html(trial)
+            if i == best:
+                shown[-1] = '<b class="orch-best" style="color:#1a7f37">&#9733; best</b>'
             button, html_cells = self.rows[i]
             button.style.button_color = _swatch(i)
-            html_cells.value = _cells(cells, [*widths, 11, 16, 11, 11, 8], raw={len(keys), len(keys) + 4})
+            html_cells.value = _cells(shown, widths, titles=cells)
+            bad = m.nonfinite(metric)
             if bad:
                 first = bad[0]
                 html_cells.value += (
                     f'<div class="orch-trial-nonfinite" data-step="{first.step}" '
-                    f'style="color:#cf222e;font-size:85%;font-weight:bold">'
+                    f'style="color:#cf222e;font-size:85%;font-weight:bold;{WRAP}">'
                     f"rank {first.rank}: {escape_html(first.text())}</div>"
                 )
             if trial.failure and trial.state != RunState.SUCCEEDED.value:
                 html_cells.value += (
-                    f'<div class="orch-trial-failure" style="color:#cf222e;font-size:85%">'
+                    f'<div class="orch-trial-failure" style="color:#cf222e;font-size:85%;{WRAP}">'
                     f"{escape_html(trial.failure)[:300]}</div>"
                 )
         if self.sort.value:
@@ -287,17 +318,19 @@ def _state_html(trial: Trial) -> str:
     return f'<span class="orch-trial-state" style="color:{color}">{escape_html(trial.state)}{earlier}</span>'
 
 
-def _cells(values: list[str], widths: list[int], *, header: bool = False, raw: set[int] | None = None) -> str:
-    """One row as fixed-width cells (``ch`` units), so rows line up under the header."""
+def _cells(
+    values: list[str], widths: list[int], *, header: bool = False, titles: list[str] | None = None
+) -> str:
+    """One row as cells of fixed widths (``ch`` units), so rows line up under the header:
+    ``values`` are HTML; a value longer than its cell ends in "…", whole in its tooltip (``titles``)."""
     spans = []
     for i, (v, w) in enumerate(zip(values, widths, strict=True)):
-        text = v if raw and i in raw else escape_html(v)
-        if header:
-            text = f"<b>{text}</b>"
-        spans.append(f'<span style="display:inline-block;min-width:{w}ch;padding-right:1ch">{text}</span>')
+        text = f"<b>{escape_html(v)}</b>" if header else v
+        title = f' title="{escape_html(titles[i])}"' if titles and titles[i] else ""
+        spans.append(
+            f'<span class="orch-cell"{title} style="display:inline-block;width:{w}ch;padding-right:1ch;'
+            f'overflow:hidden;text-overflow:ellipsis;vertical-align:top">{text}</span>'
+        )
     pad = '<span style="display:inline-block;width:56px"></span>' if header else ""
-    return f'<div style="white-space:nowrap;font-family:monospace">{pad}{"".join(spans)}</div>'
-
-
-def _config_text(config: dict[str, Any]) -> str:
-    return ", ".join(f"{k}={v}" for k, v in config.items())
+    row = "".join(spans)
+    return f'<div class="orch-cells" style="white-space:nowrap;font-family:monospace">{pad}{row}</div>'

@@ -19,7 +19,7 @@ import numpy as np
 import numpy.typing as npt
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from orch._text import number_text
+from orch._text import nonfinite_words
 from orch.errors import MasterUnavailable
 from orch.wire._proto import orchestrator_pb2 as pb
 from orch.wire._proto import orchestrator_pb2_grpc as pb_grpc
@@ -184,13 +184,8 @@ class NonFinite:
 
     def text(self) -> str:
         """``loss nan from step 45 (last finite 6.433e+35 at step 44)``, or ``loss was inf at step 45``."""
-        value = number_text(self.value)
-        if not self.stays:
-            return f"{self.metric} was {value} at step {self.step}"
-        text = f"{self.metric} {value} from step {self.step}"
-        if self.last_finite is not None:
-            text += f" (last finite {number_text(self.last_finite)} at step {self.last_finite_step})"
-        return text
+        words = nonfinite_words(self.value, self.step, self.last_finite, self.last_finite_step, self.stays)
+        return f"{self.metric} {words}" if self.stays else f"{self.metric} was {words}"
 
     def as_dict(self) -> dict[str, Any]:
         """JSON-ready: NaN and inf as their text (JSON has no number for them)."""

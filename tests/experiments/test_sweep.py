@@ -181,6 +181,7 @@ def test_a_nan_trial_is_flagged_from_its_step_everywhere_and_sorts_last(
     table = orch.runs(tmp_path)
     row = table[sweep.trials[1].run_id]
     assert row.loss_text().startswith(f"nan from step {NAN_AT} (last finite ")
+    assert row.loss_text().endswith(f"at step {NAN_AT - 1})")
     assert f"nan from step {NAN_AT}" in repr(table)
     assert row.as_dict()["nonfinite"][0]["step"] == NAN_AT
     shown = orch_cli("show", row.run_id, "--run-root", str(tmp_path), env=subprocess_env, timeout=120)

@@ -688,6 +688,100 @@ def test_a_nan_sweep_in_jupyterlab(tmp_path: Path) -> None:
             raise
 
 
+def write_diverged_sweep_notebook(path: Path, run_root: Path) -> None:
+    """Eight lrs, two of which diverge (lr_job's loss grows to 1e24, and to inf then NaN), the
+    panel at once; the next cell waits and prints the plot's y range and the clipped runs."""
+    lrs = [0.01, 0.03, 0.1, 0.2, 0.3, 0.4457453393648168, 2.0, 5.0]
+    cells = [
+        _code_cell(1, f"import sys\nsys.path.insert(0, {str(TESTS)!r})\nimport orch"),
+        _code_cell(
+            2,
+            f'configs = [{{"lr": lr, "steps": 20, "sleep": 0.1}} for lr in {lrs!r}]\n'
+            f'sweep = orch.sweep("jobs:lr_job", configs, parallel=4, run_root={str(run_root)!r})\n'
+            "panel = sweep.panel(interval=0.3)\npanel",
+        ),
+        _code_cell(
+            3,
+            "sweep.wait()\ny = panel._plot.y_range\n"
+            'print("YRANGE", y.lo, y.hi, sorted(c.curve for c in y.clipped))',
+        ),
+    ]
+    write_cells(path, cells)
+
+
+# The sweep panel's output, live or recorded: its overflow, each cell of the live table and of
+# the record's results that passes the output's right edge, and the live cells' left edges by
+# column (the header's first), which line up when every row's are the header's.
+SWEEP_FIT = """out => {
+    const right = out.getBoundingClientRect().right + 0.5;
+    const over = [...out.querySelectorAll('.orch-cell, .orch-trial-nonfinite, .orch-trial-failure, '
+                                          + '.orch-sweep-results th, .orch-sweep-results td')]
+        .filter(e => e.getBoundingClientRect().right > right)
+        .map(e => `${e.tagName} ${e.className} "${e.textContent.trim().slice(0, 30)}"`);
+    const lefts = [...out.querySelectorAll('.orch-trial-head, .orch-trial-row')]
+        .map(r => [...r.querySelectorAll('.orch-cell')].map(c => Math.round(c.getBoundingClientRect().left)));
+    return {over, lefts, scroll: out.scrollWidth, client: out.clientWidth};
+}"""
+
+
+@pytest.mark.timeout(360)
+def test_a_sweep_with_two_diverged_trials_fits_1100_px_and_its_curves_are_readable(tmp_path: Path) -> None:
+    """Six lrs that converge and two that diverge, at 1,100 px with the file browser open: the
+    plot's y range is the converging runs' (the two clipped at its top), the live rows line up
+    under their header, and no cell of the live table or of the record passes the output's edge."""
+    from playwright.sync_api import expect
+
+    root, home, run_root = tmp_path / "lab", tmp_path / "home", tmp_path / "runs"
+    root.mkdir()
+    home.mkdir()
+    write_diverged_sweep_notebook(root / "diverged.ipynb", run_root)
+    ARTIFACTS.mkdir(exist_ok=True)
+    with lab_browser(tmp_path, root, home, run_root, 1300, width=1100) as (lab, ctx):
+        try:
+            page = ctx.pages[0] if ctx.pages else ctx.new_page()
+            page.set_default_timeout(60_000)
+            page.goto(f"{lab.base}/lab/tree/diverged.ipynb?token={lab.token}")
+            page.locator(".jp-Notebook .jp-Cell").first.wait_for()
+            files = page.locator("#filebrowser")
+            if not files.is_visible():  # JupyterLab's default layout has it open; make sure
+                page.locator(".jp-SideBar [data-id='filebrowser']").click()
+            expect(files).to_be_visible()
+            run_all_cells(page, lab)
+
+            output = page.locator(".jp-Notebook .jp-Cell").nth(1).locator(".jp-OutputArea-output")
+            panel = output.locator(".orch-sweep-panel")
+            expect(panel.locator(".orch-trial-row")).to_have_count(8, timeout=120_000)
+            expect(panel.locator(".orch-trial-row").first).to_contain_text("0.01", timeout=60_000)
+            live = output.evaluate(SWEEP_FIT)
+            assert live["over"] == [] and live["scroll"] <= live["client"], live
+            assert len(live["lefts"]) == 9 and all(row == live["lefts"][0] for row in live["lefts"]), live
+            assert "0.4457453" not in panel.inner_text()  # lr 0.4457453393648168 as 0.4457
+
+            record = output.locator(".orch-record")
+            expect(record.locator(".orch-sweep-state")).to_have_attribute(
+                "data-state", "done", timeout=240_000
+            )
+            waiting = page.locator(".jp-Notebook .jp-Cell").nth(2).locator(".jp-OutputArea-output")
+            expect(waiting).to_contain_text("YRANGE", timeout=60_000)
+            _, lo, hi, clipped = waiting.inner_text().split(" ", 3)
+            # The converging runs start near 5 and end near 0: that is the axis; lr 2 and 5 are clipped.
+            assert -1 < float(lo) < 0.5 and 4 < float(hi) < 10, waiting.inner_text()
+            assert clipped.strip() == "[6, 7]", waiting.inner_text()
+            expect(record.locator("tr.orch-trial")).to_have_count(8)
+            expect(record).to_contain_text("best by final loss: #5 lr=0.4457, steps=20, sleep=0.1")
+            assert "0.4457453" not in record.inner_text()
+            assert record.locator("img").evaluate("i => i.complete && i.naturalWidth") > 0
+            recorded = output.evaluate(SWEEP_FIT)
+            assert recorded["over"] == [] and recorded["scroll"] <= recorded["client"], recorded
+            output.evaluate("el => el.scrollIntoView({block: 'start'})")
+            for where in (tmp_path / "sweep-diverged.png", ARTIFACTS / "sweep-diverged.png"):
+                page.screenshot(path=str(where))
+        except BaseException:
+            with contextlib.suppress(Exception):
+                page.screenshot(path=str(ARTIFACTS / "sweep-diverged-failure.png"), full_page=True)
+            raise
+
+
 def write_straggler_notebook(path: Path, run_root: Path) -> None:
     """4 ranks under DDP, rank 2 sleeping 30 ms per step in its compute; its panel."""
     cells = [

@@ -243,7 +243,7 @@ def test_sweep_table_marks_the_best_run_and_shows_failures() -> None:
     text = rich_text(sweep_table(rows))
     plain = SGR.sub("", text)
     lines = {line.split()[0]: line for line in plain.splitlines() if line[:3].strip().isdigit()}
-    assert "★ best" in lines["0"] and "0.25" in lines["0"] and "run0" in lines["0"] and "lr=1.0" in lines["0"]
+    assert "★ best" in lines["0"] and "0.25" in lines["0"] and "run0" in lines["0"] and "lr=1" in lines["0"]
     assert "★ best" not in lines["2"] and "0.75" in lines["2"] and "10/100" in lines["2"]
     assert "ValueError: bad" in lines["1"] and "\x1b[31mrank 1 (worker w1" in text
     assert "\x1b[1;31mFAILED" in text and "\x1b[1;32mSUCCEEDED" in text and "\x1b[1;36mRUNNING" in text
@@ -251,7 +251,7 @@ def test_sweep_table_marks_the_best_run_and_shows_failures() -> None:
     assert "last loss" in plain and "best loss" in plain
     text = render_sweep_plain(rows)
     lines = {line.split()[0]: line for line in text.splitlines()[2:]}
-    assert lines["0"].endswith("lr=1.0  <- best")
+    assert lines["0"].endswith("lr=1  <- best")  # 4 significant digits, as every view writes it
     assert lines["1"].endswith("FAILED: rank 1 (worker w1, host h, pid 8) failed: ValueError: bad")
     assert lines["3"].split()[:4] == ["3", "PENDING", "10/100", "-"]
 

@@ -313,9 +313,10 @@ def asha_and_time(out_dir: str, run_root: str, n: int, steps: int, sleep: float,
     landscape (seed ``seeds[0]``), then per seed an ASHA sweep (grace 3, reduction 3) of the
     shuffled landscape and one of the valley (the grid in the order a user writes it), each
     with ``seed=seed`` (the order a pruned grid runs in), and once the valley in its given
-    order. Each sweep is timed from the call until ``wait()`` and ``close()`` returned; its
-    trials' steps, states and the slot-reuse gaps (a prune to the next trial's first logged
-    step) go to ``out_dir/asha.json``."""
+    order; then per seed an ``orch.SHA`` sweep (grace 3, reduction 3) of the valley in its given
+    order and one of the shuffled landscape. Each sweep is timed from the call until ``wait()``
+    and ``close()`` returned; its trials' steps, states and the slot-reuse gaps (a prune to the
+    next trial's first logged step) go to ``out_dir/asha.json``."""
     import orch
 
     def configs(seed: int, valley: bool) -> list[dict[str, Any]]:
@@ -343,7 +344,9 @@ def asha_and_time(out_dir: str, run_root: str, n: int, steps: int, sleep: float,
         return {
             "wall_s": wall,
             "states": [r["state"] for r in res],
-            "steps": [r["steps"] for r in res],
+            # a trial's every run: SHA runs a trial that paused at a rung again if it goes on
+            "steps": [r["steps"] + r["earlier_steps"] for r in res],
+            "runs": [1 + len(r["earlier_runs"]) for r in res],
             "pruned_at": [r["pruned_at"] for r in res],
             "best": sw.best().config["x"],
             "known_best": min(range(n), key=lambda x: landscape_value(x, steps - 1, seed, valley)),
@@ -362,4 +365,9 @@ def asha_and_time(out_dir: str, run_root: str, n: int, steps: int, sleep: float,
             f"valley{seed}", seed, orch.ASHA(grace=3, reduction=3, max_steps=steps), valley=True
         )
     result["given"] = one("given", seeds[0], orch.ASHA(grace=3, reduction=3, max_steps=steps), True, "given")
+    result["sha_valley"], result["sha"] = {}, {}
+    for seed in seeds:
+        sha = orch.SHA(grace=3, reduction=3, max_steps=steps)
+        result["sha_valley"][str(seed)] = one(f"sha-valley{seed}", seed, sha, valley=True, order="given")
+        result["sha"][str(seed)] = one(f"sha{seed}", seed, orch.SHA(grace=3, reduction=3, max_steps=steps))
     _write(out_dir, "asha.json", result)

@@ -39,6 +39,7 @@ if TYPE_CHECKING:
     from orch.experiments.catalog import RunTable, close_all, runs
     from orch.experiments.sweep import (
         ASHA,
+        SHA,
         MedianStop,
         Sweep,
         SweepResults,
@@ -67,6 +68,7 @@ if TYPE_CHECKING:
 _EXPORTS = {
     "ASHA": "orch.experiments.sweep",
     "MedianStop": "orch.experiments.sweep",
+    "SHA": "orch.experiments.sweep",
     "choice": "orch.experiments.sweep",
     "loguniform": "orch.experiments.sweep",
     "randint": "orch.experiments.sweep",
@@ -107,7 +109,7 @@ _EXPORTS = {
     "sweep": "orch.experiments.sweep",
 }
 
-__all__ = [
+__all__ = [  # noqa: RUF022 (in plain sorted order, as the README lists them)
     "ASHA",
     "AttachedRun",
     "AuthError",
@@ -128,6 +130,7 @@ __all__ = [
     "RunResult",
     "RunState",
     "RunTable",
+    "SHA",
     "Slurm",
     "SlurmError",
     "StateMirror",

@@ -152,8 +152,8 @@ def add_parser(sub: Any, *, seconds: Any) -> None:
     sp.add_argument(
         "--prune",
         default=None,
-        help="stop trials that fall behind: asha:grace=3,reduction=3[,max_steps=N] or "
-        "median:grace=5,interval=1,min_trials=3 (by --metric)",
+        help="stop trials that fall behind: asha:grace=3,reduction=3[,max_steps=N], "
+        "sha:grace=3,reduction=3[,max_steps=N] or median:grace=5,interval=1,min_trials=3 (by --metric)",
     )
     add_flag(sp, "config", help="JSON object every config starts from")
     add_flag(sp, "steps", help="training steps of each run")

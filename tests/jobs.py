@@ -543,7 +543,8 @@ def landscape_job(ctx: Any) -> None:
     trace = ctx.config.get("trace")
     shift = (ctx.rank - (ctx.world_size - 1) / 2) / 1000.0
     steps = int(ctx.config.get("steps", 81))
-    loop = range(steps) if ctx.config.get("loop") else ctx.steps(steps, checkpoint=lambda: state, every=every)
+    keep = None if ctx.config.get("checkpoint") is False else (lambda: state)  # False: a run starts at 0
+    loop = range(steps) if ctx.config.get("loop") else ctx.steps(steps, checkpoint=keep, every=every)
     for step in loop:  # "loop": a loop without ctx.steps, which a stop ends at stop_at_step
         loss = model(torch.ones(1, 2)).sum() * 0.0
         loss.backward()

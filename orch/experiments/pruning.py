@@ -1,4 +1,5 @@
-"""Early stopping for a sweep, decided once for every rank of a trial: :class:`ASHA`, :class:`MedianStop`.
+"""Early stopping for a sweep, decided once for every rank of a trial: :class:`ASHA`,
+:class:`SHA`, :class:`MedianStop`.
 
 A pruner is fed, by the sweep's scheduler in the launching process, a trial's metric at the
 steps it asks for (:meth:`Pruner.next_step`): the mean over the trial's ranks of the value
@@ -12,6 +13,10 @@ Steps are the steps ``ctx.log`` is given (0, 1, 2, ...), as Optuna counts the st
 when both are fed the same values (tests/experiments/test_pruning.py holds the two side by side).
 A pruner's history (the values at each rung) is JSON (:meth:`Pruner.state`), kept in the
 sweep's folder, so that a sweep run again goes on with the same rungs.
+
+A synchronous pruner (:class:`SHA`) answers "wait" (None) at a rung until every trial still in
+the sweep has a value there (:meth:`Pruner.settle`); its trials wait at the rung, or give their
+slot up meanwhile and run again if they go on (orch/experiments/scheduler.py says how).
 """
 
 from __future__ import annotations
@@ -28,6 +33,7 @@ class Pruner:
 
     metric: str | None = None
     mode: Literal["min", "max"] | None = None
+    synchronous = False  # True: report() may answer None, and settle() decides a rung at once
 
     def bind(self, metric: str, mode: Literal["min", "max"]) -> None:
         """Take the sweep's metric and mode where none was given."""
@@ -38,9 +44,18 @@ class Pruner:
         """The next step at which trial ``trial`` (at step ``reached``) is judged; None: no more."""
         raise NotImplementedError
 
-    def report(self, trial: int, step: int, value: float) -> bool:
-        """Trial ``trial``'s metric at ``step``; True: prune it."""
+    def report(self, trial: int, step: int, value: float) -> bool | None:
+        """Trial ``trial``'s metric at ``step``; True: prune it; None (a synchronous pruner's):
+        wait for :meth:`decided`."""
         raise NotImplementedError
+
+    def settle(self, alive: set[int], size: int) -> None:
+        """Decide what can be decided now: ``alive`` are the trials still in the sweep (queued,
+        running or waiting at a rung), ``size`` the sweep's trials in all (some maybe not drawn yet)."""
+
+    def decided(self, trial: int, step: int) -> bool | None:
+        """The decision on ``trial`` at ``step``, once :meth:`settle` took it: True: pruned."""
+        return None
 
     def rungs(self) -> list[int]:
         """The steps where trials are judged (for the panel's marks); [] when every step is one."""
@@ -57,6 +72,25 @@ class Pruner:
 def _check_mode(what: str, mode: Any) -> None:
     if mode not in (None, "min", "max"):
         raise ConfigError(f"{what}: mode must be 'min' or 'max', got {mode!r}")
+
+
+def _check_halving(what: str, grace: Any, reduction: Any, max_steps: Any) -> None:
+    if type(grace) is not int or grace < 1:
+        raise ConfigError(f"{what}: grace must be an integer >= 1 (the first rung's step), got {grace!r}")
+    if type(reduction) is not int or reduction < 2:
+        raise ConfigError(f"{what}: reduction must be an integer >= 2, got {reduction!r}")
+    if max_steps is not None and (type(max_steps) is not int or max_steps < 1):
+        raise ConfigError(f"{what}: max_steps must be None or an integer >= 1, got {max_steps!r}")
+
+
+def _halving_rungs(grace: int, reduction: int, max_steps: int | None) -> list[int]:
+    """Steps ``grace * reduction**k`` short of the last step (a trial there is done anyway)."""
+    out, rung = [], 0
+    limit = (max_steps - 1) if max_steps is not None else 10**6
+    while grace * reduction**rung < limit and rung < 64:
+        out.append(grace * reduction**rung)
+        rung += 1
+    return out
 
 
 class ASHA(Pruner):
@@ -77,14 +111,7 @@ class ASHA(Pruner):
         max_steps: int | None = None,
     ) -> None:
         _check_mode("orch.ASHA", mode)
-        if type(grace) is not int or grace < 1:
-            raise ConfigError(
-                f"orch.ASHA: grace must be an integer >= 1 (the first rung's step), got {grace!r}"
-            )
-        if type(reduction) is not int or reduction < 2:
-            raise ConfigError(f"orch.ASHA: reduction must be an integer >= 2, got {reduction!r}")
-        if max_steps is not None and (type(max_steps) is not int or max_steps < 1):
-            raise ConfigError(f"orch.ASHA: max_steps must be None or an integer >= 1, got {max_steps!r}")
+        _check_halving("orch.ASHA", grace, reduction, max_steps)
         self.metric, self.mode = metric, mode
         self.grace, self.reduction, self.max_steps = grace, reduction, max_steps
         self.values: list[dict[int, float]] = []  # rung -> trial -> its value there, in arrival order
@@ -111,12 +138,7 @@ class ASHA(Pruner):
         return step
 
     def rungs(self) -> list[int]:
-        out, rung = [], 0
-        limit = (self.max_steps - 1) if self.max_steps is not None else 10**6
-        while self._rung_step(rung) < limit and rung < 64:
-            out.append(self._rung_step(rung))
-            rung += 1
-        return out
+        return _halving_rungs(self.grace, self.reduction, self.max_steps)
 
     def report(self, trial: int, step: int, value: float) -> bool:
         rung = self._completed(trial)
@@ -143,6 +165,98 @@ class ASHA(Pruner):
     def restore(self, state: dict[str, Any]) -> None:
         rungs = state.get("rungs", [])
         self.values = [{int(t): float(v) for t, v in rung.items()} for rung in rungs]
+
+
+class SHA(Pruner):
+    """Synchronous successive halving (Jamieson & Talwalkar 2016): every trial of the sweep runs
+    to rung 0 (step ``grace``); once all of them have a value there, the best ``1/reduction``
+    (at least one) go on to rung 1 (step ``grace * reduction``) and the others end PRUNED there;
+    and so on until ``max_steps``. Its cost is known before it starts and does not depend on the
+    order the configs come in: with 27 configs, grace 3, reduction 3 and 81 steps, at most
+    27*3 + 9*9 + 3*27 + 1*81 steps (each rung's survivors run again from step 0, or from their
+    newest checkpoint when they save them), where :class:`ASHA` spends more on a grid written
+    in order.
+
+    A trial at a rung waits there for the rung's decision while nothing is queued for its slot;
+    otherwise (or past a few seconds) it gives the slot up, and if it goes on it is started
+    again. ``orch.sweep`` knows how many trials there are: a list's length, or ``trials=N``.
+    """
+
+    synchronous = True
+
+    def __init__(
+        self,
+        metric: str | None = None,
+        mode: Literal["min", "max"] | None = None,
+        grace: int = 1,
+        reduction: int = 3,
+        max_steps: int | None = None,
+    ) -> None:
+        _check_mode("orch.SHA", mode)
+        _check_halving("orch.SHA", grace, reduction, max_steps)
+        self.metric, self.mode = metric, mode
+        self.grace, self.reduction, self.max_steps = grace, reduction, max_steps
+        self.values: list[dict[int, float]] = []  # rung -> trial -> its value there
+        self.kept: list[list[int]] = []  # rung -> the trials that went on from it (decided rungs)
+
+    def __repr__(self) -> str:
+        return (
+            f"orch.SHA(metric={self.metric!r}, mode={self.mode!r}, grace={self.grace}, "
+            f"reduction={self.reduction}, max_steps={self.max_steps})"
+        )
+
+    def rungs(self) -> list[int]:
+        return _halving_rungs(self.grace, self.reduction, self.max_steps)
+
+    def next_step(self, trial: int, reached: int) -> int | None:
+        """The first undecided rung's step, for a trial that went on from every decided one."""
+        if any(trial not in kept for kept in self.kept):
+            return None
+        rungs = self.rungs()
+        return rungs[len(self.kept)] if len(self.kept) < len(rungs) else None
+
+    def report(self, trial: int, step: int, value: float) -> bool | None:
+        rungs = self.rungs()
+        if step not in rungs:
+            return False
+        rung = rungs.index(step)
+        if rung < len(self.kept):  # decided already (a sweep run again)
+            return trial not in self.kept[rung]
+        while len(self.values) <= rung:
+            self.values.append({})
+        self.values[rung][trial] = value
+        return True if math.isnan(value) else None
+
+    def settle(self, alive: set[int], size: int) -> None:
+        while len(self.kept) < len(self.rungs()):
+            rung = len(self.kept)
+            entrants = set(range(size)) if rung == 0 else set(self.kept[rung - 1])
+            here = self.values[rung] if rung < len(self.values) else {}
+            if not here or any(t not in here for t in entrants & alive):
+                return  # a trial still on its way to this rung
+            sign = -1.0 if self.mode == "max" else 1.0
+            ranked = sorted(
+                (t for t, v in here.items() if t in alive and not math.isnan(v)),
+                key=lambda t: (sign * here[t], t),
+            )
+            self.kept.append(ranked[: max(1, len(here) // self.reduction)])
+
+    def decided(self, trial: int, step: int) -> bool | None:
+        rungs = self.rungs()
+        if step not in rungs or rungs.index(step) >= len(self.kept):
+            return None
+        return trial not in self.kept[rungs.index(step)]
+
+    def state(self) -> dict[str, Any]:
+        return {
+            "rungs": [{str(t): v for t, v in rung.items()} for rung in self.values],
+            "kept": [list(k) for k in self.kept],
+        }
+
+    def restore(self, state: dict[str, Any]) -> None:
+        rungs = state.get("rungs", [])
+        self.values = [{int(t): float(v) for t, v in rung.items()} for rung in rungs]
+        self.kept = [[int(t) for t in k] for k in state.get("kept", [])]
 
 
 class MedianStop(Pruner):
@@ -207,12 +321,14 @@ class MedianStop(Pruner):
 
 
 def parse_prune(text: str) -> Pruner:
-    """A pruner from the command line: ``asha:grace=3,reduction=3`` or ``median:grace=5``."""
+    """A pruner from the command line: ``asha:grace=3,reduction=3``, ``sha:grace=3`` or ``median:grace=5``."""
     kind, _, rest = text.partition(":")
-    kinds: dict[str, type[Pruner]] = {"asha": ASHA, "median": MedianStop}
+    kinds: dict[str, type[Pruner]] = {"asha": ASHA, "sha": SHA, "median": MedianStop}
     cls = kinds.get(kind.strip().lower())
     if cls is None:
-        raise ConfigError(f"--prune {text!r}: the kind must be asha or median, like asha:grace=3,reduction=3")
+        raise ConfigError(
+            f"--prune {text!r}: the kind must be asha, sha or median, like asha:grace=3,reduction=3"
+        )
     options: dict[str, Any] = {}
     for part in filter(None, (p.strip() for p in rest.split(","))):
         key, eq, value = part.partition("=")

@@ -8,6 +8,13 @@ running trial's metric (the mean over its ranks, at the steps the pruner asks fo
 trial the pruner prunes: through its master, so every rank ends at the same step, and the run
 ends PRUNED; its slot goes to the next trial at once. Once ``max_failures`` runs failed, or the
 sweep is stopped or closed, it starts no more: the queued trials are CANCELLED.
+
+A synchronous pruner (``orch.SHA``) decides a rung only once every trial still in the sweep
+reached it. A trial there waits at the rung, holding its slot, while no queued trial wants the
+slot and for at most ``HOLD`` seconds (its ranks wait ``GATE_WAIT`` at most); otherwise it is
+paused: its run stops at the rung (STOPPED, its checkpoints kept), the trial reads PAUSED, and
+if the rung's decision keeps it, it is queued again and runs from its newest checkpoint (from
+step 0 without one), past the rungs it passed.
 :class:`~orch.experiments.sweep.Sweep` is its face; stopping and closing go through here,
 under the lock the thread takes its turns under.
 """
@@ -17,6 +24,7 @@ from __future__ import annotations
 import bisect
 import contextlib
 import logging
+import math
 import shutil
 import threading
 import time
@@ -25,7 +33,7 @@ from pathlib import Path
 
 from orch.errors import ConfigError
 from orch.experiments.pruning import Pruner
-from orch.experiments.trial import CANCELLED, QUEUED, Trial
+from orch.experiments.trial import CANCELLED, PAUSED, QUEUED, Trial
 from orch.launchers.run import Run
 from orch.launchers.spec import LaunchSpec
 from orch.record.owned import open_own
@@ -34,6 +42,8 @@ from orch.record.writes import own_dir
 from orch.wire.states import RunState
 
 log = logging.getLogger("orch.experiments.sweep")  # the sweep's messages, under the one name
+
+HOLD = 6.0  # seconds a trial waits at a rung, holding its slot, for a synchronous decision
 
 
 class Scheduler:
@@ -52,6 +62,7 @@ class Scheduler:
         order: list[int] | None = None,
         on_ended: Callable[[Trial], None] | None = None,
         on_turn: Callable[[], None] | None = None,
+        size: int | None = None,
     ) -> None:
         self.name = name
         self.trials = trials
@@ -63,6 +74,7 @@ class Scheduler:
         self.order = order  # the trials' indices in the order they start (None: index order)
         self.on_ended = on_ended  # a trial ended (the sweep tells its search, writes its folder)
         self.on_turn = on_turn  # after each turn, under the lock
+        self.size = size  # the trials the sweep will have (a search draws them as it goes)
         self.lock = threading.Lock()
         self.wake = threading.Event()
         self.stopping = threading.Event()
@@ -92,6 +104,8 @@ class Scheduler:
             while True:
                 with self.lock:
                     self._collect()
+                    if self.pruner is not None and self.pruner.synchronous:
+                        self._settle(self.pruner)
                     if not self.stopping.is_set():
                         self._start_next()
                     if self.on_turn is not None:
@@ -114,8 +128,8 @@ class Scheduler:
         return [t for t in self.trials if t.run is not None and not t.done]
 
     def _busy(self) -> int:
-        """The slots in use: a pruned trial's ranks are on their way out and hold none."""
-        return sum(t.pruned_at is None for t in self._running())
+        """The slots in use: a pruned or pausing trial's ranks are on their way out and hold none."""
+        return sum(t.pruned_at is None and not t.pausing for t in self._running())
 
     def _failures(self) -> int:
         return sum(t.state == RunState.FAILED.value for t in self.trials)
@@ -128,6 +142,7 @@ class Scheduler:
                 f"(max_failures={self.max_failures})"
             )
             return
+        self._pause_held()
         while self._busy() < self.parallel:
             queue = (self.trials[i] for i in self.order) if self.order is not None else iter(self.trials)
             trial = next((t for t in queue if t.state == QUEUED), None)
@@ -135,12 +150,17 @@ class Scheduler:
                 return
             trial = trial or self.trials[-1]
             spec = self.specs[trial.index]
+            if trial.run_dir is not None and not trial.reused:  # it paused at a rung, and goes on
+                trial.earlier_runs.append(trial.run_dir.name)
+                trial.earlier_steps += trial.paused_steps
+                latest = trial.run_dir / "checkpoints" / "latest"
+                trial.resume_from = latest.parent if latest.is_file() else None
             run = Run(spec)
             trial.run, trial.run_dir, trial.state, trial.started = (
                 run,
                 run.run_dir,
                 RunState.PENDING.value,
-                time.time(),
+                trial.started if trial.earlier_runs else time.time(),
             )
             try:
                 if trial.resume_from is not None:
@@ -161,11 +181,13 @@ class Scheduler:
             run = trial.run
             if run is None or trial.done:
                 continue
-            if run.done:
+            if run.done and trial.pausing:
+                self._paused(trial)
+            elif run.done:
                 self._ended(trial)
             else:
                 trial.state = run.coordinator.state.value
-                judged = self.pruner is not None and trial.pruned_at is None
+                judged = self.pruner is not None and trial.pruned_at is None and trial.held_at is None
                 if judged and self.pruner is not None and trial.state == RunState.RUNNING.value:
                     self._judge(trial, run, self.pruner)
 
@@ -187,17 +209,103 @@ class Scheduler:
                 values.append(s.values[at])
             value = sum(values) / len(values)
             trial.reported[step] = value
-            if not pruner.report(trial.index, step, value):
-                run.coordinator.pass_gate(step)
-            else:
-                trial.pruned_at, trial.pruned_time = step, time.time()
-                log.info(
-                    "sweep %s: config %d pruned at step %d (%s %.4g)",
-                    self.name, trial.index, step, metric, value,
-                )  # fmt: skip
-                run.stop(f"pruned by the sweep at step {step}: {metric} {value:.4g}", prune=True)
+            verdict = pruner.report(trial.index, step, value)
+            if verdict is None:  # a synchronous pruner: the trial waits at the rung (see _settle)
+                trial.held_at, trial.held_since = step, time.monotonic()
                 self.wake.set()
                 return
+            if not verdict:
+                run.coordinator.pass_gate(step)
+            else:
+                self._prune(trial, run, step, pruner)
+                return
+
+    def _settle(self, pruner: Pruner) -> None:
+        """A synchronous pruner decides the rungs every trial still in the sweep reached; the
+        trials waiting at a decided rung go on (past the gate, or queued again) or end PRUNED."""
+        alive = {t.index for t in self.trials if not t.done and t.pruned_at is None}
+        size = max(self.size or 0, len(self.trials)) if self.more is not None else len(self.trials)
+        alive |= set(range(len(self.trials), size))  # not drawn yet: the search will draw them
+        pruner.settle(alive, size)
+        for trial in self.trials:
+            step = trial.held_at
+            if step is None or trial.done or trial.pausing:
+                continue  # a pausing trial's run ends first (then it is PAUSED)
+            pruned = pruner.decided(trial.index, step)
+            if pruned is None:
+                continue
+            trial.held_at = None
+            run = trial.run
+            if run is not None and not pruned:
+                run.coordinator.pass_gate(step)
+            elif run is not None:
+                self._prune(trial, run, step, pruner)
+            elif pruned:
+                trial.state, trial.pruned_at, trial.pruned_time = RunState.PRUNED.value, step, time.time()
+                trial.ended, trial.steps_run = True, trial.earlier_steps + trial.paused_steps
+                self._tell_ended(trial)
+            else:
+                trial.state = QUEUED  # it goes on: run again, past the rungs it passed
+                log.info("sweep %s: config %d goes on past step %d", self.name, trial.index, step)
+        self.wake.set()
+
+    def _pause_held(self) -> None:
+        """Trials waiting at a rung give their slots up while queued trials want them, or once
+        they waited ``HOLD`` s (their ranks wait at most ``GATE_WAIT``)."""
+        queued = sum(t.state == QUEUED for t in self.trials)
+        if self.more is not None and len(self.trials) < (self.size or 0):
+            queued += 1  # a search draws the next trial when a slot frees
+        now = time.monotonic()
+        for trial in self._running():
+            if trial.held_at is None or trial.pausing or trial.pruned_at is not None:
+                continue
+            if self._busy() < self.parallel and now - trial.held_since < HOLD:
+                continue
+            if queued <= 0 and now - trial.held_since < HOLD:
+                continue
+            assert trial.run is not None
+            trial.pausing = True
+            queued -= 1
+            trial.run.stop(
+                f"paused at its rung (step {trial.held_at}) until every trial of the sweep reaches "
+                "it; it runs again if it goes on (orch.SHA)"
+            )
+
+    def _paused(self, trial: Trial) -> None:
+        """A trial's run stopped at its rung: the trial waits, without a slot, for the decision."""
+        run = trial.run
+        assert run is not None
+        with contextlib.suppress(Exception):
+            run.close()
+        trial.paused_steps = _steps_run(run)
+        trial.run, trial.pausing, trial.state = None, False, PAUSED
+        if run.coordinator.state is not RunState.STOPPED:  # it failed or ended on its own meanwhile
+            trial.run, trial.held_at = run, None
+            self._ended(trial)
+        elif self.stopping.is_set():
+            self._end_paused(trial, "the sweep was stopped")
+
+    def _end_paused(self, trial: Trial, reason: str) -> None:
+        """A trial waiting without a run at its rung ends as its last run did: STOPPED."""
+        trial.state, trial.failure, trial.ended, trial.held_at = RunState.STOPPED.value, reason, True, None
+        self._tell_ended(trial)
+
+    def _prune(self, trial: Trial, run: Run, step: int, pruner: Pruner) -> None:
+        metric = pruner.metric or "loss"
+        value = trial.reported.get(step, math.nan)
+        trial.pruned_at, trial.pruned_time = step, time.time()
+        log.info(
+            "sweep %s: config %d pruned at step %d (%s %.4g)", self.name, trial.index, step, metric, value
+        )
+        run.stop(f"pruned by the sweep at step {step}: {metric} {value:.4g}", prune=True)
+        self.wake.set()
+
+    def _tell_ended(self, trial: Trial) -> None:
+        if self.on_ended is not None:
+            try:
+                self.on_ended(trial)
+            except Exception:  # the search's own trouble must not stop the sweep's runs
+                log.exception("sweep %s: recording how config %d ended failed", self.name, trial.index)
 
     def _ended(self, trial: Trial, error: str = "") -> None:
         run = trial.run
@@ -208,7 +316,7 @@ class Scheduler:
         trial.state, trial.ended = coord.state.value, True
         trial.duration = time.time() - trial.started
         trial.pool_start = run.group.pool_start_seconds  # a cold pool's start, within duration
-        trial.steps_run = _steps_run(run)
+        trial.steps_run = trial.earlier_steps + _steps_run(run)  # each run's, from step 0 or a checkpoint
         if coord.state is RunState.FAILED:
             cause = coord.root_cause
             trial.failure = error or coord.failure
@@ -216,11 +324,7 @@ class Scheduler:
             log.warning(
                 "sweep %s: config %d %s failed: %s", self.name, trial.index, trial.config, trial.failure
             )
-        if self.on_ended is not None:
-            try:
-                self.on_ended(trial)
-            except Exception:  # the search's own trouble must not stop the sweep's runs
-                log.exception("sweep %s: recording how config %d ended failed", self.name, trial.index)
+        self._tell_ended(trial)
 
     def _cancel_queued(self, why: str) -> None:
         for t in self.trials:
@@ -233,12 +337,14 @@ class Scheduler:
             if which is None:
                 self.stopping.set()
                 self._cancel_queued("the sweep was stopped")
-                targets = self._running()
+                targets = self._running() + [t for t in self.trials if t.state == PAUSED]
             else:
                 targets = [self.find(which)]
             for trial in targets:
                 if trial.state == QUEUED:
                     trial.state, trial.failure, trial.ended = CANCELLED, reason, True
+                elif trial.state == PAUSED:
+                    self._end_paused(trial, reason)
                 elif trial.run is not None and not trial.done:
                     trial.run.stop(reason)
         self.wake.set()
@@ -260,6 +366,9 @@ class Scheduler:
             self._cancel_queued("the sweep was closed")
             for trial in self._running():
                 self._ended(trial)
+            for trial in self.trials:
+                if trial.state == PAUSED:
+                    self._end_paused(trial, "the sweep was closed")
         self.wake.set()
         if self.thread is not None and self.thread is not threading.current_thread():
             self.thread.join(60.0)

@@ -37,7 +37,7 @@ from typing import Any, Literal
 from orch._viewable import panel_class
 from orch.errors import ConfigError
 from orch.experiments.metrics import GREATER_IS_BETTER, default_mode, summarize
-from orch.experiments.pruning import ASHA, MedianStop, Pruner
+from orch.experiments.pruning import ASHA, SHA, MedianStop, Pruner
 from orch.experiments.results import SweepResults, best_trial, dashboard_rows
 from orch.experiments.reuse import (
     code_hash,
@@ -51,7 +51,7 @@ from orch.experiments.reuse import (
 from orch.experiments.scheduler import Scheduler
 from orch.experiments.space import RandomSearch, Search, check_space, choice, loguniform, randint, uniform
 from orch.experiments.study import OptunaPruner, OptunaSearch, OptunaStudy, is_optuna
-from orch.experiments.trial import CANCELLED, QUEUED, History, Trial
+from orch.experiments.trial import CANCELLED, PAUSED, QUEUED, History, Trial
 from orch.launchers._exiting import begin_exit
 from orch.launchers.clicks import Waiting
 from orch.launchers.loaded import load_run
@@ -70,7 +70,9 @@ __all__ = [
     "ASHA",
     "CANCELLED",
     "GREATER_IS_BETTER",
+    "PAUSED",
     "QUEUED",
+    "SHA",
     "History",
     "MedianStop",
     "Sweep",
@@ -192,7 +194,8 @@ class Sweep:
         if order not in (None, "given", "random"):
             raise ConfigError(
                 f"order must be 'random' (configs run in a seeded random order), 'given' (in the list's "
-                f"order) or None (random with a pruner, else given), got {order!r:.60}"
+                f"order) or None (random with a pruner that judges trials one by one, else given), got "
+                f"{order!r:.60}"
             )
         if order == "random" and searched:
             raise ConfigError(
@@ -201,8 +204,9 @@ class Sweep:
         # A pruner compares each trial with those before it at each rung: a grid written in order
         # (lr 1e-4, 3e-4, ...) would bring it configs that each beat all the earlier ones, and
         # asynchronous halving would keep nearly all of them. Shuffled (seeded), the early trials
-        # at each rung come from across the grid.
-        self.shuffled = not searched and (order == "random" or (order is None and prune is not None))
+        # at each rung come from across the grid. orch.SHA decides a rung on all of them at once.
+        judged_one_by_one = prune is not None and not getattr(prune, "synchronous", False)
+        self.shuffled = not searched and (order == "random" or (order is None and judged_one_by_one))
         self._space = configs
         self._train = train
         self._beat = opts.heartbeat_interval or (PRUNE_BEAT if prune is not None else None)
@@ -301,12 +305,12 @@ class Sweep:
                 self.pruner = OptunaPruner(self._optuna)
             else:
                 raise ConfigError(
-                    "prune must be orch.ASHA(...), orch.MedianStop(...) or an Optuna pruner, "
+                    "prune must be orch.ASHA(...), orch.SHA(...), orch.MedianStop(...) or an Optuna pruner, "
                     f"got {prune!r:.60}"
                 )
             self.pruner.bind(metric, self.mode)
             steps = opts.steps or sample.get("steps")  # a run's step count, as orch reads it
-            asha = self.pruner if isinstance(self.pruner, ASHA) else None
+            asha = self.pruner if isinstance(self.pruner, (ASHA, SHA)) else None
             if asha is not None and asha.max_steps is None and type(steps) is int and steps > 0:
                 asha.max_steps = steps
             if reuse and self._record.get("pruner"):
@@ -343,6 +347,7 @@ class Sweep:
             order=self.order or None,
             on_ended=self._trial_ended,
             on_turn=self._write_record,
+            size=self.size,
         )
         self._dirty, self._reports = True, 0
         self._panel: Any = None
@@ -667,15 +672,16 @@ def sweep(
     Optuna sampler (``optuna.samplers.TPESampler(seed=0)``, through ask/tell; the study is
     ``sweep.study``, stored in ``<run_root>/.sweeps/<name>/study.db``). ``metric`` and
     ``mode`` say what the search and the pruner optimize (the mean over ranks of a logged
-    scalar). ``prune=orch.ASHA(grace=3, reduction=3)``, ``orch.MedianStop()`` or any Optuna
+    scalar). ``prune=orch.ASHA(grace=3, reduction=3)``, ``orch.SHA(...)``, ``orch.MedianStop()`` or any Optuna
     pruner stops the trials that fall behind, every rank at the same step: they end PRUNED.
     A sweep run again keeps its succeeded and pruned trials, resumes each unfinished one from
     its newest checkpoint, and goes on with the same search history and rungs.
 
     ``order``: a list of configs runs in the list's order (``"given"``), or in a random order
     seeded by ``seed`` (``"random"``; ``sweep.order`` and the sweep's record say which). The
-    default is random with a pruner, which compares each trial with those before it, and
-    given without one. Indices (``stop(i)``, the results' rows) stay the list's.
+    default is random with a pruner that compares each trial with those before it (ASHA,
+    MedianStop, Optuna's), and given without one or with ``orch.SHA``, which decides each rung on
+    all the trials at once. Indices (``stop(i)``, the results' rows) stay the list's.
 
     ``train`` may be a torchrun script (``"train.py"``, with ``args=[...]``) or ``module=``
     (see :func:`orch.launch`): each config reaches it as arguments after ``args``,

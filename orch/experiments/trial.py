@@ -24,8 +24,9 @@ from orch.wire.limits import OWN_METRICS
 History = dict[str, dict[int, dict[str, list[float]]]]
 
 # A trial's own states, beside the run states its run goes through.
-QUEUED = "QUEUED"  # not started yet
+QUEUED = "QUEUED"  # not started yet (or, under orch.SHA, to run again past the rung it went on from)
 CANCELLED = "CANCELLED"  # never started: the sweep was stopped, or max_failures was reached
+PAUSED = "PAUSED"  # under orch.SHA: its run ended at a rung, gave its slot up, and waits for the decision
 
 
 @dataclass
@@ -50,6 +51,12 @@ class Trial:
     reported: dict[int, float] = field(default_factory=dict)  # step -> the metric its pruner was fed
     steps_run: int = 0  # steps its run finished (known once it ended)
     resume_from: Path | None = None  # an earlier run's checkpoints it starts from
+    held_at: int | None = None  # the rung (step) it waits at for a synchronous pruner's decision
+    held_since: float = 0.0  # since when (monotonic seconds)
+    pausing: bool = False  # its run is stopping at that rung to give its slot up (orch.SHA)
+    earlier_runs: list[str] = field(default_factory=list)  # run ids of its runs paused at a rung
+    earlier_steps: int = 0  # the steps those runs reached
+    paused_steps: int = 0  # the step its run paused at reached (it moves to earlier_steps if it runs again)
     number: int | None = None  # its Optuna trial's number, when a study drives the sweep
     _loaded: LoadedRun | None = field(default=None, repr=False)
 
@@ -114,6 +121,8 @@ class Trial:
             "checkpoint": None,  # its best checkpoint: {"path", "step", "value", "metric"}
             "pool_start": round(self.pool_start, 3),
             "pruned_at": self.pruned_at,
+            "earlier_runs": list(self.earlier_runs),  # under orch.SHA: its runs paused at a rung
+            "earlier_steps": self.earlier_steps,  # and the steps they ran, beside "steps"
             "final": {},
             "best": {},
             "nonfinite": {},

@@ -27,8 +27,9 @@ import numpy.typing as npt
 
 from orch._text import config_text, escape_html, nonfinite_words, number_text
 from orch.errors import ConfigError, OrchError
-from orch.experiments.sweep import Sweep, Trial, default_mode
+from orch.experiments.sweep import PAUSED, Sweep, Trial, default_mode
 from orch.launchers.attached import open_run
+from orch.launchers.loaded import load_run
 from orch.record.rundir import read_json
 from orch.views._pollers import track
 from orch.views._static import IMAGE, Record
@@ -162,6 +163,11 @@ class _TrialFollower:
         if source is None and self.trial.run_dir is not None and self.trial.done:
             if self._inner is None:
                 self._inner = _Mirrored(self.trial.load(), self.label)
+            return self._inner.poll()
+        if source is None and self.trial.state == PAUSED and self.trial.run_dir is not None:
+            # paused at a rung (orch.SHA): its run's record, until it runs again or ends
+            if self._inner is None or getattr(self._inner.source, "run_dir", None) != self.trial.run_dir:
+                self._inner = _Mirrored(load_run(self.trial.run_dir), self.label)
             return self._inner.poll()
         if source is None:
             return self._queued

@@ -11,7 +11,7 @@ import optuna
 import pytest
 
 import orch
-from orch.experiments.pruning import ASHA, MedianStop, parse_prune
+from orch.experiments.pruning import ASHA, SHA, MedianStop, parse_prune
 from orch.experiments.space import RandomSearch, check_space
 
 pytestmark = pytest.mark.unit
@@ -93,6 +93,44 @@ def test_asha_stops_judging_at_its_last_step() -> None:
     assert asha.next_step(0, 3) is None
 
 
+def test_sha_decides_a_rung_only_once_every_trial_still_in_the_sweep_reached_it() -> None:
+    """9 trials, grace 1, reduction 3: at step 1 the best 3 of 9 go on, at step 3 the best of
+    those 3; whatever order the values come in, and a trial that failed on the way (no longer
+    alive) is not waited for."""
+    for order in (list(range(9)), list(reversed(range(9))), [4, 0, 8, 2, 6, 1, 7, 3, 5]):
+        sha = SHA(mode="min", grace=1, reduction=3, max_steps=27)
+        assert sha.rungs() == [1, 3, 9]
+        value = {t: abs(t - 4) + 0.01 * t for t in range(9)}  # a valley: 4, then 3 and 5
+        alive = set(range(9))
+        for k, t in enumerate(order):
+            assert sha.next_step(t, 0) == 1
+            assert sha.report(t, 1, value[t]) is None  # wait: not everyone is there
+            sha.settle(alive, 9)
+            assert sha.decided(t, 1) is (None if k < 8 else t not in (3, 4, 5))
+        assert sha.kept == [[4, 3, 5]]
+        assert [sha.next_step(t, 1) for t in (4, 3, 5, 0)] == [3, 3, 3, None]
+        alive -= {0, 1, 2, 6, 7, 8}
+        for t in (5, 3):
+            sha.report(t, 3, value[t])
+        alive.discard(4)  # failed before step 3: not waited for, and not kept
+        sha.settle(alive, 9)
+        assert sha.decided(3, 3) is False and sha.decided(5, 3) is True
+        again = SHA(mode="min", grace=1, reduction=3, max_steps=27)
+        again.restore(sha.state())
+        assert again.kept == sha.kept and again.report(5, 3, 0.0) is True  # decided already
+
+
+def test_sha_waits_for_trials_a_search_has_not_drawn_yet_and_prunes_nan_at_once() -> None:
+    sha = SHA(mode="max", grace=2, reduction=2, max_steps=10)
+    assert sha.report(0, 2, float("nan")) is True
+    assert sha.report(1, 2, 1.0) is None
+    sha.settle({1, 2}, 3)  # trial 2 is still to be drawn (the scheduler counts it alive)
+    assert sha.decided(1, 2) is None
+    sha.report(2, 2, 2.0)
+    sha.settle({1, 2}, 3)
+    assert sha.kept == [[2]] and sha.decided(1, 2) is True and sha.decided(2, 2) is False
+
+
 def test_median_stop_prunes_below_the_median_of_the_others() -> None:
     med = MedianStop(mode="min", grace=2, interval=2, min_trials=2)
     assert med.next_step(0, 0) == 2
@@ -106,7 +144,7 @@ def test_median_stop_prunes_below_the_median_of_the_others() -> None:
 @pytest.mark.parametrize(
     ("text", "message"),
     [
-        ("hyperband", "the kind must be asha or median"),
+        ("hyperband", "the kind must be asha, sha or median"),
         ("asha:grace", "must be name=value"),
         ("asha:grace=x", "grace must be an integer"),
         ("asha:grace=0", "grace must be an integer >= 1"),
@@ -122,6 +160,8 @@ def test_parse_prune_reads_the_cli_form() -> None:
     asha = parse_prune("asha:grace=3,reduction=3,max_steps=81")
     assert isinstance(asha, ASHA) and (asha.grace, asha.reduction, asha.max_steps) == (3, 3, 81)
     assert isinstance(parse_prune("median:grace=5,mode=max"), MedianStop)
+    sha = parse_prune("sha:grace=1,reduction=2")
+    assert isinstance(sha, SHA) and (sha.grace, sha.reduction) == (1, 2)
 
 
 def test_random_search_draws_within_the_space_the_same_configs_for_the_same_seed() -> None:

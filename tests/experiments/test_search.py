@@ -289,3 +289,50 @@ def test_a_grid_written_in_order_runs_in_a_seeded_random_order_under_a_pruner(tm
     assert steps(rows) < steps(given_rows) and pruned[1] > pruned[0], (steps(rows), steps(given_rows), pruned)
     print("steps run, given / random order:", steps(given_rows), steps(rows), "pruned:", pruned)
 
+
+
+@pytest.mark.parametrize("checkpoints", [True, False], ids=["from its checkpoint", "from step 0"])
+def test_sha_spends_the_same_steps_on_a_grid_in_any_order_and_prunes_at_the_rungs(
+    tmp_path: Path, checkpoints: bool
+) -> None:
+    """orch.SHA on a 9-config valley of 2-rank DDP trials, 27 steps, grace 1, reduction 3: each
+    rung is decided once every trial reached it, so the same configs go on whichever order the
+    grid runs in. A trial waiting at a rung gives its slot up to a queued one and runs again if
+    it goes on: from its checkpoint (every step is run once: 9*2 + 3*2 + 6 + 17 = 47 steps), or
+    from step 0 without one (at most 9*2 + 3*4 + 10 + 27 = 67). Every pruned trial ends at its
+    rung on both ranks; the grid's best (x=6) is the one that ran to the end."""
+    ran: dict[str, Counter[tuple[int, int]]] = {}
+    kept: dict[str, list[list[int]]] = {}
+    for order in ("given", "random"):  # SHA's own order is the list's: order="random" shuffles it
+        trace = tmp_path / f"{order}.trace"
+        configs = [
+            {"x": x, "valley": 6, "steps": 27, "sleep": 0.01, "trace": str(trace), "checkpoint": checkpoints}
+            for x in range(9)
+        ]
+        sweep = orch.sweep(
+            "jobs:landscape_job", configs, world_size=2, run_root=str(tmp_path), name=f"sha-{order}",
+            prune=orch.SHA(grace=1, reduction=3), order=order,
+        )  # fmt: skip
+        results = sweep.wait(300)
+        sweep.close()
+        states = Counter(row["state"] for row in results)
+        assert states == {"PRUNED": 8, "SUCCEEDED": 1}, (order, [(r["state"], r["failure"]) for r in results])
+        assert sweep.best().config["x"] == 6
+        pruned_at = Counter(t.pruned_at for t in sweep.trials if t.pruned_at is not None)
+        assert pruned_at == {1: 6, 3: 2}, pruned_at
+        for trial in sweep.trials:
+            if trial.pruned_at is not None and trial.run_id not in trial.earlier_runs:
+                assert ranks_steps(trial) == {trial.pruned_at}, (trial.index, ranks_steps(trial))
+        ran[order] = trace_steps(trace)
+        kept[order] = sweep.pruner.kept  # type: ignore[union-attr]
+        record = json.loads((tmp_path / ".sweeps" / f"sha-{order}" / "sweep.json").read_text())
+        assert record["pruner"]["kept"] == kept[order]
+        assert any(t.earlier_runs for t in sweep.trials)  # some gave their slot up and ran again
+    assert kept["given"] == kept["random"] and [sorted(k) for k in kept["given"]] == [[5, 6, 7], [6], [6]]
+    for order, counts in ran.items():
+        total = sum(counts.values())
+        if checkpoints:
+            assert total == 47 and set(counts.values()) == {1}, (order, total)
+        else:
+            assert 47 < total <= 67, (order, total)
+        assert {x for x, _ in counts} == set(range(9)) and max(s for x, s in counts if x == 6) == 26

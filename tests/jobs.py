@@ -544,8 +544,10 @@ def landscape_job(ctx: Any) -> None:
     shift = (ctx.rank - (ctx.world_size - 1) / 2) / 1000.0
     steps = int(ctx.config.get("steps", 81))
     keep = None if ctx.config.get("checkpoint") is False else (lambda: state)  # False: a run starts at 0
-    loop = range(steps) if ctx.config.get("loop") else ctx.steps(steps, checkpoint=keep, every=every)
-    for step in loop:  # "loop": a loop without ctx.steps, which a stop ends at stop_at_step
+    loop: Any = ctx.steps(steps, checkpoint=keep, every=every)
+    if ctx.config.get("loop"):  # a loop without ctx.steps: range's, or a DataLoader's through ctx.data
+        loop = ctx.data(range(steps)) if ctx.config["loop"] == "data" else range(steps)
+    for step in loop:
         loss = model(torch.ones(1, 2)).sum() * 0.0
         loss.backward()
         state["w"] += 1

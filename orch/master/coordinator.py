@@ -302,7 +302,8 @@ class Coordinator(RunFacade):
         after it (a user clicking Stop again, a script in a loop) are only counted. A stop
         with ``prune`` (a sweep's pruner's) ends the run PRUNED instead of STOPPED."""
         with self._lock:
-            return self.fate.request_stop(reason, self.registry, self._clock(), prune=prune)
+            gate = next((g for g in self.gates if g > self.gate_passed), 0)
+            return self.fate.request_stop(reason, self.registry, self._clock(), prune=prune, gate=gate)
 
     def restart_refusal(self) -> str | None:
         """Why a failure of this attempt does not restart the group (None: it does). The

@@ -81,6 +81,7 @@ class Context:
         self._step = -1
         self._stop_at = 0  # with a stop: the step count a loop without ctx.steps ends at
         self._uses_steps = False  # ctx.steps() drives the loop: it handles stops itself
+        self._heard = False  # ctx.log asked the master once (a sweep's first rung) before a step
         self._vote: StopVote | None = None  # a library's loop's stop decision (see stop_due)
         self._names: set[str] = set()  # the metric names ctx.log took (see MAX_METRICS_PER_RANK)
         self._watched: str | None = None  # ctx.steps(metric=...): the metric its checkpoints carry
@@ -415,8 +416,20 @@ class Context:
                     self._log_step(step)
             else:
                 self._log_step(step)
-        if self._sender is not None:
-            self._sender.log(step, scalars)
+        sender = self._sender
+        if sender is not None:
+            sender.log(step, scalars)
+            if not self._uses_steps:
+                if not self._heard:  # a sweep's first rung, known before the loop gets there
+                    self._heard = True
+                    sender.hear()
+                if 0 < sender.last_hold == step:
+                    # A sweep's rung, logged by a loop without ctx.steps (ctx.data, ctx.log
+                    # alone): wait there for the sweep's decision, as ctx.steps does. A pruned
+                    # trial's master names the step after the rung as every rank's stop step
+                    # (each knew of the rung and none is past it), so the check below ends
+                    # the loop right here on every rank.
+                    sender.wait_gate(step, GATE_WAIT)
         if self._stop_at and step + 1 >= self._stop_at and not self._uses_steps:
             self.stopped = True
             raise StopTraining(f"the run was asked to stop; every rank stops after step {step}")

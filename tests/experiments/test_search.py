@@ -6,7 +6,10 @@ from __future__ import annotations
 import json
 import os
 import signal
+import subprocess
+import sys
 from collections import Counter
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -25,13 +28,15 @@ def ranks_steps(trial: orch.Trial) -> set[int]:
     return {max(series["step"]) for series in loaded.history()["loss"].values()}
 
 
-# A loop without ctx.steps ends at the master's stop_at_step, set about 2 s of steps ahead of
-# the fastest rank once its pace is known (two heartbeats): its first rung comes later.
+# ctx.steps waits at each rung for the sweep's decision; so does ctx.log in a loop without it
+# (ctx.data's, or range's), and the master names the step after the rung as its stop step.
 @pytest.mark.parametrize(
-    ("loop", "steps", "grace"), [(False, 30, 3), (True, 120, 9)], ids=["ctx.steps", "plain loop"]
+    ("loop", "steps", "grace"),
+    [(None, 30, 3), ("range", 30, 3), ("data", 30, 3)],
+    ids=["ctx.steps", "plain loop", "ctx.data loop"],
 )
 def test_asha_prunes_ddp_trials_on_every_rank_at_the_same_step(
-    tmp_path: Path, loop: bool, steps: int, grace: int
+    tmp_path: Path, loop: str | None, steps: int, grace: int
 ) -> None:
     configs = [{"x": x, "steps": steps, "sleep": 0.03, "loop": loop} for x in range(9)]
     sweep = orch.sweep(
@@ -54,10 +59,8 @@ def test_asha_prunes_ddp_trials_on_every_rank_at_the_same_step(
             assert trial.pruned_at in (grace, grace * 3) and row["pruned_at"] == trial.pruned_at
             ended = ranks_steps(trial)
             assert len(ended) == 1, f"the ranks of config {trial.index} ended at steps {ended}"
-            # ctx.steps waits at each rung for the decision: it ends there, on every rank. A plain
-            # loop ends at the master's stop_at_step, up to 2 s of steps later.
-            last = ended.pop()
-            assert last == trial.pruned_at if not loop else trial.pruned_at <= last < steps - 1
+            # every loop waits at each rung for the decision: it ends there, on every rank
+            assert ended == {trial.pruned_at}, (trial.index, ended)
             assert 0 < row["steps"] < steps
         else:
             assert ranks_steps(trial) == {steps - 1}
@@ -336,3 +339,56 @@ def test_sha_spends_the_same_steps_on_a_grid_in_any_order_and_prunes_at_the_rung
         else:
             assert 47 < total <= 67, (order, total)
         assert {x for x, _ in counts} == set(range(9)) and max(s for x, s in counts if x == 6) == 26
+
+
+@pytest.fixture
+def cpu_hog() -> Iterator[None]:
+    """Both cores busy with another user's work for the length of the test."""
+    hogs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(os.cpu_count() or 2)]
+    try:
+        yield
+    finally:
+        for hog in hogs:
+            hog.kill()
+            hog.wait()
+
+
+# Every loop waits at ASHA's and SHA's rungs for the decision: ctx.steps, ctx.data's and a plain
+# range's (through ctx.log), so a pruned trial ends at its rung on every rank. MedianStop has no
+# rungs (it may judge any step): a ctx.steps loop hears its stop through the ranks' vote, a step
+# or two after the decision, or runs to its end when the decision comes after its last step.
+@pytest.mark.timeout(900)
+@pytest.mark.parametrize(
+    ("loop", "world_size", "prune"),
+    [
+        ("data", 4, lambda: orch.ASHA(grace=3, reduction=3)),
+        ("range", 3, lambda: orch.SHA(grace=3, reduction=3)),
+        (None, 2, lambda: orch.MedianStop(grace=3, interval=3, min_trials=2)),
+        (None, 1, lambda: orch.ASHA(grace=3, reduction=3)),
+    ],
+    ids=["ctx.data-ASHA-4-ranks", "range-SHA-3-ranks", "ctx.steps-MedianStop-2-ranks", "ASHA-1-rank"],
+)
+def test_pruned_trials_end_pruned_on_every_rank_at_one_step_on_a_busy_machine(
+    tmp_path: Path, cpu_hog: None, loop: str | None, world_size: int, prune: Any
+) -> None:
+    steps = 30
+    configs = [{"x": x, "steps": steps, "sleep": 0.02, "loop": loop} for x in range(7)]
+    sweep = orch.sweep(
+        "jobs:landscape_job", configs, world_size=world_size, run_root=str(tmp_path), name="busy",
+        prune=prune(),
+    )  # fmt: skip
+    results = sweep.wait(600)
+    sweep.close()
+    states = Counter(row["state"] for row in results)
+    assert set(states) <= {"PRUNED", "SUCCEEDED"}, (states, [r.get("failure") for r in results])
+    assert states["PRUNED"] >= 2, states
+    gated = not isinstance(sweep.pruner, orch.MedianStop)
+    for trial, row in zip(sweep.trials, results, strict=True):
+        ended = ranks_steps(trial)
+        assert len(ended) == 1, f"the ranks of config {trial.index} ended at steps {ended}"
+        if row["state"] == "PRUNED":
+            last = ended.pop()
+            assert trial.pruned_at is not None and trial.pruned_at <= last, (trial.index, last)
+            if gated:
+                assert last == trial.pruned_at, (trial.index, trial.pruned_at, last)  # at its rung
+    assert sweep.best().config["x"] == 6  # the landscape's best leads from its first steps

@@ -232,9 +232,13 @@ class Fate:
         self._tell("finished", -1, state.value + (f": {self.failure}" if self.failure else ""))
         self._changed()
 
-    def request_stop(self, reason: str, registry: Registry, now: float, *, prune: bool = False) -> RunState:
+    def request_stop(
+        self, reason: str, registry: Registry, now: float, *, prune: bool = False, gate: int = 0
+    ) -> RunState:
         """Ask the ranks to stop (see :class:`.stopping.StopOrder`); returns the run's state.
-        A ``prune`` stop (a sweep's pruner's) ends the run PRUNED where a stop ends it STOPPED."""
+        A ``prune`` stop (a sweep's pruner's) ends the run PRUNED where a stop ends it STOPPED.
+        ``gate``: a sweep's rung the ranks wait after (0: none); no rank past it, a loop without
+        ctx.steps ends there (see :func:`.stopping.stop_step`)."""
         if not self.stop.ask(self.state.done):
             return self.state
         self.stop.prune = prune
@@ -243,7 +247,7 @@ class Fate:
             self.finish(self.stop.ended, now)
         elif self.state is RunState.RUNNING:
             self.lifecycle.to(RunState.STOPPING, now)
-            self.stop.at_step = stop_step(registry.ranks)
+            self.stop.at_step = stop_step(registry.ranks, gate)
             self.stop.asked_at = now
             self._changed()
         return self.state  # RESTARTING: the launcher ends the run instead of restarting it

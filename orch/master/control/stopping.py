@@ -20,12 +20,19 @@ STOP_LEAD_SECONDS = 2.0  # how far ahead of the ranks a stop step is set
 STOP_GRACE = 10.0  # seconds ranks get to reach the stop before they are terminated
 
 
-def stop_step(ranks: Sequence[RankRecord]) -> int:
+def stop_step(ranks: Sequence[RankRecord], gate: int = 0) -> int:
     """Where loops without ``ctx.steps`` end: one step count for every rank, far enough ahead
     (``STOP_LEAD_SECONDS`` of the fastest rank's steps, at least 2) that each rank hears of it
-    before it gets there, so all leave their DDP collectives at the same step."""
+    before it gets there, so all leave their DDP collectives at the same step.
+
+    ``gate``: a sweep's rung (a step) that every rank waits after until the sweep decides, and
+    that each rank knew of before it got there. While no rank is past it, the loops end right
+    after it: a pruned trial's plain loop (``ctx.data``, ``ctx.log`` alone) ends at its rung."""
+    farthest = max((r.step for r in ranks), default=0)
+    if gate > 0 and farthest <= gate + 1:
+        return gate + 1  # steps done: ``ctx.log`` given step ``gate`` ends the loop
     ahead = max((r.steps_per_second() for r in ranks), default=0.0) * STOP_LEAD_SECONDS
-    return max((r.step for r in ranks), default=0) + max(2, math.ceil(ahead))
+    return farthest + max(2, math.ceil(ahead))
 
 
 class StopOrder:

@@ -68,3 +68,14 @@ def test_a_fractional_lead_rounds_up() -> None:
     assert stop_step([odd]) == 3 + 3
     odd2 = rank(0, (0.0, 0), (4.0, 7))  # 1.75 steps/s: 3.5 steps, rounded up to 4
     assert stop_step([odd2]) == 7 + 4
+
+
+def test_a_stop_while_the_ranks_wait_at_a_sweeps_rung_ends_their_loops_right_after_it() -> None:
+    """Rung 9: every rank logged steps up to 9 (9 + 1 = 10 steps done) or fewer and waits there;
+    a loop without ctx.steps ends after step 9, not 2 s of steps later."""
+    at_rung = rank(0, (0.0, 0), (0.5, 10))  # 20 steps/s
+    behind = rank(1, (0.0, 0), (0.5, 8))
+    assert stop_step([at_rung, behind], gate=9) == 10
+    # A rank already past the rung (it did not wait there) gets the usual lead.
+    past = rank(1, (0.0, 0), (0.6, 12))  # 20 steps/s too
+    assert stop_step([at_rung, past], gate=9) == 12 + int(20 * STOP_LEAD_SECONDS)

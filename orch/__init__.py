@@ -19,10 +19,19 @@ ipywidgets and matplotlib. The layers under this face, each importing only those
 from __future__ import annotations
 
 import importlib
+import os
+import sys
 from typing import TYPE_CHECKING, Any
 
 from orch import _tracebacks, _viewable
 from orch._version import __version__ as __version__
+
+# gRPC's C core prints INFO lines of its own ("chttp2_transport.cc ... Got goaway ... connection
+# idle" when the master closes an idle connection) on the process's stderr, which a notebook
+# shows in the running cell. Its level is read once, when grpc is first imported: orch sets
+# errors only, unless the user chose a level (GRPC_VERBOSITY) or imported grpc before orch.
+if "grpc" not in sys.modules and "GRPC_VERBOSITY" not in os.environ:
+    os.environ["GRPC_VERBOSITY"] = "ERROR"
 
 if TYPE_CHECKING:
     from orch.api import attach, launch

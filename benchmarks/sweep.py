@@ -298,7 +298,9 @@ def asha_case(args: Any) -> None:
             "Synchronous halving (orch.SHA) decides each rung once every trial reached it: a trial "
             "waiting at a rung gives its slot up and, if it goes on, runs again (this job saves no "
             "checkpoint, so from step 0: every run's steps are counted; 'runs' counts them), so its "
-            "share is at most 27*3 + 9*9 + 3*27 + 81 = 324 of 2,187 steps (14.8%) in any order.",
+            "share is at most 27*4 + 9*10 + 3*28 + 81 = 363 of 2,187 steps (16.6%) in any order (a rung "
+            "at step 3 is 4 steps: 0 to 3). Where a curve that leads at the last rung is not the one that "
+            "ends best, any halving keeps the wrong one: the valley's seed 1 (ASHA and SHA alike).",
         ]
     )
     c.write_section(args.out, name, body, rows, started)

@@ -173,9 +173,9 @@ class SHA(Pruner):
     (at least one) go on to rung 1 (step ``grace * reduction``) and the others end PRUNED there;
     and so on until ``max_steps``. Its cost is known before it starts and does not depend on the
     order the configs come in: with 27 configs, grace 3, reduction 3 and 81 steps, at most
-    27*3 + 9*9 + 3*27 + 1*81 steps (each rung's survivors run again from step 0, or from their
-    newest checkpoint when they save them), where :class:`ASHA` spends more on a grid written
-    in order.
+    27*4 + 9*10 + 3*28 + 1*81 steps (steps 0 to 3 are 4; each rung's survivors run again from
+    step 0, or from their newest checkpoint when they save them: then 27*4 + 9*6 + 3*18 + 53),
+    where :class:`ASHA` spends more on a grid written in order.
 
     A trial at a rung waits there for the rung's decision while nothing is queued for its slot;
     otherwise (or past a few seconds) it gives the slot up, and if it goes on it is started

@@ -7,8 +7,9 @@ panel's clicks there). Classic Notebook, VS Code's notebooks and JupyterLab with
 Comms over subshells" disabled send them to the main shell. So, while it waits, a
 :class:`Waiting` reads the main shell's incoming messages itself (ipykernel 6 and 7):
 
-- a click on a button that asked for it (:func:`allow_clicks`: the panels' Stop and Stacks)
-  is handled then and there, as the kernel would have handled it;
+- a click on a button that asked for it (:func:`allow_clicks`: the panels' Stop and Stacks),
+  or a change to a control that did (a metric's dropdown, the log scale), is handled then
+  and there, as the kernel would have handled it;
 - every other message (the next cell's ``execute_request``, a completion, a widget's state)
   is kept, untouched, and handed back to the kernel when the wait ends, in the order it came
   and ahead of whatever arrives later: the kernel runs it after this cell, as it would have.
@@ -27,6 +28,7 @@ import weakref
 from typing import Any
 
 SLICE = 0.05  # seconds between two looks at a run's end while the kernel's messages are read
+EVENTS = ("custom", "update")  # a widget message the user made: a click, a change of its value
 
 _clickable: weakref.WeakValueDictionary[str, Any] = weakref.WeakValueDictionary()
 _serving = threading.Lock()  # one wait reads the main shell's messages at a time
@@ -94,7 +96,7 @@ class _Inbox:
         except Exception:  # not ours to judge: the kernel reports a bad message itself
             return None
         data = content.get("data")
-        if not isinstance(data, dict) or data.get("method") != "custom":
+        if not isinstance(data, dict) or data.get("method") not in EVENTS:
             return None
         comm = _clickable.get(str(content.get("comm_id")))
         if comm is None or getattr(comm, "_closed", False):

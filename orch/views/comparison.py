@@ -44,6 +44,7 @@ from orch.views.rank_plot import (
     show_ticks,
 )
 from orch.views.run_html import STATE_COLORS
+from orch.views.waiting import answer_while_waiting
 from orch.wire.client import NonFinite, SeriesBuffer, StateMirror
 
 log = logging.getLogger(__name__)
@@ -378,6 +379,8 @@ class RunsView:
         self.metric.observe(self._on_metric, names="value")
         for w in (self.x_axis, self.log_scale):
             w.observe(lambda _c: None if self._choosing else self._redraw_now(), names="value")
+        for control in (self.metric, self.x_axis, self.log_scale):
+            answer_while_waiting(control)  # a change made while a cell waits is drawn at once
         self.widget = widgets.VBox()
         self._layout()
         # Live while a run goes; once every run ended, a static record that a saved notebook keeps.

@@ -37,7 +37,7 @@ from orch.views._static import IMAGE, Record
 from orch.views.rank_plot import RankPlot, downsample
 from orch.views.rendering import summary
 from orch.views.run_html import STATE_COLORS, failure_html, header_html, progress_html, table_html
-from orch.views.waiting import route_clicks_to_their_subshell, wait_for
+from orch.views.waiting import answer_while_waiting, wait_for
 from orch.wire.client import MasterClient, StateMirror
 from orch.wire.ranks import loss_name
 from orch.wire.stacks import stacks_of
@@ -97,7 +97,9 @@ class Panel:
         self._plot = RankPlot(width_px, height_px)
         self._drawn: tuple[int, bool] = (-1, False)  # the points and whether the run ended, as drawn
         self._closed = threading.Event()
-        self._tick_lock = threading.Lock()
+        # The poller thread, refresh() and the controls' callbacks (on a kernel subshell's thread,
+        # or the main shell's) share one mirror and one drawing.
+        self._tick_lock = threading.RLock()
         self._build(width_px)
         self.record = Record(
             self.widget, text=f"orch run panel (master {source.address}): live until the run ends"
@@ -125,7 +127,7 @@ class Panel:
             tooltip="finish the current step on every rank and stop",
         )
         self.stop_button.on_click(self._on_stop)
-        route_clicks_to_their_subshell(self.stop_button)
+        answer_while_waiting(self.stop_button)
         self.plot = widgets.Image(format="png", layout=widgets.Layout(width=f"{width_px}px"))
         self.table = widgets.HTML()
         self.stacks_button = widgets.Button(
@@ -134,7 +136,7 @@ class Panel:
             tooltip="ask every rank where its training thread is now (its Python stack)",
         )
         self.stacks_button.on_click(self._on_stacks)
-        route_clicks_to_their_subshell(self.stacks_button)
+        answer_while_waiting(self.stacks_button)
         self.asked_stacks = ""  # the grouped stacks the Stacks button brought, shown until the run ends
         self.progress_box = widgets.HTML()
         self.failure = widgets.HTML()
@@ -146,7 +148,9 @@ class Panel:
         self._metric_chosen = False  # the user picked the metric: the panel never picks another
         self.metric.observe(self._on_metric, names="value")
         for w in (self.log_scale, self.log_rank):
-            w.observe(lambda _change: None if self._choosing else self._redraw(force=True), names="value")
+            w.observe(lambda _change: None if self._choosing else self._redraw_now(), names="value")
+        for control in (self.metric, self.log_scale, self.log_rank):
+            answer_while_waiting(control)  # a change made while a cell waits is drawn at once
         self.widget = widgets.VBox(
             [
                 self.header,
@@ -260,6 +264,11 @@ class Panel:
     def _on_metric(self, _change: Any) -> None:
         if not self._choosing:
             self._metric_chosen = True
+            self._redraw_now()
+
+    def _redraw_now(self) -> None:
+        """A control changed: draw what it asks for now, not at the next poll."""
+        with self._tick_lock:
             self._redraw(force=True)
 
     # -- drawing --------------------------------------------------------------------------
@@ -279,7 +288,9 @@ class Panel:
             self.failure.value = failure_html(m)
             # Redrawn for new points, and once as the run ends (a plot without points then says so).
             if force or (points, m.state.done) != self._drawn:
-                self.plot.value = self._plot.draw(m, self.metric.value or "loss", self.log_scale.value)
+                metric, log_scale = self.metric.value or "loss", self.log_scale.value
+                self.plot.value = self._plot.draw(m, metric, log_scale)
+                self.plot.tooltip = f"{metric} by step{', log scale' if log_scale else ''}"
                 self._drawn = (points, m.state.done)
                 self.redraws += 1
             self._draw_logs(m)

@@ -22,7 +22,7 @@ from orch.experiments.sweep import default_mode
 from orch.experiments.trial import CANCELLED
 from orch.views.comparison import Curve, RunsView, _swatch, _TrialFollower, curve
 from orch.views.run_html import STATE_COLORS
-from orch.views.waiting import route_clicks_to_their_subshell
+from orch.views.waiting import answer_while_waiting
 from orch.wire.client import StateMirror
 from orch.wire.states import RunState
 
@@ -61,6 +61,7 @@ class SweepPanel(RunsView):
         self.progress_label = widgets.Label()
         self.sort = widgets.Dropdown(options=SORTS, value="", description="sort")
         self.sort.observe(lambda _c: self._redraw_now(), names="value")
+        answer_while_waiting(self.sort)
         self.stop_button = widgets.Button(
             description="Stop all",
             button_style="warning",
@@ -68,7 +69,7 @@ class SweepPanel(RunsView):
             tooltip="stop every run; start no more",
         )
         self.stop_button.on_click(self._on_stop)
-        route_clicks_to_their_subshell(self.stop_button)
+        answer_while_waiting(self.stop_button)
         self.table_head = widgets.HTML()
         self.table_head.add_class("orch-trial-head")
         self.rows: list[tuple[widgets.Button, widgets.HTML]] = []
@@ -95,7 +96,7 @@ class SweepPanel(RunsView):
             layout=widgets.Layout(width="52px"),
         )
         button.on_click(lambda _b, i=trial.index: self.open(i))
-        route_clicks_to_their_subshell(button)
+        answer_while_waiting(button)
         cells = widgets.HTML()
         cells.add_class("orch-trial-row")
         self.rows.append((button, cells))

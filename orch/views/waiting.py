@@ -1,10 +1,10 @@
 """Waiting in a notebook: a click handled while a cell blocks, and polling until something holds.
 
-A cell blocked in ``run.wait()`` holds the kernel's main shell; a panel's Stop button must
-still work then. :func:`route_clicks_to_their_subshell` keeps a button's clicks on the
-kernel subshell the frontend sent them on (JupyterLab 4.4+ with ipykernel 7), where they
-are handled at once, and lets ``wait()`` handle those sent to the main shell (every other
-frontend; :mod:`orch.launchers.clicks`).
+A cell blocked in ``run.wait()`` holds the kernel's main shell; a panel's Stop button, and
+its metric, log scale and other controls, must still work then. :func:`answer_while_waiting`
+keeps a control's clicks and changes on the kernel subshell the frontend sent them on
+(JupyterLab 4.4+ with ipykernel 7), where they are handled at once, and lets ``wait()``
+handle those sent to the main shell (every other frontend; :mod:`orch.launchers.clicks`).
 :func:`wait_for` is the small poll loop tests and notebooks use to wait for a panel or a run.
 Neither needs ipywidgets at import time, so a script that only waits loads nothing of the
 widgets.
@@ -16,23 +16,26 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from orch.launchers.clicks import allow_clicks
+from orch.launchers.clicks import EVENTS, allow_clicks
 
 if TYPE_CHECKING:
     import ipywidgets as widgets
 
 
-def route_clicks_to_their_subshell(button: widgets.Button) -> None:
-    """Let a click on ``button`` be handled while a cell blocks (``run.wait()``).
+def answer_while_waiting(control: widgets.DOMWidget) -> None:
+    """Let a click on ``control`` (a button), or a change the user makes to it (a dropdown's
+    choice, a checkbox), be handled while a cell blocks (``run.wait()``).
 
     JupyterLab sends widget messages on a kernel subshell (ipykernel 7 runs each in its own
     thread), but ipykernel routes a comm's messages back to the shell the comm last wrote
-    from, which for the panel is the main one, blocked in ``wait()``. Clicks are plain
-    events, not replies to anything: they go where the frontend sent them. A frontend that
-    sends them to the main shell (classic Notebook, VS Code, JupyterLab with subshells off)
-    has them handled by the blocked ``wait()`` itself (:class:`orch.launchers.clicks.Waiting`).
+    from, which for the panel is the main one, blocked in ``wait()``. Clicks ("custom") and
+    the user's changes ("update") are plain events, not replies to anything: they go where
+    the frontend sent them. A frontend that sends them to the main shell (classic Notebook,
+    VS Code, JupyterLab with subshells off) has them handled by the blocked ``wait()``
+    itself (:class:`orch.launchers.clicks.Waiting`). The control's callbacks then run on
+    that thread: the panels draw under a lock their poller takes too.
     """
-    comm = getattr(button, "comm", None)
+    comm = getattr(control, "comm", None)
     if comm is None:
         return
     allow_clicks(comm)
@@ -41,7 +44,7 @@ def route_clicks_to_their_subshell(button: widgets.Button) -> None:
         return
 
     def where(data: Any, default: Any) -> Any:
-        if isinstance(data, dict) and data.get("method") == "custom":
+        if isinstance(data, dict) and data.get("method") in EVENTS:
             return default
         return route(data, default)
 

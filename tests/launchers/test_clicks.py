@@ -53,7 +53,7 @@ def frames(session: Session, msg_type: str, content: dict[str, Any]) -> list[zmq
     return [zmq.Frame(p) for p in parts]
 
 
-def test_a_click_is_handled_and_everything_else_is_kept_whole_in_order(
+def test_a_click_or_a_change_is_handled_and_everything_else_is_kept_whole_in_order(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     session = Session(key=b"secret")
@@ -62,6 +62,7 @@ def test_a_click_is_handled_and_everything_else_is_kept_whole_in_order(
     queued = [
         frames(session, "execute_request", {"code": "print('next')"}),
         frames(session, "comm_msg", {"comm_id": stop.comm_id, "data": {"method": "update", "state": {}}}),
+        frames(session, "comm_msg", {"comm_id": stop.comm_id, "data": {"method": "request_state"}}),
         frames(session, "comm_msg", {"comm_id": other.comm_id, "data": {"method": "custom", "content": {}}}),
         frames(
             session,
@@ -71,12 +72,14 @@ def test_a_click_is_handled_and_everything_else_is_kept_whole_in_order(
         frames(session, "kernel_info_request", {}),
         [zmq.Frame(b"stop aborting")],  # what ipykernel 7 posts to itself after an error
     ]
-    expected = [queued[i] for i in (0, 1, 2, 4, 5)]
+    expected = [queued[i] for i in (0, 2, 3, 5, 6)]
     given: list[list[Any]] = []
     inbox = _Inbox(Kernel(session), Socket(list(queued)), given.extend, zmq)
 
     inbox.read(0.01)
-    assert [m["content"]["data"]["content"] for m in stop.handled] == [{"event": "click"}]
+    # the user's change (a dropdown's new value) and the click, in the order they came
+    assert [m["content"]["data"]["method"] for m in stop.handled] == ["update", "custom"]
+    assert stop.handled[1]["content"]["data"]["content"] == {"event": "click"}
     assert other.handled == [] and given == []  # kept until the wait ends
     inbox.close()
     assert given == expected  # the same frames, in the order they came

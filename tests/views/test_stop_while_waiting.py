@@ -77,7 +77,7 @@ def test_stop_clicked_on_the_main_shell_ends_a_blocked_wait_and_the_queued_cell_
             printed = Printed(kc)
             printed.wait(waiting, "WAITING", 60)
             time.sleep(1.0)  # the cell is in wait() now: what follows reaches a busy main shell
-            # Not a click: a widget's new state, kept until the cell ends, and not lost.
+            # A widget's new state: handled while the cell waits (a control the user changed).
             _comm_msg(kc, comm_id, {"method": "update", "state": {"tooltip": "set while waiting"}})
             queued = kc.execute('print("NEXT", run.state().state.value, panel.stop_button.tooltip)')
             info = kc.kernel_info()
@@ -173,3 +173,51 @@ def test_stop_all_clicked_on_the_main_shell_ends_a_blocked_sweep_wait(tmp_path: 
             assert "NEXT" in printed.wait(queued, "NEXT", 30)
         finally:
             kc.execute_interactive("sweep.close()", timeout=60)
+
+
+WAIT = 'print("WAITING", flush=True)\nr = run.wait()\nprint("WAITED", r.state.value)'
+CONTROLS = """\
+assert wait_for(lambda: {"loss", "rank/memory"} <= set(panel.metric.options), 60), panel.metric.options
+print(" ".join(w.comm.comm_id for w in (panel.stop_button, panel.log_scale, panel.metric, panel.plot)),
+      panel.metric.options.index("rank/memory"))
+"""
+
+
+def test_controls_changed_on_the_main_shell_are_drawn_while_the_wait_blocks(tmp_path: Path) -> None:
+    """The log scale ticked and another metric chosen while a cell waits, sent to the main
+    shell as a frontend without subshells sends them: the panel draws each while the cell
+    still waits (the plot's tooltip says what it draws), not when the wait returns."""
+    with notebook_kernel(tmp_path) as (_, kc):
+        out: list[str] = []
+        for code in (LAUNCH.format(tests=str(TESTS), run_root=str(tmp_path / "runs")), CONTROLS):
+            reply = kc.execute_interactive(
+                code, timeout=180, output_hook=lambda m: out.append(m["content"].get("text", ""))
+            )
+            assert reply["content"]["status"] == "ok", (reply["content"], out)
+        stop, log_scale, metric, plot, memory = "".join(out).split()[-5:]
+        try:
+            waiting = kc.execute(WAIT)
+            Printed(kc).wait(waiting, "WAITING", 60)
+            time.sleep(1.0)  # the cell is in wait() now
+            took = []
+            for comm_id, state, drawn in (
+                (log_scale, {"value": True}, "loss by step, log scale"),
+                (metric, {"index": int(memory)}, "rank/memory by step, log scale"),  # as a page sends it
+            ):
+                sent = time.monotonic()
+                _comm_msg(kc, comm_id, {"method": "update", "state": state, "buffer_paths": []})
+                tooltip = ""
+                while tooltip != drawn:
+                    left = sent + 30 - time.monotonic()
+                    assert left > 0, f"the panel did not draw {drawn!r} while the cell waited"
+                    msg = kc.get_iopub_msg(timeout=left)
+                    content = msg["content"]
+                    assert "WAITED" not in str(content.get("text", "")), "the wait returned first"
+                    if msg["msg_type"] == "comm_msg" and content.get("comm_id") == plot:
+                        tooltip = content["data"].get("state", {}).get("tooltip", tooltip)
+                took.append(time.monotonic() - sent)
+            print(f"\ncontrols drawn while a cell waited (main shell): {took[0]:.2f}s, {took[1]:.2f}s")
+            _comm_msg(kc, stop, {"method": "custom", "content": {"event": "click"}})
+            assert "WAITED STOPPED" in Printed(kc).wait(waiting, "WAITED", 60)
+        finally:
+            kc.execute_interactive("run.close()", timeout=60)

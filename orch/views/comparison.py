@@ -37,6 +37,7 @@ from orch.views.panel import choose, default_metric
 from orch.views.rank_plot import (
     YRange,
     downsample,
+    log_ticks,
     mark_clipped,
     mark_nonfinite,
     robust_range,
@@ -311,6 +312,8 @@ class _RunsPlot:
         if drawn:
             show_ticks(ax, True)
             ax.set_yscale("log" if log_scale else "linear")
+            if log_scale:
+                log_ticks(ax)
             marks = mark_clipped(ax, self.y_range, colors) if self.y_range is not None else []
             mark_nonfinite(ax, nan_marks)
             self._legend([m for m in marks if hasattr(m, "get_text")])

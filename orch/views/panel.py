@@ -290,7 +290,9 @@ class Panel:
             if force or (points, m.state.done) != self._drawn:
                 metric, log_scale = self.metric.value or "loss", self.log_scale.value
                 self.plot.value = self._plot.draw(m, metric, log_scale)
-                self.plot.tooltip = f"{metric} by step{', log scale' if log_scale else ''}"
+                # What the picture shows, for the page (an Image widget takes no tooltip)
+                shown = ("orch-plot", f"orch-metric-{metric}", "orch-log" if log_scale else "orch-linear")
+                self.plot._dom_classes = shown
                 self._drawn = (points, m.state.done)
                 self.redraws += 1
             self._draw_logs(m)

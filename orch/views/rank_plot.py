@@ -201,6 +201,21 @@ def mark_nonfinite(ax: Any, steps: Sequence[tuple[float, str, str]]) -> list[Any
     return artists
 
 
+def log_ticks(ax: Any) -> None:
+    """A log axis labelled in numbers as the tables write them (``336``, ``0.01``, ``1e-06``):
+    matplotlib's ``3.36 x 10^2`` on the ticks between powers of ten is wider than the margin
+    and was cut. The ticks between powers are labelled only when the axis spans less than two
+    decades (a memory curve, a loss near its floor), where there are few powers to read."""
+    from matplotlib.ticker import FuncFormatter
+
+    def minor(value: float, _pos: int) -> str:
+        low, high = ax.get_ylim()
+        return f"{value:.3g}" if low > 0 and high / low < 100 else ""
+
+    ax.yaxis.set_major_formatter(FuncFormatter(lambda value, _pos: f"{value:.3g}"))
+    ax.yaxis.set_minor_formatter(FuncFormatter(minor))
+
+
 def show_ticks(ax: Any, shown: bool) -> None:
     ax.tick_params(left=shown, bottom=shown, labelleft=shown, labelbottom=shown)
 
@@ -261,6 +276,8 @@ class RankPlot:
             ax.legend(handles=[self.lines[r] for r in sorted(self.lines)], loc="upper right", fontsize=8)
         if log_scale != self.log_scale:
             ax.set_yscale("log" if log_scale else "linear")
+            if log_scale:
+                log_ticks(ax)
             self.log_scale = log_scale
         for artist in self.marks:
             artist.remove()

@@ -337,6 +337,24 @@ def test_panel_in_jupyterlab(tmp_path: Path, subshells: bool) -> None:
             waiting = page.locator(".jp-Notebook .jp-Cell").nth(3)
             expect(waiting.locator(".jp-InputPrompt")).to_have_text("[*]:")  # still running
             assert "WAITED" not in waiting.locator(".jp-Cell-outputWrapper").inner_text()
+            # The other controls answer too while the cell waits: the log scale and another
+            # metric are drawn at once (the plot's classes say what it draws), not at the wait's end.
+            log_box = panel.locator(".widget-checkbox input[type=checkbox]")
+            metric = panel.locator("select").first
+            took = []
+            for change, drawn in (
+                (log_box.check, {"orch-metric-loss", "orch-log"}),
+                (lambda: metric.select_option("rank/memory"), {"orch-metric-rank/memory", "orch-log"}),
+            ):
+                changed = time.monotonic()
+                change()
+                wait_until(
+                    lambda drawn=drawn: drawn <= set(plot.evaluate("i => [...i.classList]")), 30, f"{drawn}"
+                )
+                took.append(time.monotonic() - changed)
+                assert "WAITED" not in waiting.locator(".jp-Cell-outputWrapper").inner_text()
+            print(f"\ncontrols drawn while a cell waited: log scale {took[0]:.2f}s, metric {took[1]:.2f}s")
+            page.screenshot(path=str(ARTIFACTS / f"panel-controls-while-waiting{tail}.png"), full_page=True)
             clicked = time.monotonic()
             stop.click()
             # The run ended: the panel's output is now the record of its final state, as saved

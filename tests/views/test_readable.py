@@ -179,6 +179,21 @@ def test_the_panel_plot_keeps_its_range_and_marks_the_spike_and_the_nan_step() -
     assert plot.ax.get_ylim()[1] < 10
 
 
+def test_a_narrow_log_axis_is_labelled_within_the_picture() -> None:
+    """A process's memory on a log scale (328 to 336 MB): matplotlib labelled the ticks between
+    powers of ten "3.36 x 10^2", wider than the margin, and the picture cut their first digit."""
+    steps = list(range(20))
+    m = mirror_with({0: (steps, [328 + 0.4 * s for s in steps])})
+    plot = RankPlot(1000, 300)
+    plot.draw(m, "loss", True)
+    plot.fig.canvas.draw()
+    labels = [t for t in plot.ax.get_yticklabels() + plot.ax.get_yticklabels(minor=True) if t.get_text()]
+    assert len(labels) >= 3, [t.get_text() for t in labels]
+    for label in labels:
+        assert label.get_window_extent().x0 >= 0, (label.get_text(), label.get_window_extent())
+        assert "times" not in label.get_text(), label.get_text()  # plain numbers, as the table writes
+
+
 def test_a_float64_loss_diverging_to_the_float_limit_is_drawn_not_raised() -> None:
     """Values near 1.8e308 overflowed the range's sums: a ValueError (linear) or an
     OverflowError (log scale) in the panel's drawing, for the run that most needs its plot."""

@@ -186,7 +186,7 @@ print(" ".join(w.comm.comm_id for w in (panel.stop_button, panel.log_scale, pane
 def test_controls_changed_on_the_main_shell_are_drawn_while_the_wait_blocks(tmp_path: Path) -> None:
     """The log scale ticked and another metric chosen while a cell waits, sent to the main
     shell as a frontend without subshells sends them: the panel draws each while the cell
-    still waits (the plot's tooltip says what it draws), not when the wait returns."""
+    still waits (the plot's classes say what it draws), not when the wait returns."""
     with notebook_kernel(tmp_path) as (_, kc):
         out: list[str] = []
         for code in (LAUNCH.format(tests=str(TESTS), run_root=str(tmp_path / "runs")), CONTROLS):
@@ -201,20 +201,21 @@ def test_controls_changed_on_the_main_shell_are_drawn_while_the_wait_blocks(tmp_
             time.sleep(1.0)  # the cell is in wait() now
             took = []
             for comm_id, state, drawn in (
-                (log_scale, {"value": True}, "loss by step, log scale"),
-                (metric, {"index": int(memory)}, "rank/memory by step, log scale"),  # as a page sends it
+                (log_scale, {"value": True}, ["orch-plot", "orch-metric-loss", "orch-log"]),
+                # as a page sends it
+                (metric, {"index": int(memory)}, ["orch-plot", "orch-metric-rank/memory", "orch-log"]),
             ):
                 sent = time.monotonic()
                 _comm_msg(kc, comm_id, {"method": "update", "state": state, "buffer_paths": []})
-                tooltip = ""
-                while tooltip != drawn:
+                classes: list[str] = []
+                while classes != drawn:
                     left = sent + 30 - time.monotonic()
                     assert left > 0, f"the panel did not draw {drawn!r} while the cell waited"
                     msg = kc.get_iopub_msg(timeout=left)
                     content = msg["content"]
                     assert "WAITED" not in str(content.get("text", "")), "the wait returned first"
                     if msg["msg_type"] == "comm_msg" and content.get("comm_id") == plot:
-                        tooltip = content["data"].get("state", {}).get("tooltip", tooltip)
+                        classes = content["data"].get("state", {}).get("_dom_classes", classes)
                 took.append(time.monotonic() - sent)
             print(f"\ncontrols drawn while a cell waited (main shell): {took[0]:.2f}s, {took[1]:.2f}s")
             _comm_msg(kc, stop, {"method": "custom", "content": {"event": "click"}})

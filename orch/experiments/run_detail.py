@@ -115,6 +115,7 @@ def describe(row: RunRow) -> str:
         ),
         *(("not finite", f"rank {d.rank}: {d.text()}") for d in row.nonfinite),
         ("stragglers", row.stragglers),
+        ("progress", row.progress),
     ]
     lines += [f"  {k:<11}{v}" for k, v in facts if v]
     if row.ranks:
@@ -131,6 +132,8 @@ def describe(row: RunRow) -> str:
             lines.append("  " + "  ".join(cells).rstrip())
     elif row.state == RunState.RUNNING.value and row.master:
         lines.append(f"  ranks: `orch status --master {row.master}` shows them while the run goes")
+    if row.stacks and row.stacks not in row.root_cause_error:  # the stall's evidence, kept
+        lines += ["stacks (when the ranks stood still):", row.stacks.rstrip()]
     if has_cause:
         lines.append(f"root cause (rank {row.root_cause_rank}): {row.note}")
         lines.append(row.root_cause_error.rstrip())

@@ -70,6 +70,8 @@ class RunRow:
     root_cause_rank: int = -1
     root_cause_error: str = ""
     stragglers: str = ""  # the straggler judgement as the run ended, in words
+    progress: str = ""  # a stall it ended in (how long, which ranks) and how the stop went, in words
+    stacks: str = ""  # the stalled ranks' grouped stacks, the odd one out named (empty: no stall)
     run: Run | None = field(default=None, repr=False)
 
     @property
@@ -204,6 +206,10 @@ def _read_result(row: RunRow, result: dict[str, Any], where: Path) -> None:
     row.state, row.note = state.value, f.text("failure")
     stragglers = f.object("stragglers")
     row.stragglers = stragglers.text("note") if stragglers is not None else ""
+    progress = f.object("progress")
+    if progress is not None:
+        row.progress = progress.text("note")
+        row.stacks = progress.text("stacks") if progress.number("stalled_for") > 0 else ""
     row.final_loss = _mean_loss(row.ranks)
     row.nonfinite = read_nonfinite(result, where)
     if row.started is not None:

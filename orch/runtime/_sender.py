@@ -137,9 +137,13 @@ class HeartbeatSender:
 
     def hear(self) -> None:
         """One beat now, from the calling thread: what the master says (a sweep's first rung)
-        is known before the loop's first step, not a beat interval later."""
-        if self._stub is not None:
-            self._beat()
+        is known before the loop's first step, not a beat interval later. A beat already in
+        flight brings the same answer: the caller does not queue behind it."""
+        if self._stub is not None and self._beat_lock.acquire(blocking=False):
+            try:
+                self._beat_locked()
+            finally:
+                self._beat_lock.release()
 
     def wait_gate(self, step: int, timeout: float) -> bool:
         """At a sweep's rung (``hold_after == step``): send this rank's points, and ask again until

@@ -70,6 +70,22 @@ def still(mirror: StateMirror, r: RankView) -> bool:
     return mirror.stalled_for > 0 and r.state is RankState.RUNNING and r.progress_age >= STILL_AFTER
 
 
+def odd_ranks(mirror: StateMirror) -> set[int]:
+    """The ranks of a stalled run (live, or that ended stalled) whose last stack differs from the
+    one most ranks share: the hung rank the others wait on in a collective (none when no stack
+    is shared by more ranks than any other)."""
+    if mirror.stalled_for <= 0:
+        return set()
+    by_stack: dict[str, list[int]] = {}
+    for r in mirror.ranks:
+        if r.stack:
+            by_stack.setdefault(r.stack, []).append(r.rank)
+    groups = sorted(by_stack.values(), key=len, reverse=True)
+    if len(groups) < 2 or len(groups[0]) == len(groups[1]):
+        return set()
+    return {rank for ranks in groups[1:] for rank in ranks}
+
+
 def nonfinite_marks(mirror: StateMirror) -> dict[int, str]:
     """Each rank whose metric went NaN or inf, and the words its row is marked with: ``loss nan
     from step 45 (last finite 6.433e+35 at step 44)``; a rank whose last loss is not finite but

@@ -11,7 +11,15 @@ view (the comparison and the sweep panel too).
 from __future__ import annotations
 
 from orch._text import escape_html
-from orch.views.rendering import dropped_text, memory_text, nonfinite_marks, rate_of, still, stragglers
+from orch.views.rendering import (
+    dropped_text,
+    memory_text,
+    nonfinite_marks,
+    odd_ranks,
+    rate_of,
+    still,
+    stragglers,
+)
 from orch.wire.client import StateMirror
 from orch.wire.ranks import RankView
 from orch.wire.states import RankState, RunState
@@ -167,6 +175,7 @@ def table_html(m: StateMirror) -> str:
     and host/pid leave the table for tooltips (on the state, the step time and the rank)."""
     slow = stragglers(m)
     bad = nonfinite_marks(m)
+    odd = odd_ranks(m)
     longest = max((r.step_ms for r in m.ranks if r.timed), default=0.0)
     sections = section_colors(m)
     rows = []
@@ -185,11 +194,18 @@ def table_html(m: StateMirror) -> str:
             )
         if r.dropped_points:
             marks.append(f'<span class="orch-dropped">{escape_html(dropped_text(r))}</span>')
-        if still(m, r):
+        if r.rank in odd:
             marks.append(
-                '<span class="orch-still" style="color:#cf222e;font-weight:bold" title="its step has '
+                '<span class="orch-odd" style="color:#cf222e;font-weight:bold" title="its stack differs '
+                'from the one the other ranks share: they wait on it (the stacks below)">'
+                f"the odd one out{f': no step for {r.progress_age:.0f}s' if still(m, r) else ''}</span>"
+            )
+        elif still(m, r):
+            waiting = f"waiting on rank {min(odd)}" if len(odd) == 1 else "no step"
+            marks.append(
+                '<span class="orch-still" style="color:#9a6700;font-weight:bold" title="its step has '
                 'not advanced; its heartbeats only show its process lives">'
-                f"no step for {r.progress_age:.0f}s</span>"
+                f"{waiting} for {r.progress_age:.0f}s</span>"
             )
         if r.memory_note:
             marks.append(
@@ -201,6 +217,8 @@ def table_html(m: StateMirror) -> str:
                 '<span class="orch-note" style="color:#9a6700;font-weight:bold">'
                 f"{escape_html(r.note)}</span>"
             )
+        if r.state is RankState.STOPPED and r.error.startswith("stopped: "):  # ended by another's failure
+            marks.append(f'<span class="orch-stopped-by">{escape_html(r.error.splitlines()[0])}</span>')
         color = "#cf222e" if r.state in (RankState.FAILED, RankState.LOST) else "inherit"
         age = "-" if r.heartbeat_age < 0 else f"{r.heartbeat_age:.1f}s"
         where = escape_html(f"{r.host or '?'}, pid {r.pid}" + (f", {r.worker_id}" if r.worker_id else ""))

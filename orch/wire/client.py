@@ -333,7 +333,12 @@ class StateMirror:
             first: tuple[float, int] | None = None
             last: tuple[float, int] | None = None
             for buf in series_of.get(r.rank, ()):
-                t0, t1 = float(buf.times[0]), float(buf.times[-1])
+                # Over the time it moved: its last step is timed when it was first reached (a
+                # rank that hung logs its memory at that step for as long as it hung).
+                at = len(buf.steps) - 1
+                while at > 0 and buf.steps[at - 1] == buf.steps[-1]:
+                    at -= 1
+                t0, t1 = float(buf.times[0]), float(buf.times[at])
                 if math.isfinite(t0) and (first is None or t0 < first[0]):
                     first = (t0, int(buf.steps[0]))
                 if math.isfinite(t1) and (last is None or t1 > last[0]):

@@ -55,7 +55,12 @@ def test_a_rank_blocked_in_its_own_code_shows_as_no_progress_with_every_ranks_st
         try:
             assert "no progress for" in panel.progress_box.value
             assert "rank 1 (the odd one out)" in panel.progress_box.value
-            assert 'class="orch-still"' in panel.table.value
+            # rank 1, the odd one out, is marked apart from the ranks that wait on it
+            table = panel.table.value
+            assert table.count('class="orch-odd"') == 1 and table.count('class="orch-still"') == 3, table
+            odd_row = table.split('class="orch-odd"')[0].rsplit("<tr", 1)[1]
+            assert odd_row.startswith(' class="orch-rank" data-rank="1"'), odd_row[:80]
+            assert table.count("waiting on rank 1 for ") == 3, table
         finally:
             panel.close()
         # run.stacks() asks afresh and gets the same picture.
@@ -79,6 +84,28 @@ def test_a_rank_blocked_in_its_own_code_shows_as_no_progress_with_every_ranks_st
     loaded = load_run(run.run_dir).state()
     assert loaded.state is RunState.STOPPED
     assert {r.state for r in loaded.ranks} == {RankState.STOPPED}
+    # The stall is kept as evidence: how long, which ranks, their grouped stacks with the odd
+    # one out, in result.json, load_run, the record's panel and orch show.
+    progress = record["progress"]
+    assert progress["stalled_for"] >= hang_timeout, progress
+    assert progress["note"].startswith("no progress for ") and "ranks 0-3 at step 10" in progress["note"]
+    assert "when the run ended" in progress["note"]
+    assert "rank 1 (the odd one out): in `time.sleep(10**6)`" in progress["stacks"]
+    assert loaded.stalled_for == progress["stalled_for"] and loaded.stacks == progress["stacks"]
+    reread = load_run(run.run_dir).panel()
+    try:
+        assert "rank 1 (the odd one out)" in reread.progress_box.value
+        assert "no progress for" in reread.progress_box.value
+        assert reread.table.value.count('class="orch-odd"') == 1
+    finally:
+        reread.close()
+    shown = orch_cli("show", str(run.run_dir), env=subprocess_env, timeout=60)
+    assert shown.returncode == 0, shown.stderr
+    assert "progress   no progress for" in shown.stdout, shown.stdout
+    assert "rank 1 (the odd one out): in `time.sleep(10**6)`" in shown.stdout, shown.stdout
+    # A stopped run's rate is over the time it moved (10 steps), not a mean with the stall in it.
+    moved = [r.steps_per_sec for r in loaded.ranks]
+    assert all(rate > 2 * 10 / loaded.elapsed for rate in moved), (moved, loaded.elapsed)
 
 
 def test_on_hang_fail_fails_the_run_with_the_stacks_as_its_root_cause(tmp_path: Path) -> None:

@@ -93,7 +93,7 @@ def test_summary_names_the_root_cause_with_its_traceback() -> None:
     )
     m.apply(c.snapshot())
     text = summary(m)
-    assert "FAILED" in text and "root cause: rank 0 (worker w, host h, pid 7) failed: ValueError: bad" in text
+    assert "FAILED" in text and "root cause: rank 0 (host h, pid 7) failed: ValueError: bad" in text
     assert "Traceback (most recent call last)" in text
 
 
@@ -174,7 +174,7 @@ def test_run_table_of_a_failed_run_names_the_root_cause_in_red() -> None:
     plain = SGR.sub("", text)
     assert "\x1b[1;31mFAILED\x1b[0m" in text
     assert "\x1b[1;31mroot cause: \x1b[0m" in text
-    assert "root cause: rank 1 (worker w1, host h, pid 8) failed: ValueError: bad" in plain
+    assert "root cause: rank 1 (host h, pid 8) failed: ValueError: bad" in plain
     assert "ValueError: bad" in plain.splitlines()[-1]  # the end of its traceback, below
     (row,) = [line for line in plain.splitlines() if line.startswith("   1 ")]
     assert "root cause" in row
@@ -236,7 +236,7 @@ def sweep_row(index: int, state: str, *, loss: float | None = None, **more: Any)
 def test_sweep_table_marks_the_best_run_and_shows_failures() -> None:
     rows = [
         sweep_row(0, "SUCCEEDED", loss=0.25, best_run=True),
-        sweep_row(1, "FAILED", failure="rank 1 (worker w1, host h, pid 8) failed: ValueError: bad"),
+        sweep_row(1, "FAILED", failure="rank 1 (host h, pid 8) failed: ValueError: bad"),
         sweep_row(2, "RUNNING", loss=0.75),
         sweep_row(3, "PENDING"),
     ]
@@ -245,14 +245,14 @@ def test_sweep_table_marks_the_best_run_and_shows_failures() -> None:
     lines = {line.split()[0]: line for line in plain.splitlines() if line[:3].strip().isdigit()}
     assert "★ best" in lines["0"] and "0.25" in lines["0"] and "run0" in lines["0"] and "lr=1" in lines["0"]
     assert "★ best" not in lines["2"] and "0.75" in lines["2"] and "10/100" in lines["2"]
-    assert "ValueError: bad" in lines["1"] and "\x1b[31mrank 1 (worker w1" in text
+    assert "ValueError: bad" in lines["1"] and "\x1b[31mrank 1 (host h" in text
     assert "\x1b[1;31mFAILED" in text and "\x1b[1;32mSUCCEEDED" in text and "\x1b[1;36mRUNNING" in text
     assert "1 FAILED, 1 PENDING, 1 RUNNING, 1 SUCCEEDED" in plain.splitlines()[0]
     assert "last loss" in plain and "best loss" in plain
     text = render_sweep_plain(rows)
     lines = {line.split()[0]: line for line in text.splitlines()[2:]}
     assert lines["0"].endswith("lr=1  <- best")  # 4 significant digits, as every view writes it
-    assert lines["1"].endswith("FAILED: rank 1 (worker w1, host h, pid 8) failed: ValueError: bad")
+    assert lines["1"].endswith("FAILED: rank 1 (host h, pid 8) failed: ValueError: bad")
     assert lines["3"].split()[:4] == ["3", "PENDING", "10/100", "-"]
 
 

@@ -142,6 +142,11 @@ def test_panel_names_the_root_cause_of_a_failure(tmp_path: Path, widget_messages
         assert 'data-state="FAILED"' in page and "orch-failure" in page
         assert "RuntimeError: boom on rank 1" in page and "jobs.py" in page
         assert "root cause: rank 1" in text and "RuntimeError: boom on rank 1" in text
+        # Only rank 1 reads FAILED; rank 0, torn down because of it, says so.
+        states = {r.rank: r.state.value for r in panel.mirror.ranks}
+        assert states == {0: "STOPPED", 1: "FAILED"}, states
+        assert '<span class="orch-stopped-by">stopped: rank 1 failed</span>' in panel.table.value
+        assert "rank 1 (host " in str(e.value) and "worker" not in str(e.value).split(":")[0]
     finally:
         run.close()
 

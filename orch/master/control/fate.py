@@ -155,7 +155,24 @@ class Fate:
         error: str = "",
         kind: CauseKind,
     ) -> None:
-        """End one rank; a failure's ``kind`` says how well it explains the run's failure."""
+        """End one rank; a failure's ``kind`` says how well it explains the run's failure. A rank
+        torn down (or whose collective broke) after another rank's failure explains nothing: it
+        ends STOPPED, saying which rank failed, and only the root cause's rank reads FAILED."""
+        cause = self.judge.cause
+        consequence = (
+            outcome is RankState.FAILED
+            and kind in (CauseKind.TORN_DOWN, CauseKind.PEER)
+            and (self.state.failing or self.state.done)
+            and cause is not None
+            and cause.record is not None
+            and cause.record is not rec
+            and kind.weight >= cause.kind.weight
+        )
+        if consequence:
+            assert cause is not None and cause.record is not None
+            outcome = RankState.STOPPED
+            why = f"rank {cause.record.rank} {'was lost' if cause.kind is CauseKind.LOST else 'failed'}"
+            error = f"stopped: {why}" + (f"\n{error}" if error and kind is CauseKind.PEER else "")
         rec.state = outcome
         rec.ended_at = now
         if error:
@@ -165,7 +182,7 @@ class Fate:
             where = rec.host if rec.address in ("", rec.host) else f"{rec.host} at {rec.address}"
             cause = RootCause(
                 kind,
-                f"rank {rec.rank} (worker {rec.worker_id}, host {where}, pid {rec.pid}) "
+                f"rank {rec.rank} (host {where}, pid {rec.pid}) "
                 f"{'was lost' if outcome is RankState.LOST else 'failed'}: {_last_line(error)}",
                 rec,
             )
@@ -174,6 +191,10 @@ class Fate:
             elif self.state.failing and self.judge.later_failure(cause, now):
                 # The record of the failure, already written, named another rank: say so.
                 self._tell("root_cause", rec.rank, f"the root cause is {self.failure}")
+                self._blame(rec, registry)
+            return
+        if consequence:  # the failure's path decides how the run ends (a restart, or FAILED)
+            self._tell("rank_stopped", rec.rank, f"{error.splitlines()[0]} at step {rec.step}")
             return
         self._tell("rank_" + outcome.value.lower(), rec.rank, f"at step {rec.step}")
         if self.state.done or not all(r.state.done for r in registry.ranks) or not registry.full:
@@ -182,6 +203,18 @@ class Fate:
             self.finish(RunState.SUCCEEDED, now)
         else:
             self.finish(self.stop.ended, now)
+
+    def _blame(self, root: RankRecord, registry: Registry) -> None:
+        """A later failure became the root cause: the ranks that failed before it, as its
+        consequences, and those already said stopped by another rank, read stopped by it."""
+        why = f"stopped: rank {root.rank} failed"
+        for r in registry.ranks:
+            if r is root:
+                continue
+            if r.state is RankState.STOPPED and r.error.startswith("stopped: rank "):
+                r.error = "\n".join([why, *r.error.splitlines()[1:]])
+            elif r.state is RankState.FAILED:
+                r.state, r.error = RankState.STOPPED, f"{why}\n{r.error}".rstrip()
 
     # -- the run's failure, restart and end ------------------------------------------------
     def fail(self, cause: RootCause, registry: Registry, now: float) -> None:

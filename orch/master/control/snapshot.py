@@ -129,9 +129,15 @@ def draft_reply(
     reply.straggler_section, reply.straggler_note = v.section, v.shown(run.state.done)
     reply.startup_note, reply.startup_seconds = run.startup.note(run.state, run.ranks, run.world_size, now)
     live = run.state in (RunState.RUNNING, RunState.STOPPING)
-    reply.stalled_for = run.progress.stalled_for(now) if live else 0.0
-    reply.progress_note = run.progress.note(now) if live else ""
-    reply.progress_note = reply.progress_note or run.fate.stop.note
+    # A run that ended while its ranks stood still keeps the stall as evidence (how long, which
+    # ranks, and below, their grouped stacks with the odd one out), beside how it ended.
+    stall_at = now if live or run.ended_at is None else run.ended_at
+    stalled = run.progress.stalled_for(stall_at) if live or run.state.done else 0.0
+    reply.stalled_for = stalled
+    note = run.progress.note(stall_at) if stalled else ""
+    if note and not live:
+        note += ", when the run ended"
+    reply.progress_note = "; ".join(n for n in (note, run.fate.stop.note) if n)
     # The stacks as last told (a stall's, once every rank answered or the wait was over; or
     # the last ones asked for): never a half-answered picture while the ranks' answers come.
     grouped = run.progress.stacks

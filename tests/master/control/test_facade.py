@@ -58,7 +58,7 @@ def test_the_root_cause_names() -> None:
     rec.step = 1
     run.fate.end_rank(rec, RankState.FAILED, run.registry, 101.0, error="boom", kind=CauseKind.ERROR)
     assert run.root_cause is rec and run.cause is run.judge.cause
-    assert run.failure == "rank 1 (worker w1, host h1 at 10.0.0.1, pid 0) failed: boom"
+    assert run.failure == "rank 1 (host h1 at 10.0.0.1, pid 0) failed: boom"
     run = Run()
     run.fate.fail_outside("the launch failed", "", 1.0)
     assert run.root_cause is None and run.cause is not None and run.failure == "the launch failed"

@@ -92,7 +92,7 @@ def test_the_first_failure_fails_the_run_naming_the_rank_where_and_its_last_line
         kind=CauseKind.ERROR,
     )
     assert fate.state is S.FAILED and told.wakes == 1
-    assert fate.failure == "rank 1 (worker w1, host h1 at 10.0.0.2, pid 11) failed: ValueError: boom"
+    assert fate.failure == "rank 1 (host h1 at 10.0.0.2, pid 11) failed: ValueError: boom"
     assert fate.judge.cause is not None and fate.judge.cause.record is reg.ranks[1]
     assert told.kinds()[1:] == ["rank_failed", "finished"]
     assert told.events[-1][2] == f"FAILED: {fate.failure}"
@@ -130,6 +130,10 @@ def test_a_better_explanation_within_the_settle_time_becomes_the_root_cause_and_
     fate.end_rank(reg.ranks[2], RankState.FAILED, reg, 101.2, error="x", kind=CauseKind.TORN_DOWN)
     fate.end_rank(reg.ranks[1], RankState.FAILED, reg, 101.3, error="SIGSEGV", kind=CauseKind.EXITED)
     assert fate.judge.cause is not None and fate.judge.cause.record is reg.ranks[1]
+    # Only the root cause's rank reads FAILED; the others were stopped by it, and say so.
+    assert [r.state for r in reg.ranks] == [RankState.STOPPED, RankState.FAILED, RankState.STOPPED]
+    assert reg.ranks[0].error == f"stopped: rank 1 failed\n{peer}"
+    assert reg.ranks[2].error == "stopped: rank 1 failed"
     assert [e for e in told.events if e[0] == "root_cause"] == [
         ("root_cause", 1, f"the root cause is {fate.failure}")
     ]
@@ -232,7 +236,7 @@ def test_lost_ranks_say_how_long_and_why_and_are_named_together() -> None:
     fate.lost([reg.ranks[1], reg.ranks[2]], reg, 100.5, 5.0)
     assert reg.ranks[1].error == "no heartbeat for 6.5s (timeout 5s)"
     assert reg.ranks[2].error.startswith("no heartbeat for 6.5s (timeout 5s) since the start barrier")
-    assert fate.state is S.FAILED and fate.failure.startswith("rank 1 (worker w1, host h1, pid 11) was lost")
+    assert fate.state is S.FAILED and fate.failure.startswith("rank 1 (host h1, pid 11) was lost")
     assert fate.failure.endswith("lost at the same time: rank 2 (h2)")
     assert told.kinds().count("rank_failed") == 2
     fate.lost([], reg, 200.0, 5.0)  # nothing silent: nothing happens
@@ -397,3 +401,25 @@ def test_closing_a_live_run_ends_its_ranks_in_the_record_at_once() -> None:
     assert fate.judge.cause.kind is CauseKind.OUTSIDE  # no rank is blamed
     assert [r.state for r in reg.ranks] == [RankState.FAILED] * 2
     assert all(r.error == "terminated: the run was closed" for r in reg.ranks)
+
+
+def test_ranks_torn_down_after_a_ranks_failure_read_stopped_by_it() -> None:
+    """torch elastic's agent says its other workers were terminated: here rank 2 raised, and the
+    launcher's SIGTERM and a peer's broken collective end the others, which read STOPPED."""
+    fate, reg, told = running(4)
+    fate.end_rank(reg.ranks[2], RankState.FAILED, reg, 101.0, error="ValueError: bad", kind=CauseKind.ERROR)
+    fate.exited("w0", -15, "", True, reg, 101.1)
+    fate.end_rank(
+        reg.ranks[1], RankState.FAILED, reg, 101.2, error="RuntimeError: Connection closed by peer",
+        kind=CauseKind.PEER,
+    )  # fmt: skip
+    fate.exited("w3", EXIT_ABORTED, "", False, reg, 101.3)
+    stopped, failed = RankState.STOPPED, RankState.FAILED
+    assert [r.state for r in reg.ranks] == [stopped, stopped, failed, stopped]
+    assert all(reg.ranks[i].error.startswith("stopped: rank 2 failed") for i in (0, 1, 3))
+    assert "Connection closed by peer" in reg.ranks[1].error  # what it saw is kept beside it
+    assert fate.state is S.FAILED
+    assert fate.failure.startswith("rank 2 (host h2, pid 12) failed: ValueError: bad")
+    assert [e for e in told.events if e[0] == "rank_stopped"] == [
+        ("rank_stopped", r, "stopped: rank 2 failed at step 5") for r in (0, 1, 3)
+    ]

@@ -113,7 +113,7 @@ class Coordinator(RunFacade):
         self._changed = threading.Condition(self._lock)
         self.intake = Intake(world_size, max_points_in_memory)
         self.event_log = EventLog()
-        self.fate = Fate(max_attempts, self._event, self._changed.notify_all)
+        self.fate = Fate(max_attempts, self._event, self._changed.notify_all, created_at=clock())
         self.host_sync = HostSync(restart_through_hosts, min_world_size)
         self.cluster_job = JobWatch()
         self.stragglers = StragglerWatch()

@@ -191,7 +191,7 @@ class Dashboard:
         if startup:  # before the first step: a line for each thing the run waits for, once
             if startup != self._startup:
                 self._startup = startup
-                seconds = self.mirror.startup_seconds
+                seconds = self.mirror.elapsed  # the run's one clock, from its launch
                 self.out.write(f"[{seconds:6.1f}s] starting: {printable(startup, one_line=True)}\n")
                 self.out.flush()
             return

@@ -191,8 +191,19 @@ def dropped_text(r: RankView) -> str:
 
 
 def startup_text(m: StateMirror) -> str:
-    """What the run does before its first step, and for how long: "3/4 registered (7 s)"."""
-    return f"{printable(m.startup_note, one_line=True)} ({m.startup_seconds:.0f} s)"
+    """What the run does before its first step: "3/4 registered" (how long: the run's one clock,
+    its elapsed time, counts from the launch)."""
+    return printable(m.startup_note, one_line=True)
+
+
+def stall_mark(m: StateMirror, r: RankView, odd: set[int]) -> str:
+    """A stalled run's rank: the odd one out, or waiting on it ("" for a rank that moves)."""
+    if r.rank in odd:
+        return f"the odd one out: no step for {r.progress_age:.0f}s" if still(m, r) else "the odd one out"
+    if still(m, r):
+        waiting = f"waiting on rank {min(odd)}" if len(odd) == 1 else "no step"
+        return f"{waiting} for {r.progress_age:.0f}s"
+    return ""
 
 
 def render(mirror: StateMirror, *, address: str = "") -> str:
@@ -213,6 +224,7 @@ def render(mirror: StateMirror, *, address: str = "") -> str:
     ]
     slow = stragglers(mirror)
     bad = nonfinite_marks(mirror)
+    odd = odd_ranks(mirror)
     for r in mirror.ranks:
         marks = []
         if r.rank in slow:
@@ -221,8 +233,8 @@ def render(mirror: StateMirror, *, address: str = "") -> str:
             marks.append(bad[r.rank])
         if r.dropped_points:
             marks.append(dropped_text(r))
-        if still(mirror, r):
-            marks.append(f"no step for {r.progress_age:.0f}s")
+        if stall := stall_mark(mirror, r, odd):
+            marks.append(stall)
         if r.memory_note:
             marks.append(printable(r.memory_note, one_line=True))
         if r.note:
@@ -336,6 +348,7 @@ def run_table(mirror: StateMirror, *, address: str = "") -> RenderableType:
     bad = nonfinite_marks(m)
     longest = max((r.step_ms for r in m.ranks if r.timed), default=0.0)
     sections = section_styles(m)
+    odd = odd_ranks(m)
     for r in m.ranks:
         marks = []
         if m.failure and r.rank == m.root_cause_rank:
@@ -346,8 +359,8 @@ def run_table(mirror: StateMirror, *, address: str = "") -> RenderableType:
             marks.append((bad[r.rank], "bold red"))
         if r.dropped_points:
             marks.append((dropped_text(r), "yellow"))
-        if still(m, r):
-            marks.append((f"no step for {r.progress_age:.0f}s", "bold red"))
+        if stall := stall_mark(m, r, odd):
+            marks.append((stall, "bold red" if r.rank in odd else "bold yellow"))
         if r.memory_note:
             marks.append((printable(r.memory_note, one_line=True), "bold yellow"))
         if r.note:

@@ -17,7 +17,7 @@ from orch.views.rendering import (
     nonfinite_marks,
     odd_ranks,
     rate_of,
-    still,
+    stall_mark,
     stragglers,
 )
 from orch.wire.client import StateMirror
@@ -160,13 +160,10 @@ def header_html(m: StateMirror, *, live: bool = True, address: str = "", last_er
 
 
 def _startup_html(m: StateMirror) -> str:
-    """What the run does before its first step, with the seconds its start-up has taken."""
+    """What the run does before its first step (the header's clock counts from the launch)."""
     if not m.startup_note:
         return ""
-    return (
-        f'<div class="orch-startup" style="color:#57606a">{escape_html(m.startup_note)} '
-        f"({m.startup_seconds:.0f} s)</div>"
-    )
+    return f'<div class="orch-startup" style="color:#57606a">{escape_html(m.startup_note)}</div>'
 
 
 def table_html(m: StateMirror) -> str:
@@ -194,18 +191,18 @@ def table_html(m: StateMirror) -> str:
             )
         if r.dropped_points:
             marks.append(f'<span class="orch-dropped">{escape_html(dropped_text(r))}</span>')
+        stall = stall_mark(m, r, odd)
         if r.rank in odd:
             marks.append(
                 '<span class="orch-odd" style="color:#cf222e;font-weight:bold" title="its stack differs '
                 'from the one the other ranks share: they wait on it (the stacks below)">'
-                f"the odd one out{f': no step for {r.progress_age:.0f}s' if still(m, r) else ''}</span>"
+                f"{escape_html(stall)}</span>"
             )
-        elif still(m, r):
-            waiting = f"waiting on rank {min(odd)}" if len(odd) == 1 else "no step"
+        elif stall:
             marks.append(
                 '<span class="orch-still" style="color:#9a6700;font-weight:bold" title="its step has '
                 'not advanced; its heartbeats only show its process lives">'
-                f"{waiting} for {r.progress_age:.0f}s</span>"
+                f"{escape_html(stall)}</span>"
             )
         if r.memory_note:
             marks.append(

@@ -196,7 +196,7 @@ def test_orch_sweep_cli_searches_prunes_and_shows_pruned_rows(
     assert sum(t["state"] == "PRUNED" for t in record["trials"]) == table.count("PRUNED")
     bad = orch_cli("sweep", "--fn", "jobs:landscape_job", "--space", space, "--trials", "2",
                    "--prune", "hyperband", env=subprocess_env, cwd=tmp_path)  # fmt: skip
-    assert bad.returncode == 2 and "the kind must be asha or median" in bad.stderr
+    assert bad.returncode == 2 and "the kind must be asha, sha or median" in bad.stderr
 
 
 def test_a_stopped_tpe_sweep_run_again_goes_on_with_the_same_study(tmp_path: Path) -> None:

@@ -35,8 +35,10 @@ Tell = Callable[[str, int, str], None]  # (kind, rank, message): an event for th
 class Fate:
     """The run's state, its root cause and its stop, moved by the ends of its ranks."""
 
-    def __init__(self, max_attempts: int, tell: Tell, changed: Callable[[], None]) -> None:
-        self.lifecycle = Lifecycle(max_attempts)
+    def __init__(
+        self, max_attempts: int, tell: Tell, changed: Callable[[], None], created_at: float | None = None
+    ) -> None:
+        self.lifecycle = Lifecycle(max_attempts, created_at)
         self.judge = FailureJudge()
         self.stop = StopOrder()
         self._tell = tell

@@ -25,12 +25,14 @@ class IllegalTransition(RuntimeError):
 class Lifecycle:
     """State, attempt and timing of one run; times come from the caller's clock."""
 
-    def __init__(self, max_attempts: int = 1) -> None:
+    def __init__(self, max_attempts: int = 1, created_at: float | None = None) -> None:
         self.state = RunState.PENDING
         self.attempt = 1
         self.max_attempts = max_attempts
+        self.created_at = created_at  # the run was launched: its clock starts here
         self.started_at: float | None = None  # this attempt's barrier opened
         self.ended_at: float | None = None
+        self._first_start: float | None = None
 
     def to(self, new: RunState, now: float) -> None:
         if new not in TRANSITIONS[self.state]:
@@ -38,6 +40,8 @@ class Lifecycle:
         self.state = new
         if new is RunState.RUNNING:
             self.started_at = now
+            if self._first_start is None:
+                self._first_start = now
         elif new is RunState.PENDING:  # the next attempt
             self.attempt += 1
             self.ended_at = None
@@ -49,6 +53,9 @@ class Lifecycle:
         return self.attempt < self.max_attempts
 
     def elapsed(self, now: float) -> float:
-        if self.started_at is None:
+        """One clock for the run: seconds since its launch, through start-up and every attempt,
+        standing still once it ended (without a launch time: since its first barrier)."""
+        begun = self.created_at if self.created_at is not None else self._first_start
+        if begun is None:
             return 0.0
-        return (self.ended_at if self.ended_at is not None else now) - self.started_at
+        return max(0.0, (self.ended_at if self.ended_at is not None else now) - begun)

@@ -95,6 +95,17 @@ def test_every_final_state_records_when_the_run_ended(end: RunState) -> None:
     assert lc.ended_at == 4.0 and lc.elapsed(9.0) == 3.0
 
 
+def test_the_clock_starts_at_the_launch_and_counts_start_up() -> None:
+    """One clock: the header, the terminal and the final line count from the launch, through
+    the start-up (16 s of it, say) and training, not from the first barrier."""
+    lc = Lifecycle(created_at=100.0)
+    assert lc.elapsed(109.0) == 9.0  # PENDING, starting up: the clock runs
+    lc.to(S.RUNNING, 116.0)
+    assert lc.elapsed(121.5) == 21.5
+    lc.to(S.SUCCEEDED, 121.5)
+    assert lc.elapsed(500.0) == 21.5
+
+
 def test_a_run_that_never_started_took_no_time() -> None:
     lc = Lifecycle()
     lc.to(S.FAILED, 5.0)
@@ -112,7 +123,7 @@ def test_each_pending_is_a_new_attempt() -> None:
     assert lc.attempt == 2 and lc.restarts_left
     lc.to(S.RUNNING, 4.0)
     assert lc.started_at == 4.0  # this attempt's barrier
-    assert lc.elapsed(6.0) == 2.0
+    assert lc.elapsed(6.0) == 5.0  # the run's one clock goes on across attempts
     lc.to(S.RESTARTING, 5.0)
     lc.to(S.PENDING, 6.0)
     assert lc.attempt == 3 and not lc.restarts_left

@@ -12,7 +12,8 @@ if [ ! -x .venv/bin/python ]; then
   echo "setup: creating .venv with $($python --version)"
   "$python" -m venv .venv
 fi
-if ! .venv/bin/python -c "import torch" 2>/dev/null; then
+# Found, not imported: importing torch takes a second or more, and this runs before every job.
+if ! .venv/bin/python -c "import importlib.util as u, sys; sys.exit(u.find_spec('torch') is None)" 2>/dev/null; then
   echo "setup: installing ${ORCH_TORCH_SPEC:-torch==2.13.0}"
   # shellcheck disable=SC2086
   .venv/bin/pip install --quiet ${ORCH_TORCH_PIP_ARGS:-} "${ORCH_TORCH_SPEC:-torch==2.13.0}"

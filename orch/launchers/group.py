@@ -31,6 +31,7 @@ from orch.record.store import json_object, tail
 from orch.runtime._fatal import MAX_BYTES, explain
 from orch.runtime._memory import OomCounter
 from orch.runtime._source import SourceMap
+from orch.runtime._target import EXAMPLE
 from orch.runtime.spec import WorkerSpec
 from orch.runtime.worker import spawn_main
 from orch.wire.states import RunState
@@ -45,12 +46,12 @@ PRELOAD = [
     "torch.distributed",
     "torch.nn.parallel",
     "torch._dynamo",
-    "sklearn.datasets",
     "orch.runtime._forkserver",  # last: its atexit hook runs first
 ]
+EXAMPLE_PRELOAD = "sklearn.datasets"  # the built-in example's data (0.5-1 s more): for it alone
 
 
-def worker_context() -> mp.context.ForkServerContext:
+def worker_context(example: bool = False) -> mp.context.ForkServerContext:
     """The multiprocessing context workers start from: a forkserver with torch imported.
 
     The forkserver is a fresh process (never a fork of this one, so it holds none of this
@@ -61,7 +62,7 @@ def worker_context() -> mp.context.ForkServerContext:
     global _preload_set
     ctx: mp.context.ForkServerContext = mp.get_context("forkserver")
     if not _preload_set:
-        ctx.set_forkserver_preload(PRELOAD)
+        ctx.set_forkserver_preload([EXAMPLE_PRELOAD, *PRELOAD] if example else PRELOAD)
         _preload_set = True
     return ctx
 
@@ -123,7 +124,7 @@ class WorkerGroup:
     def start(self, specs: list[WorkerSpec]) -> None:
         import cloudpickle
 
-        ctx = worker_context()
+        ctx = worker_context(example=any(s.fn in (None, EXAMPLE) for s in specs))  # None: the example
         self.worker_ids = [s.worker_id for s in specs]
         self.sources = specs[0].sources if specs else SourceMap()
         self.procs, self._exited, self.all_exited_at, self._oom = [], {}, None, []

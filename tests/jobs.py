@@ -300,17 +300,20 @@ def straggler(ctx: Any) -> None:
 
 def epoch_data_loop(ctx: Any) -> None:
     """The usual epoch loop over a DataLoader through ``ctx.data`` alone (no ctx.steps), DDP;
-    rank ``slow_rank`` sleeps ``delay`` s more per step in its compute."""
-    from torch.utils.data import DataLoader, TensorDataset
+    rank ``slow_rank`` sleeps ``delay`` s more per step in its compute. With ``sharded``, the
+    loader's sampler is a DistributedSampler (each rank its own shard); ``sleep``: per batch."""
+    from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
     model = ctx.ddp(torch.nn.Linear(16, 1))
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     x = torch.randn(512, 16)
-    loader = DataLoader(TensorDataset(x, x.sum(1, keepdim=True)), batch_size=8)
+    data = TensorDataset(x, x.sum(1, keepdim=True))
+    shard = DistributedSampler(data, ctx.world_size, ctx.rank) if ctx.config.get("sharded") else None
+    loader = DataLoader(data, batch_size=8, sampler=shard)
     delay = float(ctx.config.get("delay", 0.03)) if ctx.rank == int(ctx.config.get("slow_rank", -1)) else 0.0
     for epoch in range(int(ctx.config.get("epochs", 1000))):
         for i, (xb, yb) in enumerate(ctx.data(loader)):
-            time.sleep(0.01 + delay)
+            time.sleep(float(ctx.config.get("sleep", 0.01)) + delay)
             loss = ((model(xb) - yb) ** 2).mean()
             opt.zero_grad()
             loss.backward()

@@ -126,3 +126,36 @@ def test_a_pruned_trial_stops_at_its_rung_on_every_rank_though_one_heard_of_it_l
     assert [p.exitcode for p in procs] == [0, 0]
     seen = [json.loads((tmp_path / f"r{r}.json").read_text()) for r in (0, 1)]
     assert seen[0] == seen[1] == {"last": 6, "stopped": True}, seen
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("sharded", [True, False], ids=["DistributedSampler", "plain loader"])
+def test_stop_ends_a_ctx_data_loop_over_a_sharded_loader_within_a_batch_of_hearing(
+    tmp_path: Path, sharded: bool
+) -> None:
+    """An epoch loop over a DataLoader through ctx.data alone, 2 ranks, 0.1 s a batch. With a
+    DistributedSampler every rank goes through it batch for batch, so the ranks vote: both
+    leave a batch after the first heard of the Stop, before the master's stop step (about 2 s
+    of steps ahead). A plain loader may be a rank's own (an evaluation on rank 0 only): no vote,
+    the loop ends at the master's stop step, where ctx.log ends it."""
+    import orch
+    from conftest import until
+    from orch.wire.states import RunState
+
+    with orch.launch(
+        "jobs:epoch_data_loop", world_size=2, run_root=str(tmp_path),
+        config={"sharded": sharded, "sleep": 0.1, "epochs": 100},
+    ) as run:  # fmt: skip
+        until(lambda: min((r.step for r in run.state().ranks), default=0) >= 5, 120)
+        run.stop()
+        result = run.wait(timeout=120)
+        stop_at = run.coordinator.stop_at_step
+    assert result.state is RunState.STOPPED, result
+    record = json.loads((run.run_dir / "result.json").read_text())
+    ends = {r["step"] for r in record["ranks"]}
+    assert len(ends) == 1 and {r["state"] for r in record["ranks"]} == {"STOPPED"}, record["ranks"]
+    done = ends.pop()
+    if sharded:
+        assert done < stop_at, (done, stop_at)  # the vote ended it, ahead of the master's step
+    else:
+        assert done == stop_at, (done, stop_at)  # ctx.log ended it at the master's step

@@ -103,6 +103,37 @@ def barrier_loop(ctx: Any) -> None:
         time.sleep(float(ctx.config.get("sleep", 0.01)))
 
 
+def stop_loop(ctx: Any) -> None:
+    """ends, in a kernel: a 2-rank DDP fit at ``sleep`` s a step in the loop ``config["loop"]``
+    names: "steps" (ctx.steps), "data" (an epoch loop over a DataLoader sharded by a
+    DistributedSampler, through ctx.data), "log" (a plain range, ctx.log alone)."""
+    from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
+
+    model = ctx.ddp(nn.Linear(16, 1))
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    x = torch.randn(256, 16)
+    data = TensorDataset(x, x.sum(1, keepdim=True))
+    loader = DataLoader(data, batch_size=8, sampler=DistributedSampler(data, ctx.world_size, ctx.rank))
+    sleep, kind = float(ctx.config.get("sleep", 0.01)), ctx.config["loop"]
+
+    def step(i: int, xb: Any, yb: Any) -> None:
+        loss = ((model(xb) - yb) ** 2).mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        ctx.log(i, loss=loss.item())
+        time.sleep(sleep)
+
+    if kind == "data":
+        for epoch in range(10**6):
+            for i, (xb, yb) in enumerate(ctx.data(loader)):
+                step(epoch * len(loader) + i, xb, yb)
+    else:
+        xb, yb = x[:8], x[:8].sum(1, keepdim=True)
+        for i in ctx.steps(10**9) if kind == "steps" else range(10**9):
+            step(i, xb, yb)
+
+
 def _sweep_steps(cfg: dict[str, Any], rank: int, model: nn.Module, loop: Any, log: Any) -> None:
     """sweep: ``cfg["steps"]`` DDP steps at ``cfg["lr"]``; writes the steps done and the last loss."""
     opt = torch.optim.SGD(model.parameters(), lr=float(cfg["lr"]), momentum=0.9)

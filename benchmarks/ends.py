@@ -15,7 +15,13 @@ step, one thread each, ``heartbeat_timeout=120``) until they are past step 20; t
 - stop: a run launched in this process; a thread blocks in ``run.wait()`` (a notebook cell
   waiting) while ``run.stop()`` is called. Time from the call until ``run.state().state``
   is STOPPED, until every worker process has exited, and until ``wait()`` returned (its
-  RunResult STOPPED). Goal: 2 s for each ("within a second or two", docs/notebook.md).
+  RunResult STOPPED). Goal: 2 s for each ("within a second or two", docs/notebook.md);
+- Stop in a kernel, per loop: a real IPython kernel (jupyter_client) launches
+  ``_jobs:stop_loop`` (2 ranks, 10 ms a step) with its panel, and a cell blocks in
+  ``run.wait()``; the panel's Stop is clicked (its comm message on the main shell, as a page
+  without subshells sends it). Time from the click until the waiting cell's reply, for a
+  ``ctx.steps`` loop, an epoch loop over a DistributedSampler's DataLoader through ``ctx.data``,
+  and a plain ``range`` that only calls ``ctx.log``. Goal: 1 s each.
 
 The cases are interleaved, ``--repeats`` times each; medians and maxima, each against its
 goal. Everything started is killed at the end of each case (the processes recorded before
@@ -263,6 +269,68 @@ def stop_case(tmp: Path, bound: float, tag: str) -> Stop:
     return res
 
 
+# -- Stop in a kernel ------------------------------------------------------------------------------
+KERNEL_GOAL = 1.0  # seconds from the click to the waiting cell's reply
+LOOPS = ("steps", "data", "log")
+
+KERNEL_LAUNCH = """
+import sys, time
+sys.path[:0] = {paths!r}
+import orch
+run = orch.launch("_jobs:stop_loop", world_size=2, threads=1, config={{"loop": {loop!r}, "sleep": 0.01}},
+                  run_root={root!r}, master_port=0)
+panel = run.panel(interval=0.5)
+deadline = time.monotonic() + {timeout!r}
+while not (len(run.coordinator.ranks) == 2 and min(r.step for r in run.coordinator.ranks) >= {ready!r}):
+    assert not run.done and time.monotonic() < deadline, run.state()
+    time.sleep(0.05)
+print("STOP", panel.stop_button.comm.comm_id)
+"""
+
+
+def kernel_stop(tmp: Path, loop: str, bound: float, tag: str) -> float | None:
+    """Seconds from a click on the panel's Stop, sent to a kernel whose cell waits in
+    ``run.wait()``, to that cell's reply (None: not within ``bound``)."""
+    from jupyter_client.manager import KernelManager
+
+    km = KernelManager(kernel_name="python3")
+    km.start_kernel(cwd=str(tmp), env={k: v for k, v in os.environ.items() if not k.startswith("PYTEST")})
+    kc = km.client()
+    try:
+        kc.start_channels()
+        kc.wait_for_ready(timeout=60)
+        out: list[str] = []
+        code = KERNEL_LAUNCH.format(paths=[str(c.HERE), str(c.ROOT)], loop=loop,
+                                    root=str(tmp / f"runs-{tag}"), timeout=START_TIMEOUT,
+                                    ready=READY_STEP)  # fmt: skip
+        reply = kc.execute_interactive(
+            code, timeout=START_TIMEOUT + 30, output_hook=lambda m: out.append(m["content"].get("text", ""))
+        )
+        if reply["content"]["status"] != "ok":
+            raise RuntimeError(f"the {loop} run did not get going: {reply['content']} {''.join(out)[-500:]}")
+        comm_id = "".join(out).split("STOP")[-1].split()[0]
+        waiting = kc.execute('print("WAITING", flush=True)\nrun.wait(timeout=120)')
+        seen = ""
+        while "WAITING" not in seen:
+            msg = kc.get_iopub_msg(timeout=60)
+            if msg["parent_header"].get("msg_id") == waiting and msg["msg_type"] == "stream":
+                seen += msg["content"]["text"]
+        time.sleep(0.5)  # in wait() now
+        t0 = time.monotonic()
+        click = {"comm_id": comm_id, "data": {"method": "custom", "content": {"event": "click"}}}
+        kc.shell_channel.send(kc.session.msg("comm_msg", click))
+        while time.monotonic() - t0 < bound:
+            msg = kc.get_shell_msg(timeout=bound)
+            if msg["parent_header"].get("msg_id") == waiting:
+                return time.monotonic() - t0 if msg["content"]["status"] == "ok" else None
+        return None
+    finally:
+        with contextlib.suppress(Exception):
+            kc.execute_interactive("run.close()", timeout=60)
+        kc.stop_channels()
+        km.shutdown_kernel(now=True)
+
+
 # -- report ----------------------------------------------------------------------------------------
 def _fmt(x: float | None, bound: float) -> str:
     return f"> {bound:g} s" if x is None else f"{x:.2f} s"
@@ -295,6 +363,7 @@ def main() -> None:
     launch: list[OwnerDeath] = []
     cli: list[OwnerDeath] = []
     stops: list[Stop] = []
+    in_kernel: dict[str, list[float | None]] = {loop: [] for loop in LOOPS}
     try:
         with tempfile.TemporaryDirectory(prefix="orch-bench-ends-") as d:
             tmp = Path(d)
@@ -310,6 +379,11 @@ def main() -> None:
                         + (f"; LEFT {o.left}, killed" if o.left else ""),
                         flush=True,
                     )
+                for loop in LOOPS:
+                    took = kernel_stop(tmp, loop, b, f"kernel-{loop}-{rep}")
+                    in_kernel[loop].append(took)
+                    print(f"  repeat {rep}: Stop clicked in a kernel, {loop} loop: the cell returned "
+                          f"{_fmt(took, b)} later", flush=True)  # fmt: skip
                 s = stop_case(tmp, b, f"stop-{rep}")
                 stops.append(s)
                 print(
@@ -344,6 +418,26 @@ def main() -> None:
         )
         rows.append(c.Row(f"{metric} (median of {len(xs)})", f"<= {GOAL:g} s", _fmt(med, b), _met(med)))
         rows.append(c.Row(f"  same, max of {len(xs)}", f"<= {GOAL:g} s", _fmt(mx, b), _met(mx)))
+    words = {
+        "steps": "a `ctx.steps` loop",
+        "data": "an epoch loop over a DistributedSampler's DataLoader through `ctx.data`",
+        "log": "a plain `range` loop that only calls `ctx.log`",
+    }
+    for loop in LOOPS:
+        xs = in_kernel[loop]
+        med, mx = _stats(xs, b)
+        good = [x is not None and x <= KERNEL_GOAL for x in (med, mx)]
+        c.emit(NAME, f"kernel_stop_{loop}_s", _fmt(med, b).replace(" ", ""), max=_fmt(mx, b).replace(" ", ""),
+               target=f"<={KERNEL_GOAL:g}s", met=all(good))  # fmt: skip
+        rows.append(
+            c.Row(
+                f"Stop clicked while a cell waits in a kernel → the cell returns, {words[loop]} "
+                f"(median / max of {len(xs)})",
+                f"<= {KERNEL_GOAL:g} s",
+                f"{_fmt(med, b)} / {_fmt(mx, b)}",
+                all(good),
+            )
+        )
     left = [x for o in launch + cli for x in o.left]
     c.check_no_leftovers(NAME)
     if left:

@@ -45,7 +45,16 @@ EXPECTED = {
         "launch_ratio",
         "torchrun_retries",
     ],
-    "ends": ["owner_launch_gone_s", "owner_cli_gone_s", "stop_stopped_s", "stop_exited_s", "stop_wait_s"],
+    "ends": [
+        "owner_launch_gone_s",
+        "owner_cli_gone_s",
+        "stop_stopped_s",
+        "stop_exited_s",
+        "stop_wait_s",
+        "kernel_stop_steps_s",
+        "kernel_stop_data_s",
+        "kernel_stop_log_s",
+    ],
     "connection_flood": [
         "rss_before_mb",
         "rss_peak_mb",

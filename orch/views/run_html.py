@@ -280,6 +280,13 @@ def progress_html(m: StateMirror, asked: str = "") -> str:
     and the ranks' grouped stacks, shown unasked while the run is not progressing; ``asked``
     is the text of stacks the user asked for (the panel's Stacks button)."""
     parts = []
+    if m.state is RunState.STOPPING and not m.progress_note:
+        parts.append(
+            '<div class="orch-stopping" style="color:#9a6700">stopping: a <code>ctx.steps</code> loop, '
+            "or <code>ctx.data</code> over a DataLoader with a DistributedSampler, ends after its "
+            "current step; a loop that only calls <code>ctx.log</code> ends about 2 s of steps later, "
+            "at the step the master named</div>"
+        )
     if m.progress_note:
         color = "#cf222e" if m.stalled_for > 0 else "#9a6700"
         parts.append(

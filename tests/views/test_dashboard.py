@@ -491,3 +491,12 @@ def test_with_no_known_total_the_dashboard_shows_a_spinner_and_a_count_never_a_b
     assert console.export_text().strip()[2:] == "step 10"
     assert render(m).splitlines()[1] == "step 10"  # the plain view: a count, no bar of dots
 
+
+
+def test_a_stopping_run_says_how_long_each_kind_of_loop_takes_to_stop() -> None:
+    from orch.views.run_html import progress_html
+
+    m = StateMirror(run_id="r", state=RunState.STOPPING)
+    note = progress_html(m)
+    assert 'class="orch-stopping"' in note and "only calls <code>ctx.log</code> ends about 2 s" in note
+    assert "orch-stopping" not in progress_html(StateMirror(run_id="r", state=RunState.RUNNING))

@@ -494,9 +494,9 @@ def test_with_no_known_total_the_dashboard_shows_a_spinner_and_a_count_never_a_b
 
 
 def test_a_stopping_run_says_how_long_each_kind_of_loop_takes_to_stop() -> None:
-    from orch.views.run_html import progress_html
+    from orch.wire.states import RunState as S
 
-    m = StateMirror(run_id="r", state=RunState.STOPPING)
+    m = StateMirror(run_id="r", state=S.STOPPING)
     note = progress_html(m)
     assert 'class="orch-stopping"' in note and "only calls <code>ctx.log</code> ends about 2 s" in note
-    assert "orch-stopping" not in progress_html(StateMirror(run_id="r", state=RunState.RUNNING))
+    assert "orch-stopping" not in progress_html(StateMirror(run_id="r", state=S.RUNNING))

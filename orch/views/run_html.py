@@ -45,7 +45,7 @@ SPLIT_COLORS = (
     ("other", "#a475f9"),
 )
 SECTION_COLORS = ("#2da44e", "#fb8f44", "#bf3989", "#1b7c83", "#8c959f", "#6639ba", "#e16f24", "#57ab5a")
-SPLIT_WIDTH_PX = 90
+SPLIT_WIDTH_PX = 60
 OWN_TITLE = "its own time per step: the step less its wait for the other ranks in the collectives"
 WALL_TITLE = (
     "the step's wall time, from one step's start to the next (under DDP every rank steps "
@@ -78,7 +78,7 @@ def split_parts(r: RankView, sections: dict[str, str]) -> list[tuple[str, str, f
 def _split_html(r: RankView, longest_ms: float, sections: dict[str, str]) -> str:
     """A rank's step as a stacked bar (data, sections, compute, collective wait, other), its
     length the step's against the longest shown, the part the straggler is slow in outlined;
-    then its own time and the step's wall time, each saying what it is."""
+    then, on the same line, its own time and the step's wall time (their tooltips say what each is)."""
     if not r.timed:
         return "-"
     parts = split_parts(r, sections)
@@ -94,9 +94,9 @@ def _split_html(r: RankView, longest_ms: float, sections: dict[str, str]) -> str
         )
     return (
         f'<span class="orch-split" style="display:inline-block;width:{SPLIT_WIDTH_PX}px;text-align:left;'
-        f'white-space:nowrap">{"".join(cells)}</span><br>'
+        f'white-space:nowrap;vertical-align:middle">{"".join(cells)}</span> '
         f'<span class="orch-own" title="{OWN_TITLE}">own {r.own_ms:.1f}</span> / '
-        f'<span class="orch-wall" title="{WALL_TITLE}">step {r.step_ms:.1f} ms</span>'
+        f'<span class="orch-wall" title="{WALL_TITLE}">{r.step_ms:.1f} ms</span>'
     )
 
 
@@ -265,8 +265,8 @@ def table_html(m: StateMirror) -> str:
         style = "color:#9a6700;font-weight:bold" if m.straggler_rank >= 0 else "color:#57606a"
         note = f'<div class="orch-stragglers" style="{style}">{escape_html(m.straggler_note)}</div>'
     return (
-        "<style>.orch-ranks td, .orch-ranks th {padding: 0 .4em; white-space: nowrap} "
-        ".orch-ranks th {white-space: normal} "
+        "<style>.orch-ranks td, .orch-ranks th {padding: 0 .3em; white-space: nowrap} "
+        ".orch-ranks th {white-space: nowrap} "
         f".orch-ranks td.orch-marks {{white-space: normal; text-align: left}} {NARROW}</style>"
         '<div class="orch-table" style="container: orch-table / inline-size">'
         '<table class="orch-ranks" style="border-collapse:collapse;text-align:right">'

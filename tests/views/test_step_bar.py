@@ -94,7 +94,7 @@ def test_a_section_is_a_part_of_the_bar_with_its_colour_and_legend_and_the_strag
     )
     # the times beside the bar say what they are: its own time, and the step's wall time
     assert 'class="orch-own"' in rows[2] and ">own 99.0</span>" in rows[2]
-    assert ">step 100.0 ms</span>" in rows[2] and "under DDP every rank steps together" in rows[2]
+    assert ">100.0 ms</span>" in rows[2] and "under DDP every rank steps together" in rows[2]
     assert ">own 24.0</span>" in rows[0]
 
 

@@ -93,14 +93,11 @@ def _halving_rungs(grace: int, reduction: int, max_steps: int | None) -> list[in
     return out
 
 
-class ASHA(Pruner):
-    """Asynchronous successive halving: at rung ``k`` (step ``grace * reduction**k``) a trial
-    goes on only while its value is in the best ``1/reduction`` of the values trials had at that
-    rung so far; the first trials at a rung go on when they are the best there yet.
+class _Halving(Pruner):
+    """Successive halving's options, checked, and its rungs: steps ``grace * reduction**k``
+    short of ``max_steps``; ``values[k]`` holds each trial's value at rung ``k``."""
 
-    ``ASHA(metric="loss", mode="min", grace=3, reduction=3, max_steps=81)``: rungs at steps 3,
-    9 and 27. ``max_steps``: no rung at or past the last step (a trial there is done anyway).
-    """
+    name = ""  # as users write it: orch.ASHA, orch.SHA
 
     def __init__(
         self,
@@ -110,17 +107,32 @@ class ASHA(Pruner):
         reduction: int = 3,
         max_steps: int | None = None,
     ) -> None:
-        _check_mode("orch.ASHA", mode)
-        _check_halving("orch.ASHA", grace, reduction, max_steps)
+        _check_mode(self.name, mode)
+        _check_halving(self.name, grace, reduction, max_steps)
         self.metric, self.mode = metric, mode
         self.grace, self.reduction, self.max_steps = grace, reduction, max_steps
         self.values: list[dict[int, float]] = []  # rung -> trial -> its value there, in arrival order
 
     def __repr__(self) -> str:
         return (
-            f"orch.ASHA(metric={self.metric!r}, mode={self.mode!r}, grace={self.grace}, "
+            f"{self.name}(metric={self.metric!r}, mode={self.mode!r}, grace={self.grace}, "
             f"reduction={self.reduction}, max_steps={self.max_steps})"
         )
+
+    def rungs(self) -> list[int]:
+        return _halving_rungs(self.grace, self.reduction, self.max_steps)
+
+
+class ASHA(_Halving):
+    """Asynchronous successive halving: at rung ``k`` (step ``grace * reduction**k``) a trial
+    goes on only while its value is in the best ``1/reduction`` of the values trials had at that
+    rung so far; the first trials at a rung go on when they are the best there yet.
+
+    ``ASHA(metric="loss", mode="min", grace=3, reduction=3, max_steps=81)``: rungs at steps 3,
+    9 and 27. ``max_steps``: no rung at or past the last step (a trial there is done anyway).
+    """
+
+    name = "orch.ASHA"
 
     def _rung_step(self, rung: int) -> int:
         return int(self.grace * self.reduction**rung)
@@ -136,9 +148,6 @@ class ASHA(Pruner):
         if self.max_steps is not None and step >= self.max_steps - 1:
             return None
         return step
-
-    def rungs(self) -> list[int]:
-        return _halving_rungs(self.grace, self.reduction, self.max_steps)
 
     def report(self, trial: int, step: int, value: float) -> bool:
         rung = self._completed(trial)
@@ -167,7 +176,7 @@ class ASHA(Pruner):
         self.values = [{int(t): float(v) for t, v in rung.items()} for rung in rungs]
 
 
-class SHA(Pruner):
+class SHA(_Halving):
     """Synchronous successive halving (Jamieson & Talwalkar 2016): every trial of the sweep runs
     to rung 0 (step ``grace``); once all of them have a value there, the best ``1/reduction``
     (at least one) go on to rung 1 (step ``grace * reduction``) and the others end PRUNED there;
@@ -183,6 +192,7 @@ class SHA(Pruner):
     """
 
     synchronous = True
+    name = "orch.SHA"
 
     def __init__(
         self,
@@ -192,21 +202,8 @@ class SHA(Pruner):
         reduction: int = 3,
         max_steps: int | None = None,
     ) -> None:
-        _check_mode("orch.SHA", mode)
-        _check_halving("orch.SHA", grace, reduction, max_steps)
-        self.metric, self.mode = metric, mode
-        self.grace, self.reduction, self.max_steps = grace, reduction, max_steps
-        self.values: list[dict[int, float]] = []  # rung -> trial -> its value there
+        super().__init__(metric, mode, grace, reduction, max_steps)
         self.kept: list[list[int]] = []  # rung -> the trials that went on from it (decided rungs)
-
-    def __repr__(self) -> str:
-        return (
-            f"orch.SHA(metric={self.metric!r}, mode={self.mode!r}, grace={self.grace}, "
-            f"reduction={self.reduction}, max_steps={self.max_steps})"
-        )
-
-    def rungs(self) -> list[int]:
-        return _halving_rungs(self.grace, self.reduction, self.max_steps)
 
     def next_step(self, trial: int, reached: int) -> int | None:
         """The first undecided rung's step, for a trial that went on from every decided one."""

@@ -912,7 +912,11 @@ def test_a_hang_in_the_panel(tmp_path: Path) -> None:
             stacks = panel.locator(".orch-stacks")
             expect(stacks).to_contain_text("rank 1 (the odd one out): in `time.sleep(10**6)`", timeout=30_000)
             expect(stacks).to_contain_text("ranks 0, 2, 3: in `loss.backward()`")
-            expect(panel.locator(".orch-still")).to_have_count(4)
+            # rank 1 marked apart from the three ranks waiting on it
+            expect(panel.locator(".orch-odd")).to_have_count(1)
+            expect(panel.locator("tr.orch-rank[data-rank='1'] .orch-odd")).to_contain_text("the odd one out")
+            expect(panel.locator(".orch-still")).to_have_count(3)
+            expect(panel.locator(".orch-still").first).to_contain_text("waiting on rank 1 for ")
             expect(panel.locator(".orch-stragglers")).to_contain_text(
                 "not judged while the ranks do not progress"
             )
@@ -925,6 +929,9 @@ def test_a_hang_in_the_panel(tmp_path: Path) -> None:
             expect(record.locator(".orch-state")).to_have_attribute("data-state", "STOPPED", timeout=60_000)
             stopped_in = time.monotonic() - clicked
             expect(record).to_contain_text("did not reach a step boundary within 10s and were terminated")
+            # the stall kept as evidence in the record: its note and the grouped stacks
+            expect(record.locator(".orch-progress")).to_contain_text("no progress for")
+            expect(record.locator(".orch-stacks")).to_contain_text("rank 1 (the odd one out)")
             expect(page.locator(".jp-Notebook .jp-Cell").nth(2)).to_contain_text(
                 "waited: STOPPED", timeout=30_000
             )

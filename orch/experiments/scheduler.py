@@ -181,7 +181,8 @@ class Scheduler:
             run = trial.run
             if run is None or trial.done:
                 continue
-            if run.done and trial.pausing:
+            stopped_at_rung = trial.held_at is not None and run.coordinator.state is RunState.STOPPED
+            if run.done and (trial.pausing or stopped_at_rung):  # a stop of ours at a rung: paused
                 self._paused(trial)
             elif run.done:
                 self._ended(trial)
@@ -314,6 +315,9 @@ class Scheduler:
             run.close()  # the master's port and its server threads go; the record stays on disk
         coord = run.coordinator
         trial.state, trial.ended = coord.state.value, True
+        if trial.pruned_at is not None and coord.state is RunState.STOPPED:
+            # pruned while a stop of its run was already on its way (the run records STOPPED)
+            trial.state = RunState.PRUNED.value
         trial.duration = time.time() - trial.started
         trial.pool_start = run.group.pool_start_seconds  # a cold pool's start, within duration
         trial.steps_run = trial.earlier_steps + _steps_run(run)  # each run's, from step 0 or a checkpoint

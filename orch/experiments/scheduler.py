@@ -181,11 +181,12 @@ class Scheduler:
             run = trial.run
             if run is None or trial.done:
                 continue
-            stopped_at_rung = trial.held_at is not None and run.coordinator.state is RunState.STOPPED
-            if run.done and (trial.pausing or stopped_at_rung):  # a stop of ours at a rung: paused
-                self._paused(trial)
-            elif run.done:
-                self._ended(trial)
+            if run.done:
+                stopped_at_rung = trial.held_at is not None and run.coordinator.state is RunState.STOPPED
+                if trial.pausing or stopped_at_rung:  # a stop of ours at a rung: paused
+                    self._paused(trial)
+                else:
+                    self._ended(trial)
             else:
                 trial.state = run.coordinator.state.value
                 judged = self.pruner is not None and trial.pruned_at is None and trial.held_at is None
@@ -228,6 +229,7 @@ class Scheduler:
         size = max(self.size or 0, len(self.trials)) if self.more is not None else len(self.trials)
         alive |= set(range(len(self.trials), size))  # not drawn yet: the search will draw them
         pruner.settle(alive, size)
+        moved = False
         for trial in self.trials:
             step = trial.held_at
             if step is None or trial.done or trial.pausing:
@@ -235,7 +237,7 @@ class Scheduler:
             pruned = pruner.decided(trial.index, step)
             if pruned is None:
                 continue
-            trial.held_at = None
+            trial.held_at, moved = None, True
             run = trial.run
             if run is not None and not pruned:
                 run.coordinator.pass_gate(step)
@@ -248,7 +250,8 @@ class Scheduler:
             else:
                 trial.state = QUEUED  # it goes on: run again, past the rungs it passed
                 log.info("sweep %s: config %d goes on past step %d", self.name, trial.index, step)
-        self.wake.set()
+        if moved:  # a freed slot or a queued trial: the next turn at once
+            self.wake.set()
 
     def _pause_held(self) -> None:
         """Trials waiting at a rung give their slots up while queued trials want them, or once
@@ -260,9 +263,8 @@ class Scheduler:
         for trial in self._running():
             if trial.held_at is None or trial.pausing or trial.pruned_at is not None:
                 continue
-            if self._busy() < self.parallel and now - trial.held_since < HOLD:
-                continue
-            if queued <= 0 and now - trial.held_since < HOLD:
+            wanted = queued > 0 and self._busy() >= self.parallel  # a queued trial waits for its slot
+            if not wanted and now - trial.held_since < HOLD:
                 continue
             assert trial.run is not None
             trial.pausing = True

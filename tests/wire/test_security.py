@@ -310,8 +310,10 @@ def test_fuzzed_stop_requests(stoppable: tuple[MasterServer, Coordinator], reque
 # master_ingest). The master holds at most MAX_POINTS_IN_MEMORY points in all; keeping every
 # point would take at least POINT_BYTES each (an int64 step and a float64 value), past the bound
 # for any flood of more than UNBOUNDED_POINTS, and the test checks that its flood was that big
-# (measured: 42M points idle, 26M with both cores busy).
-FLOOD_GROWTH_BOUND_MIB = 150
+# (measured: 42M points idle, 26M with both cores busy). Under the whole suite on 3 xdist
+# workers it grew 154 and 173 MiB in 2 of 5 runs (glibc's arenas under many threads), far below
+# what keeping a flood of this size would take: the bound is set above that.
+FLOOD_GROWTH_BOUND_MIB = 250
 POINT_BYTES = 16
 UNBOUNDED_POINTS = FLOOD_GROWTH_BOUND_MIB * 2**20 // POINT_BYTES  # 9.8M
 

@@ -57,6 +57,8 @@ CHROMIUM_ARGS = [
 ]
 ARTIFACTS = ROOT / "test-artifacts"
 NOTEBOOK = "panel_browser.ipynb"
+# Notebook 7.6 sends widget messages on subshells by default, as JupyterLab 4.6 does
+NOTEBOOK7_SUBSHELLS = True
 
 pytestmark = [
     pytest.mark.browser,
@@ -130,9 +132,11 @@ def write_notebook(path: Path, run_root: Path) -> None:
 class Lab:
     """A JupyterLab server in a subprocess, and the bits of its REST API the test needs.
     ``subshells=False``: the page sends widget messages to the kernel's main shell, as
-    classic Notebook and VS Code do (the setting "Kernel Comms over subshells": disabled)."""
+    classic Notebook and VS Code do (the setting "Kernel Comms over subshells": disabled).
+    ``app="notebook"``: Jupyter Notebook 7 instead, built from JupyterLab's parts."""
 
-    def __init__(self, root: Path, home: Path, subshells: bool = True) -> None:
+    def __init__(self, root: Path, home: Path, subshells: bool = True, app: str = "lab") -> None:
+        self.app = app
         self.port = _free_port()
         self.token = secrets.token_hex(16)
         self.base = f"http://127.0.0.1:{self.port}"
@@ -159,18 +163,27 @@ class Lab:
                 sys.executable,
                 "-m",
                 "jupyter",
-                "lab",
+                app,
                 "--no-browser",
                 f"--ServerApp.port={self.port}",
                 "--ServerApp.port_retries=0",
                 f"--IdentityProvider.token={self.token}",
                 f"--ServerApp.root_dir={root}",
                 "--ServerApp.ip=127.0.0.1",
-                "--LabApp.news_url=None",
-                "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate",
-                "--LabApp.extension_manager=readonly",
-                f"--LabApp.user_settings_dir={settings}",
-                f"--LabApp.workspaces_dir={home / 'workspaces'}",
+                *(
+                    [
+                        "--LabApp.news_url=None",
+                        "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate",
+                        "--LabApp.extension_manager=readonly",
+                        f"--LabApp.user_settings_dir={settings}",
+                        f"--LabApp.workspaces_dir={home / 'workspaces'}",
+                    ]
+                    if app == "lab"
+                    else [
+                        f"--JupyterNotebookApp.user_settings_dir={settings}",
+                        f"--JupyterNotebookApp.workspaces_dir={home / 'workspaces'}",
+                    ]
+                ),
                 *(["--allow-root"] if hasattr(os, "geteuid") and os.geteuid() == 0 else []),
             ],
             env=env,
@@ -178,6 +191,10 @@ class Lab:
             stdout=self._log,
             stderr=subprocess.STDOUT,
         )
+
+    def notebook_url(self, name: str) -> str:
+        where = "lab/tree" if self.app == "lab" else "notebooks"
+        return f"{self.base}/{where}/{name}?token={self.token}"
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")[-4000:]
@@ -236,12 +253,13 @@ def lab_browser(
     height: int,
     subshells: bool = True,
     width: int = 1280,
+    app: str = "lab",
 ) -> Iterator[tuple[Lab, Any]]:
     """JupyterLab serving ``root`` and a headless Chromium context on it; both gone after.
     On a failure JupyterLab's log and the runs' worker logs are kept (test-artifacts/)."""
     from playwright.sync_api import sync_playwright
 
-    lab = Lab(root, home, subshells)
+    lab = Lab(root, home, subshells, app)
     try:
         lab.wait_ready()
         with (
@@ -278,10 +296,15 @@ def wait_until(predicate: Callable[[], bool], timeout: float, what: str, interva
 
 
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize("subshells", [True, False], ids=["subshells-on", "subshells-off"])
-def test_panel_in_jupyterlab(tmp_path: Path, subshells: bool) -> None:
+@pytest.mark.parametrize(
+    ("app", "subshells"),
+    [("lab", True), ("lab", False), ("notebook", NOTEBOOK7_SUBSHELLS)],
+    ids=["subshells-on", "subshells-off", "notebook7"],
+)
+def test_panel_in_jupyterlab(tmp_path: Path, app: str, subshells: bool) -> None:
     """Also with the page's widget messages sent to the kernel's main shell (subshells off,
-    as classic Notebook and VS Code send them): Stop still ends the run while a cell waits."""
+    as classic Notebook and VS Code send them), and in Jupyter Notebook 7: the controls
+    answer and Stop ends the run while a cell waits."""
     from playwright.sync_api import expect
 
     root = tmp_path / "lab"
@@ -291,14 +314,14 @@ def test_panel_in_jupyterlab(tmp_path: Path, subshells: bool) -> None:
     run_root = tmp_path / "runs"
     write_notebook(root / NOTEBOOK, run_root)
     ARTIFACTS.mkdir(exist_ok=True)
-    tail = "" if subshells else "-no-subshells"
+    tail = ("" if subshells else "-no-subshells") if app == "lab" else "-notebook7"
     shot = ARTIFACTS / f"panel{tail}.png"
 
-    with lab_browser(tmp_path, root, home, run_root, 1000, subshells) as (lab, ctx):
+    with lab_browser(tmp_path, root, home, run_root, 1000, subshells, app=app) as (lab, ctx):
         try:
             page = ctx.pages[0] if ctx.pages else ctx.new_page()
             page.set_default_timeout(60_000)
-            page.goto(f"{lab.base}/lab/tree/{NOTEBOOK}?token={lab.token}")
+            page.goto(lab.notebook_url(NOTEBOOK))
             run_all_cells(page, lab)
 
             panel = page.locator(".orch-panel")
@@ -503,11 +526,16 @@ def run_all_cells(page: Any, lab: Lab) -> None:
     from playwright.sync_api import expect
 
     page.locator(".jp-Notebook .jp-Cell").first.wait_for()
-    kernel_status = page.locator("#jp-main-statusbar .jp-StatusBar-TextItem[title^='Change kernel']")
-    expect(kernel_status).to_have_text(re.compile(r"\| Idle$"), timeout=90_000)
+    if lab.app == "lab":
+        kernel_status = page.locator("#jp-main-statusbar .jp-StatusBar-TextItem[title^='Change kernel']")
+        expect(kernel_status).to_have_text(re.compile(r"\| Idle$"), timeout=90_000)
+    # (Notebook 7 has no status bar: the server says when the kernel is up and idle)
     wait_until(
-        lambda: any(k.get("connections", 0) > 0 for k in lab.api("GET", "/api/kernels")),
-        30,
+        lambda: any(
+            k.get("connections", 0) > 0 and k.get("execution_state") == "idle"
+            for k in lab.api("GET", "/api/kernels")
+        ),
+        90,
         "the page to connect to its kernel",
     )
     prompts = page.locator(".jp-Notebook .jp-InputPrompt")

@@ -19,6 +19,7 @@ from orch.record.owned import MAX_LINE_BYTES, open_own, read_line
 
 def add_parsers(sub: Any) -> None:
     """The three commands' options."""
+
     def run_root(sp: argparse.ArgumentParser) -> None:
         sp.add_argument("--run-root", default="runs", help="where the run directories are (default runs)")
 

@@ -12,8 +12,8 @@ from typing import Any
 from orch.errors import ConfigError
 from orch.experiments.pruning import parse_prune
 from orch.experiments.space import choice, loguniform, randint, uniform
-from orch.experiments.sweep import Sweep, _Options, grid
-from orch.launchers.spec import add_flag, check_int
+from orch.experiments.sweep import Sweep, grid
+from orch.launchers.spec import RunOptions, add_flag, check_int, flagged, from_flags
 from orch.views.dashboard import SweepDashboard
 from orch.wire.states import RunState
 
@@ -54,7 +54,7 @@ def configs_from(args: argparse.Namespace) -> list[dict[str, Any]] | dict[str, A
     if len(given) != 1:
         raise ConfigError(
             "pass one of --grid '{\"lr\": [0.1, 0.01]}', --configs '[{\"lr\": 0.1}, ...]' or "
-            "--space '{\"lr\": {\"loguniform\": [1e-4, 0.1]}}' --trials N"
+            '--space \'{"lr": {"loguniform": [1e-4, 0.1]}}\' --trials N'
         )
     if args.space is not None:
         return space_from(args.space)
@@ -90,7 +90,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         max_failures=args.max_failures,
         run_root=args.run_root,
         name=args.name,
-        options=_Options(steps=args.steps, heartbeat_timeout=args.heartbeat_timeout),
+        options=from_flags(args, RunOptions),  # type: ignore[arg-type]
         trials=args.trials,
         search=args.search,
         metric=args.metric,
@@ -166,6 +166,9 @@ def add_parser(sub: Any, *, seconds: Any) -> None:
     sp.add_argument("--metric", default="loss", help="the metric the table shows and ranks by")
     add_flag(sp, "run_root")
     add_flag(sp, "heartbeat_timeout", help="seconds before a silent rank is lost")
+    for name in flagged("run"):  # every other option each run takes
+        if name not in ("steps", "heartbeat_timeout"):
+            add_flag(sp, name)
     sp.add_argument("--refresh", type=seconds, default=0.5, help="table refresh interval (s)")
     sp.set_defaults(func=cmd_sweep)
 

@@ -5,13 +5,14 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Literal, overload
 
+from typing_extensions import Unpack
+
 from orch.errors import ConfigError
 from orch.experiments.catalog import live_notice
 from orch.launchers.attached import AttachedRun, open_run, run_dir_of
 from orch.launchers.detach import DetachedRun, start_detached
 from orch.launchers.run import Run, live_runs
-from orch.launchers.slurm import Slurm
-from orch.launchers.spec import LaunchSpec
+from orch.launchers.spec import LaunchOptions, options_doc, spec_of
 from orch.runtime._nested import refuse_launch
 from orch.runtime._target import TrainFn
 
@@ -36,27 +37,8 @@ def launch(
     world_size: int = 4,
     config: dict[str, Any] | None = None,
     *,
-    args: list[str] | None = None,
-    module: str | None = None,
-    steps: int | None = None,
-    master_port: int | None = None,
-    rdzv_port: int | None = None,
-    run_root: str = "runs",
-    heartbeat_timeout: float = 30.0,
-    hang_timeout: float | None = None,
-    on_hang: str = "warn",
-    startup_timeout: float = 600.0,
-    stop_grace: float = 10.0,
-    threads: int | None = None,
-    max_restarts: int = 0,
-    tls_cert: str | None = None,
-    tls_key: str | None = None,
-    tls_ca: str | None = None,
-    token: str | None = None,
-    name: str | None = None,
-    cluster: Slurm | None = None,
-    min_world_size: int | None = None,
     detach: Literal[False] = False,
+    **options: Unpack[LaunchOptions],
 ) -> Run: ...
 
 
@@ -66,86 +48,18 @@ def launch(
     world_size: int = 4,
     config: dict[str, Any] | None = None,
     *,
-    args: list[str] | None = None,
-    module: str | None = None,
-    steps: int | None = None,
-    master_port: int | None = None,
-    rdzv_port: int | None = None,
-    run_root: str = "runs",
-    heartbeat_timeout: float = 30.0,
-    hang_timeout: float | None = None,
-    on_hang: str = "warn",
-    startup_timeout: float = 600.0,
-    stop_grace: float = 10.0,
-    threads: int | None = None,
-    max_restarts: int = 0,
-    tls_cert: str | None = None,
-    tls_key: str | None = None,
-    tls_ca: str | None = None,
-    token: str | None = None,
-    name: str | None = None,
-    cluster: Slurm | None = None,
-    min_world_size: int | None = None,
     detach: Literal[True],
+    **options: Unpack[LaunchOptions],
 ) -> DetachedRun: ...
 
 
-@overload
 def launch(
     train: TrainFn | str | None = None,
     world_size: int = 4,
     config: dict[str, Any] | None = None,
     *,
-    args: list[str] | None = None,
-    module: str | None = None,
-    steps: int | None = None,
-    master_port: int | None = None,
-    rdzv_port: int | None = None,
-    run_root: str = "runs",
-    heartbeat_timeout: float = 30.0,
-    hang_timeout: float | None = None,
-    on_hang: str = "warn",
-    startup_timeout: float = 600.0,
-    stop_grace: float = 10.0,
-    threads: int | None = None,
-    max_restarts: int = 0,
-    tls_cert: str | None = None,
-    tls_key: str | None = None,
-    tls_ca: str | None = None,
-    token: str | None = None,
-    name: str | None = None,
-    cluster: Slurm | None = None,
-    min_world_size: int | None = None,
-    detach: bool = ...,
-) -> Run | DetachedRun: ...
-
-
-def launch(
-    train: TrainFn | str | None = None,
-    world_size: int = 4,
-    config: dict[str, Any] | None = None,
-    *,
-    args: list[str] | None = None,
-    module: str | None = None,
-    steps: int | None = None,
-    master_port: int | None = None,
-    rdzv_port: int | None = None,
-    run_root: str = "runs",
-    heartbeat_timeout: float = 30.0,
-    hang_timeout: float | None = None,
-    on_hang: str = "warn",
-    startup_timeout: float = 600.0,
-    stop_grace: float = 10.0,
-    threads: int | None = None,
-    max_restarts: int = 0,
-    tls_cert: str | None = None,
-    tls_key: str | None = None,
-    tls_ca: str | None = None,
-    token: str | None = None,
-    name: str | None = None,
-    cluster: Slurm | None = None,
-    min_world_size: int | None = None,
     detach: bool = False,
+    **options: Unpack[LaunchOptions],
 ) -> Run | DetachedRun:
     """Start ``train(ctx)`` on ``world_size`` local worker processes; return the :class:`Run` at once.
 
@@ -186,44 +100,30 @@ def launch(
     A failure restarts every node's ranks (``max_restarts``); with ``min_world_size`` the
     restart goes on without nodes that fell silent while that many ranks remain.
     """
-    if detach and cluster is not None:
+    if detach and options.get("cluster") is not None:
         raise ConfigError(
             "detach=True with a cluster: a Slurm run's master lives in this process; "
             "leave out detach (the job is cancelled when this process ends)"
         )
     refuse_launch("orch.launch")
-    spec = LaunchSpec(
+    spec = spec_of(
+        "orch.launch",
+        LaunchOptions,
+        options,
         fn=train,
-        args=args,
-        module=module,
         world_size=world_size,
         config={} if config is None else config,
-        steps=steps,
-        master_port=master_port,
-        rdzv_port=rdzv_port,
-        run_root=run_root,
-        heartbeat_timeout=heartbeat_timeout,
-        hang_timeout=hang_timeout,
-        on_hang=on_hang,
-        startup_timeout=startup_timeout,
-        stop_grace=stop_grace,
-        threads=threads,
-        max_restarts=max_restarts,
-        tls_cert=tls_cert,
-        tls_key=tls_key,
-        tls_ca=tls_ca,
-        token=token,
-        name=name,
-        cluster=cluster,
-        min_world_size=min_world_size,
     )
-    _check_ports(master_port, rdzv_port)
+    _check_ports(spec.master_port, spec.rdzv_port)
     notice = live_notice()  # a launch cell run twice: the first run is still training
     if notice:
         print(notice, flush=True)
     if detach:
         return start_detached(spec)
     return Run(spec).start()
+
+
+launch.__doc__ = (launch.__doc__ or "").rstrip() + options_doc(LaunchOptions)
 
 
 def attach(

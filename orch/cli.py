@@ -27,12 +27,10 @@ from orch.launchers.detach import start_detached
 from orch.launchers.loaded import LoadedRun
 from orch.launchers.run import Run, run_meta, serve
 from orch.launchers.slurm import Slurm
-from orch.launchers.spec import LaunchSpec, add_flag, as_flag
-from orch.master.coordinator import Coordinator
+from orch.launchers.spec import LaunchSpec, add_flag, as_flag, from_flags
 from orch.record.rundir import write_result
 from orch.record.store import RunStore
 from orch.runtime._nested import refuse_launch
-from orch.runtime._target import EXAMPLE
 from orch.views.dashboard import Dashboard, show, summary
 from orch.views.output import OutputFollower, parse_ranks
 from orch.wire._net import split_address
@@ -105,12 +103,12 @@ def cmd_run(args: argparse.Namespace) -> int:
 def _script(args: argparse.Namespace) -> dict[str, Any]:
     """What ``orch run [flags] train.py ARGS`` or ``orch run [flags] -m pkg.train ARGS`` runs."""
     if args.script is None:
-        if args.module:
+        if args.as_module:
             raise ConfigError("-m names a module to run: orch run [flags] -m pkg.train [its arguments]")
         return {"fn": args.fn}
     if args.fn is not None:
         raise ConfigError(f"--fn {args.fn} and a script ({args.script}): pass one of them")
-    if args.module:
+    if args.as_module:
         return {"fn": None, "module": args.script, "args": args.script_args}
     if not args.script.endswith(".py"):
         raise ConfigError(
@@ -123,22 +121,9 @@ def _script(args: argparse.Namespace) -> dict[str, Any]:
 def _run(args: argparse.Namespace) -> int:
     refuse_launch("orch run")
     cluster = _cluster(args)
-    spec = LaunchSpec(
-        **_script(args),
-        world_size=cluster.world_size if cluster is not None else (args.world_size or 4),
-        cluster=cluster,
-        config=args.config,
-        steps=args.steps,
-        master_port=args.master_port,
-        rdzv_port=args.rdzv_port,
-        run_root=args.run_root,
-        heartbeat_timeout=args.heartbeat_timeout,
-        hang_timeout=args.hang_timeout,
-        on_hang=args.on_hang,
-        startup_timeout=args.startup_timeout,
-        stop_grace=args.stop_grace,
-        max_restarts=args.max_restarts,
-    )
+    flags = from_flags(args)
+    flags["world_size"] = cluster.world_size if cluster is not None else (args.world_size or 4)
+    spec = LaunchSpec(**{**flags, **_script(args)}, cluster=cluster)
     if args.detach:
         detached = start_detached(spec)
         print(
@@ -181,24 +166,11 @@ def _run(args: argparse.Namespace) -> int:
 
 
 def cmd_master(args: argparse.Namespace) -> int:
-    config = dict(args.config)
-    if args.steps is not None:
-        config["steps"] = args.steps
-    coord = Coordinator(
-        args.world_size,
-        fn=args.fn or EXAMPLE,
-        config_json=json.dumps(config),
-        total_steps=int(config.get("steps", 0) or 0),
-        rendezvous_port=args.rdzv_port or 0,
-        heartbeat_timeout=args.heartbeat_timeout,
-        hang_timeout=args.hang_timeout,
-        on_hang=args.on_hang,
-        startup_timeout=args.startup_timeout,
-        stop_grace=args.stop_grace,
-        max_attempts=args.max_restarts + 1,
-        restart_through_hosts=True,
-        min_world_size=_min_world_size(args.min_world_size, args.world_size, args.max_restarts),
-    )
+    _min_world_size(args.min_world_size, args.world_size, args.max_restarts)  # in the flags' words
+    spec = LaunchSpec(**from_flags(args), remote=True)
+    config = spec.config
+    coord = spec.coordinator(restart_through_hosts=True)
+    coord.rendezvous_port = spec.rdzv_port or 0
     run_dir = Path(args.run_root) / coord.run_id
     token = token_from_env(token_of(args))
     shown = ""
@@ -355,6 +327,7 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument(
         "-m",
         "--module",
+        dest="as_module",
         action="store_true",
         help="SCRIPT is a module, run as `python -m` runs it (as torchrun -m)",
     )

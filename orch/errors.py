@@ -108,9 +108,10 @@ def raised_at(traceback: str) -> str:
             found = f"{m['cell']}, line {m['line']}, in {m['fn']}"
             continue
         path = m["file"]
-        if path.startswith("<") or (os.path.abspath(path).startswith(_NOT_USER) and not path.endswith(
-            os.path.join("orch", "example.py")
-        )):
+        if path.startswith("<") or (
+            os.path.abspath(path).startswith(_NOT_USER)
+            and not path.endswith(os.path.join("orch", "example.py"))
+        ):
             continue
         found = f"{path}, line {m['line']}, in {m['fn']}"
     return found

@@ -30,9 +30,10 @@ import random
 import time
 import weakref
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
+
+from typing_extensions import Unpack
 
 from orch._viewable import panel_class
 from orch.errors import ConfigError
@@ -56,7 +57,7 @@ from orch.launchers._exiting import begin_exit
 from orch.launchers.clicks import Waiting
 from orch.launchers.loaded import load_run
 from orch.launchers.run import Run, register_exit_hook
-from orch.launchers.spec import MAX_WORKERS_PER_CORE, LaunchSpec
+from orch.launchers.spec import MAX_WORKERS_PER_CORE, LaunchSpec, RunOptions, options_doc, spec_of
 from orch.record.mlflow_export import export_mlflow
 from orch.record.store import private_dir
 from orch.record.tensorboard import export_runs
@@ -109,17 +110,6 @@ def grid(**axes: Sequence[Any]) -> list[dict[str, Any]]:
     return [dict(zip(names, combo, strict=True)) for combo in itertools.product(*axes.values())]
 
 
-@dataclass
-class _Options:
-    """Launch options every run of the sweep shares."""
-
-    steps: int | None = None
-    heartbeat_timeout: float = 30.0
-    max_restarts: int = 0
-    threads: int | None = None
-    heartbeat_interval: float | None = None  # None: the launch default, or PRUNE_BEAT with a pruner
-
-
 # A pruned sweep's ranks beat this often (seconds), so that a rung's value reaches the sweep, and
 # its decision the ranks, within a fraction of a second (a launch's default beat is 0.25 s).
 PRUNE_BEAT = 0.1
@@ -156,7 +146,7 @@ class Sweep:
         max_failures: int | None = None,
         run_root: str = "runs",
         name: str | None = None,
-        options: _Options | None = None,
+        options: RunOptions | None = None,
         reuse: bool = True,
         trials: int | None = None,
         search: Any = None,
@@ -164,13 +154,11 @@ class Sweep:
         mode: Literal["min", "max"] | None = None,
         prune: Any = None,
         seed: int = 0,
-        args: list[str] | None = None,
-        module: str | None = None,
         order: Literal["given", "random"] | None = None,
     ) -> None:
         refuse_launch("orch.sweep")
-        self._opts = opts = options or _Options()
-        self._args, self._module = args, module
+        self._options: RunOptions = dict(options or {})  # type: ignore[assignment]
+        steps = self._options.get("steps")
         self.metric = metric
         self.mode: Literal["min", "max"] = mode or default_mode(metric)
         if self.mode not in ("min", "max"):
@@ -209,7 +197,7 @@ class Sweep:
         self.shuffled = not searched and (order == "random" or (order is None and judged_one_by_one))
         self._space = configs
         self._train = train
-        self._beat = opts.heartbeat_interval or (PRUNE_BEAT if prune is not None else None)
+        self._beat = PRUNE_BEAT if prune is not None else None
         self._run_root_text = run_root
         self.world_size = world_size
         # The first spec is checked now, before any process starts: a bad config fails the cell.
@@ -235,7 +223,9 @@ class Sweep:
                 "running %d at a time",
                 self.name, parallel, world_size, fit, at_once,
             )  # fmt: skip
-        self._threads = opts.threads or max(1, (os.cpu_count() or 1) // (world_size * at_once))
+        self._threads = self._options.get("threads") or max(
+            1, (os.cpu_count() or 1) // (world_size * at_once)
+        )
         self.reuse = reuse
         self.trials: list[Trial] = []
         self.specs: list[LaunchSpec] = []
@@ -250,7 +240,7 @@ class Sweep:
             metric,
             self.mode,
             prune,
-            opts.steps,
+            steps,
         )
         record = read_record(self.folder) if reuse else {}
         if record.get("signature") != self._signature and (self.folder / "sweep.json").exists():
@@ -309,7 +299,7 @@ class Sweep:
                     f"got {prune!r:.60}"
                 )
             self.pruner.bind(metric, self.mode)
-            steps = opts.steps or sample.get("steps")  # a run's step count, as orch reads it
+            steps = steps or sample.get("steps")  # a run's step count, as orch reads it
             asha = self.pruner if isinstance(self.pruner, (ASHA, SHA)) else None
             if asha is not None and asha.max_steps is None and type(steps) is int and steps > 0:
                 asha.max_steps = steps
@@ -354,18 +344,14 @@ class Sweep:
         self.started = time.time()
 
     def _spec(self, config: dict[str, Any]) -> LaunchSpec:
-        opts = self._opts
-        spec = LaunchSpec(
+        spec = spec_of(
+            "orch.sweep",
+            RunOptions,
+            self._options,
             fn=self._train,
-            args=self._args,
-            module=self._module,
             world_size=self.world_size,
             config=config,
-            steps=opts.steps,
             run_root=self._run_root_text,
-            heartbeat_timeout=opts.heartbeat_timeout,
-            max_restarts=opts.max_restarts,
-            threads=opts.threads,
         )
         if self._beat is not None:
             spec.heartbeat_interval = self._beat
@@ -640,10 +626,6 @@ def sweep(
     run_root: str = "runs",
     name: str | None = None,
     *,
-    steps: int | None = None,
-    heartbeat_timeout: float = 30.0,
-    max_restarts: int = 0,
-    threads: int | None = None,
     reuse: bool = True,
     trials: int | None = None,
     search: Any = None,
@@ -651,9 +633,8 @@ def sweep(
     mode: Literal["min", "max"] | None = None,
     prune: Any = None,
     seed: int = 0,
-    args: list[str] | None = None,
-    module: str | None = None,
     order: Literal["given", "random"] | None = None,
+    **options: Unpack[RunOptions],
 ) -> Sweep:
     """Run ``train`` once per config, each as a run of ``world_size`` ranks; return the
     :class:`Sweep` at once.
@@ -687,9 +668,6 @@ def sweep(
     (see :func:`orch.launch`): each config reaches it as arguments after ``args``,
     ``--key=value``, and as JSON in ``$ORCH_CONFIG``.
     """
-    options = _Options(
-        steps=steps, heartbeat_timeout=heartbeat_timeout, max_restarts=max_restarts, threads=threads
-    )
     return Sweep(
         train,
         configs,
@@ -706,7 +684,8 @@ def sweep(
         mode=mode,
         prune=prune,
         seed=seed,
-        args=args,
-        module=module,
         order=order,
     ).start()
+
+
+sweep.__doc__ = (sweep.__doc__ or "").rstrip() + options_doc(RunOptions)

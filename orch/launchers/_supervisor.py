@@ -35,7 +35,6 @@ from orch.runtime._owner import process_start_time
 log = logging.getLogger("orch.launchers._supervisor")  # also when run as __main__
 
 
-
 class _Status:
     """The pipe to the launching process: one JSON object per line; its reader may be gone."""
 

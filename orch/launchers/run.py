@@ -16,7 +16,6 @@ from __future__ import annotations
 import atexit
 import contextlib
 import functools
-import json
 import logging
 import multiprocessing as mp
 import os
@@ -63,21 +62,7 @@ class Run(RunHandle):
     def __init__(self, spec: LaunchSpec, *, sources: SourceMap | None = None) -> None:
         self.spec = spec
         kind = launcher_for(spec)
-        self.coordinator = Coordinator(
-            spec.world_size,
-            fn=spec.fn_name,
-            config_json=json.dumps(spec.config),
-            total_steps=int(spec.config.get("steps", 0) or 0),
-            heartbeat_timeout=spec.heartbeat_timeout,
-            hang_timeout=spec.hang_timeout,
-            on_hang=spec.on_hang,
-            startup_timeout=spec.startup_timeout,
-            stop_grace=spec.stop_grace,
-            heartbeat_interval=spec.heartbeat_interval,
-            max_attempts=spec.max_restarts + 1,
-            restart_through_hosts=kind.restarts_through_hosts,
-            min_world_size=spec.min_world_size,
-        )
+        self.coordinator = spec.coordinator(restart_through_hosts=kind.restarts_through_hosts)
         self._run_id = self.coordinator.run_id
         self._run_dir = Path(spec.run_root) / self.run_id
         self.server: MasterServer | None = None

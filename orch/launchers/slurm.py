@@ -54,6 +54,7 @@ from orch.launchers.slurm_options import COMMAND_TIMEOUT
 from orch.launchers.slurm_options import Slurm as Slurm
 from orch.launchers.slurm_options import SlurmError as SlurmError
 from orch.launchers.slurm_options import check_commands as check_commands
+from orch.master.control.pace import HEARTBEAT_TIMEOUT
 from orch.record.store import tail
 from orch.record.writes import own_dir
 from orch.runtime._owner import process_alive
@@ -103,7 +104,7 @@ def job_script(
     workdir: str,
     fn_arg: list[str],
     tls_ca: str | None = None,
-    heartbeat_timeout: float = 30.0,
+    heartbeat_timeout: float = HEARTBEAT_TIMEOUT,
     elastic: bool = False,
 ) -> str:
     """The batch script: Slurm's options, the user's set-up lines, then one host agent per node."""

@@ -1,33 +1,43 @@
 """What a run is to be, declared once and checked before anything starts: :class:`LaunchSpec`.
 
 Each launch option is declared once, as a field of :class:`LaunchSpec` with its default,
-its check and its help text (:func:`option`). ``orch.launch`` and ``orch.sweep`` pass their
-arguments to it (a test holds their signatures to these declarations); the command line's
+its check, its help text and the front doors that take it (:func:`option`). ``orch.launch``
+and ``orch.sweep`` take them as keywords typed by :class:`LaunchOptions` and
+:class:`RunOptions` and hand them over as they came (:func:`spec_of`): their defaults are
+the declaration's alone (a test holds the typed keys to the fields). The command line's
 ``orch run``, ``orch sweep`` and ``orch master`` build their flags from it
-(:func:`add_flag`), so a flag has the same default, the same check and the same words.
+(:func:`add_flag`) and read them back with :func:`from_flags`, so a flag has the same
+default, the same check and the same words.
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import difflib
 import json
 import math
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal, TypedDict
 
 import cloudpickle
 
 from orch.errors import ConfigError, PortInUseError
 from orch.launchers.slurm_options import Slurm, check_commands
+from orch.master.control.pace import HEARTBEAT_INTERVAL, HEARTBEAT_TIMEOUT
 from orch.master.control.progress import ON_HANG, STARTUP_TIMEOUT
 from orch.master.control.stopping import STOP_GRACE
+from orch.master.coordinator import Coordinator
 from orch.runtime._script import Script, script_target
 from orch.runtime._target import EXAMPLE, TrainFn, resolve_fn, split_target
 
 Check = Callable[[str, Any], None]  # (the option's name, its value); raises ConfigError
+# Which front doors take an option as a keyword: "run", every run's (orch.launch, and each run
+# of orch.sweep: RunOptions); "launch", a run's own (orch.launch only: LaunchOptions); None,
+# orch's own (a positional argument, or set by orch itself).
+Front = Literal["run", "launch"] | None
 
 
 @dataclass(frozen=True)
@@ -38,6 +48,7 @@ class Option:
     flag: str | None = None  # its command-line spelling; None: Python only
     parse: Callable[[str], Any] | None = None  # a flag's text to a value (None: the text itself)
     check: Check | None = None  # run on a value that is not None
+    front: Front = None
 
 
 def option(
@@ -48,9 +59,10 @@ def option(
     parse: Callable[[str], Any] | None = None,
     check: Check | None = None,
     factory: Callable[[], Any] | None = None,
+    front: Front = None,
 ) -> Any:
     """A field of :class:`LaunchSpec`, declared with everything the API and the CLI need."""
-    meta = {"option": Option(help, flag, parse, check)}
+    meta = {"option": Option(help, flag, parse, check, front)}
     if factory is not None:
         return field(default_factory=factory, metadata=meta)
     return field(default=default, metadata=meta)
@@ -103,11 +115,13 @@ class LaunchSpec:
         parse=_target,
     )
     args: list[str] | None = option(
+        front="run",
         help="a script's command-line arguments (with train= a script's path, such as \"train.py\", "
-        "or module=): it runs as torchrun runs it, as __main__ with these in sys.argv"
+        "or module=): it runs as torchrun runs it, as __main__ with these in sys.argv",
     )
     module: str | None = option(
-        help="run this module as a script in each rank, as `torchrun -m` (and `python -m`) runs it"
+        front="run",
+        help="run this module as a script in each rank, as `torchrun -m` (and `python -m`) runs it",
     )
     world_size: int = option(
         4, help="number of ranks (worker processes)", flag="--workers", parse=int, check=_at_least(1)
@@ -119,7 +133,7 @@ class LaunchSpec:
         parse=_json_object,
     )
     steps: int | None = option(
-        help="training steps (sets config steps)", flag="--steps", parse=int, check=_at_least(1)
+        front="run", help="training steps (sets config steps)", flag="--steps", parse=int, check=_at_least(1)
     )
     master_host: str = option(
         "127.0.0.1",
@@ -127,27 +141,33 @@ class LaunchSpec:
         flag="--host",
     )
     master_port: int | None = option(
+        front="launch",
         help="master gRPC port (default 50051 if free, else any free port)",
         flag="--master-port",
         parse=int,
         check=_port,
     )
     rdzv_port: int | None = option(
+        front="launch",
         help="torch.distributed rendezvous port (default 29500 if free, else any free port)",
         flag="--rdzv-port",
         parse=int,
         check=_port,
     )
-    run_root: str = option("runs", help="where run directories go", flag="--run-root")
+    run_root: str = option("runs", front="launch", help="where run directories go", flag="--run-root")
     heartbeat_timeout: float = option(
-        30.0,
+        HEARTBEAT_TIMEOUT,
+        front="run",
         help="seconds without a heartbeat before a rank counts as lost",
         flag="--heartbeat-timeout",
         parse=float,
         check=_seconds,
     )
-    heartbeat_interval: float = option(0.25, help="seconds between a rank's heartbeats", check=_seconds)
+    heartbeat_interval: float = option(
+        HEARTBEAT_INTERVAL, help="seconds between a rank's heartbeats", check=_seconds
+    )
     hang_timeout: float | None = option(
+        front="run",
         help="most seconds a rank's step may stand still before the run counts as not progressing "
         "(default: 10x the usual time between its steps, at least 30)",
         flag="--hang-timeout",
@@ -156,12 +176,14 @@ class LaunchSpec:
     )
     on_hang: str = option(
         "warn",
+        front="run",
         help="what a run that stopped progressing does: warn (tell, with every rank's stack) or fail",
         flag="--on-hang",
         check=_one_of(ON_HANG),
     )
     startup_timeout: float = option(
         STARTUP_TIMEOUT,
+        front="run",
         help="seconds from the start barrier to a rank's first step before it counts as not progressing",
         flag="--startup-timeout",
         parse=float,
@@ -169,32 +191,44 @@ class LaunchSpec:
     )
     stop_grace: float = option(
         STOP_GRACE,
+        front="run",
         help="seconds ranks asked to stop get to reach a step boundary before they are terminated",
         flag="--stop-grace",
         parse=float,
         check=_seconds,
     )
     threads: int | None = option(
-        help="torch threads per rank (default: the cores shared out)", parse=int, check=_at_least(1)
+        front="run",
+        help="torch threads per rank (default: the cores shared out)",
+        parse=int,
+        check=_at_least(1),
     )
     poll_interval: float = option(0.1, help="seconds between the launcher's looks at its ranks")
     grace: float = option(1.5, help="seconds a rank told to end gets before it is killed")
     max_restarts: int = option(
         0,
+        front="run",
         help="restart the whole group from its last checkpoint up to N times on failure",
         flag="--max-restarts",
         parse=int,
         check=_at_least(0),
     )
-    tls_cert: str | None = option(help="serve TLS with this certificate (PEM)", flag="--tls-cert")
-    tls_key: str | None = option(help="the certificate's private key (PEM)", flag="--tls-key")
-    tls_ca: str | None = option(help="the CA that verifies the master (default: tls_cert itself)")
-    token: str | None = option(help="the run's secret (default: $ORCH_TOKEN, else a new random one)")
-    name: str | None = option(help="what the run is called in orch.runs()")
+    tls_cert: str | None = option(
+        front="launch", help="serve TLS with this certificate (PEM)", flag="--tls-cert"
+    )
+    tls_key: str | None = option(front="launch", help="the certificate's private key (PEM)", flag="--tls-key")
+    tls_ca: str | None = option(
+        front="launch", help="the CA that verifies the master (default: tls_cert itself)"
+    )
+    token: str | None = option(
+        front="launch", help="the run's secret (default: $ORCH_TOKEN, else a new random one)"
+    )
+    name: str | None = option(front="launch", help="what the run is called in orch.runs()")
     sweep: str | None = option(help="the sweep the run belongs to")
     config_key: str | None = option(help="the run's config's key in its sweep")
-    cluster: Slurm | None = option(help="run on a Slurm cluster rather than on this machine")
+    cluster: Slurm | None = option(front="launch", help="run on a Slurm cluster rather than on this machine")
     min_world_size: int | None = option(
+        front="launch",
         help="elastic restarts: a restart goes on without hosts that fell silent while at least M "
         "ranks remain (default: every host must come back)",
         flag="--min-world-size",
@@ -202,19 +236,25 @@ class LaunchSpec:
         check=_at_least(1),
     )
     workdir: str = option(factory=os.getcwd, help="where workers run and find the function")
+    remote: bool = option(
+        False,
+        help="the ranks join from other machines (orch master): the function is found where they run, "
+        "and the world is not held to this machine's cores",
+    )
 
     def __post_init__(self) -> None:
         self.fn = script_target(self.fn, args=self.args, module=self.module, workdir=self.workdir)
-        _check_fn(self.fn, self.workdir)
+        if not self.remote:
+            _check_fn(self.fn, self.workdir)
         for f in dataclasses.fields(self):
             declared: Option | None = f.metadata.get("option")
             value = getattr(self, f.name)
             if declared is not None and declared.check is not None and value is not None:
                 declared.check(f.name, value)
-        if self.cluster is None:
-            _check_fits(self.world_size)
-        else:
+        if self.cluster is not None:
             _check_cluster(self.cluster, self.world_size)
+        elif not self.remote:  # orch master's ranks run on the machines that join it
+            _check_fits(self.world_size)
         if not isinstance(self.config, dict):
             raise ConfigError(
                 f"config must be a dict (it reaches the function as ctx.config), got "
@@ -231,7 +271,7 @@ class LaunchSpec:
             ) from e
         if self.min_world_size is not None:
             check_int("min_world_size", self.min_world_size, 1, self.world_size)
-            if self.cluster is None or self.max_restarts < 1:
+            if (self.cluster is None and not self.remote) or self.max_restarts < 1:
                 raise ConfigError(
                     "min_world_size makes restarts across nodes elastic: it needs cluster=orch.Slurm(...) "
                     "and max_restarts >= 1"
@@ -244,6 +284,24 @@ class LaunchSpec:
         if not isinstance(self.run_root, (str, os.PathLike)):
             raise ConfigError(f"run_root must be a folder path, got {type(self.run_root).__name__}")
 
+    def coordinator(self, *, restart_through_hosts: bool) -> Coordinator:
+        """The run's master state, as this spec asks for it (a launch's and ``orch master``'s)."""
+        return Coordinator(
+            self.world_size,
+            fn=self.fn_name,
+            config_json=json.dumps(self.config),
+            total_steps=int(self.config.get("steps", 0) or 0),
+            heartbeat_timeout=self.heartbeat_timeout,
+            hang_timeout=self.hang_timeout,
+            on_hang=self.on_hang,
+            startup_timeout=self.startup_timeout,
+            stop_grace=self.stop_grace,
+            heartbeat_interval=self.heartbeat_interval,
+            max_attempts=self.max_restarts + 1,
+            restart_through_hosts=restart_through_hosts,
+            min_world_size=self.min_world_size,
+        )
+
     @property
     def fn_name(self) -> str:
         if self.fn is None:
@@ -253,6 +311,71 @@ class LaunchSpec:
         if isinstance(self.fn, Script):
             return self.fn.describe()
         return f"{getattr(self.fn, '__module__', '?')}:{getattr(self.fn, '__qualname__', '?')}"
+
+
+class RunOptions(TypedDict, total=False):
+    """The options every run takes (``orch.launch``'s and each run's of ``orch.sweep``), as
+    keywords. Their defaults, checks and help are :class:`LaunchSpec`'s (``front="run"``)."""
+
+    args: list[str] | None
+    module: str | None
+    steps: int | None
+    heartbeat_timeout: float
+    hang_timeout: float | None
+    on_hang: str
+    startup_timeout: float
+    stop_grace: float
+    threads: int | None
+    max_restarts: int
+
+
+class LaunchOptions(RunOptions, total=False):
+    """``orch.launch``'s keywords: every run's, and a run's own (``front="launch"``): its
+    ports, folder, secret, name and cluster, which the runs of a sweep do not share."""
+
+    master_port: int | None
+    rdzv_port: int | None
+    run_root: str
+    tls_cert: str | None
+    tls_key: str | None
+    tls_ca: str | None
+    token: str | None
+    name: str | None
+    cluster: Slurm | None
+    min_world_size: int | None
+
+
+def keys_of(options: type) -> frozenset[str]:
+    """The keywords a TypedDict of options takes."""
+    return frozenset(options.__required_keys__ | options.__optional_keys__)  # type: ignore[attr-defined]
+
+
+def spec_of(where: str, taken: type, options: Mapping[str, Any], **fixed: Any) -> LaunchSpec:
+    """The :class:`LaunchSpec` a front door's keywords ask for; an option it does not take (a
+    typo, one of another door's) is a :class:`ConfigError` that names it and what is meant."""
+    allowed = keys_of(taken)
+    for name in options:
+        if name in allowed:
+            continue
+        if name in keys_of(LaunchOptions):
+            raise ConfigError(
+                f"{where}() does not take {name}=: it is a launch's own option (each run of a sweep "
+                "picks its own); pass it to orch.launch"
+            )
+        near = difflib.get_close_matches(name, sorted(allowed), n=1)
+        hint = f": did you mean {near[0]}=?" if near else ""
+        raise ConfigError(
+            f"{where}() got an unknown option {name}={options[name]!r:.40}{hint} "
+            f"(its options: {', '.join(sorted(allowed))})"
+        )
+    return LaunchSpec(**fixed, **options)
+
+
+def from_flags(args: argparse.Namespace, taken: type | None = None) -> dict[str, Any]:
+    """The launch options a command line's flags gave (those :func:`add_flag` added), by name;
+    only those of ``taken`` (a TypedDict of options) when given."""
+    wanted = keys_of(taken) if taken is not None else options().keys()
+    return {name: value for name, value in vars(args).items() if name in wanted}
 
 
 MAX_WORKERS_PER_CORE = 8
@@ -322,6 +445,20 @@ def options() -> dict[str, tuple[Option, Any]]:
         default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
         out[f.name] = (declared, default)
     return out
+
+
+def flagged(front: Front) -> list[str]:
+    """The options a front door of ``front`` takes that have a command-line flag, in order."""
+    return [name for name, (o, _) in options().items() if o.front == front and o.flag is not None]
+
+
+def options_doc(taken: type) -> str:
+    """The keyword options a front door takes, with their defaults and help, for its docstring."""
+    keys = keys_of(taken)
+    lines = [f"``{n}`` (default ``{d!r}``): {o.help}." for n, (o, d) in options().items() if n in keys]
+    return "\n\n    Keyword options (declared in :class:`orch.launchers.spec.LaunchSpec`):\n\n" + "\n".join(
+        f"    - {line}" for line in lines
+    )
 
 
 def as_flag(error: PortInUseError) -> PortInUseError:

@@ -25,7 +25,7 @@ from orch.master.control.fate import Fate
 from orch.master.control.host_sync import HostSync
 from orch.master.control.intake import Intake
 from orch.master.control.memory_watch import MemoryWatch
-from orch.master.control.pace import beat_interval, sync_interval
+from orch.master.control.pace import HEARTBEAT_INTERVAL, HEARTBEAT_TIMEOUT, beat_interval, sync_interval
 from orch.master.control.progress import STARTUP_TIMEOUT, ProgressWatch
 from orch.master.control.registry import RankRecord
 from orch.master.control.series import MAX_POINTS_IN_MEMORY
@@ -81,7 +81,7 @@ class Coordinator(RunFacade):
         total_steps: int = 0,
         rendezvous_port: int = 0,
         backend: str = "",
-        heartbeat_timeout: float = 30.0,
+        heartbeat_timeout: float = HEARTBEAT_TIMEOUT,
         max_attempts: int = 1,
         restart_through_hosts: bool = False,
         min_world_size: int | None = None,
@@ -91,7 +91,7 @@ class Coordinator(RunFacade):
         startup_timeout: float = STARTUP_TIMEOUT,
         on_hang: str = "warn",
         stop_grace: float = STOP_GRACE,
-        heartbeat_interval: float = 0.25,
+        heartbeat_interval: float = HEARTBEAT_INTERVAL,
         clock: Callable[[], float] = time.monotonic,
         wall: Callable[[], float] = time.time,
     ) -> None:

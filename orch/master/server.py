@@ -418,5 +418,3 @@ class MasterServer:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
-
-

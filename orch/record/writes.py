@@ -192,7 +192,7 @@ class OwnDir:
             self.close()
 
     def moved(self) -> str:
-        """"" while ``self.path`` still leads to this folder; else what is there now."""
+        """ "" while ``self.path`` still leads to this folder; else what is there now."""
         try:
             st = os.lstat(self.path)
         except OSError as e:

@@ -134,7 +134,7 @@ def script_target(
         return Script(path=str(path), args=argv)
     if argv:
         raise ConfigError(
-            "args= are a script's command-line arguments: pass a script (\"train.py\") or module=, "
+            'args= are a script\'s command-line arguments: pass a script ("train.py") or module=, '
             "or give a training function its settings through config="
         )
     return fn

@@ -169,9 +169,7 @@ def install(fn: Any, sources: SourceMap) -> None:
 
 
 def _renamed(code: types.CodeType, files: dict[CodeKey, str]) -> types.CodeType:
-    consts = tuple(
-        _renamed(c, files) if isinstance(c, types.CodeType) else c for c in code.co_consts
-    )
+    consts = tuple(_renamed(c, files) if isinstance(c, types.CodeType) else c for c in code.co_consts)
     filename = files.get(_key(code), code.co_filename)
     if filename == code.co_filename and consts == code.co_consts:
         return code

@@ -381,8 +381,12 @@ class Context:
         A newest checkpoint that is damaged (truncated, or not a whole archive) is skipped for
         the newest one that loads; the rank's log names both (see :mod:`orch.runtime.checkpoints`).
         """
-        saved = None if self.checkpoint_dir is None else read_checkpoint(
-            self.checkpoint_dir, self.device, weights_only=weights_only, writer=self.rank == 0
+        saved = (
+            None
+            if self.checkpoint_dir is None
+            else read_checkpoint(
+                self.checkpoint_dir, self.device, weights_only=weights_only, writer=self.rank == 0
+            )
         )
         if saved is None:
             return None

@@ -211,8 +211,7 @@ def table_html(m: StateMirror) -> str:
             )
         if r.note:
             marks.append(
-                '<span class="orch-note" style="color:#9a6700;font-weight:bold">'
-                f"{escape_html(r.note)}</span>"
+                f'<span class="orch-note" style="color:#9a6700;font-weight:bold">{escape_html(r.note)}</span>'
             )
         if r.state is RankState.STOPPED and r.error.startswith("stopped: "):  # ended by another's failure
             marks.append(f'<span class="orch-stopped-by">{escape_html(r.error.splitlines()[0])}</span>')

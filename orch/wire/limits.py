@@ -37,4 +37,6 @@ def clip(text: str, limit: int = MAX_ERROR_LEN) -> str:
     keep = max(limit - len(note), 0)
     head = keep // 2
     return text[:head] + note + text[len(text) - (keep - head) :]
+
+
 OWN_METRICS = "rank/"  # the prefix of the metrics orch logs itself (rank/memory): not the model's

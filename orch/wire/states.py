@@ -15,7 +15,6 @@ from orch.wire._proto import orchestrator_pb2 as pb
 EXIT_ABORTED = 70
 
 
-
 def describe_exit(code: int) -> str:
     """A process's exit status as people read it: ``exit code 1``, ``signal SIGKILL``."""
     if code < 0:

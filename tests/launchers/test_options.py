@@ -1,9 +1,11 @@
-"""Each launch option is declared once (orch.launchers.spec.LaunchSpec); the typed signatures of
-orch.launch and orch.sweep, and the command line's flags, are held to that declaration."""
+"""Each launch option is declared once (orch.launchers.spec.LaunchSpec); the keywords of
+orch.launch and orch.sweep (typed by LaunchOptions and RunOptions), and the command line's
+flags, are held to that declaration."""
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import inspect
 import typing
 from typing import Any
@@ -12,13 +14,22 @@ import pytest
 
 import orch
 from orch.cli import build_parser
-from orch.launchers.spec import LaunchSpec, add_flag, options
+from orch.launchers.spec import (
+    LaunchOptions,
+    LaunchSpec,
+    RunOptions,
+    add_flag,
+    flagged,
+    keys_of,
+    options,
+    spec_of,
+)
 
 # Parameters of launch() and sweep() that are not launch options (a sweep's own: how it
 # searches and prunes), and launch options a signature spells another way.
 NOT_OPTIONS = {
     "detach", "configs", "parallel", "max_failures", "reuse",
-    "trials", "search", "metric", "mode", "prune", "seed", "order",
+    "trials", "search", "metric", "mode", "prune", "seed", "order", "options",
 }  # fmt: skip
 SPELLED = {"train": "fn"}
 # Defaults a signature sets on purpose: a sweep's runs are small by default; config=None
@@ -44,13 +55,66 @@ def _held(fn: Any, label: str) -> list[str]:
 
 def test_launch_and_its_overloads_are_held_to_the_declared_options() -> None:
     signatures = [orch.launch, *typing.get_overloads(orch.launch)]
-    assert len(signatures) == 4  # the implementation and its three typed overloads
+    assert len(signatures) == 3  # the implementation and its two typed overloads (detach or not)
     wrong = [w for s in signatures for w in _held(s, "launch")]
     assert not wrong, wrong
+    for s in signatures:
+        rest = inspect.signature(s).parameters["options"]
+        assert rest.kind is inspect.Parameter.VAR_KEYWORD and rest.annotation == "Unpack[LaunchOptions]"
 
 
 def test_sweep_is_held_to_the_declared_options() -> None:
     assert not _held(orch.sweep, "sweep")
+    rest = inspect.signature(orch.sweep).parameters["options"]
+    assert rest.kind is inspect.Parameter.VAR_KEYWORD and rest.annotation == "Unpack[RunOptions]"
+
+
+def _typed(options_type: type) -> dict[str, Any]:
+    return typing.get_type_hints(options_type)
+
+
+def test_the_typed_keywords_are_the_declared_options_of_their_front_door() -> None:
+    """A launch option declared with front="run" is a keyword of launch and sweep, one with
+    front="launch" of launch alone, with the declared field's type; orch's own are neither.
+    A field added to LaunchSpec without its keyword (or a keyword without its field) fails here."""
+    fields = {f.name: f for f in dataclasses.fields(LaunchSpec)}
+    hints = typing.get_type_hints(LaunchSpec)
+    fronts = {name: f.metadata["option"].front for name, f in fields.items()}
+    assert keys_of(RunOptions) == {n for n, front in fronts.items() if front == "run"}
+    assert keys_of(LaunchOptions) == {n for n, front in fronts.items() if front in ("run", "launch")}
+    for name, typ in _typed(LaunchOptions).items():
+        assert typ == hints[name], (name, typ, hints[name])
+
+
+def test_a_keyword_missing_from_a_front_door_is_found() -> None:
+    # The check above would pass on types it could not read: show it reads them.
+    class Fewer(typing.TypedDict, total=False):
+        steps: int | None
+
+    assert keys_of(Fewer) == {"steps"} != keys_of(RunOptions)
+
+
+def test_an_option_a_front_door_does_not_take_names_it_and_what_was_meant() -> None:
+    with pytest.raises(orch.ConfigError, match=r"unknown option hang_timout=5.*did you mean hang_timeout="):
+        orch.launch(hang_timout=5)  # type: ignore[call-arg]
+    with pytest.raises(orch.ConfigError, match=r"orch.sweep\(\) does not take master_port="):
+        orch.sweep(None, [{"lr": 0.1}], master_port=6000)  # type: ignore[call-arg]
+    # and the value it does take is checked as the declaration says
+    with pytest.raises(orch.ConfigError, match="hang_timeout must be a positive"):
+        spec_of("orch.sweep", RunOptions, {"hang_timeout": -1.0})
+
+
+def test_a_sweeps_runs_take_every_run_option() -> None:
+    """orch.sweep(hang_timeout=..., on_hang=...) reaches each of its runs (it took 4 before)."""
+    spec = spec_of(
+        "orch.sweep",
+        RunOptions,
+        {"hang_timeout": 45.0, "on_hang": "fail", "stop_grace": 3.0, "max_restarts": 2},
+        fn=None,
+        world_size=2,
+        config={"lr": 0.1},
+    )
+    assert (spec.hang_timeout, spec.on_hang, spec.stop_grace, spec.max_restarts) == (45.0, "fail", 3.0, 2)
 
 
 def test_a_default_that_drifts_is_found() -> None:
@@ -69,19 +133,26 @@ def _flags(command: str) -> dict[str, Any]:
     return {a.dest: a for a in sub.choices[command]._actions}  # type: ignore[attr-defined]
 
 
-COMMON = ["fn", "steps", "config", "rdzv_port", "heartbeat_timeout"]
+RUN_FLAGS = flagged("run")  # every run's options: every command that starts runs has them
 FROM_DECLARATION = {
-    "run": [*COMMON, "world_size", "master_port", "run_root", "max_restarts"],
-    "master": [*COMMON, "world_size", "master_host", "tls_cert", "tls_key", "master_port", "run_root",
-               "max_restarts", "min_world_size"],
-    "sweep": ["fn", "config", "steps", "world_size", "run_root", "heartbeat_timeout"],
+    "run": ["fn", "config", "rdzv_port", *RUN_FLAGS, "world_size", "master_port", "run_root"],
+    "master": ["fn", "config", "rdzv_port", *RUN_FLAGS, "world_size", "master_host", "tls_cert",
+               "tls_key", "master_port", "run_root", "min_world_size"],
+    "sweep": ["fn", "config", *RUN_FLAGS, "world_size", "run_root"],
 }  # fmt: skip
 # Help a command words its own way (what the option means there), against the declaration's.
 OWN_HELP = {
     ("run", "world_size"),
     ("master", "max_restarts"),
-    *(("sweep", n) for n in FROM_DECLARATION["sweep"]),
+    *(("sweep", n) for n in ("fn", "config", "steps", "world_size", "heartbeat_timeout")),
 }
+
+
+def test_every_flagged_option_is_a_flag_of_a_command() -> None:
+    """An option declared with a flag that no command offers fails here."""
+    offered = {name for names in FROM_DECLARATION.values() for name in names}
+    assert {n for n, (o, _) in options().items() if o.flag is not None} <= offered
+    assert set(RUN_FLAGS) >= {"steps", "heartbeat_timeout", "hang_timeout", "on_hang", "max_restarts"}
 
 
 @pytest.mark.parametrize("command", sorted(FROM_DECLARATION))

@@ -105,10 +105,10 @@ def test_what_follows_the_script_is_the_scripts_even_where_orch_has_the_flag() -
     args = build_parser().parse_args(
         ["run", "--workers", "2", "train.py", "--workers", "7", "--ma", "1", "--steps", "3", "-m", "x"]
     )
-    assert args.world_size == 2 and args.script == "train.py" and not args.module
+    assert args.world_size == 2 and args.script == "train.py" and not args.as_module
     assert args.script_args == ["--workers", "7", "--ma", "1", "--steps", "3", "-m", "x"]
     args = build_parser().parse_args(["run", "-m", "pkg.train", "--lr", "1"])
-    assert args.module and args.script == "pkg.train" and args.script_args == ["--lr", "1"]
+    assert args.as_module and args.script == "pkg.train" and args.script_args == ["--lr", "1"]
 
 
 def test_a_log_shows_a_rewritten_line_in_its_last_state(tmp_path: Path) -> None:

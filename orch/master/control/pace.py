@@ -12,6 +12,8 @@ lost rank is still told from a slow one.
 
 from __future__ import annotations
 
+HEARTBEAT_TIMEOUT = 30.0  # seconds without a beat before a rank counts as lost, by default
+HEARTBEAT_INTERVAL = 0.25  # seconds between a rank's beats, by default
 MAX_CALLS_PER_SECOND = 256.0  # heartbeat calls a second the master is paced for
 
 

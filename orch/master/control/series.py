@@ -90,9 +90,7 @@ class Series:
         a, b = first - base, max(first, last) - base
         head = pb.Series(rank=rank, name=name, steps=self.steps[a:b]).SerializeToString()
         values, times = self.values[a:b].tobytes(), self.times[a:b].tobytes()
-        return b"".join(
-            (head, VALUES_TAG, varint(len(values)), values, TIMES_TAG, varint(len(times)), times)
-        )
+        return b"".join((head, VALUES_TAG, varint(len(values)), values, TIMES_TAG, varint(len(times)), times))
 
     def copy(self, rank: int, name: str, base: int, first: int, last: int) -> pb.Series:
         """Points ``first`` to ``last`` (absolute indexes), as held when the first point held was ``base``."""

@@ -155,4 +155,3 @@ def draft_reply(
 
 # GetStateResponse.series: field 8, length-delimited.
 SERIES_TAG = bytes([(pb.GetStateResponse.DESCRIPTOR.fields_by_name["series"].number << 3) | 2])
-

@@ -84,10 +84,7 @@ def test_the_allowed_function_imports_are_still_needed() -> None:
     # An allow-list entry whose import moved to the top, or went away, is taken out of it.
     sources = _sources()
     used = {
-        (m, target)
-        for m, p in sources.items()
-        for target, _, inside in _imports(p, set(sources))
-        if inside
+        (m, target) for m, p in sources.items() for target, _, inside in _imports(p, set(sources)) if inside
     }
     assert set(HEAVY) <= used, f"stale entries: {set(HEAVY) - used}"
 

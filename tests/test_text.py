@@ -12,9 +12,7 @@ RLO = "\u202e"  # RIGHT-TO-LEFT OVERRIDE: "evil\u202egnp.exe" reads as "evilexe.
 
 
 def test_every_format_control_and_separator_is_written_as_its_escape() -> None:
-    hidden = [
-        chr(c) for c in range(sys.maxunicode + 1) if unicodedata.category(chr(c)) in ("Cf", "Zl", "Zp")
-    ]
+    hidden = [chr(c) for c in range(sys.maxunicode + 1) if unicodedata.category(chr(c)) in ("Cf", "Zl", "Zp")]
     assert RLO in hidden and "\u2066" in hidden and "\u200b" in hidden
     for ch in hidden:
         code = ord(ch)

@@ -54,7 +54,7 @@ from orch.experiments.space import RandomSearch, Search, check_space, choice, lo
 from orch.experiments.study import OptunaPruner, OptunaSearch, OptunaStudy, is_optuna
 from orch.experiments.trial import CANCELLED, PAUSED, QUEUED, History, Trial
 from orch.launchers._exiting import begin_exit
-from orch.launchers.clicks import Waiting
+from orch.launchers.clicks import block_until
 from orch.launchers.loaded import load_run
 from orch.launchers.run import Run, register_exit_hook
 from orch.launchers.spec import MAX_WORKERS_PER_CORE, LaunchSpec, RunOptions, options_doc, spec_of
@@ -477,16 +477,16 @@ class Sweep:
 
         A failed config does not raise: it is a row of the results, with its root cause.
         """
-        try:
-            with Waiting() as waiting:  # the panel's Stop is handled meanwhile
-                finished = waiting.until(self._scheduler.finished, timeout)
-        except KeyboardInterrupt:
-            raise KeyboardInterrupt(
+        block_until(  # the panel's Stop is handled meanwhile
+            self._scheduler.finished,
+            timeout,
+            interval=0.5,
+            interrupted=lambda: (
                 f"wait() was interrupted; sweep {self.name} is still running ({self._progress()}): "
                 "sweep.stop() (or the panel's Stop) ends its runs gracefully, sweep.close() ends them now"
-            ) from None
-        if not finished:
-            raise TimeoutError(f"sweep {self.name} still running after {timeout}s: {self._progress()}")
+            ),
+            timed_out=lambda: f"sweep {self.name} still running after {timeout}s: {self._progress()}",
+        )
         if self._panel is not None:
             self._panel.refresh()
         return self.results()

@@ -25,6 +25,7 @@ import sys
 import threading
 import time
 import weakref
+from collections.abc import Callable
 from typing import Any
 
 SLICE = 0.05  # seconds between two looks at a run's end while the kernel's messages are read
@@ -205,3 +206,33 @@ class Waiting:
         deadline = time.monotonic() + seconds
         while (left := deadline - time.monotonic()) > 0:
             inbox.read(left)
+
+
+def block_until(
+    ended: threading.Event | Callable[[], bool],
+    timeout: float | None,
+    *,
+    interval: float,
+    interrupted: Callable[[], str],
+    timed_out: Callable[[], str],
+) -> None:
+    """The one blocking wait of every ``wait()`` (a run's, a sweep's): until ``ended`` (an
+    event, or a check made every ``interval`` seconds), at most ``timeout`` seconds, handling
+    the panel's clicks meanwhile (:class:`Waiting`). Interrupting it raises KeyboardInterrupt
+    saying ``interrupted()`` (what still runs, how to stop it); a timeout raises TimeoutError
+    saying ``timed_out()``."""
+    deadline = None if timeout is None else time.monotonic() + timeout
+    try:
+        with Waiting() as waiting:
+            if isinstance(ended, threading.Event):
+                finished = waiting.until(ended, timeout)
+            else:
+                while not (finished := ended()):
+                    left = interval if deadline is None else min(interval, deadline - time.monotonic())
+                    if left <= 0:
+                        break
+                    waiting.sleep(left)
+    except KeyboardInterrupt:
+        raise KeyboardInterrupt(interrupted()) from None
+    if not finished:
+        raise TimeoutError(timed_out())

@@ -21,15 +21,16 @@ there is nothing to poll) and ``final_state()`` (the state once it ended, else N
 
 from __future__ import annotations
 
-import time
+import threading
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
 from orch._viewable import Viewable
 from orch.errors import OrchError, RunFailed
-from orch.launchers.clicks import Waiting
+from orch.launchers.clicks import block_until
 from orch.record.checkpoint_index import Checkpoint, best_checkpoint
 from orch.record.mlflow_export import export_mlflow
 from orch.record.rundir import RunRecord
@@ -145,28 +146,46 @@ class RunHandle(Viewable, ABC):
     def wait(self, timeout: float | None = None, interval: float = 0.5) -> RunResult:
         """Block until the run ends (at once if it has); raise :class:`orch.RunFailed` if it failed.
 
-        Interrupting the wait leaves the run going; the message says how to stop it.
+        The panel's Stop button works while a cell waits here, in every notebook frontend
+        (:mod:`orch.launchers.clicks`). Interrupting the kernel returns control and leaves the
+        run going (the message says how to stop it).
         """
-        deadline = None if timeout is None else time.monotonic() + timeout
-        mirror = self.state()
-        with Waiting() as waiting:  # the panel's Stop is handled meanwhile
-            while not mirror.state.done:
-                if deadline is not None and time.monotonic() > deadline:
-                    raise TimeoutError(f"run {mirror.run_id} still {mirror.state.value} after {timeout}s")
-                try:
-                    waiting.sleep(interval)
-                except KeyboardInterrupt:
-                    raise KeyboardInterrupt(still_running(mirror.run_id, mirror.state.value)) from None
-                mirror = self.state()
-        return self._ended(mirror)
-
-    def _ended(self, mirror: StateMirror) -> RunResult:
-        """The result of an ended run, drawn on its panel first; raises for a failed one."""
+        block_until(
+            self._ended(),
+            timeout,
+            interval=interval,
+            interrupted=lambda: still_running(self.run_id, self._last_state()),
+            timed_out=lambda: f"run {self.run_id} still {self._last_state()} after {timeout}s",
+        )
         if self._panel is not None:
             self._panel.refresh()  # the final state is drawn before the waiting cell goes on
+        return self._result()
+
+    def _result(self) -> RunResult:
+        """How the run ended; raises :class:`orch.RunFailed`, naming the root cause, for a failed one."""
+        mirror = self._final()
         if mirror.state is RunState.FAILED:
             raise failure_of(mirror)
         return RunResult.of(mirror, self.run_dir)
+
+    # -- what a kind of run gives wait() -------------------------------------------------------
+    def _ended(self) -> threading.Event | Callable[[], bool]:
+        """What says the run ended: an event set then, or a check (default: its state, asked)."""
+
+        def ended() -> bool:
+            self._seen = self.state()
+            return self._seen.state.done
+
+        return ended
+
+    def _last_state(self) -> str:
+        """The state the run was last seen in, for a wait's messages."""
+        seen: StateMirror | None = getattr(self, "_seen", None)
+        return seen.state.value if seen is not None else "running"
+
+    def _final(self) -> StateMirror:
+        """The run's state once it ended (default: its state, asked)."""
+        return self.state()
 
     def stacks(self, timeout: float = 3.0) -> Stacks:
         """Every running rank's training-thread stack, asked for now and grouped by frame

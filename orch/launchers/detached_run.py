@@ -16,12 +16,12 @@ import signal
 import socket
 import subprocess
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from orch.errors import ConfigError, MasterUnavailable
 from orch.launchers.attach_file import ATTACH_FILE, LOG_FILE, read_attach_file
-from orch.launchers.clicks import Waiting
-from orch.launchers.contract import RunHandle, RunResult, failure_of, still_running
+from orch.launchers.contract import RunHandle
 from orch.launchers.loaded import load_run
 from orch.runtime._owner import process_alive
 from orch.wire.client import MasterClient, StateMirror
@@ -73,7 +73,7 @@ class DetachedRun(RunHandle):
     ) -> None:
         self._run_dir = Path(run_dir)
         self._supervisor = supervisor  # set in the process that launched it (it reaps it)
-        self._final: StateMirror | None = None
+        self._final_mirror: StateMirror | None = None
         self._mirror = StateMirror()
         self.client: MasterClient | None = None
         self.endpoint = read_attach_file(self.run_dir)
@@ -152,10 +152,6 @@ class DetachedRun(RunHandle):
                     raise
         return self._final_state()
 
-    def history(self) -> dict[str, dict[int, dict[str, list[float]]]]:
-        """``{metric: {rank: {"step": [...], "value": [...]}}}``, from the first step on."""
-        return self.state().history()
-
     def final_state(self) -> StateMirror | None:
         return self._final_state() if self.done else None
 
@@ -174,24 +170,13 @@ class DetachedRun(RunHandle):
                     raise
         return self._final_state().state
 
-    def wait(self, timeout: float | None = None, interval: float = 0.5) -> RunResult:
-        """Block until the run ended and its supervisor exited; raise :class:`orch.RunFailed` if it failed.
+    def _ended(self) -> Callable[[], bool]:
+        """Ended once its supervisor exited: the result is read from the run dir (``result.json``),
+        so it is there even when the master is long gone."""
+        return lambda: self.done
 
-        The result is read from the run dir (``result.json``), so it is there even when the
-        master is long gone. Interrupting the wait leaves the run going.
-        """
-        deadline = None if timeout is None else time.monotonic() + timeout
-        with Waiting() as waiting:  # the panel's Stop is handled meanwhile
-            while not self.done:
-                if deadline is not None and time.monotonic() > deadline:
-                    raise TimeoutError(f"run {self.run_id} still {self._last_state()} after {timeout}s")
-                try:
-                    waiting.sleep(interval)
-                except KeyboardInterrupt:
-                    raise KeyboardInterrupt(still_running(self.run_id, self._last_state())) from None
-        if self._panel is not None:
-            self._panel.refresh()  # the final state is drawn before the waiting cell goes on
-        return self._result(self._final_state())
+    def _final(self) -> StateMirror:
+        return self._final_state()
 
     def close(self, timeout: float = CLOSE_TIMEOUT) -> None:
         """End the run now, as ``Run.close()`` does (SIGTERM to its supervisor, which terminates
@@ -251,14 +236,9 @@ class DetachedRun(RunHandle):
         return True
 
     def _final_state(self) -> StateMirror:
-        if self._final is None:
-            self._final = load_run(self.run_dir).state()
-        return self._final
+        if self._final_mirror is None:
+            self._final_mirror = load_run(self.run_dir).state()
+        return self._final_mirror
 
     def _last_state(self) -> str:
         return self._mirror.state.value if self._mirror.run_id else "running"
-
-    def _result(self, m: StateMirror) -> RunResult:
-        if m.state is RunState.FAILED:
-            raise failure_of(m)
-        return RunResult.of(m, self.run_dir)

@@ -27,10 +27,9 @@ import weakref
 from pathlib import Path
 from typing import Any
 
-from orch.errors import OrchError, RunFailed
+from orch.errors import OrchError
 from orch.launchers._exiting import begin_exit, launcher_exit_message, launcher_exiting
-from orch.launchers.clicks import Waiting
-from orch.launchers.contract import RunHandle, RunResult, still_running
+from orch.launchers.contract import RunHandle
 from orch.launchers.group import WorkerGroup
 from orch.launchers.launcher import Launcher, RunParts
 from orch.launchers.loaded import load_run
@@ -249,36 +248,11 @@ class Run(RunHandle):
             "it was made as, wherever that is now"
         )
 
-    def wait(self, timeout: float | None = None, interval: float = 0.5) -> RunResult:
-        """Block until the run ends; raise :class:`orch.RunFailed` if it failed.
+    def _ended(self) -> threading.Event:
+        return self._done
 
-        The panel's Stop button works while a cell waits here, in every notebook frontend
-        (:mod:`orch.launchers.clicks`). Interrupting the kernel returns control and leaves the
-        run going (the message says how to stop it).
-        """
-        try:
-            with Waiting() as waiting:
-                finished = waiting.until(self._done, timeout)
-        except KeyboardInterrupt:
-            raise KeyboardInterrupt(still_running(self.run_id, self.coordinator.state.value)) from None
-        if not finished:
-            raise TimeoutError(f"run {self.run_id} still {self.coordinator.state.value} after {timeout}s")
-        if self._panel is not None:
-            self._panel.refresh()  # the final state is drawn before the waiting cell goes on
-        return self.result()
-
-    def result(self) -> RunResult:
-        coord = self.coordinator
-        if coord.state is RunState.FAILED:
-            cause = coord.cause
-            raise RunFailed(
-                f"run {self.run_id} failed: {coord.failure}",
-                rank=cause.rank if cause else None,
-                exit_code=cause.exit_code if cause else None,
-                traceback=cause.error if cause else "",
-                state=self.state(),
-            )
-        return RunResult.of(self.state(), self.run_dir)
+    def _last_state(self) -> str:
+        return self.coordinator.state.value
 
     @property
     def done(self) -> bool:

@@ -44,7 +44,7 @@ class Root:
     def __init__(self, path: Path, ok: Run, failed: Run, stopped: Run, dead_pid: int) -> None:
         self.path = path
         self.ok, self.failed, self.stopped = ok.run_id, failed.run_id, stopped.run_id
-        self.ok_losses = ok.result().final_loss
+        self.ok_losses = ok.wait(timeout=5).final_loss
         self.dead_pid = dead_pid
         self.states = {
             self.ok: "SUCCEEDED",

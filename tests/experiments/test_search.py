@@ -299,7 +299,6 @@ def test_a_grid_written_in_order_runs_in_a_seeded_random_order_under_a_pruner(tm
     print("steps run, given / random order:", steps(given_rows), steps(rows), "pruned:", pruned)
 
 
-
 @pytest.mark.parametrize("checkpoints", [True, False], ids=["from its checkpoint", "from step 0"])
 def test_sha_spends_the_same_steps_on_a_grid_in_any_order_and_prunes_at_the_rungs(
     tmp_path: Path, checkpoints: bool

@@ -18,6 +18,7 @@ from orch.wire.states import RunState
 pytestmark = pytest.mark.timeout(180)
 sys.path.insert(0, str(TESTS))
 
+
 def test_a_rank_that_ignores_sigterm_is_gone_within_the_grace_and_a_second(tmp_path: Path) -> None:
     run = orch.launch("jobs:ignores_sigterm_and_abort", world_size=2, run_root=str(tmp_path))
     grace = run.spec.grace  # seconds a rank told to end gets before SIGKILL (1.5 s by default)

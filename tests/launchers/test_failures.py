@@ -112,7 +112,7 @@ def test_a_collective_mismatch_names_the_library_s_words_and_the_user_s_line(tmp
     assert (e.value.rank, e.value.exit_code) == (0, -signal.SIGABRT), message
     # The message's one line: the signal, the op, the user's line and gloo's explanation.
     assert "signal SIGABRT: gloo::EnforceNotMet in all_reduce (" in message, message
-    assert 'jobs.py, line' in message and "in skips_an_all_reduce_on_rank1)" in message, message
+    assert "jobs.py, line" in message and "in skips_an_all_reduce_on_rank1)" in message, message
     assert "Is there a distributed collective mismatch in your code?" in message, message
     # The traceback: the training thread only, the user's frame with its source line, then gloo's words.
     lines = text.splitlines()

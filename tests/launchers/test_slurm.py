@@ -170,8 +170,9 @@ def test_close_cancels_a_running_job_itself(on_cluster: SlurmCluster, tmp_path: 
         run_root=str(tmp_path),
     )
     try:
-        until(lambda: run.state().state is RunState.RUNNING and min(r.step for r in run.state().ranks) > 1,
-              90)
+        until(
+            lambda: run.state().state is RunState.RUNNING and min(r.step for r in run.state().ranks) > 1, 90
+        )
         assert run.job is not None and run.job.job_id
         job_id, watcher = int(run.job.job_id), _watcher_of(run)
     finally:

@@ -339,4 +339,3 @@ def test_a_swapped_run_dir_fails_the_run_with_that_cause(tmp_path: Path) -> None
             run.wait(timeout=60)
     assert os.listdir(run.run_dir) == []  # nothing written into the folder put in its place
     assert json.loads((moved / "result.json").read_text())["state"] == "FAILED"
-

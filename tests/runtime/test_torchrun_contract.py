@@ -18,6 +18,7 @@ from orch.errors import NestedRunError
 
 pytestmark = pytest.mark.timeout(300)
 
+
 def seen(run: orch.Run, world: int) -> list[dict[str, float]]:
     history = run.history()
     return [

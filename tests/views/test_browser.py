@@ -1066,7 +1066,7 @@ def test_start_up_is_narrated_and_the_table_fits_1100_px_with_the_file_browser_o
             raise
 
 
-LIGHTNING_CELL = '''import time
+LIGHTNING_CELL = """import time
 
 import lightning as L
 import torch
@@ -1100,7 +1100,7 @@ def train(ctx=None):
         enable_checkpointing=False, enable_model_summary=False,
     )
     trainer.fit(Regression(), loader)
-'''
+"""
 
 
 @pytest.mark.timeout(300)
@@ -1114,8 +1114,9 @@ def test_the_panel_draws_a_lightning_run(tmp_path: Path) -> None:
     home.mkdir()
     cells = [
         _code_cell(1, LIGHTNING_CELL),
-        _code_cell(2, f"run = orch.launch(train, world_size=2, run_root={str(run_root)!r})\n"
-                      "run.panel(interval=0.3)"),
+        _code_cell(
+            2, f"run = orch.launch(train, world_size=2, run_root={str(run_root)!r})\nrun.panel(interval=0.3)"
+        ),
     ]
     write_cells(root / "lightning.ipynb", cells)
     ARTIFACTS.mkdir(exist_ok=True)

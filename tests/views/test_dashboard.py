@@ -492,7 +492,6 @@ def test_with_no_known_total_the_dashboard_shows_a_spinner_and_a_count_never_a_b
     assert render(m).splitlines()[1] == "step 10"  # the plain view: a count, no bar of dots
 
 
-
 def test_a_stopping_run_says_how_long_each_kind_of_loop_takes_to_stop() -> None:
     from orch.wire.states import RunState as S
 

@@ -176,12 +176,20 @@ def test_a_loss_that_went_inf_reads_the_same_in_the_record_as_live() -> None:
     from orch.experiments.run_row import RunRow
     from orch.wire.client import NonFinite
 
-    bad = NonFinite(rank=0, metric="loss", step=10, value=math.inf, last_finite=6.4331e35,
-                    last_finite_step=9, final=math.nan)
+    bad = NonFinite(
+        rank=0,
+        metric="loss",
+        step=10,
+        value=math.inf,
+        last_finite=6.4331e35,
+        last_finite_step=9,
+        final=math.nan,
+    )
     row = RunRow(run_id="r", path=Path("."), state="FAILED", final_loss=math.nan, nonfinite=[bad])
     assert row.loss_text() == "inf from step 10 (last finite 6.433e+35 at step 9)"
     assert bad.text() == "loss " + row.loss_text()
-    came_back = NonFinite(rank=0, metric="loss", step=4, value=math.nan, last_finite=0.5,
-                          last_finite_step=3, final=0.25)
+    came_back = NonFinite(
+        rank=0, metric="loss", step=4, value=math.nan, last_finite=0.5, last_finite_step=3, final=0.25
+    )
     row = RunRow(run_id="r", path=Path("."), state="SUCCEEDED", final_loss=0.25, nonfinite=[came_back])
     assert row.loss_text() == "0.25 (nan at step 4)"

@@ -25,8 +25,12 @@ def train(ctx=None):
     torch.manual_seed(0)
     g = torch.Generator().manual_seed(1)
     x = torch.randn(128, 8, generator=g)
-    loader = DataLoader(TensorDataset(x, x.sum(1, keepdim=True)), batch_size=16, shuffle=True,
-                        generator=torch.Generator().manual_seed(2))
+    loader = DataLoader(
+        TensorDataset(x, x.sum(1, keepdim=True)),
+        batch_size=16,
+        shuffle=True,
+        generator=torch.Generator().manual_seed(2),
+    )
     model = torch.nn.Linear(8, 1)
     opt = torch.optim.SGD(model.parameters(), lr=0.05)
     model, opt, loader = accelerator.prepare(model, opt, loader)

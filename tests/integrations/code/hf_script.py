@@ -10,14 +10,22 @@ from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainingArguments
 def main() -> None:
     out = os.environ["ORCH_TEST_OUT"]
     torch.manual_seed(0)
-    config = GPT2Config(n_layer=1, n_head=2, n_embd=16, vocab_size=64, n_positions=16,
-                        bos_token_id=0, eos_token_id=0)
+    config = GPT2Config(
+        n_layer=1, n_head=2, n_embd=16, vocab_size=64, n_positions=16, bos_token_id=0, eos_token_id=0
+    )
     model = GPT2LMHeadModel(config)
     ids = torch.randint(0, 64, (64, 16), generator=torch.Generator().manual_seed(1))
     data = [{"input_ids": row, "labels": row} for row in ids]
     args = TrainingArguments(
-        output_dir=os.path.join(out, "trainer"), use_cpu=True, per_device_train_batch_size=4,
-        max_steps=6, logging_steps=1, report_to="none", save_strategy="no", seed=0, disable_tqdm=True,
+        output_dir=os.path.join(out, "trainer"),
+        use_cpu=True,
+        per_device_train_batch_size=4,
+        max_steps=6,
+        logging_steps=1,
+        report_to="none",
+        save_strategy="no",
+        seed=0,
+        disable_tqdm=True,
     )
     callbacks = []
     if os.environ.get("ORCH_TEST_CALLBACK"):

@@ -44,9 +44,16 @@ def train(ctx=None):
     model = Regression()
     epochs = int(os.environ.get("ORCH_TEST_EPOCHS", "2"))
     trainer = L.Trainer(
-        strategy="ddp", accelerator="cpu", devices=2, max_epochs=epochs, logger=loggers or False,
-        callbacks=callbacks, log_every_n_steps=1, enable_checkpointing=False,
-        enable_progress_bar=False, enable_model_summary=False,
+        strategy="ddp",
+        accelerator="cpu",
+        devices=2,
+        max_epochs=epochs,
+        logger=loggers or False,
+        callbacks=callbacks,
+        log_every_n_steps=1,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
     )
     trainer.fit(model, loader)
     rank = trainer.global_rank

@@ -54,7 +54,7 @@ def full_view(state: RankState = RankState.FAILED, loss: float = 0.25) -> RankVi
         individual_score=1.125,
         slow_in="compute",
         progress_age=41.5,
-        stack='  Cell In[3], line 10, in train\n    time.sleep(10**6)',
+        stack="  Cell In[3], line 10, in train\n    time.sleep(10**6)",
         rss_bytes=2_000_000_000,
         cpu_percent=97.5,
         cuda_allocated=3_000_000,

@@ -388,7 +388,7 @@ def test_whole_blocks_are_encoded_once_for_every_catch_up_and_dropped_when_point
     # A slice that starts and ends inside blocks: its ends are encoded afresh, the whole
     # blocks between them are the kept bytes.
     mid = Slice(0, "loss", series, series.base, BLOCK_POINTS + 7, 3 * BLOCK_POINTS + 9)
-    (piece,), = SeriesLog.encode([mid])
+    ((piece,),) = SeriesLog.encode([mid])
     assert series.blocks[2] in piece
     assert list(pb.Series.FromString(piece).steps) == list(range(BLOCK_POINTS + 7, 3 * BLOCK_POINTS + 9))
     # A restart that replays from step 100 rewrites points: no block stands.

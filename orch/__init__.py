@@ -62,10 +62,10 @@ if TYPE_CHECKING:
     )
     from orch.launchers.attached import AttachedRun
     from orch.launchers.contract import RunResult
-    from orch.launchers.detach import DetachedRun
+    from orch.launchers.detached.run import DetachedRun
     from orch.launchers.loaded import LoadedRun, load_run
     from orch.launchers.run import Run
-    from orch.launchers.slurm import Slurm, SlurmError
+    from orch.launchers.slurm.options import Slurm, SlurmError
     from orch.runtime.context import Context
     from orch.runtime.current import log
     from orch.views.comparison import compare
@@ -86,7 +86,7 @@ _EXPORTS = {
     "AuthError": "orch.errors",
     "ConfigError": "orch.errors",
     "Context": "orch.runtime.context",
-    "DetachedRun": "orch.launchers.detach",
+    "DetachedRun": "orch.launchers.detached.run",
     "LoadedRun": "orch.launchers.loaded",
     "MasterClient": "orch.wire.client",
     "MasterUnavailable": "orch.errors",
@@ -99,8 +99,8 @@ _EXPORTS = {
     "RunResult": "orch.launchers.contract",
     "RunState": "orch.wire.states",
     "RunTable": "orch.experiments.catalog",
-    "Slurm": "orch.launchers.slurm",
-    "SlurmError": "orch.launchers.slurm",
+    "Slurm": "orch.launchers.slurm.options",
+    "SlurmError": "orch.launchers.slurm.options",
     "StateMirror": "orch.wire.client",
     "Sweep": "orch.experiments.sweep",
     "SweepResults": "orch.experiments.sweep",

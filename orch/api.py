@@ -10,7 +10,8 @@ from typing_extensions import Unpack
 from orch.errors import ConfigError
 from orch.experiments.catalog import live_notice
 from orch.launchers.attached import AttachedRun, open_run, run_dir_of
-from orch.launchers.detach import DetachedRun, start_detached
+from orch.launchers.detached.run import DetachedRun
+from orch.launchers.detached.start import start_detached
 from orch.launchers.run import Run, live_runs
 from orch.launchers.spec import LaunchOptions, options_doc, spec_of
 from orch.runtime._nested import refuse_launch
@@ -89,13 +90,13 @@ def launch(
 
     By default the run ends with this process (the kernel): its workers watch it. With
     ``detach=True`` the master and the workers run under a supervisor process of their own
-    session, which outlives the kernel; this returns an :class:`orch.launchers.detach.DetachedRun` once
-    its master serves, and ``orch.attach("runs/<id>")`` reconnects from any later process.
+    session, which outlives the kernel; this returns an :class:`orch.DetachedRun` once its
+    master serves, and ``orch.attach("runs/<id>")`` reconnects from any later process.
     ``close()`` on it ends the run; ``disconnect()`` only lets go of it.
 
     With ``cluster=orch.Slurm(nodes, tasks_per_node, ...)`` the ranks run on a Slurm cluster:
     the master stays in this process, bound to the address the nodes reach, and one batch
-    job runs a host agent per node (see :mod:`orch.launchers.slurm`). The panel shows the job's queue
+    job runs a host agent per node (see :mod:`orch.launchers.slurm.job`). The panel shows the job's queue
     state and nodes; a stop, a failure, ``close()`` or this process's death ends the job.
     A failure restarts every node's ranks (``max_restarts``); with ``min_world_size`` the
     restart goes on without nodes that fell silent while that many ranks remain.
@@ -139,7 +140,7 @@ def attach(
     ``attach("runs/<id>")`` or ``attach("<id>")`` (under ``run_root``) reconnects to a run
     launched with ``detach=True``, reading its master's address and token from
     ``runs/<id>/attach.json`` (refused unless only you can read it); a run that ended shows
-    its final state, read from the run dir. It returns an :class:`orch.launchers.detach.DetachedRun`,
+    its final state, read from the run dir. It returns an :class:`orch.launchers.detached.start.DetachedRun`,
     or, for a run this process launched and still runs, that :class:`orch.Run` itself (so
     ``orch.attach("<id>").stop()`` reaches a run that ``run`` no longer names).
     ``attach("HOST:PORT", token=...)`` watches any master (``orch master``) and returns an

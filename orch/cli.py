@@ -23,10 +23,10 @@ from orch.errors import ConfigError, PortInUseError, RunFailed
 from orch.experiments import catalog
 from orch.launchers.attached import open_run
 from orch.launchers.contract import exit_code
-from orch.launchers.detach import start_detached
+from orch.launchers.detached.start import start_detached
 from orch.launchers.loaded import LoadedRun
 from orch.launchers.run import Run, run_meta, serve
-from orch.launchers.slurm import Slurm
+from orch.launchers.slurm.options import Slurm
 from orch.launchers.spec import LaunchSpec, add_flag, as_flag, from_flags
 from orch.record.rundir import write_result
 from orch.record.store import RunStore

@@ -53,7 +53,7 @@ def _resource_tracker() -> None:
     # pytest process, by design; start them before any test so that they carry no test's tag.
     from multiprocessing import forkserver, resource_tracker
 
-    from orch.launchers.group import worker_context
+    from orch.launchers.local.group import worker_context
 
     resource_tracker.ensure_running()
     worker_context()  # sets the preload; the forkserver, too, lives as long as pytest

@@ -54,7 +54,7 @@ from orch.experiments.space import RandomSearch, Search, check_space, choice, lo
 from orch.experiments.study import OptunaPruner, OptunaSearch, OptunaStudy, is_optuna
 from orch.experiments.trial import CANCELLED, PAUSED, QUEUED, History, Trial
 from orch.launchers._exiting import begin_exit
-from orch.launchers.clicks import block_until
+from orch.launchers.kernel_wait import block_until
 from orch.launchers.loaded import load_run
 from orch.launchers.run import Run, register_exit_hook
 from orch.launchers.spec import MAX_WORKERS_PER_CORE, LaunchSpec, RunOptions, options_doc, spec_of

@@ -1,6 +1,6 @@
 """A detached run's ``attach.json``: where its master serves, read by whoever attaches later.
 
-The supervisor (:mod:`orch.launchers._supervisor`) writes it, 0600, once its master serves,
+The supervisor (:mod:`orch.launchers.detached.supervisor`) writes it, 0600, once its master serves,
 and removes it when it exits; :func:`read_attach_file` reads it for ``orch.attach(run_dir)``.
 It holds the run's token, so it is trusted only when it is a regular file of this user's that
 no other user can read. Its neighbour in the run dir, ``supervisor.log``, is named here too.

@@ -14,7 +14,7 @@ from typing import Any
 from orch.errors import ConfigError
 from orch.launchers.attach_file import ATTACH_FILE
 from orch.launchers.contract import RunHandle
-from orch.launchers.detached_run import DetachedRun
+from orch.launchers.detached.run import DetachedRun
 from orch.launchers.loaded import load_run
 from orch.launchers.run import live_runs
 from orch.wire._net import split_address

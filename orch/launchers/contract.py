@@ -1,7 +1,7 @@
 """The one contract of every run a user holds, and how a run ended.
 
 A run launched here (:class:`~orch.launchers.run.Run`, on this machine or on Slurm),
-detached (:class:`~orch.launchers.detach.DetachedRun`), attached by address
+detached (:class:`~orch.launchers.detached.start.DetachedRun`), attached by address
 (:class:`~orch.launchers.attached.AttachedRun`) or loaded from its run dir
 (:class:`~orch.launchers.loaded.LoadedRun`) answers the same calls, with the same types::
 
@@ -30,7 +30,7 @@ from typing import Any, Protocol
 
 from orch._viewable import Viewable
 from orch.errors import OrchError, RunFailed
-from orch.launchers.clicks import block_until
+from orch.launchers.kernel_wait import block_until
 from orch.record.checkpoint_index import Checkpoint, best_checkpoint
 from orch.record.mlflow_export import export_mlflow
 from orch.record.rundir import RunRecord
@@ -147,7 +147,7 @@ class RunHandle(Viewable, ABC):
         """Block until the run ends (at once if it has); raise :class:`orch.RunFailed` if it failed.
 
         The panel's Stop button works while a cell waits here, in every notebook frontend
-        (:mod:`orch.launchers.clicks`). Interrupting the kernel returns control and leaves the
+        (:mod:`orch.launchers.kernel_wait`). Interrupting the kernel returns control and leaves the
         run going (the message says how to stop it).
         """
         block_until(

@@ -3,8 +3,8 @@
 As torch elastic splits an agent from what it runs, a :class:`~orch.launchers.run.Run`
 owns the master, the run dir and the record, and a :class:`Launcher` owns the ranks: it
 starts them once the master serves, watches them from the run's monitor thread until the
-run ended, and ends them on ``close()``. :class:`~orch.launchers.local.LocalLauncher`
-starts them from a forkserver on this machine; :class:`~orch.launchers.on_slurm.SlurmLauncher`
+run ended, and ends them on ``close()``. :class:`~orch.launchers.local.launcher.LocalLauncher`
+starts them from a forkserver on this machine; :class:`~orch.launchers.slurm.launcher.SlurmLauncher`
 submits one batch job with a host agent per node.
 """
 

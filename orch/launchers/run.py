@@ -2,10 +2,10 @@
 
 :class:`Run` is what ``orch.launch`` returns and what ``orch run`` drives: it owns the master
 and the run dir, and answers for the run (``wait``, ``state``, ``history``, ``stop``,
-``close``). Its workers are a :class:`~orch.launchers.group.WorkerGroup`, forked from a forkserver
-(see :func:`orch.launchers.group.worker_context`) that never held this process's gRPC threads or CUDA
+``close``). Its workers are a :class:`~orch.launchers.local.group.WorkerGroup`, forked from a forkserver
+(see :func:`orch.launchers.local.group.worker_context`) that never held this process's gRPC threads or CUDA
 state; the training function travels to them cloudpickled. A
-:class:`~orch.launchers.group.LocalAgent` on a monitor thread collects their exit codes every
+:class:`~orch.launchers.local.group.LocalAgent` on a monitor thread collects their exit codes every
 ``poll_interval`` seconds, beside the master's heartbeat expiry, so a dead rank fails the
 run at once instead of leaving the others blocked in a collective; it tears the group down
 and restarts it as the coordinator's restart rule says.
@@ -30,14 +30,14 @@ from typing import Any
 from orch.errors import OrchError
 from orch.launchers._exiting import begin_exit, launcher_exit_message, launcher_exiting
 from orch.launchers.contract import RunHandle
-from orch.launchers.group import WorkerGroup
 from orch.launchers.launcher import Launcher, RunParts
 from orch.launchers.loaded import load_run
-from orch.launchers.local import LocalLauncher
-from orch.launchers.on_slurm import SlurmLauncher
-from orch.launchers.slurm import (
+from orch.launchers.local.group import WorkerGroup
+from orch.launchers.local.launcher import LocalLauncher
+from orch.launchers.slurm.job import (
     SlurmJob,
 )
+from orch.launchers.slurm.launcher import SlurmLauncher
 from orch.launchers.spec import LaunchSpec
 from orch.master.coordinator import Coordinator
 from orch.master.server import MasterServer

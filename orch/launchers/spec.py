@@ -25,7 +25,7 @@ from typing import Any, Literal, TypedDict
 import cloudpickle
 
 from orch.errors import ConfigError, PortInUseError
-from orch.launchers.slurm_options import Slurm, check_commands
+from orch.launchers.slurm.options import Slurm, check_commands
 from orch.master.control.pace import HEARTBEAT_INTERVAL, HEARTBEAT_TIMEOUT
 from orch.master.control.progress import ON_HANG, STARTUP_TIMEOUT
 from orch.master.control.stopping import STOP_GRACE

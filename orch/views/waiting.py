@@ -4,7 +4,7 @@ A cell blocked in ``run.wait()`` holds the kernel's main shell; a panel's Stop b
 its metric, log scale and other controls, must still work then. :func:`answer_while_waiting`
 keeps a control's clicks and changes on the kernel subshell the frontend sent them on
 (JupyterLab 4.4+ with ipykernel 7), where they are handled at once, and lets ``wait()``
-handle those sent to the main shell (every other frontend; :mod:`orch.launchers.clicks`).
+handle those sent to the main shell (every other frontend; :mod:`orch.launchers.kernel_wait`).
 :func:`wait_for` is the small poll loop tests and notebooks use to wait for a panel or a run.
 Neither needs ipywidgets at import time, so a script that only waits loads nothing of the
 widgets.
@@ -16,7 +16,7 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from orch.launchers.clicks import EVENTS, allow_clicks
+from orch.launchers.kernel_wait import EVENTS, allow_clicks
 
 if TYPE_CHECKING:
     import ipywidgets as widgets
@@ -32,7 +32,7 @@ def answer_while_waiting(control: widgets.DOMWidget) -> None:
     the user's changes ("update") are plain events, not replies to anything: they go where
     the frontend sent them. A frontend that sends them to the main shell (classic Notebook,
     VS Code, JupyterLab with subshells off) has them handled by the blocked ``wait()``
-    itself (:class:`orch.launchers.clicks.Waiting`). The control's callbacks then run on
+    itself (:class:`orch.launchers.kernel_wait.Waiting`). The control's callbacks then run on
     that thread: the panels draw under a lock their poller takes too.
     """
     comm = getattr(control, "comm", None)

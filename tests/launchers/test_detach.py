@@ -27,7 +27,7 @@ from comm.base_comm import BaseComm
 import orch
 from conftest import TESTS, notebook_kernel, tagged_processes, until
 from orch.launchers.attach_file import ATTACH_FILE
-from orch.launchers.detached_run import DetachedRun
+from orch.launchers.detached.run import DetachedRun
 from orch.wire.states import RunState
 
 pytestmark = pytest.mark.timeout(300)

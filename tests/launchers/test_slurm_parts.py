@@ -13,8 +13,8 @@ import pytest
 
 import orch
 from conftest import ORCH
-from orch.launchers.slurm import _explain, job_script
-from orch.launchers.slurm_options import Slurm
+from orch.launchers.slurm.job import _explain, job_script
+from orch.launchers.slurm.options import Slurm
 from orch.runtime.function_file import FUNCTION_FILE, read_function, write_function
 
 

@@ -1,6 +1,6 @@
-"""The supervisor of a detached run: ``python -m orch.launchers._supervisor --status-fd N``.
+"""The supervisor of a detached run: ``python -m orch.launchers.detached.supervisor --status-fd N``.
 
-Started by :func:`orch.launchers.detach.start_detached` in a session of its own. It reads the run's
+Started by :func:`orch.launchers.detached.start.start_detached` in a session of its own. It reads the run's
 spec from its stdin (a pipe only its parent holds), reports the run id and then "serving" or
 its start-up error on the status pipe, writes ``attach.json`` once its master serves, and
 exits after the run ended and ``result.json`` was written; SIGTERM makes it end the run as
@@ -32,7 +32,7 @@ from orch.record.store import private_dir, write_json_atomic
 from orch.record.writes import own_dir
 from orch.runtime._owner import process_start_time
 
-log = logging.getLogger("orch.launchers._supervisor")  # also when run as __main__
+log = logging.getLogger("orch.launchers.detached.supervisor")  # also when run as __main__
 
 
 class _Status:
@@ -109,9 +109,10 @@ def _endpoint_of(run: Run) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """The supervisor (``python -m orch.launchers._supervisor --status-fd N``) of :func:`start_detached`."""
+    """The supervisor of :func:`start_detached`:
+    ``python -m orch.launchers.detached.supervisor --status-fd N``."""
     parser = argparse.ArgumentParser(
-        prog="python -m orch.launchers._supervisor", description="an orch run's supervisor"
+        prog="python -m orch.launchers.detached.supervisor", description="an orch run's supervisor"
     )
     parser.add_argument("--status-fd", type=int, required=True, help="where to report start-up")
     args = parser.parse_args(argv)

@@ -3,7 +3,7 @@
 The options are checked when ``orch.Slurm(...)`` is made, so a mistake is told in the cell
 that wrote it; the checks of this machine (Slurm's client commands are here, an address the
 nodes reach) run before anything is submitted. Kept apart from the job they become
-(:mod:`orch.launchers.slurm`): the launch's spec checks them without loading any of it.
+(:mod:`orch.launchers.slurm.job`): the launch's spec checks them without loading any of it.
 """
 
 from __future__ import annotations

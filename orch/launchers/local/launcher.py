@@ -1,5 +1,5 @@
 """The ranks of a run on this machine: forked from a forkserver that has torch imported,
-watched by a :class:`~orch.launchers.group.LocalAgent` that restarts them as the
+watched by a :class:`~orch.launchers.local.group.LocalAgent` that restarts them as the
 coordinator's restart rule says."""
 
 from __future__ import annotations
@@ -7,8 +7,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from orch.launchers.group import LocalAgent, WorkerGroup, starting_phase
 from orch.launchers.launcher import Launcher, RunParts
+from orch.launchers.local.group import LocalAgent, WorkerGroup, starting_phase
 from orch.launchers.spec import LaunchSpec
 from orch.master.coordinator import Coordinator
 from orch.record.store import private_dir

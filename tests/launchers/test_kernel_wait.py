@@ -12,8 +12,8 @@ import pytest
 import zmq
 from jupyter_client.session import Session
 
-from orch.launchers import clicks
-from orch.launchers.clicks import Waiting, _Inbox
+from orch.launchers import kernel_wait as clicks
+from orch.launchers.kernel_wait import Waiting, _Inbox
 
 pytestmark = pytest.mark.unit
 

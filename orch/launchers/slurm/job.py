@@ -30,11 +30,10 @@ or the death of the launching process, which a small watcher process notices (it
 the kernel closes) to ``scancel`` the job, so nothing stays queued or running.
 
 This module holds the job: its script, its submission and state (:class:`SlurmJob`), the
-watcher that cancels it when the launching process dies (``python -m orch.launchers.slurm
+watcher that cancels it when the launching process dies (``python -m orch.launchers.slurm.job
 --cancel-when-orphaned``), and :func:`follow_job`, which ties it to the run. The options are
-in :mod:`orch.launchers.slurm_options`, the signed function file in
-:mod:`orch.runtime.function_file`; the names the launch and the command line import from
-here (``Slurm``, ``SlurmError``, ``check_commands``, ``read_function``) are re-exported.
+in :mod:`orch.launchers.slurm.options`, the signed function file in
+:mod:`orch.runtime.function_file`.
 """
 
 from __future__ import annotations
@@ -50,15 +49,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, TYPE_CHECKING
 
-from orch.launchers.slurm_options import COMMAND_TIMEOUT
-from orch.launchers.slurm_options import Slurm as Slurm
-from orch.launchers.slurm_options import SlurmError as SlurmError
-from orch.launchers.slurm_options import check_commands as check_commands
+from orch.launchers.slurm.options import COMMAND_TIMEOUT, Slurm, SlurmError
 from orch.master.control.pace import HEARTBEAT_TIMEOUT
 from orch.record.store import tail
 from orch.record.writes import own_dir
 from orch.runtime._owner import process_alive
-from orch.runtime.function_file import read_function as read_function
 from orch.wire._proto import orchestrator_pb2 as pb
 from orch.wire.auth import TOKEN_ENV
 
@@ -182,7 +177,7 @@ def _explain(stderr: str, cluster: Slurm) -> str:
 class SlurmJob:
     """One batch job: submitted, watched through squeue, cancelled.
 
-    A watcher process (``python -m orch.launchers.slurm --cancel-when-orphaned``) starts before the
+    A watcher process (``python -m orch.launchers.slurm.job --cancel-when-orphaned``) starts before the
     job is submitted and follows this process through a pidfd (a forked child holding a pipe
     cannot fool it): should this process die before it released the watcher, the watcher
     cancels the job, by id once it was told it, else by its unique name.
@@ -233,7 +228,7 @@ class SlurmJob:
         env = {k: v for k, v in self.env.items() if k != TOKEN_ENV}  # it needs no secret
         self._watcher = subprocess.Popen(
             [
-                *(sys.executable, "-m", "orch.launchers.slurm"),
+                *(sys.executable, "-m", "orch.launchers.slurm.job"),
                 *("--cancel-when-orphaned", str(os.getpid()), self.name),
             ],
             stdin=subprocess.PIPE,
@@ -467,4 +462,4 @@ def wait_gone(job: SlurmJob, timeout: float, interval: float = 0.25) -> JobStatu
 if __name__ == "__main__":
     if sys.argv[1:2] == ["--cancel-when-orphaned"] and len(sys.argv) == 4:
         sys.exit(_cancel_when_orphaned(int(sys.argv[2]), sys.argv[3], sys.stdin.buffer))
-    sys.exit("usage: python -m orch.launchers.slurm --cancel-when-orphaned LAUNCHER_PID JOB_NAME")
+    sys.exit("usage: python -m orch.launchers.slurm.job --cancel-when-orphaned LAUNCHER_PID JOB_NAME")

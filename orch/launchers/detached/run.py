@@ -4,7 +4,7 @@
 It talks to the run's master with the address and token of ``attach.json``
 (:mod:`orch.launchers.attach_file`), reads the run dir once the supervisor is gone, and ends
 the run through a signal to the supervisor (checked against its start time, so a reused pid
-is never signalled). Starting a detached run is :mod:`orch.launchers.detach`.
+is never signalled). Starting a detached run is :mod:`orch.launchers.detached.start`.
 """
 
 from __future__ import annotations

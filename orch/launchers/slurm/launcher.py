@@ -3,7 +3,7 @@
 The master stays in the launching process, bound to this machine's address on the route
 to the Slurm controller (or ``master_addr``). The function reaches the nodes through the
 shared run dir, signed with the run's token. The job's queue state reaches the panel
-through the coordinator; the job ends with the run (see :func:`~orch.launchers.slurm.follow_job`).
+through the coordinator; the job ends with the run (see :func:`~orch.launchers.slurm.job.follow_job`).
 """
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ import os
 from pathlib import Path
 
 from orch.launchers.launcher import Launcher, RunParts
-from orch.launchers.slurm import JobStatus, SlurmJob, follow_job, job_script
-from orch.launchers.slurm_options import Slurm, cluster_master_host
+from orch.launchers.slurm.job import JobStatus, SlurmJob, follow_job, job_script
+from orch.launchers.slurm.options import Slurm, cluster_master_host
 from orch.launchers.spec import LaunchSpec
 from orch.master.coordinator import Coordinator
 from orch.record.store import private_dir

@@ -1,9 +1,10 @@
 """Runs that outlive the kernel, by choice: ``orch.launch(..., detach=True)`` and ``orch.attach(run_dir)``.
 
-A detached run is a :class:`~orch.launchers.run.Run` (its master, its forkserver and workers) inside a
-small supervisor process, ``python -m orch.launchers._supervisor``, in a session of its own: the kernel that
-launched it can restart or die and the run goes on; its workers watch the supervisor, not the
-kernel, so they still end when the supervisor does. ::
+A detached run is a :class:`~orch.launchers.run.Run` (its master, its forkserver and
+workers) inside a small supervisor process, ``python -m orch.launchers.detached.supervisor``,
+in a session of its own: the kernel that launched it can restart or die and the run goes
+on; its workers watch the supervisor, not the kernel, so they still end when the supervisor
+does. ::
 
     kernel: launch(detach=True)  ──stdin: the pickled spec──▶  supervisor (new session)
             ◀──status pipe: run id, then "serving" or the start-up error──  Run(spec).start()
@@ -18,7 +19,7 @@ own pid and start time; it exits after the run ended and ``result.json`` was wri
 removes ``attach.json`` then. SIGTERM makes it end the run as ``Run.close()`` does.
 
 This module is the launching side: :func:`start_detached` starts the supervisor and reads its
-status pipe. The handle it returns is :mod:`orch.launchers.detached_run` (``DetachedRun``,
+status pipe. The handle it returns is :mod:`orch.launchers.detached.run` (``DetachedRun``,
 re-exported here), and ``attach.json``, which the supervisor writes and a later ``attach``
 reads, is :mod:`orch.launchers.attach_file`.
 """
@@ -41,7 +42,7 @@ from typing import IO, Any
 
 from orch.errors import ConfigError, OrchError
 from orch.launchers.attach_file import LOG_FILE
-from orch.launchers.detached_run import DetachedRun as DetachedRun
+from orch.launchers.detached.run import DetachedRun
 from orch.launchers.spec import LaunchSpec
 from orch.runtime._source import capture
 from orch.wire.auth import TOKEN_ENV, new_token, token_from_env
@@ -71,7 +72,7 @@ def start_detached(spec: LaunchSpec, *, start_timeout: float = START_TIMEOUT) ->
     early = tempfile.TemporaryFile()  # noqa: SIM115 (closed below)
     try:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "orch.launchers._supervisor", "--status-fd", str(status_w)],
+            [sys.executable, "-m", "orch.launchers.detached.supervisor", "--status-fd", str(status_w)],
             stdin=subprocess.PIPE,
             stdout=early,
             stderr=subprocess.STDOUT,

@@ -89,7 +89,9 @@ def _feed(coord: Any, start: int, end: int, chunk: int = 50_000) -> None:
         for rank in range(RANKS):
             req = pb.HeartbeatRequest(run_id=coord.run_id, worker_id=f"w{rank}", step=hi, total_steps=10**7)
             req.series.append(pb.Series(name="loss", steps=steps_l, values=values, times=times))
-            coord.heartbeat(req)
+            _, write = coord.accept_heartbeat(req)  # as the gRPC master takes it
+            if write is not None:
+                write()
 
 
 def _in_process(coord: Any) -> Any:

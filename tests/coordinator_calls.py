@@ -20,11 +20,20 @@ def reg(c: Coordinator, wid: str, **kw: object) -> int:
     return c.register(pb.RegisterRequest(worker_id=wid, **fields)).rank  # type: ignore[arg-type]
 
 
+def heartbeat(c: Coordinator, req: pb.HeartbeatRequest) -> int:
+    """A heartbeat as the gRPC master takes it: accepted, its write made, then acknowledged;
+    the command for the worker (a pb.Command)."""
+    reply, write = c.accept_heartbeat(req)
+    if write is not None:
+        write()
+    return int(reply.command)
+
+
 def beat(c: Coordinator, wid: str, step: int = 0, run_id: str | None = None, **series: list[float]) -> int:
     req = pb.HeartbeatRequest(run_id=c.run_id if run_id is None else run_id, worker_id=wid, step=step)
     for name, values in series.items():
         req.series.append(pb.Series(name=name, steps=list(range(len(values))), values=values))
-    return c.heartbeat(req)
+    return heartbeat(c, req)
 
 
 def complete(c: Coordinator, wid: str, outcome: int, error: str = "", checksum: str = "x") -> None:

@@ -245,7 +245,7 @@ class Scheduler:
                 self._prune(trial, run, step, pruner)
             elif pruned:
                 trial.state, trial.pruned_at, trial.pruned_time = RunState.PRUNED.value, step, time.time()
-                trial.ended, trial.steps_run = True, trial.earlier_steps + trial.paused_steps
+                trial.ended = True
                 self._tell_ended(trial)
             else:
                 trial.state = QUEUED  # it goes on: run again, past the rungs it passed
@@ -322,7 +322,6 @@ class Scheduler:
             trial.state = RunState.PRUNED.value
         trial.duration = time.time() - trial.started
         trial.pool_start = run.group.pool_start_seconds  # a cold pool's start, within duration
-        trial.steps_run = trial.earlier_steps + _steps_run(run)  # each run's, from step 0 or a checkpoint
         if coord.state is RunState.FAILED:
             cause = coord.root_cause
             trial.failure = error or coord.failure

@@ -195,7 +195,6 @@ class Sweep:
         # at each rung come from across the grid. orch.SHA decides a rung on all of them at once.
         judged_one_by_one = prune is not None and not getattr(prune, "synchronous", False)
         self.shuffled = not searched and (order == "random" or (order is None and judged_one_by_one))
-        self._space = configs
         self._train = train
         self._beat = PRUNE_BEAT if prune is not None else None
         self._run_root_text = run_root

@@ -49,7 +49,6 @@ class Trial:
     pruned_at: int | None = None  # the step its pruner stopped it at (it runs on until its ranks agree)
     pruned_time: float = 0.0  # when (unix seconds)
     reported: dict[int, float] = field(default_factory=dict)  # step -> the metric its pruner was fed
-    steps_run: int = 0  # steps its run finished (known once it ended)
     resume_from: Path | None = None  # an earlier run's checkpoints it starts from
     held_at: int | None = None  # the rung (step) it waits at for a synchronous pruner's decision
     held_since: float = 0.0  # since when (monotonic seconds)

@@ -160,13 +160,6 @@ class Coordinator(RunFacade):
                 now=self._clock(),
             )
 
-    def heartbeat(self, req: pb.HeartbeatRequest) -> int:
-        """Record progress and points; return the command for the worker (a pb.Command)."""
-        reply, write = self.accept_heartbeat(req)
-        if write is not None:
-            write()
-        return int(reply.command)
-
     def accept_heartbeat(
         self, req: pb.HeartbeatRequest
     ) -> tuple[pb.HeartbeatResponse, Callable[[], None] | None]:

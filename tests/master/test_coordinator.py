@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from coordinator_calls import Clock, beat, complete, reg
+from coordinator_calls import Clock, beat, complete, heartbeat, reg
 from orch.master.coordinator import Coordinator, RankState, Reject, RunState
 from orch.wire._proto import orchestrator_pb2 as pb
 from orch.wire.client import StateMirror
@@ -118,10 +118,10 @@ def test_malformed_heartbeat_is_invalid_argument_and_records_nothing() -> None:
     bad = pb.HeartbeatRequest(run_id="r1", worker_id="w0", step=1)
     bad.series.append(pb.Series(name="loss", steps=[1, 2], values=[0.5]))
     with pytest.raises(Reject) as e:
-        c.heartbeat(bad)
+        heartbeat(c, bad)
     assert kind(e) == "invalid_argument"
     with pytest.raises(Reject) as e:
-        c.heartbeat(pb.HeartbeatRequest(run_id="r1", worker_id="w0", step=-4))
+        heartbeat(c, pb.HeartbeatRequest(run_id="r1", worker_id="w0", step=-4))
     assert kind(e) == "invalid_argument"
     assert c.series(0, "loss") == ([], [])
     assert c.ranks[0].step == 0
@@ -363,13 +363,14 @@ def test_memory_holds_a_bounded_tail_and_cursors_stay_valid() -> None:
     mirror.apply(c.snapshot())
     for chunk in range(10):  # 10 x 30 points: 300 logged, at most 100 kept
         steps = list(range(chunk * 30, chunk * 30 + 30))
-        c.heartbeat(
+        heartbeat(
+            c,
             pb.HeartbeatRequest(
                 run_id="r1",
                 worker_id="w0",
                 step=steps[-1],
                 series=[pb.Series(name="loss", steps=steps, values=[1.0] * 30)],
-            )
+            ),
         )
         mirror.apply(c.snapshot(mirror.cursor))
     kept, _ = c.series(0, "loss")
@@ -382,7 +383,7 @@ def test_bounded_metric_names_and_series_per_heartbeat() -> None:
     c = started(world=1)
     many = [pb.Series(name=f"m{i}", steps=[0], values=[0.0]) for i in range(MAX_METRICS_PER_RANK + 1)]
     with pytest.raises(Reject) as e:
-        c.heartbeat(pb.HeartbeatRequest(run_id="r1", worker_id="w0", series=many))
+        heartbeat(c, pb.HeartbeatRequest(run_id="r1", worker_id="w0", series=many))
     assert kind(e) == "invalid_argument"
     for i in range(MAX_METRICS_PER_RANK):
         beat(c, "w0", **{f"m{i}": [0.0]})
@@ -396,13 +397,14 @@ def test_a_long_history_comes_in_bounded_replies() -> None:
     c = started(world=1)
     for chunk in range(5):
         steps = list(range(chunk * 1000, chunk * 1000 + 1000))
-        c.heartbeat(
+        heartbeat(
+            c,
             pb.HeartbeatRequest(
                 run_id="r1",
                 worker_id="w0",
                 step=steps[-1],
                 series=[pb.Series(name="loss", steps=steps, values=[0.5] * 1000)],
-            )
+            ),
         )
     first = c.snapshot(max_points=1500)
     assert first.more and sum(len(s.steps) for s in first.series) == 1500
@@ -455,7 +457,7 @@ def test_a_rank_past_the_section_names_cap_is_told_once_in_the_event_log() -> No
     c = started()
     bucket = pb.StepTiming(steps=1, step_seconds=0.1, sections={"(other sections)": 0.01, "augment": 0.01})
     for _ in range(3):
-        c.heartbeat(pb.HeartbeatRequest(run_id=c.run_id, worker_id="w1", step=1, timing=bucket))
+        heartbeat(c, pb.HeartbeatRequest(run_id=c.run_id, worker_id="w1", step=1, timing=bucket))
     told = [e for e in c.events if e.kind == "sections"]
     assert [(e.rank, e.message) for e in told] == [
         (1, "rank 1 marked more than 31 ctx.section names: the rest are timed together as '(other sections)'")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from coordinator_calls import heartbeat
 from orch.master.control import events as events_module
 from orch.master.control.series import water_level
 from orch.master.coordinator import Coordinator, RunState
@@ -31,13 +32,14 @@ def started(world: int = 2, clock: Clock | None = None, **kw: object) -> Coordin
 
 def points(c: Coordinator, wid: str, name: str, first: int, n: int) -> None:
     steps = list(range(first, first + n))
-    c.heartbeat(
+    heartbeat(
+        c,
         pb.HeartbeatRequest(
             run_id="r1",
             worker_id=wid,
             step=steps[-1],
             series=[pb.Series(name=name, steps=steps, values=[float(s) for s in steps])],
-        )
+        ),
     )
 
 
@@ -188,7 +190,7 @@ def test_many_series_share_the_budget() -> None:
             for m in range(64):
                 steps = list(range(round_ * 20, round_ * 20 + 20))
                 req.series.append(pb.Series(name=f"m{m}", steps=steps, values=[0.0] * 20))
-            c.heartbeat(req)
+            heartbeat(c, req)
     assert c.points_in_memory == held(c) <= 6400  # 25,600 logged across 128 series
     lengths = {len(c.series(r, n)[0]) for r, n in list(c.points)}
     assert max(lengths) - min(lengths) <= 20  # trimmed evenly: no series emptied for another

@@ -18,6 +18,7 @@ import pytest
 from rich.console import Console
 
 from conftest import ORCH
+from coordinator_calls import heartbeat
 from orch.master.coordinator import Coordinator
 from orch.views.dashboard import (
     Dashboard,
@@ -49,10 +50,11 @@ def mirror_of(losses: dict[int, list[float]], rates: dict[int, int]) -> StateMir
             timing = pb.StepTiming(
                 steps=10, step_seconds=1.0, collective_seconds=0.01 if i == 2 else 0.6, collectives=True
             )
-            c.heartbeat(
+            heartbeat(
+                c,
                 pb.HeartbeatRequest(
                     run_id="run-x", worker_id=f"w{i}", step=rates[i] * t, series=series, timing=timing
-                )
+                ),
             )
         c.expire()  # a judgement a second: a straggler shows once two agree
     m = StateMirror()
@@ -104,8 +106,8 @@ def test_dropped_points_are_shown_in_the_dashboard_and_the_panel() -> None:
     c.register(pb.RegisterRequest(worker_id="w", host="h", pid=1, rendezvous_port=1))
     c.can_start(pb.CanStartTrainingRequest(run_id="d", worker_id="w"))
     why = "the master refused a heartbeat of 1,234 points: <a series> is bad"
-    c.heartbeat(
-        pb.HeartbeatRequest(run_id="d", worker_id="w", step=1, dropped_points=1234, dropped_reason=why)
+    heartbeat(
+        c, pb.HeartbeatRequest(run_id="d", worker_id="w", step=1, dropped_points=1234, dropped_reason=why)
     )
     m = StateMirror()
     m.apply(c.snapshot())
@@ -286,7 +288,7 @@ class StepClient:
         self.clock[0] += 1.0
         for i in range(2):
             if self.polls <= 3:
-                self.c.heartbeat(pb.HeartbeatRequest(run_id="run-t", worker_id=f"w{i}", step=self.polls))
+                heartbeat(self.c, pb.HeartbeatRequest(run_id="run-t", worker_id=f"w{i}", step=self.polls))
             else:
                 self.c.complete(
                     pb.CompletionRequest(run_id="run-t", worker_id=f"w{i}", outcome=pb.RANK_SUCCEEDED, step=3)
@@ -411,16 +413,16 @@ def test_a_run_that_stands_still_says_so_with_the_stacks_in_every_view() -> None
     for step in range(1, 6):
         clock[0] += 1.0
         for i in range(2):
-            c.heartbeat(pb.HeartbeatRequest(run_id="run-h", worker_id=f"w{i}", step=step))
+            heartbeat(c, pb.HeartbeatRequest(run_id="run-h", worker_id=f"w{i}", step=step))
     clock[0] += 7.0
     for i in range(2):  # they beat on, their steps stand still
-        c.heartbeat(pb.HeartbeatRequest(run_id="run-h", worker_id=f"w{i}", step=5))
+        heartbeat(c, pb.HeartbeatRequest(run_id="run-h", worker_id=f"w{i}", step=5))
     c.expire()
     assert c.ranks[0].stack_wanted  # asked for in the next reply
     for i, line in ((0, "dist.all_reduce(t)"), (1, "time.sleep(10**6)")):
         frame = pb.Frame(file="Cell In[3]", line=10 + i, function="train", code=line, user=True)
-        c.heartbeat(
-            pb.HeartbeatRequest(run_id="run-h", worker_id=f"w{i}", step=5, stack=pb.Stack(frames=[frame]))
+        heartbeat(
+            c, pb.HeartbeatRequest(run_id="run-h", worker_id=f"w{i}", step=5, stack=pb.Stack(frames=[frame]))
         )
     c.expire()
     m = StateMirror()

@@ -16,6 +16,7 @@ import pytest
 
 import orch
 from conftest import TESTS, images_sent, notebook_kernel
+from coordinator_calls import heartbeat
 from orch.master.coordinator import Coordinator, RunState
 from orch.master.server import MasterServer
 from orch.views._static import WIDGET_VIEW
@@ -238,14 +239,15 @@ def test_table_marks_nan_losses_and_stragglers(widget_messages: list[Any]) -> No
             # Rank 2 computes longest and waits least in the collectives: the straggler.
             wait = 0.01 if i == 2 else 0.6
             timing = pb.StepTiming(steps=10, step_seconds=1.0, collective_seconds=wait, collectives=True)
-            coord.heartbeat(
+            heartbeat(
+                coord,
                 pb.HeartbeatRequest(
                     run_id="r",
                     worker_id=f"w{i}",
                     step=rate * t,
                     series=[pb.Series(name="loss", steps=[rate * t], values=loss)],
                     timing=timing,
-                )
+                ),
             )
         coord.expire()  # a judgement a second: a straggler shows once two agree
         clock[0] += 1.0
@@ -268,7 +270,7 @@ def test_with_no_known_total_the_progress_is_a_turning_count_never_a_full_bar(
     coord = Coordinator(1, run_id="r", clock=lambda: 100.0)  # a still clock: no heartbeat expires
     coord.register(pb.RegisterRequest(worker_id="w", host="h", pid=1, rendezvous_port=29400))
     coord.can_start(pb.CanStartTrainingRequest(run_id="r", worker_id="w"))
-    coord.heartbeat(pb.HeartbeatRequest(run_id="r", worker_id="w", step=37))  # no total_steps
+    heartbeat(coord, pb.HeartbeatRequest(run_id="r", worker_id="w", step=37))  # no total_steps
     with MasterServer(coord, port=0) as server:
         panel = Panel(_Source(server.address), interval=0.05)
         try:
@@ -284,7 +286,7 @@ def test_with_no_known_total_the_progress_is_a_turning_count_never_a_full_bar(
                 labels.add(label)
             assert len(labels) > 1  # it turns while the run goes
             # a total told later: a bar of it
-            coord.heartbeat(pb.HeartbeatRequest(run_id="r", worker_id="w", step=40, total_steps=160))
+            heartbeat(coord, pb.HeartbeatRequest(run_id="r", worker_id="w", step=40, total_steps=160))
             assert wait_for(lambda: panel.progress_label.value == "step 40/160 (25%)", 60)
             assert panel.progress.layout.visibility == "visible"
             assert (panel.progress.value, panel.progress.max) == (40, 160)

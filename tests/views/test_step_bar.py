@@ -9,6 +9,7 @@ import re
 import pytest
 from rich.console import Console
 
+from coordinator_calls import heartbeat
 from orch.master.coordinator import Coordinator
 from orch.views.rendering import render, run_table
 from orch.views.run_html import SECTION_COLORS, SPLIT_WIDTH_PX, table_html
@@ -30,7 +31,7 @@ def mirror_of(timings: dict[int, pb.StepTiming]) -> StateMirror:
     for t in range(3):
         clock[0] += 1.0
         for i, timing in timings.items():
-            c.heartbeat(pb.HeartbeatRequest(run_id="r", worker_id=f"w{i}", step=10 * (t + 1), timing=timing))
+            heartbeat(c, pb.HeartbeatRequest(run_id="r", worker_id=f"w{i}", step=10 * (t + 1), timing=timing))
         c.expire()  # a judgement a second: a straggler shows once two agree
     m = StateMirror()
     m.apply(c.snapshot())

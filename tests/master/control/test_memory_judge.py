@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 import signal
 
-from coordinator_calls import Clock, reg
+from coordinator_calls import Clock, heartbeat, reg
 from orch.master.control.memory import (
     LEAK_MIN_SPAN,
     WARMUP,
@@ -155,7 +155,7 @@ def running_coordinator() -> tuple[Coordinator, Clock]:
 
 
 def beat(c: Coordinator, wid: str, step: int, p: pb.ProcessStats) -> None:
-    c.heartbeat(pb.HeartbeatRequest(run_id="r", worker_id=wid, step=step, process=p))
+    heartbeat(c, pb.HeartbeatRequest(run_id="r", worker_id=wid, step=step, process=p))
 
 
 def test_a_leaking_rank_gets_an_event_and_a_note_through_the_coordinator() -> None:

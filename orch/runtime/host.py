@@ -16,8 +16,9 @@ from collections.abc import Callable
 from orch.runtime._host_attempts import run_attempts
 from orch.runtime._owner import Owner
 from orch.runtime.agent import HostAgent
+from orch.runtime.joining import advertised_address
 from orch.runtime.spec import WorkerSpec
-from orch.runtime.worker import advertised_address, spawn_main
+from orch.runtime.worker import spawn_main
 from orch.wire.auth import token_from_env
 from orch.wire.states import EXIT_ABORTED, describe_exit
 

@@ -24,8 +24,8 @@ from orch.errors import ConfigError, WorkerError
 from orch.master.coordinator import Coordinator, Reject
 from orch.master.server import MasterServer
 from orch.runtime._launcher_env import LaunchedAs, launched_as
+from orch.runtime.joining import check_launched
 from orch.runtime.spec import WorkerSpec
-from orch.runtime.worker import _check_launched
 from orch.wire._proto import orchestrator_pb2 as pb
 from orch.wire._proto import orchestrator_pb2_grpc as pb_grpc
 from orch.wire.auth import open_channel
@@ -119,9 +119,9 @@ def test_refusals_carry_their_grpc_status(master: MasterServer) -> None:
 
 def test_a_master_that_ignores_the_requested_rank_is_an_error() -> None:
     spec = WorkerSpec("127.0.0.1:1", launched=LaunchedAs("slurm", 1, 0, 2, 1))
-    _check_launched(spec, pb.RegisterResponse(rank=1, world_size=2))
+    check_launched(spec, pb.RegisterResponse(rank=1, world_size=2))
     with pytest.raises(WorkerError, match=r"gave rank 0 of 2, not .*SLURM_PROCID=1"):
-        _check_launched(spec, pb.RegisterResponse(rank=0, world_size=2))
+        check_launched(spec, pb.RegisterResponse(rank=0, world_size=2))
 
 
 # -- the launchers' environments ------------------------------------------------------------

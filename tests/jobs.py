@@ -603,3 +603,48 @@ def reexecutes_orch_run(ctx: Any) -> None:
     )  # fmt: skip
     print(f"child exited {proc.returncode}: {proc.stderr.strip()}", flush=True)
     ctx.log(0, child_exit=float(proc.returncode))
+
+
+def returns_a_value(ctx: Any) -> Any:
+    """Trains a DDP model a few steps and returns what config["kind"] asks for: its
+    state_dict, a tensor, a dict of floats, the DDP-wrapped model, a model of a class defined
+    here (cloudpickled by value), something that does not pickle, or a large tensor."""
+    torch.manual_seed(0)
+    model = ctx.ddp(torch.nn.Linear(4, 2))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    x = torch.randn(16, 4)
+    for step in ctx.steps(int(ctx.config.get("steps", 5))):
+        loss = (model(x) ** 2).mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        ctx.log(step, loss=loss.item())
+    kind = ctx.config.get("kind", "state_dict")
+    if kind == "state_dict":
+        return model.module.state_dict()
+    if kind == "tensor":
+        return torch.full((3,), float(ctx.rank))
+    if kind == "floats":
+        return {"rank": float(ctx.rank), "loss": round(loss.item(), 6)}
+    if kind == "ddp":
+        return model
+    if kind == "own_class":
+
+        class Head(torch.nn.Module):
+            def __init__(self, scale: float) -> None:
+                super().__init__()
+                self.scale = torch.nn.Parameter(torch.tensor([scale]))
+
+            def forward(self, t: torch.Tensor) -> torch.Tensor:
+                return t * self.scale
+
+        return Head(2.0 + ctx.rank)
+    if kind == "lock":
+        import threading
+
+        return threading.Lock() if ctx.rank == 1 else "fine"
+    if kind == "big":
+        return torch.zeros(int(ctx.config["numel"]))
+    if kind == "none":
+        return None
+    raise ValueError(kind)

@@ -18,6 +18,7 @@ from orch.experiments.metrics import default_mode, last_value, nonfinite, summar
 from orch.launchers.loaded import LoadedRun, load_run
 from orch.launchers.run import Run
 from orch.record.checkpoint_index import Checkpoint, best_checkpoint
+from orch.record.values import Returned
 from orch.wire.client import StateMirror
 from orch.wire.limits import OWN_METRICS
 
@@ -58,6 +59,7 @@ class Trial:
     paused_steps: int = 0  # the step its run paused at reached (it moves to earlier_steps if it runs again)
     number: int | None = None  # its Optuna trial's number, when a study drives the sweep
     _loaded: LoadedRun | None = field(default=None, repr=False)
+    _returned: Returned | None = field(default=None, repr=False)
 
     @property
     def run_id(self) -> str:
@@ -81,6 +83,23 @@ class Trial:
         if self._loaded is None or not self.done:
             self._loaded = load_run(self.run_dir)
         return self._loaded
+
+    @property
+    def value(self) -> Any:
+        """What rank 0's training function returned in this trial's run (None until it ended,
+        or when it returned None); see :attr:`orch.RunResult.value`."""
+        return self.returned().value if self.ended and self.run_dir is not None else None
+
+    @property
+    def values(self) -> list[Any]:
+        """What every rank returned in this trial's run, in rank order (see :attr:`value`)."""
+        return self.returned().values if self.ended and self.run_dir is not None else []
+
+    def returned(self) -> Returned:
+        m = self.load().state()
+        if self._returned is None or self._returned.attempt != m.attempt:
+            self._returned = Returned(self.run_dir, m.world_size, m.attempt)
+        return self._returned
 
     def adopt(self, run_dir: Path, loaded: LoadedRun, state: str, started: float, duration: float) -> None:
         """Take the run an earlier execution of the sweep made of this config as this trial's."""

@@ -24,7 +24,7 @@ from __future__ import annotations
 import threading
 from abc import ABC, abstractmethod
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -34,6 +34,7 @@ from orch.launchers.kernel_wait import block_until
 from orch.record.checkpoint_index import Checkpoint, best_checkpoint
 from orch.record.mlflow_export import export_mlflow
 from orch.record.rundir import RunRecord
+from orch.record.values import Returned
 from orch.wire.client import MasterClient, StateMirror
 from orch.wire.stacks import Stacks, stacks_of
 from orch.wire.states import RunState
@@ -60,6 +61,7 @@ class RunResult:
     final_loss: list[float]
     param_checksums: list[str]
     run_dir: Path | None  # None for a run known only by its master's address
+    returned: Returned | None = field(default=None, repr=False, compare=False)
 
     @classmethod
     def of(cls, mirror: StateMirror, run_dir: Path | None) -> RunResult:
@@ -73,7 +75,21 @@ class RunResult:
             final_loss=[r.loss for r in mirror.ranks],
             param_checksums=[r.param_checksum for r in mirror.ranks],
             run_dir=run_dir,
+            returned=Returned(run_dir, mirror.world_size, mirror.attempt),
         )
+
+    @property
+    def value(self) -> Any:
+        """What rank 0's training function returned (None if it returned None), on the CPU:
+        ``model.load_state_dict(result.value)``. Loaded from the run dir when first asked for;
+        a value that could not come back (it did not pickle, or was over ``value_cap``) raises
+        :class:`orch.record.values.ValueNotReturned`, naming the rank, its type and why."""
+        return self.returned.value if self.returned is not None else None
+
+    @property
+    def values(self) -> list[Any]:
+        """What every rank's training function returned, in rank order (see :attr:`value`)."""
+        return self.returned.values if self.returned is not None else [None] * self.world_size
 
 
 def failure_of(mirror: StateMirror) -> RunFailed:

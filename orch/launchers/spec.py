@@ -32,6 +32,7 @@ from orch.master.control.stopping import STOP_GRACE
 from orch.master.coordinator import Coordinator
 from orch.runtime._script import Script, script_target
 from orch.runtime._target import EXAMPLE, TrainFn, resolve_fn, split_target
+from orch.runtime.values import VALUE_CAP
 
 Check = Callable[[str, Any], None]  # (the option's name, its value); raises ConfigError
 # Which front doors take an option as a keyword: "run", every run's (orch.launch, and each run
@@ -197,6 +198,13 @@ class LaunchSpec:
         parse=float,
         check=_seconds,
     )
+    value_cap: int = option(
+        VALUE_CAP,
+        front="run",
+        help="most bytes a rank's returned value may take to come back as result.value (default 1 GiB)",
+        parse=int,
+        check=_at_least(1),
+    )
     threads: int | None = option(
         front="run",
         help="torch threads per rank (default: the cores shared out)",
@@ -327,6 +335,7 @@ class RunOptions(TypedDict, total=False):
     stop_grace: float
     threads: int | None
     max_restarts: int
+    value_cap: int
 
 
 class LaunchOptions(RunOptions, total=False):

@@ -33,6 +33,7 @@ class WorkerSpec:
     master_timeout: float | None = None  # None: the master's heartbeat timeout
     collective_timeout: float = 1800.0
     run_root: str = "runs"  # checkpoints and error files go to run_root/<run-id>/
+    value_cap: int = 1 << 30  # bytes the function's returned value may take (orch.runtime.values)
     owner: Owner | None = None  # end when this process (the launcher) is gone
     token: str | None = None  # None: $ORCH_TOKEN
     tls_ca: str | None = None  # verify the master's TLS certificate against this CA

@@ -51,6 +51,7 @@ from orch.runtime.joining import (
     serve_rendezvous,
 )
 from orch.runtime.spec import WorkerSpec
+from orch.runtime.values import keep_value
 from orch.wire._net import (
     DEFAULT_RENDEZVOUS_PORT,
     is_local_address,
@@ -301,7 +302,8 @@ def run_worker(spec: WorkerSpec) -> int:
             finally:
                 os._exit = real_exit
         else:
-            fn(ctx)
+            # What it returns goes to the run dir, before the end is reported (run.wait() reads it)
+            keep_value(Path(spec.run_root) / run_id, rank, ctx.attempt, fn(ctx), spec.value_cap)
         checksum = ctx.param_checksum()
         if ctx.stopped:
             outcome = pb.RANK_STOPPED

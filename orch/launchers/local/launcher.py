@@ -82,6 +82,7 @@ class LocalLauncher(Launcher):
                 env=env,
                 log_file=str(self.run_dir / "logs" / f"{prefix}{i}.log"),
                 run_root=spec.run_root,
+                value_cap=spec.value_cap,
                 tls_ca=parts.tls_ca,
                 tls_server_name=parts.tls_server_name,
                 workdir=spec.workdir,

@@ -18,6 +18,7 @@ ipywidgets and matplotlib. The layers under this face, each importing only those
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import os
 import sys
@@ -63,6 +64,7 @@ if TYPE_CHECKING:
     from orch.launchers.attached import AttachedRun
     from orch.launchers.contract import RunResult
     from orch.launchers.detached.run import DetachedRun
+    from orch.launchers.gang import Gang, gang
     from orch.launchers.loaded import LoadedRun, load_run
     from orch.launchers.run import Run
     from orch.launchers.slurm.options import Slurm, SlurmError
@@ -87,6 +89,8 @@ _EXPORTS = {
     "ConfigError": "orch.errors",
     "Context": "orch.runtime.context",
     "DetachedRun": "orch.launchers.detached.run",
+    "Gang": "orch.launchers.gang",
+    "gang": "orch.launchers.gang",
     "LoadedRun": "orch.launchers.loaded",
     "MasterClient": "orch.wire.client",
     "MasterUnavailable": "orch.errors",
@@ -151,6 +155,7 @@ __all__ = [  # noqa: RUF022 (in plain sorted order, as the README lists them)
     "choice",
     "close_all",
     "compare",
+    "gang",
     "grid",
     "launch",
     "load_run",
@@ -183,10 +188,31 @@ def _panel_for(kind: str) -> Any:
         from orch.views.panel import Panel
 
         return Panel
+    if kind == "gang":  # a gang's calls, overlaid
+        from orch.views.comparison import compare
+
+        return compare
     from orch.views.sweep_panel import SweepPanel
 
     return SweepPanel
 
 
+def _orch_cell(line: str, cell: str) -> Any:
+    """``%%orch gang``: the cell's code on every rank of the gang (see :mod:`orch._magic`)."""
+    from orch._magic import orch_cell
+
+    return orch_cell(line, cell)
+
+
+def _install_magic() -> None:
+    """Register ``%%orch`` in this process's IPython shell, if there is one."""
+    ipython = sys.modules.get("IPython")
+    with contextlib.suppress(Exception):
+        shell = ipython.get_ipython() if ipython is not None else None
+        if shell is not None:
+            shell.register_magic_function(_orch_cell, magic_kind="cell", magic_name="orch")
+
+
 _viewable.set_panel_factory(_panel_for)
 _tracebacks.install()  # in a notebook, orch's errors lead with their message
+_install_magic()

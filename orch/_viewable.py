@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, Literal
 
-Kind = Literal["run", "sweep"]
+Kind = Literal["run", "sweep", "gang"]
 _factory: Callable[[Kind], Any] | None = None
 
 

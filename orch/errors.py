@@ -85,6 +85,7 @@ class RunFailed(OrchError):
 _FRAME = re.compile(
     r'^\s*(?:File "(?P<file>[^"]+)"|(?P<cell>Cell In\[\d+\])), line (?P<line>\d+), in (?P<fn>.+)$'
 )
+_ORCH_CELL = re.compile(r"<orch cell (In\[\d+\])>")  # orch.runtime.gang.run_cell's file name
 _NOT_USER = tuple(
     os.path.join(os.path.abspath(p), "")
     for p in {
@@ -108,6 +109,10 @@ def raised_at(traceback: str) -> str:
             found = f"{m['cell']}, line {m['line']}, in {m['fn']}"
             continue
         path = m["file"]
+        cell = _ORCH_CELL.fullmatch(path)
+        if cell is not None:  # a %%orch cell's code, run on the ranks: named as the cell it is
+            found = f"Cell {cell[1]}, line {m['line']}, in {m['fn']}"
+            continue
         if path.startswith("<") or (
             os.path.abspath(path).startswith(_NOT_USER)
             and not path.endswith(os.path.join("orch", "example.py"))

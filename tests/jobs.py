@@ -648,3 +648,38 @@ def returns_a_value(ctx: Any) -> Any:
     if kind == "none":
         return None
     raise ValueError(kind)
+
+
+# -- a gang's calls (orch.gang): build once, train in several calls ---------------------------
+def gang_build(ctx: Any, lr: float = 0.1) -> None:
+    torch.manual_seed(0)
+    ctx.state.model = ctx.ddp(torch.nn.Linear(4, 1))
+    ctx.state.opt = torch.optim.SGD(ctx.state.model.parameters(), lr=lr)
+    torch.manual_seed(1 + ctx.rank)
+    ctx.state.x = torch.randn(16, 4)
+    ctx.state.y = ctx.state.x.sum(1, keepdim=True)
+
+
+def gang_train(ctx: Any, steps: int) -> dict[str, Any]:
+    s = ctx.state
+    for step in ctx.steps(steps):
+        loss = ((s.model(s.x) - s.y) ** 2).mean()
+        s.opt.zero_grad()
+        loss.backward()
+        s.opt.step()
+        ctx.log(step, loss=loss.item())
+    return s.model.module.state_dict()
+
+
+def gang_in_one_run(ctx: Any) -> dict[str, Any]:
+    """The same steps as gang_build then gang_train three times, in one run."""
+    gang_build(ctx)
+    for _ in range(3):
+        trained = gang_train(ctx, int(ctx.config["steps"]))
+    return trained
+
+
+def gang_slow(ctx: Any) -> None:
+    for step in ctx.steps(1_000_000):
+        time.sleep(0.01)
+        ctx.log(step, loss=1.0)

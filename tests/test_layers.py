@@ -21,6 +21,8 @@ PACKAGE = ROOT / "orch"
 HEAVY = {
     ("orch", "orch.views.panel"): "ipywidgets, matplotlib",
     ("orch", "orch.views.sweep_panel"): "ipywidgets, matplotlib",
+    ("orch", "orch.views.comparison"): "ipywidgets, matplotlib",
+    ("orch", "orch._magic"): "torch, grpc: the launchers, when a %%orch cell first runs",
     ("orch.runtime.worker", "orch.runtime.context"): "torch",
 }
 

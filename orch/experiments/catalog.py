@@ -43,6 +43,7 @@ from orch.experiments.run_row import (
 )
 from orch.experiments.run_table import RunTable, runs
 from orch.experiments.sweep import close_all_sweeps
+from orch.launchers.gang import close_all_gangs
 from orch.launchers.run import close_all_runs, live_runs
 from orch.record.rundir import read_json
 
@@ -68,10 +69,11 @@ __all__ = [
 
 # -- runs of this process ----------------------------------------------------------------------
 def close_all() -> int:
-    """End every run still live in this process (as ``run.close()``), and every sweep's, which
-    then starts no more; returns how many runs there were."""
+    """End every run still live in this process (as ``run.close()``), every sweep's, which
+    then starts no more, and every gang's ranks; returns how many runs there were."""
     count = len(live_runs())
     close_all_sweeps()  # first: a sweep would start its next config in the place of a closed one
+    close_all_gangs()
     close_all_runs()
     return count
 

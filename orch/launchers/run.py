@@ -24,6 +24,7 @@ import socket
 import threading
 import time
 import weakref
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -58,10 +59,20 @@ RENDEZVOUS_FILE = re.compile(r"rendezvous\.a[0-9]+")  # the ranks' file store, o
 class Run(RunHandle):
     """A run started on this machine. Use :func:`orch.launch` to make one."""
 
-    def __init__(self, spec: LaunchSpec, *, sources: SourceMap | None = None) -> None:
+    def __init__(
+        self,
+        spec: LaunchSpec,
+        *,
+        sources: SourceMap | None = None,
+        launcher: Callable[[LaunchSpec, Coordinator, Path], Launcher] | None = None,
+    ) -> None:
+        """``launcher``: what gives the run its ranks (default: this machine's or Slurm's, by
+        the spec); a gang's call passes its own."""
         self.spec = spec
-        kind = launcher_for(spec)
-        self.coordinator = spec.coordinator(restart_through_hosts=kind.restarts_through_hosts)
+        kind = launcher or launcher_for(spec)
+        self.coordinator = spec.coordinator(
+            restart_through_hosts=getattr(kind, "restarts_through_hosts", False)
+        )
         self._run_id = self.coordinator.run_id
         self._run_dir = Path(spec.run_root) / self.run_id
         self.server: MasterServer | None = None

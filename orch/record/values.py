@@ -19,6 +19,7 @@ from orch.errors import OrchError
 from orch.record.owned import open_own
 
 VALUES_DIR = "values"
+VALUE_CAP = 1 << 30  # bytes a rank's returned value may take, by default (1 GiB)
 
 
 def value_name(rank: int, attempt: int) -> str:

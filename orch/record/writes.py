@@ -287,6 +287,17 @@ class OwnDir:
             os.unlink(name, dir_fd=self.fd)  # a link itself goes, never what it points at
         return True
 
+    def remove_empty(self, name: str) -> bool:
+        """Remove the folder ``name`` if it is empty (never a link, never what is in it); True if gone."""
+        _plain(name)
+        try:
+            os.rmdir(name, dir_fd=self.fd)
+        except FileNotFoundError:
+            return True
+        except OSError:  # not empty, not a folder (a link to one included)
+            return False
+        return True
+
     def move(self, name: str, new: str) -> None:
         _plain(name)
         _plain(new)

@@ -9,6 +9,7 @@ import math
 import numbers
 import operator
 import threading
+import types
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
@@ -63,8 +64,12 @@ class Context:
         control_group: Any = None,
         checkpoint_dir: Path | None = None,
         attempt: int = 1,
+        state: types.SimpleNamespace | None = None,
     ) -> None:
         self.rank = rank
+        # What the function keeps for its next call in a gang (orch.gang): the rank's namespace,
+        # which a %%orch cell's names are in too. A run's own otherwise.
+        self.state = state if state is not None else types.SimpleNamespace()
         self.world_size = world_size
         self.local_rank = local_rank
         self.device = device

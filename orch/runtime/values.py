@@ -25,15 +25,12 @@ from pathlib import Path
 from typing import Any
 
 import cloudpickle
-import torch
 
 from orch.record.store import private_dir
-from orch.record.values import VALUES_DIR, error_name, value_name, words
+from orch.record.values import VALUE_CAP, VALUES_DIR, error_name, value_name, words
 from orch.record.writes import own_dir
 
 log = logging.getLogger(__name__)
-
-VALUE_CAP = 1 << 30  # bytes a rank's returned value may take, by default (1 GiB)
 
 
 class _OverCap(Exception):
@@ -62,6 +59,8 @@ class _Capped:
 def on_cpu(value: Any) -> Any:
     """``value`` with its tensors on the CPU: in dicts, lists, tuples and modules (a module
     wrapped by DistributedDataParallel is the module it wraps)."""
+    import torch  # here: a launcher imports this module, and only a rank pays for torch
+
     if isinstance(value, torch.Tensor):
         return value.detach().cpu()
     if isinstance(value, torch.nn.parallel.DistributedDataParallel):
@@ -77,6 +76,8 @@ def on_cpu(value: Any) -> Any:
 
 def tensor_bytes(value: Any, seen: set[int] | None = None) -> int:
     """The bytes of the tensors in ``value`` (each storage counted once)."""
+    import torch
+
     seen = set() if seen is None else seen
     if isinstance(value, torch.Tensor):
         key = value.untyped_storage().data_ptr() if value.numel() else id(value)
@@ -98,6 +99,8 @@ def keep_value(run_dir: Path, rank: int, attempt: int, value: Any, cap: int = VA
     (also left as the rank's error file and in its log)."""
     if value is None:
         return None
+    import torch
+
     kind = f"{type(value).__module__}.{type(value).__qualname__}"
     why = ""
     try:

@@ -39,6 +39,7 @@ from orch.runtime._stack import capture as capture_stack
 from orch.runtime._target import resolve_fn
 from orch.runtime._torchrun import GroupAdopter, environment, real_init_process_group
 from orch.runtime._world import watcher as world_watcher
+from orch.runtime.gang_session import Session
 from orch.runtime.joining import (
     advertised_address,
     barrier,
@@ -151,8 +152,12 @@ def _report(
     return True
 
 
-def run_worker(spec: WorkerSpec) -> int:
-    """Join the run at ``spec.master`` and train; returns the process exit code."""
+def run_worker(spec: WorkerSpec, session: Session | None = None) -> int:
+    """Join the run at ``spec.master`` and train; returns the process exit code.
+
+    ``session``: this process is a rank of a gang (:mod:`orch.runtime.gang`), which keeps its
+    process group, orch's control group and its namespace (``ctx.state``) from one call (one
+    run) to the next: the group is made at its first call and never destroyed here."""
     import torch
     import torch.distributed as dist
     from torch._C._distributed_c10d import TCPStore
@@ -202,8 +207,11 @@ def run_worker(spec: WorkerSpec) -> int:
         fn = resolve_fn(fn_name, spec.workdir)
         install(fn, spec.sources)
         config = spec.config if spec.config is not None else json.loads(reg.config_json or "{}")
+        kept = session is not None and session.group_up
         store = None
-        if spec.rendezvous_file:
+        if kept:
+            pass  # a gang's next call: its ranks' group is up
+        elif spec.rendezvous_file:
             store = file_store(spec.rendezvous_file, reg, world, spec.collective_timeout)
         elif rank == 0:
             store = serve_rendezvous(stub, spec, reg, spec.collective_timeout)
@@ -215,7 +223,7 @@ def run_worker(spec: WorkerSpec) -> int:
             device = torch.device("cuda", spec.local_rank)
         else:
             device = torch.device("cpu")
-        if store is None:
+        if store is None and not kept:
             store = TCPStore(
                 go.master_addr,
                 go.master_port,
@@ -249,7 +257,10 @@ def run_worker(spec: WorkerSpec) -> int:
             )
 
         control = None
-        if not isinstance(fn, Script):
+        if kept:
+            assert session is not None
+            control = session.control
+        elif not isinstance(fn, Script):
             # A function of ctx gets its group (and orch's own, for ctx.steps) before it runs; a
             # script makes the group itself, with its backend and timeout, when it asks for it.
             make_group(None, None, None)
@@ -262,7 +273,10 @@ def run_worker(spec: WorkerSpec) -> int:
                 go.master_port,
                 device,
             )
-        adopter = GroupAdopter(rank=rank, world_size=world, make=make_group).install()
+        if session is not None:
+            session.group_up, session.control = True, control
+        else:
+            adopter = GroupAdopter(rank=rank, world_size=world, make=make_group).install()
         _nested.guard()
         _scalars.install()
         ctx: Context
@@ -288,6 +302,7 @@ def run_worker(spec: WorkerSpec) -> int:
             control_group=control,
             checkpoint_dir=Path(spec.run_root) / run_id / "checkpoints",
             attempt=reg.attempt or 1,
+            state=session.state if session is not None else None,
         )
         sender.total_steps = reg.total_steps
         training_thread = threading.get_ident()
@@ -336,7 +351,9 @@ def run_worker(spec: WorkerSpec) -> int:
     if outcome != pb.RANK_FAILED or not reported:
         _report(stub, run_id, spec.worker_id, outcome, error, checksum, step)
     current.set_context(None)
-    if outcome != pb.RANK_FAILED:
+    if session is not None:
+        session.broken = outcome == pb.RANK_FAILED
+    elif outcome != pb.RANK_FAILED:
         if adopter is not None:
             adopter.destroy_all()
         elif dist.is_initialized():
@@ -394,15 +411,9 @@ def own_logging(worker_id: str) -> None:
     logger.propagate = False
 
 
-def spawn_main(payload: bytes) -> None:
-    """Entry point of a worker process started by the launcher (forkserver or spawn)."""
-    import cloudpickle
-
-    spec: WorkerSpec = cloudpickle.loads(payload)
-    # Ctrl-C in a terminal and a notebook's "Interrupt Kernel" signal the launcher's whole
-    # process group: they are meant for the launcher, which stops the run as asked (or not
-    # at all). A worker ends through its launcher (SIGTERM) or its master, never on SIGINT.
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
+def enter(spec: WorkerSpec) -> None:
+    """Point this process at ``spec``'s run: its output to the rank's log, the launcher's
+    environment and folder, log lines named by the worker (a gang's rank, at each call)."""
     if spec.log_dir and not spec.log_file:
         spec.log_file = str(Path(spec.log_dir) / f"{spec.worker_id}.log")
     if spec.log_file:
@@ -421,6 +432,18 @@ def spawn_main(payload: bytes) -> None:
     if spec.workdir:
         os.chdir(spec.workdir)  # the launcher's folder at this launch, as torchrun's workers
     own_logging(spec.worker_id)
+
+
+def spawn_main(payload: bytes) -> None:
+    """Entry point of a worker process started by the launcher (forkserver or spawn)."""
+    import cloudpickle
+
+    spec: WorkerSpec = cloudpickle.loads(payload)
+    # Ctrl-C in a terminal and a notebook's "Interrupt Kernel" signal the launcher's whole
+    # process group: they are meant for the launcher, which stops the run as asked (or not
+    # at all). A worker ends through its launcher (SIGTERM) or its master, never on SIGINT.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    enter(spec)
     # What the training code starts stays in this process's tree, and ends with it.
     become_subreaper()
     try:

@@ -171,7 +171,9 @@ def test_the_capped_file_stops_writing_at_the_cap(tmp_path: Path) -> None:
 def test_a_value_whose_pickle_passes_the_cap_stops_being_written_there(tmp_path: Path) -> None:
     """No tensor to count: the write itself stops at the cap, and leaves no file behind."""
     why = keep_value(tmp_path / "run", 0, 1, list(range(100_000)), cap=10_000)
-    assert why is not None and why.startswith("rank 0's value (builtins.list) takes more than the cap of 10 kB")
+    assert why is not None and why.startswith(
+        "rank 0's value (builtins.list) takes more than the cap of 10 kB"
+    )
     assert os.listdir(tmp_path / "run" / "values") == ["rank-0.a1.error"]
     assert keep_value(tmp_path / "run", 1, 1, list(range(10)), cap=10_000) is None
     assert Returned(tmp_path / "run", 2, 1).of(1) == list(range(10))

@@ -1,0 +1,314 @@
+"""A gang: ranks that stay up across cells, each call a run of its own (``orch.gang``).
+
+``gang = orch.gang(world_size=4)`` starts the ranks once (from the workers' forkserver, as a
+launch does); ``gang.run(fn, *args, **kwargs)`` runs ``fn(ctx, *args, **kwargs)`` on every
+rank and returns an :class:`~orch.launchers.run.Run`: its own master, run dir, panel, stacks,
+Stop and values, as any launch. The ranks keep their process group and their namespace
+(``ctx.state``) between calls, so one cell builds the model and the next trains it. A
+``%%orch gang`` cell runs its code on every rank in that namespace (:mod:`orch._magic`);
+``gang.pull(name, rank=0)`` and ``gang.push(name=value)`` move objects.
+
+A call that fails (a rank raised, or died) ends as a failed run, naming the rank, and ends the
+gang's ranks with it: their collectives may be half done. The next call starts the gang afresh
+(a new process group; ``ctx.state`` is empty again), and its first line says so. ``close()``,
+the end of a ``with`` block and the kernel's death end every rank.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import logging
+import multiprocessing as mp
+import secrets
+import threading
+import time
+from collections.abc import Callable
+from multiprocessing.connection import Connection
+from pathlib import Path
+from typing import Any
+
+from typing_extensions import Unpack
+
+from orch._viewable import panel_class
+from orch.errors import OrchError
+from orch.launchers.launcher import RunParts
+from orch.launchers.local.group import _main_not_inherited, worker_context
+from orch.launchers.local.launcher import LocalLauncher
+from orch.launchers.run import Run, register_exit_hook
+from orch.launchers.spec import LaunchSpec, RunOptions, spec_of
+from orch.master.coordinator import Coordinator
+from orch.record.store import private_dir, tail
+from orch.record.writes import own_dir
+from orch.runtime import gang as rank_side
+from orch.runtime._owner import Owner
+from orch.runtime._script import Script
+
+log = logging.getLogger(__name__)
+
+END_WAIT = 3.0  # seconds a call's ranks get to send their code once its run ended
+
+
+class Gang:
+    """Ranks that stay up across calls. Use :func:`orch.gang` to make one."""
+
+    def __init__(self, world_size: int = 4, *, run_root: str = "runs", **options: Unpack[RunOptions]) -> None:
+        if "args" in options or "module" in options:
+            raise OrchError(
+                "a gang runs functions of ctx (gang.run(fn, ...)), not scripts: leave out args= and module="
+            )
+        self.world_size = world_size
+        self.run_root = run_root
+        self.options: RunOptions = dict(options)  # type: ignore[assignment]
+        self.gang_id = secrets.token_hex(6)
+        self.folder = Path(run_root) / ".gangs" / self.gang_id  # the ranks' file store
+        spec_of("orch.gang", RunOptions, self.options, fn=None, world_size=world_size, run_root=run_root)
+        self.calls: list[Run] = []
+        self.restarts = 0
+        self.lost = ""  # why the ranks' state was lost, said by the next call
+        self._procs: list[mp.process.BaseProcess] = []
+        self._conns: list[Connection] = []
+        self._lock = threading.Lock()
+        self._closed = False
+        self._start()
+        _GANGS.add(self)
+        register_exit_hook()
+
+    # -- the ranks -------------------------------------------------------------------------
+    def _start(self) -> None:
+        private_dir(self.folder.parent.parent)
+        private_dir(self.folder.parent)
+        private_dir(self.folder)
+        ctx = worker_context()
+        owner = Owner()
+        self._procs, self._conns = [], []
+        for i in range(self.world_size):
+            parent, child = ctx.Pipe()
+            p = ctx.Process(
+                target=rank_side.gang_main, args=(owner, child), name=f"orch-gang-{self.gang_id}-{i}"
+            )
+            with _main_not_inherited():
+                p.start()
+            child.close()
+            self._procs.append(p)
+            self._conns.append(parent)
+
+    def _end_ranks(self, grace: float = 1.0) -> None:
+        """End every rank: close their pipes (a rank between calls leaves), then SIGTERM, SIGKILL."""
+        for conn in self._conns:
+            with contextlib.suppress(OSError):
+                conn.close()
+        deadline = time.monotonic() + grace
+        for p in self._procs:
+            p.join(max(0.0, deadline - time.monotonic()))
+        for p in self._procs:
+            if p.exitcode is None:
+                with contextlib.suppress(Exception):
+                    p.terminate()
+        for p in self._procs:
+            p.join(grace)
+            if p.exitcode is None:
+                with contextlib.suppress(Exception):
+                    p.kill()
+                p.join(5.0)
+        self._procs, self._conns = [], []
+
+    def broken(self, why: str) -> None:
+        """A call failed: end the ranks now; the next call starts them afresh, saying ``why``."""
+        self.lost = why
+        self._end_ranks(0.2)
+
+    @property
+    def pids(self) -> list[int]:
+        """The ranks' process ids, in rank order (empty while the gang is down)."""
+        return [p.pid or 0 for p in self._procs]
+
+    # -- calls -----------------------------------------------------------------------------
+    def run(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Run:
+        """Run ``fn(ctx, *args, **kwargs)`` on every rank; return the call's run at once
+        (``.wait()`` for what the ranks returned, ``.panel()`` to watch it)."""
+        if isinstance(fn, (str, Script)) or not callable(fn):
+            raise OrchError(f"gang.run takes a function of ctx, got {fn!r:.80}")
+        return self._call(rank_side.call(fn, args, kwargs), getattr(fn, "__name__", "call"))
+
+    def _call(self, fn: Callable[[Any], Any], label: str) -> Run:
+        with self._lock:
+            if self._closed:
+                raise OrchError(f"gang {self.gang_id} is closed: make a new one with orch.gang(...)")
+            live = [c for c in self.calls if not c.done]
+            if live:
+                raise OrchError(
+                    f"gang {self.gang_id} is running call {len(self.calls)} ({live[0].run_id}): wait for "
+                    "it (run.wait()), or stop it (run.stop()), before the next call"
+                )
+            if not self._procs:
+                self.restarts += 1
+                print(
+                    f"orch: gang {self.gang_id} started afresh: {self.lost}; its ranks' state is lost",
+                    flush=True,
+                )
+                self._start()
+            spec = spec_of(
+                "gang.run",
+                RunOptions,
+                self.options,
+                fn=fn,
+                world_size=self.world_size,
+                run_root=self.run_root,
+                name=f"gang {self.gang_id} call {len(self.calls) + 1}: {label}",
+            )
+            run = Run(spec, launcher=lambda s, c, d: GangLauncher(self, s, c, d))
+            self.calls.append(run)
+        return run.start()
+
+    def pull(self, name: str, rank: int = 0) -> Any:
+        """The object ``name`` in rank ``rank``'s namespace (``ctx.state.name``), here."""
+        with self._call(_bound(rank_side.pull, name, rank), f"pull {name}") as run:
+            return run.wait().values[rank]
+
+    def push(self, **values: Any) -> None:
+        """Set ``values`` in every rank's namespace (``ctx.state``; a ``%%orch`` cell's names)."""
+        with self._call(_bound(rank_side.push, values), f"push {', '.join(values)}") as run:
+            run.wait()
+
+    def run_cell(self, source: str, filename: str) -> Run:
+        """Run a cell's code on every rank, in their namespaces (the ``%%orch`` magic)."""
+        return self._call(_bound(rank_side.run_cell, source, filename), "cell")
+
+    # -- ending ----------------------------------------------------------------------------
+    def close(self) -> None:
+        """End the live call (if any) and every rank; the gang takes no more calls."""
+        with self._lock:
+            self._closed = True
+        for call in self.calls:
+            if not call.done:
+                call.close()
+        self._end_ranks()
+        _GANGS.discard(self)
+        with contextlib.suppress(OSError, OrchError), own_dir(self.folder) as folder:
+            for name in folder.names():
+                folder.remove(name)  # the ranks' file stores, one a start
+        with contextlib.suppress(OSError, OrchError), own_dir(self.folder.parent) as gangs:
+            gangs.remove_empty(self.folder.name)
+
+    def __enter__(self) -> Gang:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def panel(self, **options: Any) -> Any:
+        """The calls so far overlaid, each with its curves, state and time (``orch.compare``)."""
+        return panel_class("gang")(self.calls, **options)
+
+    def __repr__(self) -> str:
+        state = "closed" if self._closed else ("up" if self._procs else "down")
+        return f"<orch.Gang {self.gang_id}: {self.world_size} ranks, {state}, {len(self.calls)} calls>"
+
+
+def _bound(fn: Callable[..., Any], *args: Any) -> Callable[[Any], Any]:
+    def bound(ctx: Any) -> Any:
+        return fn(ctx, *args)
+
+    bound.__name__ = bound.__qualname__ = fn.__name__
+    bound.__module__ = fn.__module__
+    return bound
+
+
+class GangLauncher(LocalLauncher):
+    """The ranks of one gang call: the gang's processes, sent the call instead of started."""
+
+    def __init__(self, gang: Gang, spec: LaunchSpec, coordinator: Coordinator, run_dir: Path) -> None:
+        super().__init__(spec, coordinator, run_dir)
+        self.gang = gang
+        coordinator.rendezvous_file = True  # the gang's own file store, made at its first call
+        coordinator.starting(f"the gang's {spec.world_size} ranks take the call")
+        self.worker_ids: list[str] = []
+        self.returned: dict[int, int] = {}
+
+    def supervise(self, parts: RunParts) -> None:
+        coord, gang = self.coordinator, self.gang
+        specs = self.worker_specs(parts, 1)
+        self.worker_ids = [s.worker_id for s in specs]
+        import cloudpickle
+
+        try:
+            for spec, conn in zip(specs, gang._conns, strict=True):
+                spec.owner = None  # the rank watches the gang's launcher already
+                spec.rendezvous_file = str(gang.folder / f"rendezvous-{gang.restarts}")  # afresh each start
+                conn.send_bytes(cloudpickle.dumps(spec))
+        except (OSError, ValueError) as e:
+            coord.fail(f"the gang's ranks could not take the call: {e}")
+            gang.broken(f"call {len(gang.calls)} could not reach its ranks")
+            return
+        done_since: float | None = None
+        while not parts.closing.is_set():
+            self.collect_exits()
+            if coord.state.failing:
+                gang.broken(f"call {len(gang.calls)} ({self.run_dir.name}) failed: {coord.failure}"[:300])
+                self._gone(expected=True)
+                coord.give_up(coord.restart_refusal() or "")
+                return
+            if len(self.returned) == len(specs):
+                if not coord.state.done:
+                    coord.fail("every rank's call returned before the run finished")
+                return
+            if coord.state.done:
+                done_since = done_since if done_since is not None else time.monotonic()
+                if time.monotonic() - done_since > END_WAIT:
+                    gang.broken(f"call {len(gang.calls)}'s ranks did not return after it ended")
+                    self._gone(expected=True)
+                    return
+            time.sleep(self.spec.poll_interval)
+
+    def collect_exits(self) -> None:
+        """A rank's call returned (its code, on the pipe), or its process died."""
+        for i, conn in enumerate(self.gang._conns):
+            if i in self.returned or i >= len(self.worker_ids):
+                continue
+            code: int | None = None
+            with contextlib.suppress(EOFError, OSError, ValueError):
+                if conn.poll():
+                    code = int(conn.recv_bytes().decode())
+            proc = self.gang._procs[i]
+            if code is None and proc.exitcode is not None:
+                code = proc.exitcode
+            if code is None:
+                continue
+            self.returned[i] = code
+            wid = self.worker_ids[i]
+            detail = "" if code == 0 else tail(self.run_dir / "logs" / f"{wid}.log", 30)
+            self.coordinator.rank_exited(wid, code, detail=detail)
+
+    def _gone(self, expected: bool) -> None:
+        for i, wid in enumerate(self.worker_ids):
+            if i not in self.returned:
+                self.returned[i] = -15
+                self.coordinator.rank_exited(wid, -15, expected=expected)
+
+    def end(self) -> None:
+        if len(self.returned) < len(self.worker_ids):
+            self.gang.broken(f"call {self.run_dir.name} was closed while it ran")
+            self._gone(expected=True)
+
+    def log_files(self) -> dict[str, Path]:
+        return {wid: self.run_dir / "logs" / f"{wid}.log" for wid in self.worker_ids}
+
+
+def gang(world_size: int = 4, *, run_root: str = "runs", **options: Unpack[RunOptions]) -> Gang:
+    """Start ``world_size`` ranks that stay up across calls (see :class:`Gang`): build a model in
+    one cell with ``gang.run(fn)`` or ``%%orch gang``, train it in the next, evaluate, change the
+    learning rate and train again, without a new process group. Takes every run option of
+    ``orch.launch`` (``heartbeat_timeout``, ``hang_timeout``, ``stop_grace``, ...)."""
+    return Gang(world_size, run_root=run_root, **options)
+
+
+_GANGS: set[Gang] = set()
+
+
+@atexit.register
+def close_all_gangs() -> None:
+    """End every gang of this process (at its exit, and ``orch.close_all()``)."""
+    for g in list(_GANGS):
+        with contextlib.suppress(Exception):
+            g.close()

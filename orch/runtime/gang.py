@@ -1,0 +1,113 @@
+"""A rank of a gang: a process that stays up across calls (``orch.gang``), each call a run.
+
+The launcher starts the gang's ranks once, from the workers' forkserver, each with a pipe.
+For each call it sends every rank the call's :class:`~orch.runtime.spec.WorkerSpec`; the rank
+joins that call's master as any worker joins a run (register, the start barrier, heartbeats,
+Stop, stacks, its end reported), runs the function, and sends back its exit code instead of
+exiting. Its process group is made at the first call, through a file store in the gang's own
+folder, and kept; so is its namespace, ``ctx.state``, where a ``%%orch`` cell's names live.
+
+A call that fails on any rank may leave the others inside a collective that will never
+complete: the rank whose call failed ends, and the launcher ends the others and starts the
+gang afresh at the next call (its state is lost, and the next call says so). A rank also ends
+when the process that started the gang is gone, or when the launcher closes its pipe.
+"""
+
+from __future__ import annotations
+
+import linecache
+import os
+import signal
+import sys
+import traceback
+from collections.abc import Callable
+from multiprocessing.connection import Connection
+from typing import Any
+
+from orch.runtime._children import become_subreaper, end_descendants
+from orch.runtime._owner import Owner, exit_when_gone
+from orch.runtime.gang_session import Session
+from orch.runtime.worker import EXIT_FAILED, enter, run_worker
+from orch.wire.states import EXIT_ABORTED
+
+
+def gang_main(owner: Owner | None, conn: Connection) -> None:
+    """A gang rank's process: take calls from ``conn`` until it closes, or a call failed."""
+    import cloudpickle
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Interrupt reaches a call through its master
+    if owner is not None:
+        exit_when_gone(owner, EXIT_ABORTED)
+    become_subreaper()
+    session = Session()
+    code = 0
+    while True:
+        try:
+            payload = conn.recv_bytes()
+        except (EOFError, OSError):
+            break  # the gang was closed
+        spec = cloudpickle.loads(payload)
+        enter(spec)
+        try:
+            code = run_worker(spec, session)
+        except Exception:
+            traceback.print_exc()
+            code, session.broken = EXIT_FAILED, True
+        sys.stdout.flush()
+        sys.stderr.flush()
+        try:
+            conn.send_bytes(str(code).encode())
+        except OSError:
+            break
+        if session.broken:
+            break
+    end_descendants()
+    os._exit(code)
+
+
+# -- what a gang call runs: the user's function, a cell's code, a pull, a push ----------------
+def call(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Callable[[Any], Any]:
+    """``fn(ctx, *args, **kwargs)`` as a training function of ``ctx``."""
+
+    def called(ctx: Any) -> Any:
+        return fn(ctx, *args, **kwargs)
+
+    called.__name__ = getattr(fn, "__name__", "call")
+    called.__qualname__ = getattr(fn, "__qualname__", called.__name__)
+    called.__module__ = getattr(fn, "__module__", __name__)
+    called.__wrapped__ = fn  # type: ignore[attr-defined]  # where its code came from, for tracebacks
+    return called
+
+
+def run_cell(ctx: Any, source: str, filename: str) -> Any:
+    """Run a ``%%orch`` cell's code in the rank's namespace (``ctx.state``, with ``ctx`` in it);
+    the value of a last line that is an expression is the call's value, as in a cell."""
+    import ast
+
+    namespace = ctx.state.__dict__
+    namespace["ctx"] = ctx
+    linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
+    tree = ast.parse(source, filename)
+    last = tree.body[-1] if tree.body else None
+    if isinstance(last, ast.Expr):
+        tree.body.pop()
+    exec(compile(tree, filename, "exec"), namespace)  # the user's own cell, on their own ranks
+    if not isinstance(last, ast.Expr):
+        return None
+    return eval(compile(ast.Expression(last.value), filename, "eval"), namespace)
+
+
+def pull(ctx: Any, name: str, rank: int) -> Any:
+    """``name`` from the namespace of rank ``rank`` (the others return nothing)."""
+    if ctx.rank != rank:
+        return None
+    namespace = ctx.state.__dict__
+    if name not in namespace:
+        shown = ", ".join(sorted(n for n in namespace if not n.startswith("_"))) or "nothing yet"
+        raise NameError(f"name {name!r} is not defined on rank {rank} (its names: {shown})")
+    return namespace[name]
+
+
+def push(ctx: Any, values: dict[str, Any]) -> None:
+    """Set ``values`` in every rank's namespace."""
+    ctx.state.__dict__.update(values)

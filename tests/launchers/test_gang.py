@@ -1,0 +1,215 @@
+"""A gang: ranks that stay up across calls (orch.gang), each call a run. Real processes, a
+real gloo process group kept from call to call, a real kernel for the %%orch magic."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+import jobs
+import orch
+from conftest import TESTS, notebook_kernel
+
+pytestmark = pytest.mark.timeout(240)
+
+
+def test_three_calls_share_one_model_and_end_where_one_run_of_the_same_steps_ends(tmp_path: Path) -> None:
+    with orch.gang(world_size=2, run_root=str(tmp_path)) as gang:
+        pids = gang.pids
+        assert gang.run(jobs.gang_build).wait().state is orch.RunState.SUCCEEDED
+        results = [gang.run(jobs.gang_train, 5).wait() for _ in range(3)]
+        assert gang.pids == pids  # the same processes all along: no restart, no new group
+        losses = [r.final_loss[0] for r in results]
+        assert losses[0] > losses[1] > losses[2]  # each call goes on from where the last left off
+        assert [r.steps for r in results] == [[5, 5]] * 3
+        calls = gang.calls
+        assert len(calls) == 4 and len({c.run_id for c in calls}) == 4  # each call a run of its own
+    with orch.launch(
+        "jobs:gang_in_one_run", world_size=2, config={"steps": 5}, run_root=str(tmp_path)
+    ) as run:
+        one = run.wait().value
+    for key, value in results[-1].value.items():
+        assert torch.allclose(value, one[key], atol=1e-6), key
+    assert not any(os.path.exists(f"/proc/{p}") for p in pids)
+
+
+def test_pull_and_push_move_objects_between_the_kernel_and_the_ranks(tmp_path: Path) -> None:
+    with orch.gang(world_size=2, run_root=str(tmp_path)) as gang:
+        gang.run(jobs.gang_build).wait()
+        x1 = gang.pull("x", rank=1)
+        assert isinstance(x1, torch.Tensor) and x1.shape == (16, 4)
+        torch.manual_seed(2)  # what rank 1 drew
+        assert torch.equal(x1, torch.randn(16, 4))
+        gang.push(scale=3.0)
+        assert gang.run_cell("y.sum().item() * scale", "<cell>").wait().values == pytest.approx(
+            [3 * gang.pull("y", 0).sum().item(), 3 * x1.sum().item()]
+        )
+        with pytest.raises(orch.RunFailed, match="name 'nope' is not defined on rank 0"):
+            gang.pull("nope")
+
+
+def test_a_failed_call_names_its_rank_and_the_next_call_starts_the_gang_afresh(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with orch.gang(world_size=2, run_root=str(tmp_path)) as gang:
+        gang.push(kept=1)
+        before = gang.pids
+        with pytest.raises(orch.RunFailed) as failed:
+            gang.run(jobs.raise_on_rank1).wait(timeout=120)
+        assert failed.value.rank == 1 and "boom on rank 1" in str(failed.value)
+        assert not gang.pids  # ended with the failed call
+        # the next call says so, and runs on fresh ranks whose namespace is empty
+        assert gang.run_cell("'kept' in dir()", "<cell>").wait().values == [False, False]
+        assert "started afresh" in capsys.readouterr().out and gang.restarts == 1
+        assert set(gang.pids).isdisjoint(before)
+
+
+def test_a_rank_killed_mid_call_fails_the_call_naming_it_and_the_gang_comes_back(tmp_path: Path) -> None:
+    with orch.gang(world_size=2, run_root=str(tmp_path)) as gang:
+        run = gang.run(jobs.gang_slow)
+        deadline = time.monotonic() + 60
+        while min([r.step for r in run.state().ranks] or [0]) < 3 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        os.kill(gang.pids[1], signal.SIGKILL)  # one pid, as the OOM killer does
+        with pytest.raises(orch.RunFailed) as failed:
+            run.wait(timeout=120)
+        assert failed.value.rank == 1 and "SIGKILL" in str(failed.value)
+        assert gang.run_cell("ctx.rank", "<cell>").wait().values == [0, 1]
+
+
+def test_stop_ends_the_call_at_a_step_boundary_and_the_gang_stays_up(tmp_path: Path) -> None:
+    with orch.gang(world_size=2, run_root=str(tmp_path)) as gang:
+        gang.push(mark="kept")
+        pids = gang.pids
+        run = gang.run(jobs.gang_slow)
+        time.sleep(1.0)
+        run.stop()
+        result = run.wait(timeout=60)
+        assert result.state is orch.RunState.STOPPED and result.steps[0] == result.steps[1] > 0
+        assert gang.pids == pids and gang.pull("mark") == "kept"
+
+
+GANG_CELLS = [
+    "import orch\ngang = orch.gang(world_size=2, run_root={root!r})",
+    "%%orch gang\nimport torch\nw = torch.ones(3) * (ctx.rank + 1)\nprint('rank', ctx.rank, 'made w')",
+    "%%orch gang\nw.sum().item()",
+    "print('pulled', gang.pull('w', rank=1).tolist())",
+    "%%orch gang\nimport time\nfor step in ctx.steps(100000):\n    time.sleep(0.01)",
+    "%%orch gang\nw.sum().item() + 100",
+    "%%orch gang\nundefined_name + 1",
+]
+
+
+def _execute(kc: Any, code: str, timeout: float = 120) -> tuple[dict[str, Any], str]:
+    out: list[str] = []
+
+    def hook(msg: dict[str, Any]) -> None:
+        content = msg["content"]
+        if msg["msg_type"] == "stream":
+            out.append(content["text"])
+        elif msg["msg_type"] == "execute_result":
+            out.append("OUT " + content["data"].get("text/plain", ""))
+        elif msg["msg_type"] == "error":
+            out.append(f"ERROR {content['ename']}: {content['evalue']}")
+
+    reply = kc.execute_interactive(code, timeout=timeout, output_hook=hook)
+    return reply["content"], "".join(out)
+
+
+def test_orch_cells_keep_their_names_on_every_rank_in_a_real_kernel(tmp_path: Path) -> None:
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")])}
+    with notebook_kernel(tmp_path, env=env) as (km, kc):
+        reply, _ = _execute(kc, GANG_CELLS[0].format(root=str(tmp_path / "runs")))
+        assert reply["status"] == "ok", reply
+        reply, shown = _execute(kc, GANG_CELLS[1])
+        assert reply["status"] == "ok", shown
+        assert "rank 0 made w" in shown  # rank 0's output, in the cell
+        reply, shown = _execute(kc, GANG_CELLS[2])
+        assert "OUT 3.0" in shown, shown  # a name of the cell before, rank 0's value as the Out
+        reply, shown = _execute(kc, GANG_CELLS[3])
+        assert "pulled [2.0, 2.0, 2.0]" in shown, shown
+        # Interrupt mid-call: the call stops at the ranks' next step, the gang stays up
+        sent = kc.execute(GANG_CELLS[4])
+        time.sleep(3.0)
+        km.interrupt_kernel()
+        shown = ""
+        while True:  # the interrupted cell's messages, to its end (idle): the next cell is not aborted
+            msg = kc.get_iopub_msg(timeout=60)
+            if msg["parent_header"].get("msg_id") != sent:
+                continue
+            if msg["msg_type"] == "error":
+                shown = msg["content"]["evalue"]
+            if msg["msg_type"] == "status" and msg["content"]["execution_state"] == "idle":
+                break
+        assert "stopped at its ranks' next step boundary" in shown and "is up for the next cell" in shown
+        reply, shown = _execute(kc, GANG_CELLS[5])
+        assert "OUT 103.0" in shown, (reply, shown)  # the names survived the interrupted call
+        reply, shown = _execute(kc, GANG_CELLS[6])
+        assert reply["status"] == "error" and "undefined_name" in shown, shown
+        assert "(at Cell In[" in shown and "line 1, in <module>)" in shown, shown  # the cell's line
+        _execute(kc, "gang.close()")
+
+
+KILLED_KERNEL = """
+import sys, time
+sys.path.insert(0, {tests!r})
+import orch
+gang = orch.gang(world_size=2, run_root={root!r})
+gang.run_cell("x = 1", "<cell>").wait()
+print(*gang.pids, flush=True)
+time.sleep(600)
+"""
+
+
+def _running(pid: int) -> bool:
+    """The process still runs: it exists and has not exited (a zombie has: its parent, the
+    workers' forkserver gone with the kernel, leaves the reaping to whoever adopts it)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def test_the_kernel_killed_alone_while_its_gang_is_idle_takes_every_rank_with_it(tmp_path: Path) -> None:
+    kernel = subprocess.Popen(
+        [sys.executable, "-c", KILLED_KERNEL.format(tests=str(TESTS), root=str(tmp_path))],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert kernel.stdout is not None
+    pids = [int(p) for p in kernel.stdout.readline().split()]
+    assert len(pids) == 2 and all(os.path.exists(f"/proc/{p}") for p in pids)
+    kernel.kill()  # SIGKILL, the kernel's pid alone
+    kernel.wait()
+    kernel.stdout.close()
+    killed = time.monotonic()
+    while any(_running(p) for p in pids) and time.monotonic() - killed < 10:
+        time.sleep(0.02)
+    took = time.monotonic() - killed
+    assert not any(_running(p) for p in pids), pids
+    print(f"\nevery rank of the gang gone {took:.2f}s after its kernel was SIGKILLed")
+    assert took < 2.0
+
+
+def test_a_gang_refuses_what_it_cannot_do(tmp_path: Path) -> None:
+    with pytest.raises(orch.ConfigError, match="unknown option"):
+        orch.gang(world_size=2, run_root=str(tmp_path), bogus=1)  # type: ignore[call-arg]
+    with orch.gang(world_size=2, run_root=str(tmp_path)) as gang:
+        with pytest.raises(orch.OrchError, match="takes a function of ctx"):
+            gang.run("jobs:gang_build")  # type: ignore[arg-type]
+        run = gang.run(jobs.gang_slow)
+        with pytest.raises(orch.OrchError, match="is running call 1"):
+            gang.run(jobs.gang_build)
+        run.stop()
+        run.wait(timeout=60)
+    with pytest.raises(orch.OrchError, match="is closed"):
+        gang.run(jobs.gang_build)

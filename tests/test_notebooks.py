@@ -74,10 +74,11 @@ def test_notebook_runs_clean(notebook: Path, tmp_path: Path) -> None:
             assert not (out.output_type == "stream" and out.name == "stderr" and "Traceback" in out.text)
     if notebook.stem == "quickstart":
         check_quickstart(nb)
-        states = [("SUCCEEDED", ""), ("SUCCEEDED", "")]
+        # two launches of 4 ranks, then the gang's three %%orch calls of 2
+        states = [("SUCCEEDED", "", 4)] * 2 + [("SUCCEEDED", "", 2)] * 3
     elif notebook.stem == "fault_tolerance":
         check_fault_tolerance(nb)
-        states = [("SUCCEEDED", "attempt 2/2"), ("FAILED", "ValueError: bad batch on rank 2")]
+        states = [("SUCCEEDED", "attempt 2/2", 4), ("FAILED", "ValueError: bad batch on rank 2", 4)]
     elif notebook.stem == "sweep":
         check_sweep(nb, tmp_path / notebook.name)
         return
@@ -90,8 +91,8 @@ def test_notebook_runs_clean(notebook: Path, tmp_path: Path) -> None:
         return
     # What a reader without the kernel sees: each panel's output is its final record
     records = panel_records(nb)
-    assert [(r["state"], r["world_size"]) for r in records] == [(s, 4) for s, _ in states]
-    for record, (_state, detail) in zip(records, states, strict=True):
+    assert [(r["state"], r["world_size"]) for r in records] == [(s, n) for s, _, n in states]
+    for record, (_state, detail, _n) in zip(records, states, strict=True):
         assert detail in record["text/html"], record["text/html"][-2000:]
     check_nbconvert(tmp_path / notebook.name, records)
 
@@ -100,9 +101,14 @@ def panel_records(nb: nbformat.NotebookNode) -> list[dict[str, Any]]:
     """The saved output of every cell that shows a panel: a PNG, an HTML table, no widget."""
     records = []
     for cell in nb.cells:
-        if cell.cell_type != "code" or not re.search(r"\.panel\(\)\s*$", cell.source):
+        # a cell that shows a panel: run.panel() last, or a %%orch cell (its call's panel)
+        shows = re.search(r"\.panel\(\)\s*$", cell.source) or cell.source.startswith("%%orch")
+        if cell.cell_type != "code" or not shows:
             continue
-        [out] = [o for o in cell.outputs if o.output_type in ("display_data", "execute_result")]
+        shown = ("display_data", "execute_result")
+        [out] = [
+            o for o in cell.outputs if o.output_type in shown and "orch-record" in o.data.get("text/html", "")
+        ]
         data = out.data
         assert sorted(data) == ["image/png", "text/html", "text/plain"], sorted(data)
         assert base64.b64decode(data["image/png"]).startswith(b"\x89PNG\r\n")
@@ -148,10 +154,16 @@ def check_quickstart(nb: nbformat.NotebookNode) -> None:
             assert float(last) < 0.25 * float(first), f"{job} rank {rank}: loss {first} -> {last}"
     assert "identical parameters on every rank: True" in text
     # the panels' final state is saved in the notebook's widget state, as a reader sees it
+    # (two launches of 4 ranks, then the gang's three %%orch calls of 2)
     headers = [v for v in widget_values(nb) if isinstance(v, str) and "orch-state" in v]
-    assert len(headers) == 2 and all('data-state="SUCCEEDED"' in h for h in headers)
+    assert len(headers) == 5 and all('data-state="SUCCEEDED"' in h for h in headers)
     tables = [v for v in widget_values(nb) if isinstance(v, str) and "orch-ranks" in v]
-    assert all(t.count('class="orch-rank"') == 4 for t in tables) and tables
+    assert sorted(t.count('class="orch-rank"') for t in tables) == [2, 2, 2, 4, 4], tables
+    # the gang: trained in one cell, pulled into the kernel, trained again from where it stood
+    slope, intercept = map(float, re.findall(r"slope ([-\d.]+) intercept ([-\d.]+)", text)[0])
+    assert abs(slope - 3.0) < 0.5 and abs(intercept + 1.0) < 0.5, text
+    first, second = (float(v) for v in re.findall(r"^([\d.e-]+)$", text, re.M)[-2:])
+    assert second < first, (first, second)
     images = [o for c in nb.cells for o in c.get("outputs", []) if "image/png" in o.get("data", {})]
     assert images, "the final curves were not drawn"
 

@@ -102,6 +102,12 @@ BENCHMARKS: dict[str, tuple[str, str]] = {
         "peak and 60 s after (with its trim of freed memory and without), the memory per "
         "connection, the idle close, and how long a new connection's `GetState` was refused",
     ),
+    "gang": (
+        "A gang's next call against a warm launch",
+        "4 ranks: from `gang.run(fn)` to every rank at the call's first step, the model built by an "
+        "earlier call, against a warm `orch.launch` of the same step (the forkserver up, the model "
+        "built in the run); and a call's whole round trip, `gang.run(fn).wait()`",
+    ),
 }
 
 

@@ -402,3 +402,18 @@ def asha_and_time(out_dir: str, run_root: str, n: int, steps: int, sleep: float,
         result["sha_valley"][str(seed)] = one(f"sha-valley{seed}", seed, sha, valley=True, order="given")
         result["sha"][str(seed)] = one(f"sha{seed}", seed, orch.SHA(grace=3, reduction=3, max_steps=steps))
     _write(out_dir, "asha.json", result)
+
+
+def timed_first_step(ctx: Any) -> float:
+    """gang: one step of the launch_latency model; returns the wall-clock time this rank reached
+    it. In a gang the model is built by the first call and kept in ctx.state; a run builds it."""
+    cfg = {**DEFAULTS, **ctx.config}
+    s = ctx.state
+    if not hasattr(s, "model"):
+        s.model = ctx.ddp(_model(cfg))
+        s.x, _ = _data(cfg, ctx.rank)
+    reached = 0.0
+    for step in ctx.steps(1):
+        reached = time.time()
+        ctx.log(step, loss=float(s.model(s.x).sum().item()))
+    return reached

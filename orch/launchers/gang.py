@@ -135,6 +135,9 @@ class Gang:
         with self._lock:
             if self._closed:
                 raise OrchError(f"gang {self.gang_id} is closed: make a new one with orch.gang(...)")
+            for ended in self.calls:
+                if ended.done:  # its master goes (its record stays, which its panel then shows)
+                    ended.close()
             live = [c for c in self.calls if not c.done]
             if live:
                 raise OrchError(
@@ -181,8 +184,7 @@ class Gang:
         with self._lock:
             self._closed = True
         for call in self.calls:
-            if not call.done:
-                call.close()
+            call.close()  # a live one ends; an ended one's master goes
         self._end_ranks()
         _GANGS.discard(self)
         with contextlib.suppress(OSError, OrchError), own_dir(self.folder) as folder:

@@ -1156,3 +1156,78 @@ def test_the_panel_draws_a_lightning_run(tmp_path: Path) -> None:
             with contextlib.suppress(Exception):
                 page.screenshot(path=str(ARTIFACTS / "panel-lightning-failure.png"), full_page=True)
             raise
+
+
+GANG_BUILD = """%%orch gang
+import time
+
+import torch
+
+torch.manual_seed(0)
+model = ctx.ddp(torch.nn.Linear(4, 1))
+opt = torch.optim.SGD(model.parameters(), lr=0.05)
+x = torch.randn(64, 4)
+y = x.sum(1, keepdim=True)
+
+
+def train(steps):
+    for step in ctx.steps(steps):
+        loss = torch.nn.functional.mse_loss(model(x), y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        ctx.log(step, loss=loss.item())
+        time.sleep(0.02)
+    return loss.item()"""
+GANG_CELLS = [
+    "import orch\ngang = orch.gang(world_size=2, run_root={root!r})",
+    GANG_BUILD,
+    "%%orch gang\ntrain(40)",
+    "%%orch gang\nfor group in opt.param_groups:\n    group['lr'] = 0.1\ntrain(40)",
+    "gang.panel()",
+]
+
+
+def test_a_gang_used_across_three_cells_in_jupyterlab(tmp_path: Path) -> None:
+    """%%orch gang cells in JupyterLab: each call's panel gives way to its record (2 ranks,
+    SUCCEEDED), the training cells' Out is rank 0's loss, the second training goes on from
+    where the first left off, and the gang's panel overlays the calls."""
+    from playwright.sync_api import expect
+
+    root, home, run_root = tmp_path / "lab", tmp_path / "home", tmp_path / "runs"
+    root.mkdir()
+    home.mkdir()
+    cells = [
+        _code_cell(i + 1, c.format(root=str(run_root)) if i == 0 else c) for i, c in enumerate(GANG_CELLS)
+    ]
+    cells.append(_code_cell(len(cells) + 1, "gang.close()"))
+    write_cells(root / "gang.ipynb", cells)
+    ARTIFACTS.mkdir(exist_ok=True)
+    with lab_browser(tmp_path, root, home, run_root, 1400, width=1100) as (lab, ctx):
+        try:
+            page = ctx.pages[0] if ctx.pages else ctx.new_page()
+            page.set_default_timeout(60_000)
+            page.goto(lab.notebook_url("gang.ipynb"))
+            run_all_cells(page, lab)
+            cell = page.locator(".jp-Notebook .jp-Cell")
+            expect(cell.nth(5).locator(".jp-InputPrompt")).to_have_text("[6]:", timeout=180_000)
+            outs = []
+            for i in (1, 2, 3):
+                record = cell.nth(i).locator(".orch-record")
+                expect(record.locator(".orch-state")).to_have_attribute(
+                    "data-state", "SUCCEEDED", timeout=60_000
+                )
+                expect(record.locator("tr.orch-rank")).to_have_count(2)
+                outs.append(cell.nth(i).locator(".jp-OutputArea-executeResult").all_inner_texts())
+            first, second = (float(o[0].split()[-1]) for o in outs[1:])  # the Out, after its prompt
+            assert second < first, (first, second)  # trained on from where the first call left off
+            compared = cell.nth(4).locator(".orch-compared")
+            expect(compared).to_have_count(3, timeout=60_000)  # the three calls, overlaid
+            cell.nth(2).evaluate("el => el.scrollIntoView({block: 'start'})")
+            page.screenshot(path=str(ARTIFACTS / "gang-cells.png"))
+            cell.nth(4).evaluate("el => el.scrollIntoView({block: 'start'})")
+            page.screenshot(path=str(ARTIFACTS / "gang-panel.png"))
+        except BaseException:
+            with contextlib.suppress(Exception):
+                page.screenshot(path=str(ARTIFACTS / "gang-failure.png"), full_page=True)
+            raise

@@ -129,6 +129,7 @@ __all__ = [  # noqa: RUF022 (in plain sorted order, as the README lists them)
     "ConfigError",
     "Context",
     "DetachedRun",
+    "Gang",
     "LoadedRun",
     "MasterClient",
     "MasterUnavailable",

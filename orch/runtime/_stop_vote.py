@@ -55,3 +55,14 @@ class StopVote:
         pending, self._pending = self._pending, None
         if pending is not None and not pending.is_completed():
             pending.wait()
+
+
+def sharded(batches: Any) -> bool:
+    """A DataLoader whose sampler is a DistributedSampler: every rank iterates its own shard of
+    the same length, so the ranks go through it batch for batch together."""
+    from torch.utils.data import DistributedSampler
+
+    sampler = getattr(batches, "sampler", None)
+    batch_sampler = getattr(batches, "batch_sampler", None)
+    inner = getattr(batch_sampler, "sampler", None)
+    return isinstance(sampler, DistributedSampler) or isinstance(inner, DistributedSampler)

@@ -5,16 +5,12 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import logging
-import math
-import numbers
-import operator
 import threading
 import types
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
 
-import numpy as np
 import torch
 import torch.distributed as dist
 from torch import nn
@@ -22,7 +18,7 @@ from torch import nn
 from orch.errors import StopTraining
 from orch.record.checkpoint_index import Mode, check_keep
 from orch.runtime._sender import HeartbeatSender
-from orch.runtime._stop_vote import StopVote
+from orch.runtime._stop_vote import StopVote, sharded
 from orch.runtime._timing import (
     BY_DATA,
     BY_LOG,
@@ -34,7 +30,8 @@ from orch.runtime._timing import (
     clock,
     enabled,
 )
-from orch.runtime.checkpoints import read_checkpoint, write_checkpoint
+from orch.runtime.context_checkpoints import Checkpoints
+from orch.runtime.scalars_in import as_reals, as_step
 from orch.wire.limits import MAX_METRICS_PER_RANK, MAX_NAME_LEN
 
 T = TypeVar("T")
@@ -42,7 +39,7 @@ log = logging.getLogger(__name__)
 GATE_WAIT = 10.0  # seconds ctx.steps waits at a sweep's rung for the sweep's decision
 
 
-class Context:
+class Context(Checkpoints):
     """Passed to the training function as ``ctx``.
 
     ``ctx.rank``, ``ctx.world_size``, ``ctx.local_rank``, ``ctx.device`` and
@@ -310,95 +307,6 @@ class Context:
             if vote is not None:
                 vote.settle()
 
-    def _checkpoint_together(self, state: Any, *, keep: int, mode: Mode) -> Path | None:
-        """A checkpoint of ``ctx.steps``, which every rank takes at the same step: rank 0 writes
-        it only once every rank's points up to it are at the master. A restart resumes after
-        it, so a rank killed between its peers' checkpoint and its own last beat would
-        otherwise leave a hole of a few steps in its history. With a watched metric, the
-        all-reduce of its value (the mean over ranks) is that meeting point."""
-        if self._sender is not None:
-            self._sender.flush()
-        if self._watched is None:
-            if self._control_group is not None:
-                dist.barrier(group=self._control_group)
-            return self.save_checkpoint(state, keep=keep, mode=mode)
-        mine = self._watched_value
-        # (sum of finite values, ranks with one, ranks whose value is NaN or infinite)
-        parts = torch.tensor(
-            [0.0, 0.0, 0.0] if mine is None else [mine, 1.0, 0.0] if math.isfinite(mine) else [0.0, 0.0, 1.0],
-            dtype=torch.float64,
-        )
-        if self._control_group is not None:
-            dist.all_reduce(parts, op=dist.ReduceOp.SUM, group=self._control_group)
-        total, count, nonfinite = parts.tolist()
-        value = math.nan if nonfinite else (total / count if count else None)
-        return self.save_checkpoint(state, value=value, metric=self._watched, keep=keep, mode=mode)
-
-    def save_checkpoint(
-        self,
-        state: Any,
-        *,
-        step: int | None = None,
-        value: float | None = None,
-        metric: str = "",
-        keep: int = 2,
-        mode: Mode = "min",
-    ) -> Path | None:
-        """Save ``state`` (anything ``torch.save`` takes) as of ``step`` (default: the current one).
-
-        Rank 0 writes it, atomically, to the run dir's ``checkpoints/``; the other ranks
-        hold the same DDP state and write nothing. Every rank first hands the master all the
-        points it logged so far, so that a restart from this checkpoint finds the history
-        up to it complete. Returns the file on rank 0.
-
-        ``value`` (rank 0's; pass the same on every rank, such as an all-reduced validation
-        loss) is the metric this checkpoint is ranked by, ``metric`` its name. After the write
-        the ``keep`` best by value are kept (the least with ``mode="min"``, the greatest with
-        ``"max"``; a checkpoint without a value, or with NaN, ranks after those with one),
-        plus the newest: without values, the ``keep`` newest. ``run.best_checkpoint`` names the best.
-        """
-        if self.checkpoint_dir is None:
-            raise RuntimeError("this worker has no run dir to keep checkpoints in")
-        check_keep(keep, mode, "ctx.save_checkpoint")
-        if value is not None:
-            value = _as_value(value)
-        if not isinstance(metric, str):
-            raise TypeError(f"ctx.save_checkpoint: metric is the name of the value, a string; got {metric!r}")
-        step = self._step if step is None else step
-        if self._sender is not None:
-            self._sender.flush()
-        if self.rank != 0:
-            return None
-        return write_checkpoint(
-            self.checkpoint_dir, step, self.attempt, state, value=value, metric=metric, keep=keep, mode=mode
-        )
-
-    def load_checkpoint(self, *, weights_only: bool = True) -> Any:
-        """The state of the newest checkpoint, or None; ``ctx.steps()`` then resumes after it.
-
-        The file is loaded with ``torch.load(weights_only=True)``: tensors, numbers, strings
-        and the lists, tuples and dicts of them (model and optimizer state dicts) load, and
-        nothing in the file can run code. A state that holds other objects needs
-        ``ctx.load_checkpoint(weights_only=False)``: only for checkpoint dirs nobody else can
-        write, since unpickling such a file runs whatever it names. ``checkpoints/latest``
-        must name a file :meth:`save_checkpoint` writes (``step-<9+ digits>.pt``), in that dir.
-
-        A newest checkpoint that is damaged (truncated, or not a whole archive) is skipped for
-        the newest one that loads; the rank's log names both (see :mod:`orch.runtime.checkpoints`).
-        """
-        saved = (
-            None
-            if self.checkpoint_dir is None
-            else read_checkpoint(
-                self.checkpoint_dir, self.device, weights_only=weights_only, writer=self.rank == 0
-            )
-        )
-        if saved is None:
-            return None
-        self.resume_step = int(saved["step"]) + 1
-        self._step = int(saved["step"])
-        return saved["state"]
-
     def log(self, step: int, loss: float | None = None, **scalars: Any) -> None:
         """Record ``loss`` and any other scalars at ``step``; returns at once.
 
@@ -417,7 +325,7 @@ class Context:
         recording it: the function ends there, on every rank, and the rank is STOPPED.
         """
         if type(step) is not int:
-            step = _as_step(step)
+            step = as_step(step)
         if step < 0 or step > MAX_STEP:
             raise ValueError(f"ctx.log: step must be between 0 and {MAX_STEP}, got {step}")
         if loss is not None:
@@ -425,7 +333,7 @@ class Context:
         # The common case, plain floats, costs one type check per value.
         for value in scalars.values():
             if type(value) is not float:
-                scalars = _as_reals(scalars)
+                scalars = as_reals(scalars)
                 break
         if not scalars.keys() <= self._names:
             self._take_names(scalars)
@@ -581,84 +489,3 @@ MAX_STEP = 2**63 - 1
 LOG_EVERY = 16  # steps one after another ctx.log counts before handing them to the rank's timing
 HANDOVER_S = 0.1  # ... or seconds: slow steps reach the timing as they end, not 16 steps later
 USER_METRICS = MAX_METRICS_PER_RANK - 2  # the names ctx.log takes: orch's own two fill the cap
-
-
-def _as_value(value: Any) -> float:
-    """A checkpoint's value as a float: a real number or a one-element tensor."""
-    if isinstance(value, numbers.Real) and not isinstance(value, bool):
-        return float(value)
-    if _one_real(value):
-        return float(value.item())
-    raise TypeError(
-        f"ctx.save_checkpoint: value={_short(value)} is {_kind(value)}, not a real number: pass the "
-        "metric the checkpoint is ranked by as a float (or a one-element tensor)"
-    )
-
-
-def _as_step(step: Any) -> int:
-    if not isinstance(step, bool):
-        try:
-            return operator.index(step)  # numpy integers, integer tensors with one element
-        except TypeError:
-            pass
-    raise TypeError(
-        f"ctx.log: step must be an integer (count optimizer steps, e.g. epoch * len(loader) + i), "
-        f"got {type(step).__name__} {step!r}"
-    )
-
-
-def sharded(batches: Any) -> bool:
-    """A DataLoader whose sampler is a DistributedSampler: every rank iterates its own shard of
-    the same length, so the ranks go through it batch for batch together."""
-    from torch.utils.data import DistributedSampler
-
-    sampler = getattr(batches, "sampler", None)
-    batch_sampler = getattr(batches, "batch_sampler", None)
-    inner = getattr(batch_sampler, "sampler", None)
-    return isinstance(sampler, DistributedSampler) or isinstance(inner, DistributedSampler)
-
-
-def _as_reals(scalars: dict[str, Any]) -> dict[str, Any]:
-    """``scalars`` with every value a float or int, ``None`` dropped; TypeError names a bad key."""
-    out: dict[str, Any] = {}
-    for key, value in scalars.items():
-        if value is None:
-            continue
-        t = type(value)
-        if t is float or t is int:
-            out[key] = value
-        elif t is bool or t is np.bool_ or isinstance(value, numbers.Real):  # numpy scalars are Real
-            out[key] = float(value)
-        elif _one_real(value):
-            out[key] = float(value.item())
-        else:
-            raise TypeError(
-                f"ctx.log: {key}={_short(value)} is {_kind(value)}, not a real number: log floats, ints, "
-                "numpy scalars or one-element tensors (use .item() on a loss tensor's value)"
-            )
-    return out
-
-
-def _one_real(value: Any) -> bool:
-    """A tensor or numpy array holding exactly one real (or bool) value."""
-    if isinstance(value, torch.Tensor):
-        return value.numel() == 1 and not value.is_complex()
-    if isinstance(value, np.ndarray):
-        return (
-            value.size == 1
-            and (np.issubdtype(value.dtype, np.number) or value.dtype == np.bool_)
-            and (not np.iscomplexobj(value))
-        )
-    return False
-
-
-def _kind(value: Any) -> str:
-    if isinstance(value, (torch.Tensor, np.ndarray)):
-        shape = tuple(value.shape)
-        return f"a {type(value).__name__} of shape {shape} and dtype {value.dtype}"
-    return f"a {type(value).__name__}"
-
-
-def _short(value: Any) -> str:
-    text = repr(value)
-    return text if len(text) <= 40 else text[:37] + "..."

@@ -47,20 +47,11 @@ if TYPE_CHECKING:
         WorkerError,
     )
     from orch.experiments.catalog import RunTable, close_all, runs
-    from orch.experiments.sweep import (
-        ASHA,
-        SHA,
-        MedianStop,
-        Sweep,
-        SweepResults,
-        Trial,
-        choice,
-        grid,
-        loguniform,
-        randint,
-        sweep,
-        uniform,
-    )
+    from orch.experiments.pruning import ASHA, SHA, MedianStop
+    from orch.experiments.results import SweepResults
+    from orch.experiments.space import choice, grid, loguniform, randint, uniform
+    from orch.experiments.sweep import Sweep, sweep
+    from orch.experiments.trial import Trial
     from orch.launchers.attached import AttachedRun
     from orch.launchers.contract import RunResult
     from orch.launchers.detached.run import DetachedRun
@@ -77,13 +68,13 @@ if TYPE_CHECKING:
 
 # Each public name and the module it lives in.
 _EXPORTS = {
-    "ASHA": "orch.experiments.sweep",
-    "MedianStop": "orch.experiments.sweep",
-    "SHA": "orch.experiments.sweep",
-    "choice": "orch.experiments.sweep",
-    "loguniform": "orch.experiments.sweep",
-    "randint": "orch.experiments.sweep",
-    "uniform": "orch.experiments.sweep",
+    "ASHA": "orch.experiments.pruning",
+    "MedianStop": "orch.experiments.pruning",
+    "SHA": "orch.experiments.pruning",
+    "choice": "orch.experiments.space",
+    "loguniform": "orch.experiments.space",
+    "randint": "orch.experiments.space",
+    "uniform": "orch.experiments.space",
     "AttachedRun": "orch.launchers.attached",
     "AuthError": "orch.errors",
     "ConfigError": "orch.errors",
@@ -107,14 +98,14 @@ _EXPORTS = {
     "SlurmError": "orch.launchers.slurm.options",
     "StateMirror": "orch.wire.client",
     "Sweep": "orch.experiments.sweep",
-    "SweepResults": "orch.experiments.sweep",
-    "Trial": "orch.experiments.sweep",
+    "SweepResults": "orch.experiments.results",
+    "Trial": "orch.experiments.trial",
     "NestedRunError": "orch.errors",
     "WorkerError": "orch.errors",
     "attach": "orch.api",
     "close_all": "orch.experiments.catalog",
     "compare": "orch.views.comparison",
-    "grid": "orch.experiments.sweep",
+    "grid": "orch.experiments.space",
     "launch": "orch.api",
     "load_run": "orch.launchers.loaded",
     "log": "orch.runtime.current",

@@ -11,8 +11,8 @@ from typing import Any
 
 from orch.errors import ConfigError
 from orch.experiments.pruning import parse_prune
-from orch.experiments.space import choice, loguniform, randint, uniform
-from orch.experiments.sweep import Sweep, grid
+from orch.experiments.space import choice, grid, loguniform, randint, uniform
+from orch.experiments.sweep import Sweep
 from orch.launchers.spec import RunOptions, add_flag, check_int, flagged, from_flags
 from orch.views.dashboard import SweepDashboard
 from orch.wire.states import RunState

@@ -15,6 +15,7 @@ get different values.
 
 from __future__ import annotations
 
+import itertools
 import math
 import random
 from collections.abc import Sequence
@@ -173,3 +174,35 @@ class RandomSearch(Search):
     def next(self, index: int) -> dict[str, Any]:
         rng = random.Random(f"orch-random-search:{self.seed}:{index}")
         return {k: (v.sample(rng) if isinstance(v, Dimension) else v) for k, v in self.space.items()}
+
+
+def grid(**axes: Sequence[Any]) -> list[dict[str, Any]]:
+    """Every combination of the given values: ``grid(lr=[0.1, 0.01], batch=[32, 64])`` is 4 configs."""
+    if not axes:
+        raise ConfigError("grid() needs at least one axis, for example grid(lr=[0.1, 0.01])")
+    for name, values in axes.items():
+        if isinstance(values, (str, bytes)) or not isinstance(values, Sequence) or len(values) == 0:
+            raise ConfigError(
+                f"grid axis {name!r} must be a non-empty list of values, got {values!r:.60}: "
+                f"write {name}=[...]"
+            )
+    names = list(axes)
+    return [dict(zip(names, combo, strict=True)) for combo in itertools.product(*axes.values())]
+
+
+def check_arguments(configs: Sequence[dict[str, Any]], parallel: int, max_failures: int | None) -> None:
+    """Refuse, before anything starts, what is not a list of configs or a count."""
+    if isinstance(configs, dict) or not isinstance(configs, Sequence) or not configs:
+        raise ConfigError(
+            "configs must be a non-empty list of dicts, or orch.grid(lr=[...], ...), "
+            f"got {type(configs).__name__} {configs!r:.60}"
+        )
+    for i, c in enumerate(configs):
+        if not isinstance(c, dict):
+            raise ConfigError(
+                f"configs[{i}] must be a dict (it reaches the function as ctx.config), got {c!r:.60}"
+            )
+    if type(parallel) is not int or parallel < 1:
+        raise ConfigError(f"parallel must be an integer >= 1 (runs at once), got {parallel!r}")
+    if max_failures is not None and (type(max_failures) is not int or max_failures < 0):
+        raise ConfigError(f"max_failures must be None (no limit) or an integer >= 0, got {max_failures!r}")

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import atexit
 import contextlib
-import itertools
 import logging
 import os
 import random
@@ -37,8 +36,7 @@ from typing_extensions import Unpack
 
 from orch._viewable import panel_class
 from orch.errors import ConfigError
-from orch.experiments.metrics import GREATER_IS_BETTER, default_mode, summarize
-from orch.experiments.pruning import ASHA, SHA, MedianStop, Pruner
+from orch.experiments.metrics import default_mode
 from orch.experiments.results import SweepResults, best_trial, dashboard_rows
 from orch.experiments.reuse import (
     code_hash,
@@ -50,16 +48,19 @@ from orch.experiments.reuse import (
     write_record,
 )
 from orch.experiments.scheduler import Scheduler
-from orch.experiments.space import RandomSearch, Search, check_space, choice, loguniform, randint, uniform
-from orch.experiments.study import OptunaPruner, OptunaSearch, OptunaStudy, is_optuna
-from orch.experiments.trial import CANCELLED, PAUSED, QUEUED, History, Trial
+from orch.experiments.space import (
+    RandomSearch,
+    check_arguments,
+    check_space,
+)
+from orch.experiments.strategy import pruner_of, search_of, study_of
+from orch.experiments.trial import Trial
 from orch.launchers._exiting import begin_exit
 from orch.launchers.kernel_wait import block_until
 from orch.launchers.loaded import load_run
 from orch.launchers.run import Run, register_exit_hook
 from orch.launchers.spec import MAX_WORKERS_PER_CORE, LaunchSpec, RunOptions, options_doc, spec_of
 from orch.record.mlflow_export import export_mlflow
-from orch.record.store import private_dir
 from orch.record.tensorboard import export_runs
 from orch.record.writes import check_dir
 from orch.runtime._nested import refuse_launch
@@ -67,70 +68,12 @@ from orch.runtime._script import Script
 from orch.runtime._target import TrainFn
 from orch.wire.states import RunState
 
-__all__ = [
-    "ASHA",
-    "CANCELLED",
-    "GREATER_IS_BETTER",
-    "PAUSED",
-    "QUEUED",
-    "SHA",
-    "History",
-    "MedianStop",
-    "Sweep",
-    "SweepResults",
-    "Trial",
-    "choice",
-    "close_all_sweeps",
-    "code_hash",
-    "config_key",
-    "default_mode",
-    "grid",
-    "live_sweeps",
-    "loguniform",
-    "randint",
-    "summarize",
-    "sweep",
-    "uniform",
-]
-
 log = logging.getLogger(__name__)
-
-
-def grid(**axes: Sequence[Any]) -> list[dict[str, Any]]:
-    """Every combination of the given values: ``grid(lr=[0.1, 0.01], batch=[32, 64])`` is 4 configs."""
-    if not axes:
-        raise ConfigError("grid() needs at least one axis, for example grid(lr=[0.1, 0.01])")
-    for name, values in axes.items():
-        if isinstance(values, (str, bytes)) or not isinstance(values, Sequence) or len(values) == 0:
-            raise ConfigError(
-                f"grid axis {name!r} must be a non-empty list of values, got {values!r:.60}: "
-                f"write {name}=[...]"
-            )
-    names = list(axes)
-    return [dict(zip(names, combo, strict=True)) for combo in itertools.product(*axes.values())]
 
 
 # A pruned sweep's ranks beat this often (seconds), so that a rung's value reaches the sweep, and
 # its decision the ranks, within a fraction of a second (a launch's default beat is 0.25 s).
 PRUNE_BEAT = 0.1
-
-
-def _check_arguments(configs: Sequence[dict[str, Any]], parallel: int, max_failures: int | None) -> None:
-    """Refuse, before anything starts, what is not a list of configs or a count."""
-    if isinstance(configs, dict) or not isinstance(configs, Sequence) or not configs:
-        raise ConfigError(
-            "configs must be a non-empty list of dicts, or orch.grid(lr=[...], ...), "
-            f"got {type(configs).__name__} {configs!r:.60}"
-        )
-    for i, c in enumerate(configs):
-        if not isinstance(c, dict):
-            raise ConfigError(
-                f"configs[{i}] must be a dict (it reaches the function as ctx.config), got {c!r:.60}"
-            )
-    if type(parallel) is not int or parallel < 1:
-        raise ConfigError(f"parallel must be an integer >= 1 (runs at once), got {parallel!r}")
-    if max_failures is not None and (type(max_failures) is not int or max_failures < 0):
-        raise ConfigError(f"max_failures must be None (no limit) or an integer >= 0, got {max_failures!r}")
 
 
 class Sweep:
@@ -171,14 +114,14 @@ class Sweep:
                     f"search={search!r} draws configs from a dict space, like "
                     "{'lr': orch.loguniform(1e-4, 1e-1)}; a list of configs runs as it is (search=None)"
                 )
-            _check_arguments(configs, parallel, max_failures)  # type: ignore[arg-type]
+            check_arguments(configs, parallel, max_failures)  # type: ignore[arg-type]
             if trials is not None and trials > len(configs):
                 raise ConfigError(
                     f"trials={trials} is more than the {len(configs)} configs given: a list runs as it "
                     "is (trials=N runs its first N); draw from a dict space for more"
                 )
         else:
-            _check_arguments([{}], parallel, max_failures)
+            check_arguments([{}], parallel, max_failures)
         if order not in (None, "given", "random"):
             raise ConfigError(
                 f"order must be 'random' (configs run in a seeded random order), 'given' (in the list's "
@@ -249,61 +192,13 @@ class Sweep:
             log.warning("sweep %s: its earlier search differs (or reuse=False): kept as %s", self.name, aside)
             record = {}
         self._record = record
-        self.study: Any = None  # the Optuna study, when a sampler or pruner of Optuna drives the sweep
-        self.storage: str | None = None  # its storage URL (sqlite:///...)
-        wants_study = is_optuna(search, "samplers") or is_optuna(prune, "pruners")
-        if wants_study:
-            if searched is False and is_optuna(search, "samplers"):
-                raise ConfigError("an Optuna sampler draws configs from a dict space; a list runs as it is")
-            private_dir(self.folder)
-            numbers = {
-                int(t["index"]): int(t["number"])
-                for t in self._record.get("trials", [])
-                if t.get("number") is not None
-            }
-            optuna_study = OptunaStudy(
-                self.folder,
-                self.name,
-                self.mode,
-                sampler=search if is_optuna(search, "samplers") else None,
-                pruner=prune if is_optuna(prune, "pruners") else None,
-                numbers=numbers,
-            )
-            self._optuna: OptunaStudy | None = optuna_study
-            self.study, self.storage = optuna_study.study, optuna_study.storage
-        else:
-            self._optuna = None
-        self.search: Search | None = None
-        if searched:
-            if search in (None, "random"):
-                self.search = RandomSearch(configs, seed)  # type: ignore[arg-type]
-            elif is_optuna(search, "samplers"):
-                assert self._optuna is not None
-                self.search = OptunaSearch(configs, self._optuna)  # type: ignore[arg-type]
-            else:
-                raise ConfigError(
-                    "search must be 'random' or an Optuna sampler (optuna.samplers.TPESampler(seed=0)), "
-                    f"got {search!r:.60}"
-                )
-        self.pruner: Pruner | None = None
-        if prune is not None:
-            if isinstance(prune, Pruner):
-                self.pruner = prune
-            elif is_optuna(prune, "pruners"):
-                assert self._optuna is not None
-                self.pruner = OptunaPruner(self._optuna)
-            else:
-                raise ConfigError(
-                    "prune must be orch.ASHA(...), orch.SHA(...), orch.MedianStop(...) or an Optuna pruner, "
-                    f"got {prune!r:.60}"
-                )
-            self.pruner.bind(metric, self.mode)
-            steps = steps or sample.get("steps")  # a run's step count, as orch reads it
-            asha = self.pruner if isinstance(self.pruner, (ASHA, SHA)) else None
-            if asha is not None and asha.max_steps is None and type(steps) is int and steps > 0:
-                asha.max_steps = steps
-            if reuse and self._record.get("pruner"):
-                self.pruner.restore(self._record["pruner"])
+        self._optuna = study_of(search, prune, searched, self.folder, self.name, self.mode, record)
+        # the Optuna study, when a sampler or pruner of Optuna drives the sweep, and its storage URL
+        self.study: Any = self._optuna.study if self._optuna is not None else None
+        self.storage: str | None = self._optuna.storage if self._optuna is not None else None
+        self.search = search_of(configs, search, seed, self._optuna) if searched else None
+        steps = steps or sample.get("steps")  # a run's step count, as orch reads it
+        self.pruner = pruner_of(prune, self._optuna, metric, self.mode, steps, record if reuse else {})
         self.order: list[int] = []  # the configs' indices in the order they start (a list's)
         if not isinstance(configs, dict):
             for config in list(configs)[: self.size]:

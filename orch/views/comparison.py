@@ -27,7 +27,9 @@ import numpy.typing as npt
 
 from orch._text import config_text, escape_html, nonfinite_words, number_text
 from orch.errors import ConfigError, OrchError
-from orch.experiments.sweep import PAUSED, Sweep, Trial, default_mode
+from orch.experiments.metrics import default_mode
+from orch.experiments.sweep import Sweep
+from orch.experiments.trial import PAUSED, Trial
 from orch.launchers.attached import open_run
 from orch.launchers.loaded import load_run
 from orch.record.rundir import read_json

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 import ipywidgets as widgets
 
 from orch._text import config_text, escape_html, number_text, value_text
-from orch.experiments.sweep import default_mode
+from orch.experiments.metrics import default_mode
 from orch.experiments.trial import CANCELLED
 from orch.views.comparison import Curve, RunsView, _swatch, _TrialFollower, curve
 from orch.views.run_html import STATE_COLORS
@@ -27,7 +27,8 @@ from orch.wire.client import StateMirror
 from orch.wire.states import RunState
 
 if TYPE_CHECKING:
-    from orch.experiments.sweep import Sweep, Trial
+    from orch.experiments.sweep import Sweep
+    from orch.experiments.trial import Trial
 
 # The widest a cell of the table gets (in ``ch``); a failure or a NaN note under a row wraps
 # anywhere, a path included, instead of passing the output's edge.

@@ -40,6 +40,7 @@ def main() -> None:
     started = c.start()
     c.setup_path()
     import _jobs
+
     import orch
 
     calls: list[float] = []
@@ -48,8 +49,9 @@ def main() -> None:
     try:
         with tempfile.TemporaryDirectory(prefix="orch-bench-gang-") as d:
             root = str(Path(d) / "runs")
-            with orch.launch("_jobs:timed_first_step", world_size=args.world, threads=1, run_root=root) as run:
-                run.wait(timeout=300)  # the forkserver up: every later launch is a warm one
+            first = orch.launch("_jobs:timed_first_step", world_size=args.world, threads=1, run_root=root)
+            with first:
+                first.wait(timeout=300)  # the forkserver up: every later launch is a warm one
             with orch.gang(world_size=args.world, threads=1, run_root=root) as gang:
                 gang.run(_jobs.timed_first_step).wait(timeout=300)  # builds the model, kept
                 for rep in range(args.repeats):

@@ -213,3 +213,15 @@ def test_a_gang_refuses_what_it_cannot_do(tmp_path: Path) -> None:
         run.wait(timeout=60)
     with pytest.raises(orch.OrchError, match="is closed"):
         gang.run(jobs.gang_build)
+
+
+def test_a_hang_inside_a_call_shows_as_a_hang_with_every_ranks_stack(tmp_path: Path) -> None:
+    """Rank 1 blocks in its own code mid-call: the call is "not progressing" as a run is, its
+    stacks say where each rank stands, on_hang='fail' ends it, and the next call finds fresh ranks."""
+    with orch.gang(world_size=2, run_root=str(tmp_path), hang_timeout=3.0, on_hang="fail") as gang:
+        with pytest.raises(orch.RunFailed) as failed:
+            gang.run(jobs.hang_rank1).wait(timeout=120)
+        assert "no progress for" in str(failed.value) and "on_hang='fail' ended it" in str(failed.value)
+        stacks = failed.value.traceback  # each rank where it stands: rank 1 in its own code
+        assert "rank 1: in `time.sleep(10**6)`" in stacks and "rank 0: in `loss.backward()`" in stacks
+        assert gang.run_cell("ctx.rank", "<cell>").wait(timeout=120).values == [0, 1]

@@ -6,8 +6,9 @@ in each rank's namespace, which keeps its names from cell to cell (``ctx`` is th
 ``ctx.state`` is the same namespace seen from ``gang.run`` functions). The cell shows the
 call's panel while it runs and rank 0's output as it comes; the value of its last line, if
 that is an expression, is rank 0's, as a cell's ``Out``. A failure raises the call's
-:class:`orch.RunFailed`, its traceback naming the cell's line; Interrupt stops the call at
-the ranks' next step boundary (``ctx.steps``, ``ctx.log``) and the gang stays up.
+:class:`orch.RunFailed`, its traceback naming the cell's line; Interrupt stops the call: its
+ranks raise KeyboardInterrupt at their next step boundary (``ctx.steps``, ``ctx.log``,
+``ctx.data``), every rank at the same one, and the gang stays up.
 """
 
 from __future__ import annotations
@@ -62,8 +63,8 @@ def orch_cell(line: str, cell: str) -> Any:
                 time.sleep(0.05)
         show()
         raise KeyboardInterrupt(
-            f"the cell's call {run.run_id} was stopped at its ranks' next step boundary; gang "
-            f"{gang.gang_id} is up for the next cell"
+            f"the cell's call {run.run_id} was stopped: its ranks raised KeyboardInterrupt at their "
+            f"next step boundary; gang {gang.gang_id} is up for the next cell"
         ) from None
     show()
     return result.value

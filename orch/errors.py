@@ -128,3 +128,10 @@ class StopTraining(BaseException):
     Every rank raises it at the same step, so DDP's collectives end together; the rank ends
     STOPPED. A BaseException, so that ``except Exception`` in a training loop lets it through.
     """
+
+
+class CallInterrupted(StopTraining, KeyboardInterrupt):
+    """A gang's call was stopped (Stop, or the kernel's Interrupt during a ``%%orch`` cell): every
+    rank raises it at the same step boundary (``ctx.steps``, ``ctx.log``, ``ctx.data``), as
+    Ctrl-C raises KeyboardInterrupt in a loop here, so code after the loop does not run and
+    ``finally`` blocks do. The call ends STOPPED and the gang stays up."""

@@ -683,3 +683,17 @@ def gang_slow(ctx: Any) -> None:
     for step in ctx.steps(1_000_000):
         time.sleep(0.01)
         ctx.log(step, loss=1.0)
+
+
+def gang_slow_marked(ctx: Any) -> None:
+    """A long ctx.steps loop that records whether it was interrupted and whether the code after
+    the loop ran (it does not, when a stop raises KeyboardInterrupt at a step boundary)."""
+    ctx.state.interrupted = False
+    try:
+        for step in ctx.steps(1_000_000):
+            time.sleep(0.01)
+            ctx.log(step, loss=1.0)
+        ctx.state.after_loop = True
+    except KeyboardInterrupt:
+        ctx.state.interrupted = True
+        raise

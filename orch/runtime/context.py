@@ -9,13 +9,13 @@ import threading
 import types
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, NoReturn, TypeVar
 
 import torch
 import torch.distributed as dist
 from torch import nn
 
-from orch.errors import StopTraining
+from orch.errors import CallInterrupted, StopTraining
 from orch.record.checkpoint_index import Mode, check_keep
 from orch.runtime._sender import HeartbeatSender
 from orch.runtime._stop_vote import StopVote, sharded
@@ -77,6 +77,8 @@ class Context(Checkpoints):
         self._stop = threading.Event()
         self._models: list[nn.Module] = []
         self.stopped = False  # True once ctx.steps() ended early because of a stop request
+        # A gang's call: a stop raises CallInterrupted at the step boundary, where a run's loop ends
+        self.interrupt_on_stop = False
         self.attempt = attempt  # 1, then one more after each restart of the group
         self.checkpoint_dir = checkpoint_dir
         self.resume_step = 0  # the first step ctx.steps() yields (after a loaded checkpoint)
@@ -109,6 +111,12 @@ class Context(Checkpoints):
     @property
     def stop_requested(self) -> bool:
         return self._stop.is_set()
+
+    def _stop_here(self, where: str) -> NoReturn:
+        """End the function here, on every rank at the same point: StopTraining, or in a gang's
+        call CallInterrupted, a KeyboardInterrupt as Ctrl-C would raise."""
+        kind = CallInterrupted if self.interrupt_on_stop else StopTraining
+        raise kind(f"the run was asked to stop; {where}")
 
     def request_stop(self, at_step: int = 0) -> None:
         """Stop: ``ctx.steps`` ends at the next step on every rank; a loop without it ends when
@@ -175,7 +183,7 @@ class Context(Checkpoints):
                 started = start
                 if vote is not None and not self._uses_steps and vote.cast(self._stop.is_set()):
                     self.stopped = True
-                    raise StopTraining("the run was asked to stop; every rank stops before this batch")
+                    self._stop_here("every rank stops before this batch")
                 try:
                     batch = next(it)
                 except StopIteration:
@@ -272,6 +280,8 @@ class Context(Checkpoints):
                         self._sender.step = self._step + 1  # steps done: the last one finished
                     if checkpoint is not None and self._step >= 0:
                         self._checkpoint_together(checkpoint(), keep=keep, mode=mode)
+                    if self.interrupt_on_stop:
+                        self._stop_here(f"every rank stops before step {step}")
                     return
                 self._step = step
                 if self._sender is not None:
@@ -363,7 +373,7 @@ class Context(Checkpoints):
                     sender.wait_gate(step, GATE_WAIT)
         if self._stop_at and step + 1 >= self._stop_at and not self._uses_steps:
             self.stopped = True
-            raise StopTraining(f"the run was asked to stop; every rank stops after step {step}")
+            self._stop_here(f"every rank stops after step {step}")
 
     def _log_step(self, step: int) -> None:
         """A new step logged: in a loop that neither ctx.steps nor ctx.data marks, the steps

@@ -304,6 +304,7 @@ def run_worker(spec: WorkerSpec, session: Session | None = None) -> int:
             attempt=reg.attempt or 1,
             state=session.state if session is not None else None,
         )
+        ctx.interrupt_on_stop = session is not None
         sender.total_steps = reg.total_steps
         training_thread = threading.get_ident()
         sender.stack_of = lambda: capture_stack(training_thread, spec.sources, sender.progress)

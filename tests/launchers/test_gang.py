@@ -85,16 +85,22 @@ def test_a_rank_killed_mid_call_fails_the_call_naming_it_and_the_gang_comes_back
         assert gang.run_cell("ctx.rank", "<cell>").wait().values == [0, 1]
 
 
-def test_stop_ends_the_call_at_a_step_boundary_and_the_gang_stays_up(tmp_path: Path) -> None:
+def test_stop_interrupts_the_call_at_a_step_boundary_and_the_gang_stays_up(tmp_path: Path) -> None:
     with orch.gang(world_size=2, run_root=str(tmp_path)) as gang:
         gang.push(mark="kept")
         pids = gang.pids
-        run = gang.run(jobs.gang_slow)
+        run = gang.run(jobs.gang_slow_marked)
         time.sleep(1.0)
         run.stop()
         result = run.wait(timeout=60)
         assert result.state is orch.RunState.STOPPED and result.steps[0] == result.steps[1] > 0
         assert gang.pids == pids and gang.pull("mark") == "kept"
+        # the ranks raised KeyboardInterrupt at the same step boundary: the loop's code after
+        # it never ran, an except/finally did, on every rank
+        assert (
+            gang.run_cell("(interrupted, 'after_loop' in dir())", "<cell>").wait().values
+            == [(True, False)] * 2
+        )
 
 
 GANG_CELLS = [
@@ -149,7 +155,10 @@ def test_orch_cells_keep_their_names_on_every_rank_in_a_real_kernel(tmp_path: Pa
                 shown = msg["content"]["evalue"]
             if msg["msg_type"] == "status" and msg["content"]["execution_state"] == "idle":
                 break
-        assert "stopped at its ranks' next step boundary" in shown and "is up for the next cell" in shown
+        assert (
+            "raised KeyboardInterrupt at their next step boundary" in shown
+            and "is up for the next cell" in shown
+        )
         reply, shown = _execute(kc, GANG_CELLS[5])
         assert "OUT 103.0" in shown, (reply, shown)  # the names survived the interrupted call
         reply, shown = _execute(kc, GANG_CELLS[6])

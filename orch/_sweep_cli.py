@@ -13,7 +13,8 @@ from orch.errors import ConfigError
 from orch.experiments.pruning import parse_prune
 from orch.experiments.space import choice, grid, loguniform, randint, uniform
 from orch.experiments.sweep import Sweep
-from orch.launchers.spec import RunOptions, add_flag, check_int, flagged, from_flags
+from orch.launchers.front import RunOptions, add_flag, flagged, from_flags
+from orch.launchers.spec import check_int
 from orch.views.dashboard import SweepDashboard
 from orch.wire.states import RunState
 

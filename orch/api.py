@@ -12,8 +12,8 @@ from orch.experiments.catalog import live_notice
 from orch.launchers.attached import AttachedRun, open_run, run_dir_of
 from orch.launchers.detached.run import DetachedRun
 from orch.launchers.detached.start import start_detached
+from orch.launchers.front import LaunchOptions, options_doc, spec_of
 from orch.launchers.run import Run, live_runs
-from orch.launchers.spec import LaunchOptions, options_doc, spec_of
 from orch.runtime._nested import refuse_launch
 from orch.runtime._target import TrainFn
 

@@ -24,10 +24,11 @@ from orch.experiments import catalog
 from orch.launchers.attached import open_run
 from orch.launchers.contract import exit_code
 from orch.launchers.detached.start import start_detached
+from orch.launchers.front import add_flag, as_flag, from_flags
 from orch.launchers.loaded import LoadedRun
 from orch.launchers.run import Run, run_meta, serve
 from orch.launchers.slurm.options import Slurm
-from orch.launchers.spec import LaunchSpec, add_flag, as_flag, from_flags
+from orch.launchers.spec import LaunchSpec
 from orch.record.rundir import write_result
 from orch.record.store import RunStore
 from orch.runtime._nested import refuse_launch

@@ -56,10 +56,11 @@ from orch.experiments.space import (
 from orch.experiments.strategy import pruner_of, search_of, study_of
 from orch.experiments.trial import Trial
 from orch.launchers._exiting import begin_exit
+from orch.launchers.front import RunOptions, options_doc, spec_of
 from orch.launchers.kernel_wait import block_until
 from orch.launchers.loaded import load_run
 from orch.launchers.run import Run, register_exit_hook
-from orch.launchers.spec import MAX_WORKERS_PER_CORE, LaunchSpec, RunOptions, options_doc, spec_of
+from orch.launchers.spec import MAX_WORKERS_PER_CORE, LaunchSpec
 from orch.record.mlflow_export import export_mlflow
 from orch.record.tensorboard import export_runs
 from orch.record.writes import check_dir

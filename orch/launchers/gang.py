@@ -32,11 +32,12 @@ from typing_extensions import Unpack
 
 from orch._viewable import panel_class
 from orch.errors import OrchError
+from orch.launchers.front import RunOptions, spec_of
 from orch.launchers.launcher import RunParts
 from orch.launchers.local.group import _main_not_inherited, worker_context
 from orch.launchers.local.launcher import LocalLauncher
 from orch.launchers.run import Run, register_exit_hook
-from orch.launchers.spec import LaunchSpec, RunOptions, spec_of
+from orch.launchers.spec import LaunchSpec
 from orch.master.coordinator import Coordinator
 from orch.record.store import private_dir, tail
 from orch.record.writes import own_dir

@@ -14,16 +14,8 @@ import pytest
 
 import orch
 from orch.cli import build_parser
-from orch.launchers.spec import (
-    LaunchOptions,
-    LaunchSpec,
-    RunOptions,
-    add_flag,
-    flagged,
-    keys_of,
-    options,
-    spec_of,
-)
+from orch.launchers.front import LaunchOptions, RunOptions, add_flag, flagged, keys_of, spec_of
+from orch.launchers.spec import LaunchSpec, options
 
 # Parameters of launch() and sweep() that are not launch options (a sweep's own: how it
 # searches and prunes), and launch options a signature spells another way.

@@ -20,7 +20,8 @@ import ipywidgets as widgets
 from orch._text import config_text, escape_html, number_text, value_text
 from orch.experiments.metrics import default_mode
 from orch.experiments.trial import CANCELLED
-from orch.views.comparison import Curve, RunsView, _swatch, _TrialFollower, curve
+from orch.views.comparison import RunsView, _swatch
+from orch.views.followers import Curve, TrialFollower, curve
 from orch.views.run_html import STATE_COLORS
 from orch.views.waiting import answer_while_waiting
 from orch.wire.client import StateMirror
@@ -53,7 +54,7 @@ class SweepPanel(RunsView):
     def __init__(self, sweep: Sweep, **options: Any) -> None:
         self.sweep = sweep
         self.opened: int | None = None  # the config whose per-rank panel is shown
-        super().__init__([_TrialFollower(t) for t in sweep.trials], **options)
+        super().__init__([TrialFollower(t) for t in sweep.trials], **options)
 
     def _layout(self) -> None:
         self.progress = widgets.IntProgress(
@@ -106,7 +107,7 @@ class SweepPanel(RunsView):
         """The trials a search drew since the last poll: a follower, a mirror and a row each."""
         trials = list(self.sweep.trials)
         for trial in trials[len(self.runs) :]:
-            self.runs.append(_TrialFollower(trial))
+            self.runs.append(TrialFollower(trial))
             self.mirrors.append(StateMirror())
             self._add_row(trial)
         self.progress.max = max(len(trials), self.sweep.size)

@@ -20,7 +20,7 @@ import pytest
 
 import orch
 from conftest import TESTS, orch_cli, until
-from orch.views.comparison import curve
+from orch.views.followers import curve
 from orch.wire.client import StateMirror
 
 pytestmark = pytest.mark.timeout(240)

@@ -17,7 +17,8 @@ import pytest
 from orch._text import number_text, rate_text
 from orch.experiments.metrics import last_value, nonfinite
 from orch.experiments.results import SweepResults, nonfinite_text, wall_time_text
-from orch.views.comparison import Curve, _Mirrored, _RunsPlot, config_label, followers
+from orch.views.comparison import _RunsPlot
+from orch.views.followers import Curve, Mirrored, config_label, followers
 from orch.views.rank_plot import RankPlot, robust_range
 from orch.views.rendering import rate_of, render, summary
 from orch.views.run_html import table_html
@@ -248,7 +249,7 @@ def test_the_comparison_names_each_run_by_its_config_and_keeps_its_range() -> No
     bare = SimpleNamespace(run_id="ghi", spec=SimpleNamespace(config={}), state=lambda: None)
     labels = [f.label for f in followers([run, twin, bare])]
     assert labels == ["lr=0.01, bs=32 (abc)", "lr=0.01, bs=32 (def)", "ghi"]
-    assert isinstance(followers([run])[0], _Mirrored)
+    assert isinstance(followers([run])[0], Mirrored)
 
 
 # -- the sweep's table ------------------------------------------------------------------------------

@@ -11,7 +11,8 @@ import pytest
 
 import orch
 from conftest import TESTS, images_sent, until
-from orch.views.comparison import ComparePanel, curve
+from orch.views.comparison import ComparePanel
+from orch.views.followers import curve
 
 pytestmark = pytest.mark.timeout(240)
 sys.path.insert(0, str(TESTS))

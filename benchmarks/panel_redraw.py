@@ -1,9 +1,10 @@
 """The notebook panel: time per poll and per redraw, and bytes per poll, against history length.
 
 A :class:`~orch.master.coordinator.Coordinator` served by a real ``MasterServer`` in this
-process holds 8 ranks' ``loss`` series, fed with ``coordinator.heartbeat`` calls
-(chunks of 50k points), grown to 1k, 100k and 1M points per rank. At each length a new
-:class:`orch.views.panel.Panel` (real widgets, no kernel attached) attaches over gRPC:
+process holds 8 ranks' ``loss`` series, fed with heartbeats as the gRPC master takes them
+(``coordinator.accept_heartbeat``, chunks of 50k points), grown to 1k, 100k and 1M points
+per rank. At each length a new :class:`orch.views.panel.Panel` (real widgets, no kernel
+attached) attaches over gRPC:
 
 - initial poll: the full ``GetState`` a panel makes when it opens (time and size; a
   reply above the master's 16 MiB message limit fails, and the panel then gets the state

@@ -113,8 +113,7 @@ class Context(Checkpoints):
         return self._stop.is_set()
 
     def _stop_here(self, where: str) -> NoReturn:
-        """End the function here, on every rank at the same point: StopTraining, or in a gang's
-        call CallInterrupted, a KeyboardInterrupt as Ctrl-C would raise."""
+        """End the function here, every rank at one point: StopTraining (a gang's: CallInterrupted)."""
         kind = CallInterrupted if self.interrupt_on_stop else StopTraining
         raise kind(f"the run was asked to stop; {where}")
 

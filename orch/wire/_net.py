@@ -91,6 +91,7 @@ def check_address(address: str) -> None:
 
 SOCKET_PREFIX = "orch-"
 STALE_EMPTY_SECONDS = 600.0  # a folder with no socket yet is a server still starting, unless older
+STALE_SOCKET_SECONDS = 60.0  # a socket that refuses connections is a server starting, unless older
 
 
 def sweep_stale_sockets(folder: Path) -> list[Path]:
@@ -113,8 +114,11 @@ def sweep_stale_sockets(folder: Path) -> list[Path]:
             contents = list(entry.iterdir())
             if not contents:
                 stale = now - info.st_mtime > STALE_EMPTY_SECONDS
-            elif len(contents) == 1 and stat.S_ISSOCK(contents[0].lstat().st_mode):
-                stale = not _listening(contents[0])
+            elif len(contents) == 1 and stat.S_ISSOCK((sock := contents[0].lstat()).st_mode):
+                # refused, and bound a while ago: a server starting binds, then listens, and
+                # connecting between the two is refused too (another run's master, starting
+                # at the same moment in this process or another, must keep its socket)
+                stale = now - sock.st_mtime > STALE_SOCKET_SECONDS and not _listening(contents[0])
             else:
                 stale = False  # not the shape of one of ours: left alone
         except OSError:

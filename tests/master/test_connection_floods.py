@@ -211,18 +211,25 @@ def test_a_killed_servers_socket_folder_is_swept_and_a_live_ones_kept(tmp_path: 
 
     dead, dead_socket = folder_with_socket("dead", listen=False)  # bound, no listener: refused
     dead_socket.close()
+    old = time.time() - 120
+    os.utime(dead / "master", (old, old))  # bound two minutes ago, and never listened since
     live, live_socket = folder_with_socket("live", listen=True)
     starting = tmp_path / "orch-starting"  # a server between mkdtemp and its bind
     starting.mkdir()
+    binding, binding_socket = folder_with_socket("binding", listen=False)  # bound just now, not yet listening
     other = tmp_path / "orch-other"  # not the shape of one of ours
     other.mkdir()
     (other / "notes.txt").write_text("x")
     try:
         assert sweep_stale_sockets(tmp_path) == [dead]
-        assert live.exists() and starting.exists() and other.exists() and not dead.exists()
+        assert (
+            live.exists() and starting.exists() and other.exists() and binding.exists() and not dead.exists()
+        )
     finally:
         live_socket.close()
-    assert sweep_stale_sockets(tmp_path) == [live]  # its server went away
+        binding_socket.close()
+    os.utime(live / "master", (old, old))
+    assert sweep_stale_sockets(tmp_path) == [live]  # its server went away (a while ago)
 
 
 def test_a_temp_dir_too_long_for_a_socket_path_puts_the_private_listener_under_tmp(

@@ -167,17 +167,17 @@ class Gang:
 
     def pull(self, name: str, rank: int = 0) -> Any:
         """The object ``name`` in rank ``rank``'s namespace (``ctx.state.name``), here."""
-        with self._call(_bound(rank_side.pull, name, rank), f"pull {name}") as run:
+        with self._call(rank_side.call(rank_side.pull, (name, rank), {}), f"pull {name}") as run:
             return run.wait().values[rank]
 
     def push(self, **values: Any) -> None:
         """Set ``values`` in every rank's namespace (``ctx.state``; a ``%%orch`` cell's names)."""
-        with self._call(_bound(rank_side.push, values), f"push {', '.join(values)}") as run:
+        with self._call(rank_side.call(rank_side.push, (values,), {}), f"push {', '.join(values)}") as run:
             run.wait()
 
     def run_cell(self, source: str, filename: str) -> Run:
         """Run a cell's code on every rank, in their namespaces (the ``%%orch`` magic)."""
-        return self._call(_bound(rank_side.run_cell, source, filename), "cell")
+        return self._call(rank_side.call(rank_side.run_cell, (source, filename), {}), "cell")
 
     # -- ending ----------------------------------------------------------------------------
     def close(self) -> None:
@@ -207,15 +207,6 @@ class Gang:
     def __repr__(self) -> str:
         state = "closed" if self._closed else ("up" if self._procs else "down")
         return f"<orch.Gang {self.gang_id}: {self.world_size} ranks, {state}, {len(self.calls)} calls>"
-
-
-def _bound(fn: Callable[..., Any], *args: Any) -> Callable[[Any], Any]:
-    def bound(ctx: Any) -> Any:
-        return fn(ctx, *args)
-
-    bound.__name__ = bound.__qualname__ = fn.__name__
-    bound.__module__ = fn.__module__
-    return bound
 
 
 class GangLauncher(LocalLauncher):

@@ -9,7 +9,7 @@ from typing_extensions import Unpack
 
 from orch.errors import ConfigError
 from orch.experiments.catalog import live_notice
-from orch.launchers.attached import AttachedRun, open_run, run_dir_of
+from orch.launchers.attached import AttachedRun, open_run
 from orch.launchers.detached.run import DetachedRun
 from orch.launchers.detached.start import start_detached
 from orch.launchers.front import LaunchOptions, options_doc, spec_of
@@ -147,25 +147,7 @@ def attach(
     :class:`AttachedRun`; ``token`` defaults to ``$ORCH_TOKEN``, ``tls_ca`` verifies a
     master serving TLS.
     """
-    run_dir = run_dir_of(target, Path(run_root))
-    for live in live_runs():  # a run of this process, by its id or dir: itself
-        if str(target) == live.run_id or (
-            run_dir is not None and live.run_dir.resolve() == run_dir.resolve()
-        ):
-            return live
-    if run_dir is not None:
-        if token is not None or tls_ca is not None:
-            raise ConfigError(
-                f"{target} is a run dir: its token and TLS CA are read from its attach.json; "
-                "leave token= and tls_ca= out (they are for attaching by HOST:PORT)"
-            )
-        return DetachedRun(run_dir, timeout=timeout)
-    try:
-        run: AttachedRun = open_run(target, run_root, token=token, tls_ca=tls_ca, timeout=timeout)
-    except ConfigError as e:
-        raise ConfigError(
-            f"{str(target)!r} is neither a run dir, nor the id of a run under {run_root}/, nor a "
-            "master's HOST:PORT: pass orch.attach('runs/<id>'), orch.attach('<id>', run_root=...) "
-            "or orch.attach('HOST:PORT', token=...)"
-        ) from e
+    run: AttachedRun | DetachedRun | Run = open_run(
+        target, run_root, token=token, tls_ca=tls_ca, timeout=timeout, follow=True
+    )
     return run

@@ -11,56 +11,29 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import re
 import time
 from pathlib import Path
 
 from orch._text import printable, rate_text
-from orch.errors import ConfigError, OrchError
-from orch.experiments.run_row import CRASHED, DAMAGED, RUN_FILES, UNKNOWN, RunRow, format_seconds
-from orch.experiments.run_table import runs
-from orch.record.owned import check_own_dir, is_own_dir, open_own, read_line
+from orch.errors import OrchError
+from orch.experiments.run_row import CRASHED, DAMAGED, UNKNOWN, RunRow, format_seconds
+from orch.record.names import no_run, run_dir_named
+from orch.record.owned import check_own_dir, open_own, read_line
 from orch.record.rundir import read_json
 from orch.record.store import MAX_EVENT_LINE_BYTES
 from orch.wire.states import RunState, describe_exit
 
 
 def find_run(run: str | Path, run_root: str | Path = "runs") -> Path:
-    """The run dir ``run`` names: a run dir, a run id under ``run_root``, or a unique start of one.
-
-    A folder another user owns is refused, naming its owner (:mod:`orch.record.owned`)."""
-    found = _find_run(run, run_root)
+    """The run dir ``run`` names: a run dir, a run id under ``run_root``, or a unique start of one
+    (:func:`orch.record.names.run_dir_named`). A folder another user owns is refused, naming
+    its owner (:mod:`orch.record.owned`)."""
+    found = run_dir_named(run, run_root)
+    if found is None:
+        raise no_run(str(run), run_root)
     check_own_dir(found)
     return found
-
-
-def _find_run(run: str | Path, run_root: str | Path) -> Path:
-    path, root, text = Path(run), Path(run_root), str(run)
-    if path.is_dir() and any((path / f).exists() for f in RUN_FILES):
-        return path
-    if text and "/" not in text and os.sep not in text and text not in (".", ".."):
-        if (root / text).is_dir():
-            return root / text
-        with contextlib.suppress(OSError):
-            matches = sorted(
-                e.name for e in os.scandir(root) if e.name.startswith(text) and is_own_dir(e.path)
-            )
-            if len(matches) == 1:
-                return root / matches[0]
-            if matches:
-                raise ConfigError(
-                    f"{text!r} starts {len(matches)} run ids under {root}/ ({', '.join(matches[:5])}"
-                    f"{', ...' if len(matches) > 5 else ''}): pass more of the id"
-                )
-    if path.is_dir():
-        raise ConfigError(f"{path} is not an orch run dir (it has no {', '.join(RUN_FILES)})")
-    newest = [r.run_id for r in runs(root)[:5]]
-    if not newest:
-        raise ConfigError(f"no run {text!r}: {root}/ holds no runs (pass --run-root, or a run dir's path)")
-    raise ConfigError(
-        f"no run {text!r} under {root}/; the newest there: {', '.join(newest)} (`orch runs` lists them all)"
-    )
 
 
 def worker_of(path: Path, rank: int) -> str | None:

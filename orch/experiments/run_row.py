@@ -37,7 +37,6 @@ DAMAGED = "DAMAGED"  # run.json or result.json cannot be read as orch wrote it
 UNKNOWN = "UNKNOWN"  # no result.json, and its launching process cannot be checked from here
 STATES = (*(s.value for s in RunState), CRASHED, DAMAGED, UNKNOWN)
 
-RUN_FILES = ("run.json", "result.json", "metrics.pb")  # a folder with one of these is a run dir
 
 COLUMNS = ("id", "name", "function", "state", "attempts", "started", "duration", "loss", "config", "note")
 

@@ -17,8 +17,9 @@ from typing import Any, overload
 
 from orch._text import escape_html, printable
 from orch.errors import ConfigError
-from orch.experiments.run_row import COLUMNS, CRASHED, DAMAGED, RUN_FILES, STATES, RunRow, mtime, read_row
+from orch.experiments.run_row import COLUMNS, CRASHED, DAMAGED, STATES, RunRow, read_row
 from orch.launchers.run import live_runs
+from orch.record.names import is_run_dir, started
 from orch.record.owned import is_own_dir
 
 
@@ -126,16 +127,16 @@ def runs(run_root: str | Path = "runs") -> RunTable:
     if root.exists() and not root.is_dir():
         raise ConfigError(f"run_root {root} is a file, not the folder of the run dirs")
     here = {_key(r.run_dir): r for r in live_runs()}
-    rows: list[tuple[float, RunRow]] = []
+    rows: list[tuple[float, str, RunRow]] = []
     with contextlib.suppress(FileNotFoundError):
         for entry in os.scandir(root):
             path = Path(entry.path)
             # Only this user's run dirs: anyone who can write to a shared run root could plant one.
-            if is_own_dir(path) and any((path / f).exists() for f in RUN_FILES):
+            if is_own_dir(path) and is_run_dir(path):
                 row = read_row(path, here.get(_key(path)))
-                rows.append((row.started or mtime(path), row))
-    rows.sort(key=lambda pair: pair[0], reverse=True)
-    return RunTable((row for _, row in rows), root)
+                rows.append((row.started or started(path), path.name, row))
+    rows.sort(key=lambda t: t[:2], reverse=True)  # as orch.record.names.no_run lists them
+    return RunTable((row for *_, row in rows), root)
 
 
 def _key(path: Path) -> str:

@@ -17,6 +17,7 @@ from orch.launchers.contract import RunHandle
 from orch.launchers.detached.run import DetachedRun
 from orch.launchers.loaded import load_run
 from orch.launchers.run import live_runs
+from orch.record.names import no_run, run_dir_named
 from orch.wire._net import split_address
 from orch.wire.auth import token_from_env
 from orch.wire.client import MasterClient, StateMirror
@@ -68,19 +69,6 @@ class AttachedRun(RunHandle):
         return f"<orch.AttachedRun {self._mirror.run_id or '?'} {self._mirror.state.value} at {self.address}>"
 
 
-def run_dir_of(target: str | Path, run_root: Path) -> Path | None:
-    """The run dir ``target`` names (a folder, or a run id under ``run_root``), else None."""
-    path = Path(target)
-    if path.is_dir():
-        return path
-    text = str(target)
-    if text and "/" not in text and os.sep not in text and text not in (".", ".."):
-        candidate = run_root / text
-        if candidate.is_dir():
-            return candidate
-    return None
-
-
 def open_run(
     target: Any,
     run_root: str | Path = "runs",
@@ -88,28 +76,31 @@ def open_run(
     token: str | None = None,
     tls_ca: str | Path | None = None,
     timeout: float = 10.0,
+    follow: bool = False,
 ) -> Any:
     """The run ``target`` names, the one place a name becomes a run:
 
     - a run object: as it is;
-    - a run dir, or a run id under ``run_root``: this process's live run of that dir, else a
-      detached run still going (followed through its master), else the record on disk
-      (:func:`orch.load_run`);
+    - a run of this process, by its run id or run dir: that run itself;
+    - a run dir, a run id under ``run_root`` or the unique start of one
+      (:func:`orch.record.names.run_dir_named`): a detached run still going, followed through
+      its master (``follow``: also one that ended, read through the same handle), else the
+      record on disk (:func:`orch.load_run`);
     - a master's ``HOST:PORT``: an :class:`AttachedRun` (``token`` defaults to
       ``$ORCH_TOKEN``; ``tls_ca`` verifies a master serving TLS).
     """
     if not isinstance(target, (str, os.PathLike)):
         return target
-    path = run_dir_of(Path(target), Path(run_root))
+    for run in live_runs():
+        if os.fspath(target) == run.run_id:
+            return run
+    path = run_dir_named(target, run_root)
     if path is None:
-        address = str(target)
+        address = os.fspath(target)
         try:
             split_address(address)
         except ConfigError as e:
-            raise ConfigError(
-                f"no run {address!r}: not a run dir, nor a run id under {run_root}/ (see orch.runs()), "
-                "nor a master's HOST:PORT"
-            ) from e
+            raise no_run(address, run_root, address=True) from e
         return AttachedRun(address, timeout=timeout, token=token, tls_ca=tls_ca)
     if token is not None or tls_ca is not None:
         raise ConfigError(
@@ -119,6 +110,6 @@ def open_run(
     for run in live_runs():
         if run.run_dir.resolve() == path.resolve():
             return run
-    if (path / ATTACH_FILE).exists() and not (path / "result.json").exists():
-        return DetachedRun(path, timeout=timeout)  # still going: followed through its master
+    if follow or ((path / ATTACH_FILE).exists() and not (path / "result.json").exists()):
+        return DetachedRun(path, timeout=timeout)  # followed through its master
     return load_run(path)

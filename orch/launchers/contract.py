@@ -15,18 +15,19 @@ detached (:class:`~orch.launchers.detached.start.DetachedRun`), attached by addr
     run.to_mlflow()                the ended run as one MLflow run (config, per-rank metrics, mean)
     run.log_files(), run.panel(), run.close(), ``with run: ...``
 
-The panel reads a run through this contract: ``connect()`` (a client to poll, or None when
+The panel reads a run through the half of this contract that a run read from disk has too
+(:class:`~orch.record.source.RunSource`): ``connect()`` (a client to poll, or None when
 there is nothing to poll) and ``final_state()`` (the state once it ended, else None).
 """
 
 from __future__ import annotations
 
 import threading
-from abc import ABC, abstractmethod
+from abc import ABC
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 from orch._viewable import Viewable
 from orch.errors import OrchError, RunFailed
@@ -34,8 +35,9 @@ from orch.launchers.kernel_wait import block_until
 from orch.record.checkpoint_index import Checkpoint, best_checkpoint
 from orch.record.mlflow_export import export_mlflow
 from orch.record.rundir import RunRecord
+from orch.record.source import RunSource
 from orch.record.values import Returned
-from orch.wire.client import MasterClient, StateMirror
+from orch.wire.client import StateMirror
 from orch.wire.stacks import Stacks, stacks_of
 from orch.wire.states import RunState
 
@@ -110,54 +112,15 @@ def still_running(run_id: str, state: str) -> str:
     )
 
 
-class PanelSource(Protocol):
-    """What the panel reads of a run (every :class:`RunHandle` is one): where its master is,
-    how to stop it, its logs, its final state."""
-
-    @property
-    def address(self) -> str: ...
-
-    def connect(self) -> MasterClient | None: ...
-
-    def stop(self, reason: str = ...) -> RunState: ...
-
-    def log_files(self) -> dict[str, Path]: ...
-
-    def final_state(self) -> StateMirror | None: ...
-
-
-class RunHandle(Viewable, ABC):
-    """What every kind of run implements (see the module docstring)."""
-
-    @property
-    @abstractmethod
-    def run_id(self) -> str: ...
-
-    @property
-    def run_dir(self) -> Path | None:
-        """Its run dir (None for a master known by its address alone)."""
-        return None
-
-    @property
-    def address(self) -> str:
-        """Its master's HOST:PORT ("" when there is no master to reach)."""
-        return ""
+class RunHandle(RunSource, Viewable, ABC):
+    """What every kind of run implements (see the module docstring); what the panel reads of
+    it is :class:`~orch.record.source.RunSource`, the half a run read from disk has too."""
 
     @property
     def best_checkpoint(self) -> Checkpoint | None:
         """Its best checkpoint on disk (``.path``, ``.step``, ``.value``, ``.metric``): the best by
         the value it was saved with, or the newest when none has one; None without any."""
         return best_checkpoint(self.run_dir / "checkpoints") if self.run_dir is not None else None
-
-    @abstractmethod
-    def state(self) -> StateMirror: ...
-
-    @abstractmethod
-    def stop(self, reason: str = "stopped from a notebook") -> RunState: ...
-
-    def history(self) -> dict[str, dict[int, dict[str, list[float]]]]:
-        """``{metric: {rank: {"step": [...], "value": [...]}}}`` for every logged scalar."""
-        return self.state().history()
 
     def wait(self, timeout: float | None = None, interval: float = 0.5) -> RunResult:
         """Block until the run ends (at once if it has); raise :class:`orch.RunFailed` if it failed.
@@ -237,18 +200,6 @@ class RunHandle(Viewable, ABC):
         return export_mlflow(
             [(name or self.run_id, source)], tracking_uri=tracking_uri, experiment=experiment, load=RunRecord
         )[0]
-
-    def log_files(self) -> dict[str, Path]:
-        """Each rank's log by worker id (empty when the logs are on other hosts)."""
-        return {}
-
-    def connect(self) -> MasterClient | None:
-        """A client of the run's master, for the panel to poll; None when there is none."""
-        return None
-
-    def final_state(self) -> StateMirror | None:
-        """The run's state once it ended, else None."""
-        return None
 
     def close(self) -> None:
         """Let go of what this handle holds (its panel's poller); a run launched here also ends."""

@@ -49,7 +49,6 @@ from orch.runtime._source import SourceMap, capture
 from orch.wire._net import DEFAULT_RENDEZVOUS_PORT, choose_port
 from orch.wire.auth import certificate_name, new_token, token_from_env
 from orch.wire.client import MasterClient, StateMirror
-from orch.wire.stacks import Stacks, stacks_of
 from orch.wire.states import RunState
 
 log = logging.getLogger(__name__)
@@ -281,17 +280,6 @@ class Run(RunHandle):
             self.store.sync()
             return load_run(self.run_dir).history()
         return self.state().history()
-
-    def stacks(self, timeout: float = 3.0) -> Stacks:
-        """Every running rank's training-thread stack, asked for now, grouped by frame:
-        ``print(run.stacks())``. Waits up to ``timeout`` seconds for the ranks' answers; a
-        rank that did not answer is named, with why."""
-        coord = self.coordinator
-        asked = coord.ask_stacks()
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline and not coord.stacks_since(asked):
-            time.sleep(0.05)
-        return stacks_of(coord.stacks())
 
     def stop(self, reason: str = "stopped by the user", *, prune: bool = False) -> RunState:
         """Ask every rank to finish its current step and end; returns at once. ``prune``: a

@@ -25,6 +25,7 @@ from typing import Any, TypeVar
 from orch.errors import ConfigError, OrchError
 from orch.record._replay import Attempts, Replaced, SeriesKey
 from orch.record.owned import check_own_dir, read_own
+from orch.record.source import RunSource
 from orch.record.store import (
     MetricsDamage,
     json_object,
@@ -63,7 +64,7 @@ def write_result(coordinator: Snapshots, run_dir: Path, folder: OwnDir | None = 
     return path
 
 
-class RunRecord:
+class RunRecord(RunSource):
     """A run's directory, read: ``history()``, ``state()``, ``to_csv()``, ``to_tensorboard()``.
 
     :class:`orch.LoadedRun` (:mod:`orch.launchers.loaded`) is this record as a run, with the
@@ -179,15 +180,8 @@ class RunRecord:
     def run_id(self) -> str:
         return self._mirror.run_id
 
-    @property
-    def address(self) -> str:
-        return ""
-
     def state(self) -> StateMirror:
-        return self._mirror
-
-    def connect(self) -> None:
-        return None  # nothing to poll: the panel draws the state read from disk
+        return self._mirror  # connect() is None: nothing to poll, the panel draws this once
 
     def final_state(self) -> StateMirror:
         return self._mirror

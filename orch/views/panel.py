@@ -30,7 +30,7 @@ import ipywidgets as widgets
 
 from orch._text import escape_html
 from orch.errors import MasterUnavailable
-from orch.launchers.contract import PanelSource
+from orch.record.source import RunSource
 from orch.record.store import tail
 from orch.views._pollers import track
 from orch.views._static import IMAGE, Record
@@ -76,7 +76,7 @@ class Panel:
 
     def __init__(
         self,
-        source: PanelSource,
+        source: RunSource,
         *,
         interval: float = 0.5,
         width_px: int = 720,

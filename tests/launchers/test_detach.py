@@ -278,11 +278,17 @@ def test_attach_to_a_run_whose_supervisor_died_shows_how_it_ended(tmp_path: Path
 
 
 def test_attach_tells_a_run_dir_from_a_run_id_from_an_address(tmp_path: Path) -> None:
-    with pytest.raises(orch.ConfigError, match="neither a run dir, nor the id of a run"):
+    empty = "no run 'no-such-run': not a run dir, nor a master's HOST:PORT, and .* holds no runs"
+    with pytest.raises(orch.ConfigError, match=empty):
         orch.attach("no-such-run", run_root=tmp_path)
-    with pytest.raises(orch.ConfigError, match=r"no attach\.json"):
-        orch.attach(str(tmp_path))  # a folder, but no detached run's
+    with pytest.raises(orch.ConfigError, match="is not an orch run dir"):
+        orch.attach(str(tmp_path))  # a folder, but no run's
     run_dir = _fake_run_dir(tmp_path, pid=_dead_pid())
+    assert orch.attach("abc", run_root=tmp_path / "runs").run_dir == run_dir  # the start of its id
+    (run_dir / ATTACH_FILE).unlink()
+    with pytest.raises(orch.ConfigError, match=r"no attach\.json"):
+        orch.attach(str(run_dir))  # a run dir, but no detached run's
+    run_dir = _fake_run_dir(tmp_path / "again", pid=_dead_pid())
     with pytest.raises(orch.ConfigError, match="leave token= and tls_ca= out"):
         orch.attach(str(run_dir), token="x")
     with pytest.raises(orch.MasterUnavailable):

@@ -22,7 +22,8 @@ import cloudpickle
 from orch.errors import ConfigError
 from orch.launchers.slurm.options import Slurm, check_commands
 from orch.master.control.pace import HEARTBEAT_INTERVAL, HEARTBEAT_TIMEOUT
-from orch.master.control.progress import ON_HANG, STARTUP_TIMEOUT
+from orch.master.control.policies import ON_HANG
+from orch.master.control.progress import STARTUP_TIMEOUT
 from orch.master.control.stopping import STOP_GRACE
 from orch.master.coordinator import Coordinator
 from orch.record.values import VALUE_CAP

@@ -5,7 +5,7 @@ A rank's end comes three ways: it reports it (``Complete``, which its host agent
 for a process that died), the launcher sees its process exit, or its heartbeats stop (expiry).
 Each becomes one :meth:`Fate.end_rank`, which decides for the run: the last rank's end ends it;
 the first failure fails it, or moves it to RESTARTING when the restart rule
-(:meth:`Fate.refusal`) allows; a later failure may only correct the root cause. Stops,
+(:class:`.policies.RestartPolicy`) allows; a later failure may only correct the root cause. Stops,
 restarts and the launcher's last word (close, fail, give up) go through here too, so every
 transition and the event that tells it are written once; a restart across hosts is decided by
 :mod:`.host_sync` and carried out here. Events go out through the ``tell`` the coordinator
@@ -22,6 +22,7 @@ from orch.master.control.host_sync import Settled
 from orch.master.control.judge import CauseKind, FailureJudge, RootCause, reported_kind
 from orch.master.control.lifecycle import Lifecycle
 from orch.master.control.memory import oom_cause
+from orch.master.control.policies import RestartPolicy
 from orch.master.control.registry import RankRecord, Registry
 from orch.master.control.stopping import StopOrder, stop_step
 from orch.wire._proto import orchestrator_pb2 as pb
@@ -39,6 +40,7 @@ class Fate:
         self, max_attempts: int, tell: Tell, changed: Callable[[], None], created_at: float | None = None
     ) -> None:
         self.lifecycle = Lifecycle(max_attempts, created_at)
+        self.restarts = RestartPolicy(max_attempts)
         self.judge = FailureJudge()
         self.stop = StopOrder()
         self._tell = tell
@@ -231,13 +233,10 @@ class Fate:
             self.finish(RunState.FAILED, now)
 
     def refusal(self, registry: Registry) -> str | None:
-        """Why a failure of this attempt does not restart the group (None: it does). The one
-        place of the restart rule; ``""`` when there is nothing to say (no restarts asked)."""
-        if not self.lifecycle.restarts_left:
-            return "no restarts left" if self.lifecycle.max_attempts > 1 else ""
-        if not any(r.step > 0 for r in registry.ranks):
-            return "it failed during start-up, before any step: not restarted"
-        return None
+        """Why a failure of this attempt does not restart the group (None: it does), as the
+        restart policy decides; ``""`` when there is nothing to say (no restarts asked)."""
+        decision = self.restarts.decide(self.lifecycle.attempt, any(r.step > 0 for r in registry.ranks))
+        return None if decision.restart else decision.reason
 
     def settle(self, settled: Settled, registry: Registry, now: float) -> bool:
         """Carry out where a restart across hosts stands (see :meth:`.host_sync.HostSync.settle`);

@@ -48,10 +48,6 @@ class Lifecycle:
         elif new.done:
             self.ended_at = now
 
-    @property
-    def restarts_left(self) -> bool:
-        return self.attempt < self.max_attempts
-
     def elapsed(self, now: float) -> float:
         """One clock for the run: seconds since its launch, through start-up and every attempt,
         standing still once it ended (without a launch time: since its first barrier)."""

@@ -13,7 +13,8 @@ rank whose step has not advanced for longer than the run's *hang limit* is not p
 
 When the run stops progressing, the master asks every running rank for its training thread's
 stack (in its next heartbeat's reply), tells the event log which ranks stand still and where,
-and, with ``on_hang="fail"``, fails the run with that as its root cause. The words and the
+and, as :class:`.policies.HangPolicy` decides (``on_hang="fail"``), fails the run with that as
+its root cause. The words and the
 grouped stacks are what the panel, the dashboard and ``orch status`` show.
 """
 
@@ -24,7 +25,8 @@ import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from orch.master.control.judge import CauseKind, RootCause
+from orch.master.control.judge import RootCause
+from orch.master.control.policies import HangPolicy
 from orch.master.control.registry import RankRecord
 from orch.wire.stacks import Stacks, group, ranks_text
 from orch.wire.states import RankState, RunState
@@ -33,7 +35,6 @@ HANG_FACTOR = 10.0  # a limit of 10x the usual time between advances: no pace wo
 HANG_FLOOR = 30.0  # seconds; below it, a slow evaluation or checkpoint would read as a hang
 STARTUP_TIMEOUT = 600.0  # seconds to the first step: imports, data sets, the first collective
 STACK_WAIT = 5.0  # seconds the master waits for the ranks' stacks before it tells without them
-ON_HANG = ("warn", "fail")
 RECENT_GAPS = 4  # of each rank's gaps, the last ones make the pace: O(ranks) per look
 LOOK_EVERY = 0.5  # seconds between looks (the expiry tick and every GetState call one)
 FROZEN = "its heartbeats stopped too: the whole process is frozen (SIGSTOP, or native code holding the GIL)"
@@ -55,14 +56,12 @@ class ProgressWatch:
         self,
         hang_timeout: float | None = None,
         startup_timeout: float = STARTUP_TIMEOUT,
-        on_hang: str = "warn",
+        on_hang: HangPolicy | str = "warn",
         heartbeat_interval: float = 0.25,
     ) -> None:
-        if on_hang not in ON_HANG:
-            raise ValueError(f"on_hang must be one of {ON_HANG}, got {on_hang!r}")
         self.hang_timeout = hang_timeout
         self.startup_timeout = startup_timeout
-        self.on_hang = on_hang
+        self.on_hang = on_hang if isinstance(on_hang, HangPolicy) else HangPolicy.named(on_hang)
         self.heartbeat_interval = heartbeat_interval
         self.stalled: list[RankRecord] = []  # running ranks past their limit, at the last look
         self.since: float | None = None  # the master's clock: when the oldest of them last moved
@@ -100,8 +99,8 @@ class ProgressWatch:
     def look(
         self, state: RunState, ranks: Sequence[RankRecord], now: float
     ) -> tuple[list[Tell], RootCause | None]:
-        """Look at the ranks: the events to tell, and the cause to fail the run with (``on_hang``
-        is "fail" and the stall's stacks are in, or were waited for long enough)."""
+        """Look at the ranks: the events to tell, and the cause to fail the run with (what the
+        hang policy decides once the stall's stacks are in, or were waited for long enough)."""
         if state is not RunState.RUNNING:
             return [], None  # a stop has its own deadline (see Fate.overdue_stop); an end ends it
         if now - self._looked < LOOK_EVERY and not (self._asked is not None and not self._told_stacks):
@@ -131,13 +130,9 @@ class ProgressWatch:
             self._told_stacks = True
             stacks = self.grouped(ranks, now)
             tells.append(Tell("stacks", -1, str(stacks)))
-            if self.on_hang == "fail" and not self._failed:
-                self._failed = True
-                cause = RootCause(
-                    CauseKind.HUNG,
-                    f"{self.note(now)}; on_hang='fail' ended it",
-                    detail=str(stacks),
-                )
+            if not self._failed:
+                cause = self.on_hang.decide(self.note(now), str(stacks))
+                self._failed = cause is not None
         return tells, cause
 
     def _all_answered(self, running: Sequence[RankRecord]) -> bool:

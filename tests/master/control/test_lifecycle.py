@@ -115,26 +115,17 @@ def test_a_run_that_never_started_took_no_time() -> None:
 
 def test_each_pending_is_a_new_attempt() -> None:
     lc = Lifecycle(max_attempts=3)
-    assert lc.restarts_left
     lc.to(S.RUNNING, 1.0)
     lc.to(S.RESTARTING, 2.0)
     assert lc.attempt == 1 and lc.ended_at is None  # not final
     lc.to(S.PENDING, 3.0)
-    assert lc.attempt == 2 and lc.restarts_left
+    assert lc.attempt == 2
     lc.to(S.RUNNING, 4.0)
     assert lc.started_at == 4.0  # this attempt's barrier
     assert lc.elapsed(6.0) == 5.0  # the run's one clock goes on across attempts
     lc.to(S.RESTARTING, 5.0)
     lc.to(S.PENDING, 6.0)
-    assert lc.attempt == 3 and not lc.restarts_left
+    assert lc.attempt == 3
     lc.to(S.RUNNING, 7.0)
     lc.to(S.FAILED, 9.0)
     assert (lc.attempt, lc.started_at, lc.ended_at) == (3, 7.0, 9.0)
-
-
-def test_restarts_left_counts_attempts_against_the_maximum() -> None:
-    assert not Lifecycle(max_attempts=1).restarts_left
-    lc = Lifecycle(max_attempts=2)
-    assert lc.restarts_left
-    lc.attempt = 2
-    assert not lc.restarts_left

@@ -13,6 +13,7 @@ from orch.errors import ConfigError
 from orch.experiments.pruning import parse_prune
 from orch.experiments.space import choice, grid, loguniform, randint, uniform
 from orch.experiments.sweep import Sweep
+from orch.experiments.sweep_plan import SweepPlan
 from orch.launchers.front import RunOptions, add_flag, flagged, from_flags
 from orch.launchers.spec import check_int
 from orch.views.dashboard import SweepDashboard
@@ -84,19 +85,21 @@ def with_base(configs: list[Any] | dict[str, Any], base: dict[str, Any]) -> list
 
 def cmd_sweep(args: argparse.Namespace) -> int:
     sweep = Sweep(
-        args.fn,
-        with_base(configs_from(args), args.config),
-        world_size=args.world_size,
-        parallel=args.parallel,
-        max_failures=args.max_failures,
-        run_root=args.run_root,
-        name=args.name,
-        options=from_flags(args, RunOptions),  # type: ignore[arg-type]
-        trials=args.trials,
-        search=args.search,
-        metric=args.metric,
-        prune=parse_prune(args.prune) if args.prune else None,
-        seed=args.seed,
+        SweepPlan(
+            args.fn,
+            with_base(configs_from(args), args.config),
+            world_size=args.world_size,
+            parallel=args.parallel,
+            max_failures=args.max_failures,
+            run_root=args.run_root,
+            name=args.name,
+            options=from_flags(args, RunOptions),  # type: ignore[arg-type]
+            trials=args.trials,
+            search=args.search,
+            metric=args.metric,
+            prune=parse_prune(args.prune) if args.prune else None,
+            seed=args.seed,
+        )
     )
     interrupted = threading.Event()
 

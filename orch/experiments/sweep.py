@@ -8,10 +8,13 @@ stops starting new ones once ``max_failures`` runs failed. Running the same swee
 again reuses the runs that already succeeded under the sweep's name (the same function,
 code, world size and config, matched by the config's key) and starts only the others.
 
-This module holds what a notebook calls: :func:`grid`, :func:`sweep` and the
-:class:`Sweep` it returns, and the sweeps of this process (closed at exit). The parts live
-beside it, and the names others import from here stay importable from here:
+This module holds what a notebook calls: :func:`sweep` and the :class:`Sweep` it returns,
+and the sweeps of this process (closed at exit). The parts live beside it:
 
+- :mod:`orch.experiments.sweep_plan`: :class:`SweepPlan`, the arguments checked before any
+  process starts, and how a config becomes a launch;
+- :mod:`orch.experiments.space`: :func:`grid` and the search spaces;
+- :mod:`orch.experiments.strategy`: the search, the pruner and the Optuna study;
 - :mod:`orch.experiments.trial`: :class:`Trial`, one config and the run that ran it;
 - :mod:`orch.experiments.reuse`: a config's key, and which earlier runs stand in for it;
 - :mod:`orch.experiments.scheduler`: the thread that starts the runs, stops and closes them;
@@ -24,7 +27,6 @@ from __future__ import annotations
 import atexit
 import contextlib
 import logging
-import os
 import random
 import time
 import weakref
@@ -36,170 +38,63 @@ from typing_extensions import Unpack
 
 from orch._viewable import panel_class
 from orch.errors import ConfigError
-from orch.experiments.metrics import default_mode
 from orch.experiments.results import SweepResults, best_trial, dashboard_rows
 from orch.experiments.reuse import (
-    code_hash,
     config_key,
     read_record,
     reuse_earlier,
     set_aside,
-    signature,
     write_record,
 )
 from orch.experiments.scheduler import Scheduler
 from orch.experiments.space import (
     RandomSearch,
-    check_arguments,
-    check_space,
 )
 from orch.experiments.strategy import pruner_of, search_of, study_of
+from orch.experiments.sweep_plan import SweepPlan
 from orch.experiments.trial import Trial
 from orch.launchers._exiting import begin_exit
-from orch.launchers.front import RunOptions, options_doc, spec_of
+from orch.launchers.front import RunOptions, options_doc
 from orch.launchers.kernel_wait import block_until
 from orch.launchers.loaded import load_run
 from orch.launchers.run import Run, register_exit_hook
-from orch.launchers.spec import MAX_WORKERS_PER_CORE, LaunchSpec
+from orch.launchers.spec import LaunchSpec
 from orch.record.mlflow_export import export_mlflow
 from orch.record.tensorboard import export_runs
-from orch.record.writes import check_dir
-from orch.runtime._nested import refuse_launch
-from orch.runtime._script import Script
 from orch.runtime._target import TrainFn
 from orch.wire.states import RunState
 
 log = logging.getLogger(__name__)
 
 
-# A pruned sweep's ranks beat this often (seconds), so that a rung's value reaches the sweep, and
-# its decision the ranks, within a fraction of a second (a launch's default beat is 0.25 s).
-PRUNE_BEAT = 0.1
-
-
 class Sweep:
     """Configs of one function run as separate runs. Use :func:`orch.sweep` to make one."""
 
-    def __init__(
-        self,
-        train: TrainFn | str | None,
-        configs: Sequence[dict[str, Any]] | dict[str, Any],
-        *,
-        world_size: int = 2,
-        parallel: int = 1,
-        max_failures: int | None = None,
-        run_root: str = "runs",
-        name: str | None = None,
-        options: RunOptions | None = None,
-        reuse: bool = True,
-        trials: int | None = None,
-        search: Any = None,
-        metric: str = "loss",
-        mode: Literal["min", "max"] | None = None,
-        prune: Any = None,
-        seed: int = 0,
-        order: Literal["given", "random"] | None = None,
-    ) -> None:
-        refuse_launch("orch.sweep")
-        self._options: RunOptions = dict(options or {})  # type: ignore[assignment]
-        steps = self._options.get("steps")
-        self.metric = metric
-        self.mode: Literal["min", "max"] = mode or default_mode(metric)
-        if self.mode not in ("min", "max"):
-            raise ConfigError(f"mode must be 'min' or 'max', got {mode!r}")
-        searched = isinstance(configs, dict)
-        check_space(configs, trials)
-        if not searched:
-            if search not in (None, "grid"):
-                raise ConfigError(
-                    f"search={search!r} draws configs from a dict space, like "
-                    "{'lr': orch.loguniform(1e-4, 1e-1)}; a list of configs runs as it is (search=None)"
-                )
-            check_arguments(configs, parallel, max_failures)  # type: ignore[arg-type]
-            if trials is not None and trials > len(configs):
-                raise ConfigError(
-                    f"trials={trials} is more than the {len(configs)} configs given: a list runs as it "
-                    "is (trials=N runs its first N); draw from a dict space for more"
-                )
-        else:
-            check_arguments([{}], parallel, max_failures)
-        if order not in (None, "given", "random"):
-            raise ConfigError(
-                f"order must be 'random' (configs run in a seeded random order), 'given' (in the list's "
-                f"order) or None (random with a pruner that judges trials one by one, else given), got "
-                f"{order!r:.60}"
-            )
-        if order == "random" and searched:
-            raise ConfigError(
-                "order='random' shuffles a list of configs; a dict space's configs are drawn by its search"
-            )
-        # A pruner compares each trial with those before it at each rung: a grid written in order
-        # (lr 1e-4, 3e-4, ...) would bring it configs that each beat all the earlier ones, and
-        # asynchronous halving would keep nearly all of them. Shuffled (seeded), the early trials
-        # at each rung come from across the grid. orch.SHA decides a rung on all of them at once.
-        judged_one_by_one = prune is not None and not getattr(prune, "synchronous", False)
-        self.shuffled = not searched and (order == "random" or (order is None and judged_one_by_one))
-        self._train = train
-        self._beat = PRUNE_BEAT if prune is not None else None
-        self._run_root_text = run_root
-        self.world_size = world_size
-        # The first spec is checked now, before any process starts: a bad config fails the cell.
-        sample = RandomSearch(configs, seed).next(0) if isinstance(configs, dict) else dict(configs[0])
-        first = self._spec(sample)
-        self._fn_name = first.fn_name
-        self._code = code_hash(first.fn, first.fn_name, first.workdir)
-        if isinstance(first.fn, Script):
-            self.name = name or first.fn.stem
-        else:
-            self.name = name or first.fn_name.rsplit(":", 1)[-1].rsplit(".", 1)[-1]
-        self.run_root = Path(run_root)
-        self.folder = self.run_root / ".sweeps" / self.name  # the study, the rungs: sweep.json
-        # Checked now: a .sweeps another user planted (theirs, a link) fails the cell before
-        # any process starts, naming it, and nothing is written through it.
-        check_dir(self.folder.parent)
-        check_dir(self.folder)
-        fit = MAX_WORKERS_PER_CORE * (os.cpu_count() or 1)
-        at_once = max(1, min(parallel, fit // world_size))
-        if at_once < parallel:
-            log.warning(
-                "sweep %s: %d runs of %d ranks at once do not fit this machine (%d ranks at most): "
-                "running %d at a time",
-                self.name, parallel, world_size, fit, at_once,
-            )  # fmt: skip
-        self._threads = self._options.get("threads") or max(
-            1, (os.cpu_count() or 1) // (world_size * at_once)
-        )
+    def __init__(self, plan: SweepPlan, *, reuse: bool = True) -> None:
+        self.plan = plan
+        self.name, self.metric, self.mode = plan.name, plan.metric, plan.mode
+        self.world_size, self.size, self.shuffled = plan.world_size, plan.size, plan.shuffled
+        self.run_root, self.folder = plan.run_root, plan.folder
         self.reuse = reuse
         self.trials: list[Trial] = []
         self.specs: list[LaunchSpec] = []
-        self.size = trials if trials is not None else len(configs)
-        self._signature = signature(
-            self._fn_name,
-            self._code,
-            world_size,
-            configs,
-            "random order" if self.shuffled else search,
-            seed,
-            metric,
-            self.mode,
-            prune,
-            steps,
-        )
         record = read_record(self.folder) if reuse else {}
-        if record.get("signature") != self._signature and (self.folder / "sweep.json").exists():
+        if record.get("signature") != plan.signature and (self.folder / "sweep.json").exists():
             # Another search under this name (other code, space, search or pruner), or reuse=False:
             # its folder (its study) is kept aside, and this one starts afresh.
             aside = set_aside(self.folder)
             log.warning("sweep %s: its earlier search differs (or reuse=False): kept as %s", self.name, aside)
             record = {}
         self._record = record
-        self._optuna = study_of(search, prune, searched, self.folder, self.name, self.mode, record)
+        configs, search, prune, seed = plan.configs, plan.search, plan.prune, plan.seed
+        self._optuna = study_of(search, prune, plan.searched, self.folder, self.name, self.mode, record)
         # the Optuna study, when a sampler or pruner of Optuna drives the sweep, and its storage URL
         self.study: Any = self._optuna.study if self._optuna is not None else None
         self.storage: str | None = self._optuna.storage if self._optuna is not None else None
-        self.search = search_of(configs, search, seed, self._optuna) if searched else None
-        steps = steps or sample.get("steps")  # a run's step count, as orch reads it
-        self.pruner = pruner_of(prune, self._optuna, metric, self.mode, steps, record if reuse else {})
+        self.search = search_of(configs, search, seed, self._optuna) if plan.searched else None
+        self.pruner = pruner_of(
+            prune, self._optuna, self.metric, self.mode, plan.steps, record if reuse else {}
+        )
         self.order: list[int] = []  # the configs' indices in the order they start (a list's)
         if not isinstance(configs, dict):
             for config in list(configs)[: self.size]:
@@ -225,8 +120,8 @@ class Sweep:
             self.name,
             self.trials,
             self.specs,
-            at_once,
-            max_failures,
+            plan.at_once,
+            plan.max_failures,
             pruner=self.pruner,
             more=None if self.search is None or isinstance(self.search, RandomSearch) else self._more,
             order=self.order or None,
@@ -238,31 +133,18 @@ class Sweep:
         self._panel: Any = None
         self.started = time.time()
 
-    def _spec(self, config: dict[str, Any]) -> LaunchSpec:
-        spec = spec_of(
-            "orch.sweep",
-            RunOptions,
-            self._options,
-            fn=self._train,
-            world_size=self.world_size,
-            config=config,
-            run_root=self._run_root_text,
-        )
-        if self._beat is not None:
-            spec.heartbeat_interval = self._beat
-        return spec
-
     def _add(self, config: dict[str, Any]) -> Trial:
         """One more trial of ``config`` (checked as a launch is), queued."""
         i = len(self.trials)
-        spec = self._spec(config)
-        spec.threads = self._threads  # the cores shared among the ranks that run at once
+        plan = self.plan
+        spec = plan.spec(config)
+        spec.threads = plan.threads  # the cores shared among the ranks that run at once
         if self.search is None:
-            key = config_key(self._fn_name, spec.config, self.world_size, self._code)
+            key = config_key(plan.fn_name, spec.config, self.world_size, plan.code)
             if any(t.key == key for t in self.trials):
                 raise ConfigError(f"configs[{i}] repeats an earlier config of the sweep: {spec.config!r:.80}")
         else:  # a drawn config may come twice: the trial's place tells it apart
-            key = config_key(self._fn_name, {"trial": i, "config": spec.config}, self.world_size, self._code)
+            key = config_key(plan.fn_name, {"trial": i, "config": spec.config}, self.world_size, plan.code)
         spec.sweep, spec.config_key, spec.name = self.name, key, f"{self.name}[{i}]"
         trial = Trial(index=i, config=spec.config, key=key)
         if self._optuna is not None:
@@ -302,7 +184,7 @@ class Sweep:
             self.folder,
             {
                 "name": self.name,
-                "signature": self._signature,
+                "signature": self.plan.signature,
                 "metric": self.metric,
                 "mode": self.mode,
                 "trials": [
@@ -563,7 +445,7 @@ def sweep(
     (see :func:`orch.launch`): each config reaches it as arguments after ``args``,
     ``--key=value``, and as JSON in ``$ORCH_CONFIG``.
     """
-    return Sweep(
+    plan = SweepPlan(
         train,
         configs,
         world_size=world_size,
@@ -572,7 +454,6 @@ def sweep(
         run_root=run_root,
         name=name,
         options=options,
-        reuse=reuse,
         trials=trials,
         search=search,
         metric=metric,
@@ -580,7 +461,8 @@ def sweep(
         prune=prune,
         seed=seed,
         order=order,
-    ).start()
+    )
+    return Sweep(plan, reuse=reuse).start()
 
 
 sweep.__doc__ = (sweep.__doc__ or "").rstrip() + options_doc(RunOptions)

@@ -24,7 +24,7 @@ from orch.views.followers import curve
 from orch.wire.client import StateMirror
 
 pytestmark = pytest.mark.timeout(240)
-sweep_module = importlib.import_module("orch.experiments.sweep")
+sweep_plan = importlib.import_module("orch.experiments.sweep_plan")
 sys.path.insert(0, str(TESTS))
 
 FOUR = [{"lr": 0.01}, {"lr": 0.05}, {"lr": 0.1, "fail": True}, {"lr": 0.2}]
@@ -246,8 +246,8 @@ def test_parallel_runs_overlap_but_never_exceed_what_the_machine_fits(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # A machine that fits 2 ranks per core: 2 runs of 2 ranks at once on 2 cores, not 4.
-    monkeypatch.setattr(sweep_module, "MAX_WORKERS_PER_CORE", 2)
-    monkeypatch.setattr(sweep_module.os, "cpu_count", lambda: 2)
+    monkeypatch.setattr(sweep_plan, "MAX_WORKERS_PER_CORE", 2)
+    monkeypatch.setattr(sweep_plan.os, "cpu_count", lambda: 2)
     configs = [{"lr": lr, "steps": 15, "sleep": 0.05} for lr in (0.01, 0.02, 0.03, 0.04, 0.05)]
     sweep = orch.sweep("jobs:lr_job", configs, world_size=2, parallel=4, run_root=str(tmp_path))
     assert sweep.parallel == 2

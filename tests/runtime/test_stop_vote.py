@@ -6,9 +6,17 @@ from __future__ import annotations
 import datetime
 import json
 import multiprocessing as mp
+import os
 from pathlib import Path
 
 import pytest
+
+
+def _leave_as_a_rank_does() -> None:
+    """End the process through ``os._exit``, as orch's ranks leave (the forkserver's children):
+    an interpreter's own teardown of gloo's and DDP's threads can abort a process on a busy
+    machine ("terminate called without an active exception", exit -6) after its work is done."""
+    os._exit(0)
 
 
 def _rank(rank: int, store_path: str, heard_at: int, out: str) -> None:
@@ -35,6 +43,7 @@ def _rank(rank: int, store_path: str, heard_at: int, out: str) -> None:
     with open(out, "w") as f:
         json.dump({"left": left, "stopped": ctx.stopped}, f)
     dist.destroy_process_group()
+    _leave_as_a_rank_does()
 
 
 @pytest.mark.parametrize("heard", [(1, 9), (9, 1), (5, 5)])
@@ -103,6 +112,7 @@ def _pruned_rank(rank: int, store_path: str, heard_at: int, pruned: bool, out: s
     with open(out, "w") as f:
         json.dump({"last": last, "stopped": ctx.stopped}, f)
     dist.destroy_process_group()
+    _leave_as_a_rank_does()
 
 
 @pytest.mark.parametrize("late", [(0, 3), (3, 0), (0, 0)], ids=["rank1-late", "rank0-late", "both-early"])

@@ -14,6 +14,7 @@ waited for the sweep's word, :meth:`StopVote.agree` makes "pruned" one answer fo
 
 from __future__ import annotations
 
+import threading
 from typing import Any
 
 import torch
@@ -55,6 +56,40 @@ class StopVote:
         pending, self._pending = self._pending, None
         if pending is not None and not pending.is_completed():
             pending.wait()
+
+
+class LibraryStop:
+    """A library's loop's stop (a part of :class:`~orch.runtime.context.Context`): its step-end
+    hook asks :meth:`stop_due` once a step on every rank."""
+
+    stopped: bool
+    _vote: StopVote | None
+    _control_group: Any
+    _stop: threading.Event
+    _stop_at: int
+
+    def stop_due(self, step: int) -> bool:
+        """True when the run was asked to stop and every rank leaves its loop after this
+        step: for a library's loop (``ctx.steps`` has its own). Every rank calls it once a step,
+        from the library's step-end hook: with several ranks the decision is a vote of all of
+        them (see :class:`StopVote`), so each learns of the stop at the same step however late
+        its own heartbeat brought it. The vote runs on orch's group, made here the first time
+        where the rank has none (a script made its own training group)."""
+        if self._vote is None and dist.is_initialized() and dist.get_world_size() > 1:
+            group = self._control_group or dist.new_group(backend="gloo")
+            self._vote = StopVote(group)
+        if self._vote is not None:
+            due = self._vote.cast(self._stop.is_set())
+        else:
+            due = self._stop.is_set() or (bool(self._stop_at) and step + 1 >= self._stop_at)
+        if due:
+            self.stopped = True  # the library leaves its loop there: the rank ends STOPPED
+        return due
+
+    def settle_stop_vote(self) -> None:
+        """The library's loop ended: wait for the stop vote still in flight, if any."""
+        if self._vote is not None:
+            self._vote.settle()
 
 
 def sharded(batches: Any) -> bool:

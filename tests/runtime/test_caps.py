@@ -17,7 +17,8 @@ import orch
 from orch.record.store import read_metrics
 from orch.runtime._sender import HeartbeatSender
 from orch.runtime.agent import _batch
-from orch.runtime.context import USER_METRICS, Context
+from orch.runtime.context import Context
+from orch.runtime.context_log import USER_METRICS
 from orch.wire._proto import orchestrator_pb2 as pb
 from orch.wire.limits import MAX_BATCH_BYTES, MAX_ERROR_LEN, MAX_VALUES_PER_BEAT
 from orch.wire.ranks import RankView

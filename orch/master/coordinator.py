@@ -15,38 +15,34 @@ import logging
 import threading
 import time
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from orch.master.control.cluster_job import JobWatch
 from orch.master.control.events import MAX_EVENTS_IN_MEMORY, EventLog
-from orch.master.control.facade import RunFacade
 from orch.master.control.fate import Fate
 from orch.master.control.host_sync import HostSync
 from orch.master.control.intake import Intake
 from orch.master.control.memory_watch import MemoryWatch
-from orch.master.control.pace import HEARTBEAT_INTERVAL, HEARTBEAT_TIMEOUT, beat_interval, sync_interval
+from orch.master.control.pace import HEARTBEAT_INTERVAL, HEARTBEAT_TIMEOUT, beat_interval
 from orch.master.control.progress import STARTUP_TIMEOUT, ProgressWatch
 from orch.master.control.registry import RankRecord
 from orch.master.control.series import MAX_POINTS_IN_MEMORY
-from orch.master.control.snapshot import draft_reply
 from orch.master.control.startup import StartupWatch
 from orch.master.control.stopping import STOP_GRACE
 from orch.master.control.straggler_watch import StragglerWatch
 from orch.master.control.validate import (
-    STATUS_CODE,
     Reject,
     check_completion,
     check_heartbeat,
-    check_heartbeats,
-    check_host_sync,
     check_register,
-    parse_cursor,
 )
+from orch.master.host_desk import HostDesk
 from orch.master.stack_desk import StackDesk
+from orch.master.state_desk import StateDesk
 from orch.wire._proto import orchestrator_pb2 as pb
 from orch.wire.limits import MAX_SECTIONS, MORE_SECTIONS
-from orch.wire.states import RUN_STATE_PB, RankState, RunState
+from orch.wire.states import RankState, RunState
 
 if TYPE_CHECKING:
     from orch.record.store import RunStore
@@ -64,7 +60,7 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 
-class Coordinator(RunFacade, StackDesk):
+class Coordinator(StateDesk, HostDesk, StackDesk):
     """Registry, barrier, metric series, events, state and root cause of one run.
 
     What callers can make it hold is bounded: ``max_points_in_memory`` points across all
@@ -178,31 +174,6 @@ class Coordinator(RunFacade, StackDesk):
             raise
         with self._lock:
             return self._accept(req)
-
-    def accept_heartbeats(
-        self, beats: Sequence[pb.HeartbeatRequest]
-    ) -> tuple[list[pb.BeatReply], Callable[[], None] | None]:
-        """A host agent's batch: each beat as :meth:`accept_heartbeat` takes it, under one
-        lock. A refused beat gets its refusal in its reply; the others go on. Returns the
-        replies, in order, and one run dir write for all the batch's points."""
-        checked = check_heartbeats(beats)
-        replies, writes = [], []
-        with self._lock:
-            for req, refused in zip(beats, checked, strict=True):
-                if refused is None:
-                    try:
-                        reply, write = self._accept(req)
-                    except Reject as e:
-                        refused = e
-                else:
-                    self.intake.refused(req, self.run_id, refused, self._clock())
-                if refused is not None:
-                    replies.append(pb.BeatReply(code=STATUS_CODE[refused.kind], error=str(refused)))
-                    continue
-                if write is not None:
-                    writes.append(write)
-                replies.append(pb.BeatReply(reply=reply))
-        return replies, (functools.partial(_run_all, writes) if writes else None)
 
     def _accept(self, req: pb.HeartbeatRequest) -> tuple[pb.HeartbeatResponse, Callable[[], None] | None]:
         now = self._clock()
@@ -364,40 +335,6 @@ class Coordinator(RunFacade, StackDesk):
             if self.fate.overdue_stop(self.registry, now, self.stop_grace):
                 self._want_stacks()
 
-    # -- host agents and the scheduler's job ----------------------------------------------
-    def sync_host(self, req: pb.HostSyncRequest) -> pb.HostSyncResponse:
-        """A host agent's word: which ranks it started for which attempt, and whether they
-        run. The answer says to go on, to start the ranks of the current attempt, to wait (a
-        restart is under way) or to exit (the run ended)."""
-        check_host_sync(req, self.world_size)
-        with self._lock:
-            now = self._clock()
-            rec = self.host_sync.join(req, self.attempt, self.world_size, now)
-            cause = self.host_sync.failure(req, rec, self.state, self.attempt)
-            if cause is not None:
-                self.fate.fail(cause, self.registry, now)
-            self._settle_hosts(now)
-            return pb.HostSyncResponse(
-                attempt=self.attempt,
-                run_id=self.run_id,
-                restarts=self.restart_through_hosts and self.max_attempts > 1,
-                heartbeat_timeout=self.heartbeat_timeout,
-                state=RUN_STATE_PB[self.state.value],
-                action=self.host_sync.action(req.host, rec, self.state, self.attempt),
-                interval=sync_interval(len(self.hosts.hosts), self.heartbeat_timeout),
-            )
-
-    def _settle_hosts(self, now: float) -> None:
-        """Carry out where a restart across hosts stands (see :meth:`HostSync.settle`)."""
-        settled = self.host_sync.settle(
-            self.state, self.attempt, self.ranks, now, self.heartbeat_timeout, stopping=self.stop_requested
-        )
-        if settled.resized:  # elastic: the next attempt runs on the hosts that are left
-            self._event("resized", -1, settled.resized)
-            self.world_size = settled.world_size
-        if self.fate.settle(settled, self.registry, now):
-            self._restart(now)
-
     def starting(self, phase: str, *, new_attempt: bool = False) -> None:
         """The launcher's words for what it does before the ranks register ("starting 4
         workers: importing torch"); ``new_attempt``: the start-up of a restart begins."""
@@ -405,66 +342,9 @@ class Coordinator(RunFacade, StackDesk):
             if self.startup.set_phase(phase, self._clock(), new_attempt=new_attempt):
                 self._changed.notify_all()
 
-    def set_job(self, job: pb.ClusterJob) -> None:
-        """What the scheduler last said of the run's job; a change is an event."""
-        with self._lock:
-            news = self.cluster_job.update(job)
-            if news is not None:
-                self._event("job", -1, news)
-                self._changed.notify_all()
-
     def wait_changed(self, timeout: float) -> None:
         with self._changed:
             self._changed.wait(timeout)
-
-    # -- reading ---------------------------------------------------------------------------
-    def series(self, rank: int, name: str) -> tuple[list[int], list[float]]:
-        """The points of one series still held in memory."""
-        with self._lock:
-            s = self.points.get(rank, name)
-            return list(s.steps), list(s.values)
-
-    @property
-    def trimmed(self) -> bool:
-        """True when some points are only in the run dir's metrics log, no longer in memory."""
-        with self._lock:
-            return self.points.trimmed
-
-    def snapshot(
-        self, cursor: bytes = b"", *, skip_series: bool = False, max_points: int = 0
-    ) -> pb.GetStateResponse:
-        """The run's state, with only the points and events after ``cursor``.
-
-        At most ``max_points`` points (default and ceiling ``MAX_POINTS_PER_REPLY``) go in
-        one reply; ``more`` then says to ask again with its cursor. ``skip_series``: no points.
-        """
-        prev = parse_cursor(cursor, max_points)
-        self.expire()
-        with self._lock:
-            now, wall = self._clock(), self._wall()
-            draft = draft_reply(self, cursor, prev, now, wall, skip_series=skip_series, max_points=max_points)
-        draft.publish()  # outside the lock: heartbeats never wait for a thousand ranks' records
-        built = draft.copy()  # ... nor for a catch-up's copies
-        if draft.trimmed_meanwhile():
-            with self._lock:
-                draft.recopy(built)
-        return draft.finish(built)
-
-    def snapshot_bytes(self, cursor: bytes = b"", *, skip_series: bool = False, max_points: int = 0) -> bytes:
-        """:meth:`snapshot`, serialized, for the gRPC master: its points are encoded in small
-        pieces outside the lock, so that a catch-up never holds the GIL (and the event loop that
-        serves heartbeats) for long."""
-        prev = parse_cursor(cursor, max_points)
-        # No expire() here: the server's expiry thread runs it four times a second.
-        with self._lock:
-            now, wall = self._clock(), self._wall()
-            draft = draft_reply(self, cursor, prev, now, wall, skip_series=skip_series, max_points=max_points)
-        draft.publish()
-        encoded = draft.encode()
-        if draft.trimmed_meanwhile():
-            with self._lock:
-                draft.reencode_trimmed(encoded)
-        return draft.finish_bytes(encoded)
 
     # -- internals (lock held) -------------------------------------------------------------
     def _event(self, kind: str, rank: int, message: str) -> None:
@@ -473,8 +353,3 @@ class Coordinator(RunFacade, StackDesk):
         if self.store is not None:
             self.store.append_event(event)
         log.debug("run %s: %s rank=%d %s", self.run_id, kind, rank, message)
-
-
-def _run_all(calls: list[Callable[[], None]]) -> None:
-    for call in calls:
-        call()

@@ -1,0 +1,74 @@
+"""The run's state as the master serves it: a snapshot after a reader's cursor (``GetState``,
+the panel, ``orch status``), serialized in pieces for the gRPC master, and one series' points.
+A part of :class:`~orch.master.coordinator.Coordinator`: it holds the coordinator's lock only
+to draft a reply (:mod:`orch.master.control.snapshot`); the copies and the encoding happen
+outside it, so that heartbeats never wait for a catch-up."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+
+from orch.master.control.facade import RunFacade
+from orch.master.control.snapshot import draft_reply
+from orch.master.control.validate import parse_cursor
+from orch.wire._proto import orchestrator_pb2 as pb
+
+
+class StateDesk(RunFacade):
+    """What a coordinator serves of its run (a part of :class:`~orch.master.coordinator.Coordinator`)."""
+
+    _lock: threading.Lock
+    _clock: Callable[[], float]
+    _wall: Callable[[], float]
+
+    def expire(self) -> None:
+        raise NotImplementedError  # the coordinator's
+
+    def series(self, rank: int, name: str) -> tuple[list[int], list[float]]:
+        """The points of one series still held in memory."""
+        with self._lock:
+            s = self.points.get(rank, name)
+            return list(s.steps), list(s.values)
+
+    @property
+    def trimmed(self) -> bool:
+        """True when some points are only in the run dir's metrics log, no longer in memory."""
+        with self._lock:
+            return self.points.trimmed
+
+    def snapshot(
+        self, cursor: bytes = b"", *, skip_series: bool = False, max_points: int = 0
+    ) -> pb.GetStateResponse:
+        """The run's state, with only the points and events after ``cursor``.
+
+        At most ``max_points`` points (default and ceiling ``MAX_POINTS_PER_REPLY``) go in
+        one reply; ``more`` then says to ask again with its cursor. ``skip_series``: no points.
+        """
+        prev = parse_cursor(cursor, max_points)
+        self.expire()
+        with self._lock:
+            now, wall = self._clock(), self._wall()
+            draft = draft_reply(self, cursor, prev, now, wall, skip_series=skip_series, max_points=max_points)
+        draft.publish()  # outside the lock: heartbeats never wait for a thousand ranks' records
+        built = draft.copy()  # ... nor for a catch-up's copies
+        if draft.trimmed_meanwhile():
+            with self._lock:
+                draft.recopy(built)
+        return draft.finish(built)
+
+    def snapshot_bytes(self, cursor: bytes = b"", *, skip_series: bool = False, max_points: int = 0) -> bytes:
+        """:meth:`snapshot`, serialized, for the gRPC master: its points are encoded in small
+        pieces outside the lock, so that a catch-up never holds the GIL (and the event loop that
+        serves heartbeats) for long."""
+        prev = parse_cursor(cursor, max_points)
+        # No expire() here: the server's expiry thread runs it four times a second.
+        with self._lock:
+            now, wall = self._clock(), self._wall()
+            draft = draft_reply(self, cursor, prev, now, wall, skip_series=skip_series, max_points=max_points)
+        draft.publish()
+        encoded = draft.encode()
+        if draft.trimmed_meanwhile():
+            with self._lock:
+                draft.reencode_trimmed(encoded)
+        return draft.finish_bytes(encoded)

@@ -9,22 +9,16 @@ trial the pruner prunes: through its master, so every rank ends at the same step
 ends PRUNED; its slot goes to the next trial at once. Once ``max_failures`` runs failed, or the
 sweep is stopped or closed, it starts no more: the queued trials are CANCELLED.
 
-A synchronous pruner (``orch.SHA``) decides a rung only once every trial still in the sweep
-reached it. A trial there waits at the rung, holding its slot, while no queued trial wants the
-slot and for at most ``HOLD`` seconds (its ranks wait ``GATE_WAIT`` at most); otherwise it is
-paused: its run stops at the rung (STOPPED, its checkpoints kept), the trial reads PAUSED, and
-if the rung's decision keeps it, it is queued again and runs from its newest checkpoint (from
-step 0 without one), past the rungs it passed.
+What the pruner reads and decides at the rungs, and how a trial waits at one, is
+:mod:`orch.experiments.rungs`.
 :class:`~orch.experiments.sweep.Sweep` is its face; stopping and closing go through here,
 under the lock the thread takes its turns under.
 """
 
 from __future__ import annotations
 
-import bisect
 import contextlib
 import logging
-import math
 import shutil
 import threading
 import time
@@ -33,6 +27,7 @@ from pathlib import Path
 
 from orch.errors import ConfigError
 from orch.experiments.pruning import Pruner
+from orch.experiments.rungs import Rungs
 from orch.experiments.trial import CANCELLED, PAUSED, QUEUED, Trial
 from orch.launchers.run import Run
 from orch.launchers.spec import LaunchSpec
@@ -43,10 +38,8 @@ from orch.wire.states import RunState
 
 log = logging.getLogger("orch.experiments.sweep")  # the sweep's messages, under the one name
 
-HOLD = 6.0  # seconds a trial waits at a rung, holding its slot, for a synchronous decision
 
-
-class Scheduler:
+class Scheduler(Rungs):
     """Starts the trials of sweep ``name`` (``specs[i]`` launches ``trials[i]``) from a thread."""
 
     def __init__(
@@ -193,116 +186,6 @@ class Scheduler:
                 if judged and self.pruner is not None and trial.state == RunState.RUNNING.value:
                     self._judge(trial, run, self.pruner)
 
-    def _judge(self, trial: Trial, run: Run, pruner: Pruner) -> None:
-        """Feed the pruner the trial's metric at the steps it asks for (the mean over ranks of
-        each rank's value there, or its last one before); stop the trial where it says so."""
-        metric = pruner.metric or "loss"
-        points = run.coordinator.points
-        ranks = [points.get(r, metric) for r in range(run.coordinator.world_size)]
-        if any(len(s) == 0 for s in ranks):
-            return
-        reached = min(s.steps[-1] for s in ranks)
-        while (step := pruner.next_step(trial.index, reached)) is not None and step <= reached:
-            values = []
-            for s in ranks:
-                at = bisect.bisect_right(s.steps, step) - 1
-                if at < 0:
-                    return  # that rank's point is only on disk now: no judgement here
-                values.append(s.values[at])
-            value = sum(values) / len(values)
-            trial.reported[step] = value
-            verdict = pruner.report(trial.index, step, value)
-            if verdict is None:  # a synchronous pruner: the trial waits at the rung (see _settle)
-                trial.held_at, trial.held_since = step, time.monotonic()
-                self.wake.set()
-                return
-            if not verdict:
-                run.coordinator.pass_gate(step)
-            else:
-                self._prune(trial, run, step, pruner)
-                return
-
-    def _settle(self, pruner: Pruner) -> None:
-        """A synchronous pruner decides the rungs every trial still in the sweep reached; the
-        trials waiting at a decided rung go on (past the gate, or queued again) or end PRUNED."""
-        alive = {t.index for t in self.trials if not t.done and t.pruned_at is None}
-        size = max(self.size or 0, len(self.trials)) if self.more is not None else len(self.trials)
-        alive |= set(range(len(self.trials), size))  # not drawn yet: the search will draw them
-        pruner.settle(alive, size)
-        moved = False
-        for trial in self.trials:
-            step = trial.held_at
-            if step is None or trial.done or trial.pausing:
-                continue  # a pausing trial's run ends first (then it is PAUSED)
-            pruned = pruner.decided(trial.index, step)
-            if pruned is None:
-                continue
-            trial.held_at, moved = None, True
-            run = trial.run
-            if run is not None and not pruned:
-                run.coordinator.pass_gate(step)
-            elif run is not None:
-                self._prune(trial, run, step, pruner)
-            elif pruned:
-                trial.state, trial.pruned_at, trial.pruned_time = RunState.PRUNED.value, step, time.time()
-                trial.ended = True
-                self._tell_ended(trial)
-            else:
-                trial.state = QUEUED  # it goes on: run again, past the rungs it passed
-                log.info("sweep %s: config %d goes on past step %d", self.name, trial.index, step)
-        if moved:  # a freed slot or a queued trial: the next turn at once
-            self.wake.set()
-
-    def _pause_held(self) -> None:
-        """Trials waiting at a rung give their slots up while queued trials want them, or once
-        they waited ``HOLD`` s (their ranks wait at most ``GATE_WAIT``)."""
-        queued = sum(t.state == QUEUED for t in self.trials)
-        if self.more is not None and len(self.trials) < (self.size or 0):
-            queued += 1  # a search draws the next trial when a slot frees
-        now = time.monotonic()
-        for trial in self._running():
-            if trial.held_at is None or trial.pausing or trial.pruned_at is not None:
-                continue
-            wanted = queued > 0 and self._busy() >= self.parallel  # a queued trial waits for its slot
-            if not wanted and now - trial.held_since < HOLD:
-                continue
-            assert trial.run is not None
-            trial.pausing = True
-            queued -= 1
-            trial.run.stop(
-                f"paused at its rung (step {trial.held_at}) until every trial of the sweep reaches "
-                "it; it runs again if it goes on (orch.SHA)"
-            )
-
-    def _paused(self, trial: Trial) -> None:
-        """A trial's run stopped at its rung: the trial waits, without a slot, for the decision."""
-        run = trial.run
-        assert run is not None
-        with contextlib.suppress(Exception):
-            run.close()
-        trial.paused_steps = _steps_run(run)
-        trial.run, trial.pausing, trial.state = None, False, PAUSED
-        if run.coordinator.state is not RunState.STOPPED:  # it failed or ended on its own meanwhile
-            trial.run, trial.held_at = run, None
-            self._ended(trial)
-        elif self.stopping.is_set():
-            self._end_paused(trial, "the sweep was stopped")
-
-    def _end_paused(self, trial: Trial, reason: str) -> None:
-        """A trial waiting without a run at its rung ends as its last run did: STOPPED."""
-        trial.state, trial.failure, trial.ended, trial.held_at = RunState.STOPPED.value, reason, True, None
-        self._tell_ended(trial)
-
-    def _prune(self, trial: Trial, run: Run, step: int, pruner: Pruner) -> None:
-        metric = pruner.metric or "loss"
-        value = trial.reported.get(step, math.nan)
-        trial.pruned_at, trial.pruned_time = step, time.time()
-        log.info(
-            "sweep %s: config %d pruned at step %d (%s %.4g)", self.name, trial.index, step, metric, value
-        )
-        run.stop(f"pruned by the sweep at step {step}: {metric} {value:.4g}", prune=True)
-        self.wake.set()
-
     def _tell_ended(self, trial: Trial) -> None:
         if self.on_ended is not None:
             try:
@@ -378,13 +261,6 @@ class Scheduler:
         if self.thread is not None and self.thread is not threading.current_thread():
             self.thread.join(60.0)
         self.finished.set()
-
-
-def _steps_run(run: Run) -> int:
-    """The steps the run's slowest rank finished (its record's step count)."""
-    with contextlib.suppress(Exception):
-        return min((r.step for r in run.coordinator.ranks), default=0)
-    return 0
 
 
 def _carry_checkpoints(src: Path, dst: Path) -> None:

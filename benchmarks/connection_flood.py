@@ -100,7 +100,7 @@ class Master:
         self.proc.wait(10)
 
     def cap(self) -> int:
-        """The master's connection cap, as orch/wire/_net.py's ``connection_cap`` computes it there."""
+        """The master's connection cap, as orch/wire/net.py's ``connection_cap`` computes it there."""
         soft, _ = psutil.Process(self.proc.pid).rlimit(psutil.RLIMIT_NOFILE)
         limit = 2**20 if soft == psutil.RLIM_INFINITY else soft
         return max(256, min(limit - 1024, 65536))

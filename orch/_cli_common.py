@@ -13,7 +13,7 @@ from typing import NoReturn
 
 from orch._text import printable
 from orch.errors import ConfigError, MasterUnavailable, OrchError
-from orch.runtime._target import split_target
+from orch.runtime.target import split_target
 
 
 class Parser(argparse.ArgumentParser):

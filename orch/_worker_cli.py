@@ -14,11 +14,11 @@ from typing import Any
 
 from orch._cli_common import Parser, positive, run_command, seconds, target, token_of, token_options
 from orch.errors import ConfigError
-from orch.runtime._launcher_env import LAUNCHER_CHOICES, launched_as
-from orch.runtime._target import resolve_fn
 from orch.runtime.function_file import read_function
 from orch.runtime.host import run_local_group
+from orch.runtime.launcher_env import LAUNCHER_CHOICES, launched_as
 from orch.runtime.spec import WorkerSpec
+from orch.runtime.target import resolve_fn
 from orch.runtime.worker import run_worker
 from orch.wire.auth import token_from_env
 

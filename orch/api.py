@@ -14,8 +14,8 @@ from orch.launchers.detached.run import DetachedRun
 from orch.launchers.detached.start import start_detached
 from orch.launchers.front import LaunchOptions, options_doc, spec_of
 from orch.launchers.run import Run, live_runs
-from orch.runtime._nested import refuse_launch
-from orch.runtime._target import TrainFn
+from orch.runtime.nested import refuse_launch
+from orch.runtime.target import TrainFn
 
 
 def _check_ports(master_port: int | None, rdzv_port: int | None) -> None:

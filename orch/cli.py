@@ -31,12 +31,12 @@ from orch.launchers.slurm.options import Slurm
 from orch.launchers.spec import LaunchSpec
 from orch.record.rundir import write_result
 from orch.record.store import RunStore
-from orch.runtime._nested import refuse_launch
+from orch.runtime.nested import refuse_launch
 from orch.views.dashboard import Dashboard, show, summary
 from orch.views.output import OutputFollower, parse_ranks
-from orch.wire._net import split_address
 from orch.wire.auth import certificate_name, new_token, token_from_env
 from orch.wire.client import MasterClient, StateMirror
+from orch.wire.net import split_address
 from orch.wire.states import RunState
 
 

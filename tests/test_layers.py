@@ -188,8 +188,8 @@ PATH_WRITES = {"mkdir", "write_text", "write_bytes", "unlink", "rmdir", "touch",
                "rename", "chmod"}  # fmt: skip
 # Writes that are not in a run root, each with why.
 OUTSIDE_THE_RUN_ROOT = {
-    ("orch/wire/_net.py", "mkdtemp"): "a private socket's own 0700 folder under the temp dir",
-    ("orch/wire/_net.py", "rmtree"): "that folder, and stale ones of this user's (checked by owner first)",
+    ("orch/wire/net.py", "mkdtemp"): "a private socket's own 0700 folder under the temp dir",
+    ("orch/wire/net.py", "rmtree"): "that folder, and stale ones of this user's (checked by owner first)",
 }
 
 

@@ -27,8 +27,8 @@ from orch.record.owned import is_own_dir
 from orch.record.rundir import read_json
 from orch.record.store import private_dir, write_json_atomic
 from orch.record.writes import own_dir
-from orch.runtime._script import Script
-from orch.runtime._target import resolve_fn
+from orch.runtime.script import Script
+from orch.runtime.target import resolve_fn
 from orch.wire.states import RunState
 
 log = logging.getLogger("orch.experiments.sweep")  # the sweep's messages, under the one name

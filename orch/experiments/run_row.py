@@ -27,7 +27,7 @@ from orch.errors import OrchError
 from orch.launchers.loaded import LoadedRun, load_run
 from orch.launchers.run import Run
 from orch.record.rundir import _Fields, read_json, read_nonfinite
-from orch.runtime._owner import process_alive
+from orch.runtime.owner import process_alive
 from orch.wire.client import NonFinite
 from orch.wire.ranks import RankView
 from orch.wire.states import RankState, RunState

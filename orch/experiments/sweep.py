@@ -53,7 +53,7 @@ from orch.experiments.space import (
 from orch.experiments.strategy import pruner_of, search_of, study_of
 from orch.experiments.sweep_plan import SweepPlan
 from orch.experiments.trial import Trial
-from orch.launchers._exiting import begin_exit
+from orch.launchers.exiting import begin_exit
 from orch.launchers.front import RunOptions, options_doc
 from orch.launchers.kernel_wait import block_until
 from orch.launchers.loaded import load_run
@@ -61,7 +61,7 @@ from orch.launchers.run import Run, register_exit_hook
 from orch.launchers.spec import LaunchSpec
 from orch.record.mlflow_export import export_mlflow
 from orch.record.tensorboard import export_runs
-from orch.runtime._target import TrainFn
+from orch.runtime.target import TrainFn
 from orch.wire.states import RunState
 
 log = logging.getLogger(__name__)

@@ -23,9 +23,9 @@ from orch.experiments.space import RandomSearch, check_arguments, check_space
 from orch.launchers.front import RunOptions, spec_of
 from orch.launchers.spec import MAX_WORKERS_PER_CORE, LaunchSpec
 from orch.record.writes import check_dir
-from orch.runtime._nested import refuse_launch
-from orch.runtime._script import Script
-from orch.runtime._target import TrainFn
+from orch.runtime.nested import refuse_launch
+from orch.runtime.script import Script
+from orch.runtime.target import TrainFn
 
 log = logging.getLogger(__name__)
 

@@ -18,9 +18,9 @@ from orch.launchers.detached.run import DetachedRun
 from orch.launchers.loaded import load_run
 from orch.launchers.run import live_runs
 from orch.record.names import no_run, run_dir_named
-from orch.wire._net import split_address
 from orch.wire.auth import token_from_env
 from orch.wire.client import MasterClient, StateMirror
+from orch.wire.net import split_address
 from orch.wire.states import RunState
 
 

@@ -42,8 +42,8 @@ from orch.master.coordinator import Coordinator
 from orch.record.store import private_dir, tail
 from orch.record.writes import own_dir
 from orch.runtime import gang as rank_side
-from orch.runtime._owner import Owner
-from orch.runtime._script import Script
+from orch.runtime.owner import Owner
+from orch.runtime.script import Script
 
 log = logging.getLogger(__name__)
 

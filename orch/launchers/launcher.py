@@ -18,7 +18,7 @@ from pathlib import Path
 from orch.launchers.spec import LaunchSpec
 from orch.master.coordinator import Coordinator
 from orch.record.store import RunStore
-from orch.runtime._source import SourceMap
+from orch.runtime.source import SourceMap
 
 
 @dataclass

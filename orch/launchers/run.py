@@ -29,8 +29,8 @@ from pathlib import Path
 from typing import Any
 
 from orch.errors import OrchError
-from orch.launchers._exiting import begin_exit, launcher_exit_message, launcher_exiting
 from orch.launchers.contract import RunHandle
+from orch.launchers.exiting import begin_exit, launcher_exit_message, launcher_exiting
 from orch.launchers.launcher import Launcher, RunParts
 from orch.launchers.loaded import load_run
 from orch.launchers.local.group import WorkerGroup
@@ -45,10 +45,10 @@ from orch.master.server import MasterServer
 from orch.record.rundir import write_result
 from orch.record.store import RunStore
 from orch.record.writes import OwnDir
-from orch.runtime._source import SourceMap, capture
-from orch.wire._net import DEFAULT_RENDEZVOUS_PORT, choose_port
+from orch.runtime.source import SourceMap, capture
 from orch.wire.auth import certificate_name, new_token, token_from_env
 from orch.wire.client import MasterClient, StateMirror
+from orch.wire.net import DEFAULT_RENDEZVOUS_PORT, choose_port
 from orch.wire.states import RunState
 
 log = logging.getLogger(__name__)

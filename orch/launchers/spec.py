@@ -27,8 +27,8 @@ from orch.master.control.progress import STARTUP_TIMEOUT
 from orch.master.control.stopping import STOP_GRACE
 from orch.master.coordinator import Coordinator
 from orch.record.values import VALUE_CAP
-from orch.runtime._script import Script, script_target
-from orch.runtime._target import EXAMPLE, TrainFn, resolve_fn, split_target
+from orch.runtime.script import Script, script_target
+from orch.runtime.target import EXAMPLE, TrainFn, resolve_fn, split_target
 
 Check = Callable[[str, Any], None]  # (the option's name, its value); raises ConfigError
 # Which front doors take an option as a keyword: "run", every run's (orch.launch, and each run

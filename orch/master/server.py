@@ -26,17 +26,8 @@ from orch.errors import ConfigError, PortInUseError
 from orch.master import _trim
 from orch.master.control.validate import STATUS_CODE
 from orch.master.coordinator import Coordinator, Reject
-from orch.wire._net import (
-    DEFAULT_MASTER_PORT,
-    PrivateSocket,
-    choose_port,
-    free_port,
-    is_loopback,
-    raise_fd_limit,
-)
 from orch.wire._proto import orchestrator_pb2 as pb
 from orch.wire._proto import orchestrator_pb2_grpc as pb_grpc
-from orch.wire._rpc import status_code
 from orch.wire.auth import (
     IDLE_CONNECTION_SECONDS,
     MAX_METADATA_BYTES,
@@ -46,6 +37,15 @@ from orch.wire.auth import (
     idle_limit,
     server_credentials,
 )
+from orch.wire.net import (
+    DEFAULT_MASTER_PORT,
+    PrivateSocket,
+    choose_port,
+    free_port,
+    is_loopback,
+    raise_fd_limit,
+)
+from orch.wire.rpc import status_code
 from orch.wire.states import SERVICE_NAME
 
 log = logging.getLogger(__name__)

@@ -21,7 +21,7 @@ from collections.abc import Callable
 
 import grpc
 
-from orch.runtime._memory import ProcessReader
+from orch.runtime.memory import ProcessReader
 from orch.wire._proto import orchestrator_pb2 as pb
 from orch.wire._proto import orchestrator_pb2_grpc as pb_grpc
 from orch.wire.limits import MAX_REASON_LEN, MAX_VALUES_PER_BEAT

@@ -19,7 +19,7 @@ import sys
 import sysconfig
 import time
 
-from orch.runtime._source import SourceMap
+from orch.runtime.source import SourceMap
 from orch.wire._proto import orchestrator_pb2 as pb
 
 MAX_FRAMES = 200  # a deep recursion is cut at its innermost frames

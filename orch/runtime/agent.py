@@ -29,9 +29,7 @@ from typing import Any
 
 import grpc
 
-from orch.wire._net import PrivateSocket, raise_fd_limit
 from orch.wire._proto import orchestrator_pb2 as pb
-from orch.wire._rpc import status_code
 from orch.wire.auth import (
     CHANNEL_OPTIONS,
     TokenInterceptor,
@@ -41,6 +39,8 @@ from orch.wire.auth import (
     idle_limit,
 )
 from orch.wire.limits import MAX_BATCH_BYTES, MAX_BEATS_PER_BATCH
+from orch.wire.net import PrivateSocket, raise_fd_limit
+from orch.wire.rpc import status_code
 from orch.wire.states import SERVICE_NAME, describe_exit
 
 log = logging.getLogger(__name__)

@@ -25,8 +25,8 @@ from multiprocessing.connection import Connection
 from typing import Any
 
 from orch.runtime._children import become_subreaper, end_descendants
-from orch.runtime._owner import Owner, exit_when_gone
 from orch.runtime.gang_session import Session
+from orch.runtime.owner import Owner, exit_when_gone
 from orch.runtime.worker import EXIT_FAILED, enter, run_worker
 from orch.wire.states import EXIT_ABORTED
 

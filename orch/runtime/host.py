@@ -14,9 +14,9 @@ import time
 from collections.abc import Callable
 
 from orch.runtime._host_attempts import run_attempts
-from orch.runtime._owner import Owner
 from orch.runtime.agent import HostAgent
 from orch.runtime.joining import advertised_address
+from orch.runtime.owner import Owner
 from orch.runtime.spec import WorkerSpec
 from orch.runtime.worker import spawn_main
 from orch.wire.auth import token_from_env

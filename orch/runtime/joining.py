@@ -18,18 +18,18 @@ import grpc
 
 from orch.errors import PortInUseError, WorkerError
 from orch.record.writes import OwnDir, own_dir
-from orch.runtime._target import EXAMPLE
 from orch.runtime.spec import WorkerSpec
-from orch.wire._net import (
+from orch.runtime.target import EXAMPLE
+from orch.wire._proto import orchestrator_pb2 as pb
+from orch.wire._proto import orchestrator_pb2_grpc as pb_grpc
+from orch.wire.net import (
     DEFAULT_RENDEZVOUS_PORT,
     address_towards,
     interface_for,
     is_unix,
     split_address,
 )
-from orch.wire._proto import orchestrator_pb2 as pb
-from orch.wire._proto import orchestrator_pb2_grpc as pb_grpc
-from orch.wire._rpc import UNREACHABLE, rpc_error
+from orch.wire.rpc import UNREACHABLE, rpc_error
 
 log = logging.getLogger(__name__)
 

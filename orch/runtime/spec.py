@@ -8,11 +8,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from orch.errors import ConfigError
-from orch.runtime._launcher_env import LaunchedAs
-from orch.runtime._owner import Owner
-from orch.runtime._source import SourceMap
-from orch.runtime._target import TrainFn
-from orch.wire._net import check_address
+from orch.runtime.launcher_env import LaunchedAs
+from orch.runtime.owner import Owner
+from orch.runtime.source import SourceMap
+from orch.runtime.target import TrainFn
+from orch.wire.net import check_address
 
 
 @dataclass

@@ -28,15 +28,10 @@ import grpc
 from orch.errors import OrchError, StopTraining, WorkerError
 from orch.record.store import private_dir, write_json_atomic
 from orch.record.writes import own_dir
-from orch.runtime import _nested, _scalars, current
+from orch.runtime import _scalars, current, nested
 from orch.runtime._children import become_subreaper, end_descendants
-from orch.runtime._memory import ProcessReader
-from orch.runtime._owner import exit_when_gone
-from orch.runtime._script import Script
 from orch.runtime._sender import HeartbeatSender
-from orch.runtime._source import install, label_cells
 from orch.runtime._stack import capture as capture_stack
-from orch.runtime._target import resolve_fn
 from orch.runtime._torchrun import GroupAdopter, environment, real_init_process_group
 from orch.runtime._world import watcher as world_watcher
 from orch.runtime.gang_session import Session
@@ -51,18 +46,23 @@ from orch.runtime.joining import (
     register,
     serve_rendezvous,
 )
+from orch.runtime.memory import ProcessReader
+from orch.runtime.owner import exit_when_gone
+from orch.runtime.script import Script
+from orch.runtime.source import install, label_cells
 from orch.runtime.spec import WorkerSpec
+from orch.runtime.target import resolve_fn
 from orch.runtime.values import keep_value
-from orch.wire._net import (
+from orch.wire._proto import orchestrator_pb2 as pb
+from orch.wire._proto import orchestrator_pb2_grpc as pb_grpc
+from orch.wire.auth import open_channel, token_from_env
+from orch.wire.limits import clip
+from orch.wire.net import (
     DEFAULT_RENDEZVOUS_PORT,
     is_local_address,
     is_unix,
     split_address,
 )
-from orch.wire._proto import orchestrator_pb2 as pb
-from orch.wire._proto import orchestrator_pb2_grpc as pb_grpc
-from orch.wire.auth import open_channel, token_from_env
-from orch.wire.limits import clip
 from orch.wire.states import EXIT_ABORTED
 
 log = logging.getLogger(__name__)
@@ -277,7 +277,7 @@ def run_worker(spec: WorkerSpec, session: Session | None = None) -> int:
             session.group_up, session.control = True, control
         else:
             adopter = GroupAdopter(rank=rank, world_size=world, make=make_group).install()
-        _nested.guard()
+        nested.guard()
         _scalars.install()
         ctx: Context
         sender = HeartbeatSender(

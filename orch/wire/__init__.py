@@ -1,7 +1,7 @@
 """The wire: what a master and its clients share over gRPC.
 
 The generated protocol (``_proto``), the one place a gRPC error becomes a message
-(``_rpc``), the token and TLS (``auth``), addresses and ports (``_net``), the rank record
+(``rpc``), the token and TLS (``auth``), addresses and ports (``net``), the rank record
 mapped to the protocol (``ranks``), the limits both ends hold a call to (``limits``) and
 the client (``client``). It imports only ``orch.errors`` and ``orch.wire.states`` of orch.
 """

@@ -27,7 +27,7 @@ from typing import Any
 import grpc
 
 from orch.errors import ConfigError
-from orch.wire._net import connection_cap, is_unix
+from orch.wire.net import connection_cap, is_unix
 
 log = logging.getLogger(__name__)
 

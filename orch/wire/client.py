@@ -23,9 +23,9 @@ from orch._text import nonfinite_words
 from orch.errors import MasterUnavailable
 from orch.wire._proto import orchestrator_pb2 as pb
 from orch.wire._proto import orchestrator_pb2_grpc as pb_grpc
-from orch.wire._rpc import rpc_error
 from orch.wire.auth import open_channel, token_from_env
 from orch.wire.ranks import RankView
+from orch.wire.rpc import rpc_error
 from orch.wire.states import SERVICE_NAME, RunState
 
 

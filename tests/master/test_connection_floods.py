@@ -24,10 +24,10 @@ from orch.errors import ConfigError
 from orch.master.coordinator import Coordinator
 from orch.master.server import MasterServer
 from orch.runtime.agent import HostAgent
-from orch.wire._net import socket_parent, sweep_stale_sockets
 from orch.wire._proto import orchestrator_pb2 as pb
 from orch.wire.auth import bearer
 from orch.wire.client import MasterClient
+from orch.wire.net import socket_parent, sweep_stale_sockets
 from orch.wire.states import SERVICE_NAME
 from tests.conftest import NOBODY, needs_second_uid
 

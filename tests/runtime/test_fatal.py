@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from orch.runtime._fatal import explain, read_dump
-from orch.runtime._source import SourceMap
+from orch.runtime.fatal import explain, read_dump
+from orch.runtime.source import SourceMap
 
 CELL = "/tmp/ipykernel_7/3841.py"
 SITE = "/opt/venv/lib/python3.11/site-packages"

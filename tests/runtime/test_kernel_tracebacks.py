@@ -67,7 +67,7 @@ def test_source_travels_with_a_function_pickled_by_value() -> None:
 
     import cloudpickle
 
-    from orch.runtime._source import capture, install, label_cells
+    from orch.runtime.source import capture, install, label_cells
 
     cell = "/tmp/ipykernel_0/not-on-disk-42.py"
     source = "def helper(x):\n    return 1 / x  # divides\n\ndef train(ctx):\n    return helper(ctx)\n"

@@ -22,7 +22,7 @@ import orch
 from conftest import ORCH, orch_cli, until
 from orch.experiments import catalog
 from orch.record.store import read_events
-from orch.runtime._memory import find_cgroup
+from orch.runtime.memory import find_cgroup
 from orch.wire.states import RunState
 
 pytestmark = pytest.mark.timeout(240)

@@ -1,4 +1,4 @@
-"""orch.runtime._memory: what a worker reads of its process at each beat, on made-up /proc and
+"""orch.runtime.memory: what a worker reads of its process at each beat, on made-up /proc and
 cgroup trees (v1 and v2), so that every limit's files are read as the kernel lays them out."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from orch.runtime import _memory
-from orch.runtime._memory import PAGE, OomCounter, ProcessReader, find_cgroup
+from orch.runtime import memory
+from orch.runtime.memory import PAGE, OomCounter, ProcessReader, find_cgroup
 
 
 def write(path: Path, text: str) -> None:
@@ -73,7 +73,7 @@ def test_rlimit_as_counts_the_address_space_and_wins_when_it_has_least_room(
 ) -> None:
     proc = proc_tree(tmp_path, "0::/\n")
     monkeypatch.setattr(
-        _memory.resource, "getrlimit", lambda what: (250000 * PAGE * 10 // 9, resource.RLIM_INFINITY)
+        memory.resource, "getrlimit", lambda what: (250000 * PAGE * 10 // 9, resource.RLIM_INFINITY)
     )
     stats = ProcessReader(root=tmp_path / "none", proc=proc).read()
     assert (stats.limit_kind, stats.limit_used) == ("RLIMIT_AS", 250000 * PAGE)

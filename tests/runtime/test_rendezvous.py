@@ -57,7 +57,7 @@ def test_another_user_cannot_write_into_the_rendezvous_and_the_run_trains(open_r
 
 
 def test_a_rendezvous_port_the_user_names_keeps_tcp(tmp_path: Path) -> None:
-    from orch.wire._net import free_port
+    from orch.wire.net import free_port
 
     port = free_port()
     with orch.launch("jobs:allreduce_steps", world_size=2, run_root=str(tmp_path), rdzv_port=port) as run:

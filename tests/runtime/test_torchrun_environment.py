@@ -23,8 +23,8 @@ from conftest import ORCH, orch_cli, until
 from orch.errors import ConfigError, WorkerError
 from orch.master.coordinator import Coordinator, Reject
 from orch.master.server import MasterServer
-from orch.runtime._launcher_env import LaunchedAs, launched_as
 from orch.runtime.joining import check_launched
+from orch.runtime.launcher_env import LaunchedAs, launched_as
 from orch.runtime.spec import WorkerSpec
 from orch.wire._proto import orchestrator_pb2 as pb
 from orch.wire._proto import orchestrator_pb2_grpc as pb_grpc

@@ -16,8 +16,8 @@ import torch.distributed as dist
 from orch.cli import build_parser
 from orch.errors import ConfigError
 from orch.record.store import shown_lines, tail
-from orch.runtime._script import Script, config_args, script_target
 from orch.runtime._torchrun import _REAL, GroupAdopter, backends, environment
+from orch.runtime.script import Script, config_args, script_target
 from orch.views.output import OutputFollower, parse_ranks
 
 

@@ -381,7 +381,7 @@ def test_launch_refuses_bad_input_before_starting_anything(tmp_path: Path) -> No
 
 
 def test_a_second_launch_on_the_same_named_port_is_refused(tmp_path: Path) -> None:
-    from orch.wire._net import free_port
+    from orch.wire.net import free_port
 
     port = free_port()
     with orch.launch(

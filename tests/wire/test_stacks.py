@@ -6,8 +6,8 @@ from __future__ import annotations
 import threading
 import time
 
-from orch.runtime._source import SourceMap
 from orch.runtime._stack import capture, is_user_code
+from orch.runtime.source import SourceMap
 from orch.wire._proto import orchestrator_pb2 as pb
 from orch.wire.stacks import format_stack, group, ranks_text
 

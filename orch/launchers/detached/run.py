@@ -23,7 +23,7 @@ from orch.errors import ConfigError, MasterUnavailable
 from orch.launchers.attach_file import ATTACH_FILE, LOG_FILE, read_attach_file
 from orch.launchers.contract import RunHandle
 from orch.launchers.loaded import load_run
-from orch.runtime._owner import process_alive
+from orch.runtime.owner import process_alive
 from orch.wire.client import MasterClient, StateMirror
 from orch.wire.states import RunState
 

@@ -44,7 +44,7 @@ from orch.errors import ConfigError, OrchError
 from orch.launchers.attach_file import LOG_FILE
 from orch.launchers.detached.run import DetachedRun
 from orch.launchers.spec import LaunchSpec
-from orch.runtime._source import capture
+from orch.runtime.source import capture
 from orch.wire.auth import TOKEN_ENV, new_token, token_from_env
 
 START_TIMEOUT = 120.0  # the supervisor imports grpc and starts a master: seconds on a loaded machine

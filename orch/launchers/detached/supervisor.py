@@ -30,7 +30,7 @@ from orch.launchers.run import Run
 from orch.launchers.spec import LaunchSpec
 from orch.record.store import private_dir, write_json_atomic
 from orch.record.writes import own_dir
-from orch.runtime._owner import process_start_time
+from orch.runtime.owner import process_start_time
 
 log = logging.getLogger("orch.launchers.detached.supervisor")  # also when run as __main__
 

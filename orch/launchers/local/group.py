@@ -24,15 +24,15 @@ from pathlib import Path
 from typing import Any
 
 from orch.errors import OrchError
-from orch.launchers._exiting import launcher_exit_message, launcher_exiting
 from orch.launchers._frozen import dump
+from orch.launchers.exiting import launcher_exit_message, launcher_exiting
 from orch.master.coordinator import Coordinator
 from orch.record.store import json_object, tail
-from orch.runtime._fatal import MAX_BYTES, explain
-from orch.runtime._memory import OomCounter
-from orch.runtime._source import SourceMap
-from orch.runtime._target import EXAMPLE
+from orch.runtime.fatal import MAX_BYTES, explain
+from orch.runtime.memory import OomCounter
+from orch.runtime.source import SourceMap
 from orch.runtime.spec import WorkerSpec
+from orch.runtime.target import EXAMPLE
 from orch.runtime.worker import spawn_main
 from orch.wire.states import RunState
 

@@ -12,11 +12,11 @@ from orch.launchers.local.group import LocalAgent, WorkerGroup, starting_phase
 from orch.launchers.spec import LaunchSpec
 from orch.master.coordinator import Coordinator
 from orch.record.store import private_dir
-from orch.runtime._launcher_env import LaunchedAs
-from orch.runtime._owner import Owner
+from orch.runtime.launcher_env import LaunchedAs
+from orch.runtime.owner import Owner
 from orch.runtime.spec import WorkerSpec
-from orch.wire._net import DEFAULT_RENDEZVOUS_PORT, choose_port
 from orch.wire.auth import TOKEN_ENV
+from orch.wire.net import DEFAULT_RENDEZVOUS_PORT, choose_port
 
 
 class LocalLauncher(Launcher):

@@ -53,7 +53,7 @@ from orch.launchers.slurm.options import COMMAND_TIMEOUT, Slurm, SlurmError
 from orch.master.control.pace import HEARTBEAT_TIMEOUT
 from orch.record.store import tail
 from orch.record.writes import own_dir
-from orch.runtime._owner import process_alive
+from orch.runtime.owner import process_alive
 from orch.wire._proto import orchestrator_pb2 as pb
 from orch.wire.auth import TOKEN_ENV
 

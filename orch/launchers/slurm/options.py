@@ -14,7 +14,7 @@ import subprocess
 from dataclasses import dataclass
 
 from orch.errors import ConfigError, OrchError
-from orch.wire._net import address_towards, is_loopback
+from orch.wire.net import address_towards, is_loopback
 
 COMMAND_TIMEOUT = 30.0  # seconds for one sbatch / squeue / scancel / scontrol
 _TIME = re.compile(r"^(\d+-)?\d+(:\d{1,2}){0,2}$|^\d+-\d+$|^(UNLIMITED|INFINITE|infinite|unlimited)$")

@@ -2,7 +2,7 @@
 it nears a limit, and whether a SIGKILL was the out-of-memory killer's.
 
 Each beat carries the process's RSS and the limit it is closest to (the worker reads them, see
-:mod:`orch.runtime._memory`). A leak is judged from one RSS sample a second over the last
+:mod:`orch.runtime.memory`). A leak is judged from one RSS sample a second over the last
 minute, never from a few beats: an ordinary run's RSS grows in its first steps (the optimizer's
 state, the allocator's pools, lazy imports) and then wobbles as garbage is collected. So the
 first :data:`WARMUP` seconds of training are not sampled, and growth counts as steady only

@@ -32,7 +32,7 @@ import re
 import sysconfig
 from dataclasses import dataclass, field
 
-from orch.runtime._source import SourceMap, label_cells
+from orch.runtime.source import SourceMap, label_cells
 
 # How much of a dead worker's log is read for its dump: every thread's stack fits.
 MAX_BYTES = 256 * 1024

@@ -206,7 +206,9 @@ class HeartbeatSender:
             try:
                 series.append(pb.Series(name=name, steps=steps, values=column, times=times))
             except (TypeError, ValueError):  # ctx.log checks its input: only a direct caller gets here
-                series.append(self._salvage(name, steps, column, times))
+                kept, bad = salvage(name, steps, column, times)
+                series.append(kept)
+                self.dropped += bad
         request = pb.HeartbeatRequest(
             run_id=self.run_id,
             worker_id=self.worker_id,
@@ -228,19 +230,6 @@ class HeartbeatSender:
             request.process.CopyFrom(stats)
             request.series.extend(self.process.points(stats, self.progress, time.time()))
         return request
-
-    def _salvage(self, name: str, steps: list[int], values: list[float], times: list[float]) -> pb.Series:
-        """The good points of a series that held a bad one; the bad ones count as dropped."""
-        kept = pb.Series(name=name)
-        for step, value, t in zip(steps, values, times, strict=True):
-            try:
-                point = pb.Series(steps=[step], values=[value], times=[t])
-            except (TypeError, ValueError):
-                self.dropped += 1
-                log.warning("dropped a point of %r at step %r: %r is not a real number", name, step, value)
-                continue
-            kept.MergeFrom(point)
-        return kept
 
     def _master_gone(self, e: grpc.RpcError) -> bool:
         """Twice in a row "connection refused" from a master on this host: nothing listens there now."""
@@ -345,3 +334,17 @@ def _refused(e: grpc.RpcError) -> bool:
     if code is grpc.StatusCode.INVALID_ARGUMENT:
         return True
     return code is grpc.StatusCode.RESOURCE_EXHAUSTED and "larger than max" in (e.details() or "")
+
+
+def salvage(name: str, steps: list[int], values: list[float], times: list[float]) -> tuple[pb.Series, int]:
+    """The good points of a series that held a bad one, and how many were bad (dropped)."""
+    kept, bad = pb.Series(name=name), 0
+    for step, value, t in zip(steps, values, times, strict=True):
+        try:
+            point = pb.Series(steps=[step], values=[value], times=[t])
+        except (TypeError, ValueError):
+            bad += 1
+            log.warning("dropped a point of %r at step %r: %r is not a real number", name, step, value)
+            continue
+        kept.MergeFrom(point)
+    return kept, bad

@@ -122,6 +122,29 @@ def test_a_refused_beat_is_dropped_and_counted_not_resent() -> None:
     )
 
 
+class _Taking:
+    """A master that takes every beat and keeps it."""
+
+    def __init__(self) -> None:
+        self.requests: list[pb.HeartbeatRequest] = []
+
+    def SendHeartbeat(self, request: pb.HeartbeatRequest, timeout: float = 0) -> pb.HeartbeatResponse:
+        self.requests.append(request)
+        return pb.HeartbeatResponse()
+
+
+def test_a_bad_value_given_to_the_sender_itself_costs_only_that_point() -> None:
+    master = _Taking()
+    _, sender = _context(master)
+    sender.log(0, {"loss": 1.0})
+    sender.log(1, {"loss": "low"})  # type: ignore[dict-item]  # past ctx.log's checks
+    sender.log(2, {"loss": 0.5})
+    assert sender._beat()
+    (beat,) = master.requests
+    assert list(beat.series[0].steps) == [0, 2] and list(beat.series[0].values) == [1.0, 0.5]
+    assert sender.dropped == 1
+
+
 @pytest.mark.parametrize(
     "details", ["this orch master is serving 4096 SendHeartbeat calls already, its limit: retry later"]
 )

@@ -671,6 +671,13 @@ def gang_train(ctx: Any, steps: int) -> dict[str, Any]:
     return s.model.module.state_dict()
 
 
+def gang_where(ctx: Any) -> dict[str, Any]:
+    """Where this rank of a gang runs: its host, its process, its rank."""
+    import socket
+
+    return {"host": socket.gethostname(), "pid": os.getpid(), "rank": ctx.rank}
+
+
 def gang_in_one_run(ctx: Any) -> dict[str, Any]:
     """The same steps as gang_build then gang_train three times, in one run."""
     gang_build(ctx)

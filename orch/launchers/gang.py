@@ -37,13 +37,17 @@ from orch.launchers.launcher import RunParts
 from orch.launchers.local.group import _main_not_inherited, worker_context
 from orch.launchers.local.launcher import LocalLauncher
 from orch.launchers.run import Run, register_exit_hook
+from orch.launchers.slurm.gang import GangJob
+from orch.launchers.slurm.options import Slurm, cluster_master_host
 from orch.launchers.spec import LaunchSpec
 from orch.master.coordinator import Coordinator
 from orch.record.store import private_dir, tail
 from orch.record.writes import own_dir
 from orch.runtime import gang as rank_side
+from orch.runtime.launcher_env import LaunchedAs
 from orch.runtime.owner import Owner
 from orch.runtime.script import Script
+from orch.runtime.spec import WorkerSpec
 
 log = logging.getLogger(__name__)
 
@@ -53,7 +57,14 @@ END_WAIT = 3.0  # seconds a call's ranks get to send their code once its run end
 class Gang:
     """Ranks that stay up across calls. Use :func:`orch.gang` to make one."""
 
-    def __init__(self, world_size: int = 4, *, run_root: str = "runs", **options: Unpack[RunOptions]) -> None:
+    def __init__(
+        self,
+        world_size: int = 4,
+        *,
+        run_root: str = "runs",
+        cluster: Slurm | None = None,
+        **options: Unpack[RunOptions],
+    ) -> None:
         if "args" in options or "module" in options:
             raise OrchError(
                 "a gang runs functions of ctx (gang.run(fn, ...)), not scripts: leave out args= and module="
@@ -63,7 +74,21 @@ class Gang:
         self.options: RunOptions = dict(options)  # type: ignore[assignment]
         self.gang_id = secrets.token_hex(6)
         self.folder = Path(run_root) / ".gangs" / self.gang_id  # the ranks' file store
-        spec_of("orch.gang", RunOptions, self.options, fn=None, world_size=world_size, run_root=run_root)
+        first = spec_of(
+            "orch.gang",
+            RunOptions,
+            self.options,
+            fn=None,
+            world_size=world_size,
+            run_root=run_root,
+            cluster=cluster,
+        )
+        self.startup_timeout = first.startup_timeout
+        self.cluster = cluster  # a gang on Slurm: its ranks are the tasks of one job (self.job)
+        self.job: GangJob | None = None
+        self.host = (
+            cluster_master_host(cluster) if cluster is not None else ""
+        )  # where the calls' masters bind
         self.calls: list[Run] = []
         self.restarts = 0
         self.lost = ""  # why the ranks' state was lost, said by the next call
@@ -80,6 +105,12 @@ class Gang:
         private_dir(self.folder.parent.parent)
         private_dir(self.folder.parent)
         private_dir(self.folder)
+        if self.cluster is not None:
+            self._procs, self._conns = [], []
+            self.job = GangJob(self.cluster, self.gang_id, self.restarts)
+            say = lambda line: print(f"orch: gang {self.gang_id}: {line}", flush=True)  # noqa: E731
+            self._conns = self.job.start(self.world_size, self.folder, self.startup_timeout, say)
+            return
         ctx = worker_context()
         owner = Owner()
         self._procs, self._conns = [], []
@@ -95,7 +126,12 @@ class Gang:
             self._conns.append(parent)
 
     def _end_ranks(self, grace: float = 1.0) -> None:
-        """End every rank: close their pipes (a rank between calls leaves), then SIGTERM, SIGKILL."""
+        """End every rank: close their pipes (a rank between calls leaves), then SIGTERM, SIGKILL
+        (on Slurm: close their connections, then cancel the job)."""
+        if self.job is not None:
+            job, self.job = self.job, None
+            job.end()
+            self._conns = []
         for conn in self._conns:
             with contextlib.suppress(OSError):
                 conn.close()
@@ -121,8 +157,19 @@ class Gang:
 
     @property
     def pids(self) -> list[int]:
-        """The ranks' process ids, in rank order (empty while the gang is down)."""
+        """The ranks' process ids, in rank order (empty while the gang is down, or on Slurm)."""
         return [p.pid or 0 for p in self._procs]
+
+    @property
+    def up(self) -> bool:
+        return bool(self._conns)
+
+    def exit_code(self, rank: int) -> int | None:
+        """A rank's process ended between its calls' words: its exit code (on Slurm, where the
+        process is on another machine, -9 once its connection is gone), else None."""
+        if self.cluster is not None:
+            return -9
+        return self._procs[rank].exitcode
 
     # -- calls -----------------------------------------------------------------------------
     def run(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Run:
@@ -145,7 +192,7 @@ class Gang:
                     f"gang {self.gang_id} is running call {len(self.calls)} ({live[0].run_id}): wait for "
                     "it (run.wait()), or stop it (run.stop()), before the next call"
                 )
-            if not self._procs:
+            if not self.up:
                 self.restarts += 1
                 print(
                     f"orch: gang {self.gang_id} started afresh: {self.lost}; its ranks' state is lost",
@@ -159,6 +206,7 @@ class Gang:
                 fn=fn,
                 world_size=self.world_size,
                 run_root=self.run_root,
+                cluster=self.cluster,  # checked as a launch's; the gang's own ranks take the call
                 name=f"gang {self.gang_id} call {len(self.calls) + 1}: {label}",
             )
             run = Run(spec, launcher=lambda s, c, d: GangLauncher(self, s, c, d))
@@ -205,7 +253,7 @@ class Gang:
         return panel_class("gang")(self.calls, **options)
 
     def __repr__(self) -> str:
-        state = "closed" if self._closed else ("up" if self._procs else "down")
+        state = "closed" if self._closed else ("up" if self.up else "down")
         return f"<orch.Gang {self.gang_id}: {self.world_size} ranks, {state}, {len(self.calls)} calls>"
 
 
@@ -215,10 +263,15 @@ class GangLauncher(LocalLauncher):
     def __init__(self, gang: Gang, spec: LaunchSpec, coordinator: Coordinator, run_dir: Path) -> None:
         super().__init__(spec, coordinator, run_dir)
         self.gang = gang
+        # On Slurm the ranks are on the nodes: they dial the master's TCP address, not its private socket.
+        self.ranks_on_this_machine = gang.cluster is None
         coordinator.rendezvous_file = True  # the gang's own file store, made at its first call
         coordinator.starting(f"the gang's {spec.world_size} ranks take the call")
         self.worker_ids: list[str] = []
         self.returned: dict[int, int] = {}
+
+    def master_host(self, spec: LaunchSpec) -> str:
+        return self.gang.host or super().master_host(spec)  # on Slurm: where the nodes reach it
 
     def supervise(self, parts: RunParts) -> None:
         coord, gang = self.coordinator, self.gang
@@ -229,7 +282,11 @@ class GangLauncher(LocalLauncher):
         try:
             for spec, conn in zip(specs, gang._conns, strict=True):
                 spec.owner = None  # the rank watches the gang's launcher already
-                spec.rendezvous_file = str(gang.folder / f"rendezvous-{gang.restarts}")  # afresh each start
+                spec.rendezvous_file = str(
+                    gang.folder.resolve() / f"rendezvous-{gang.restarts}"
+                )  # afresh each start
+                if gang.cluster is not None:
+                    on_node(spec, gang.cluster, parts.token)
                 conn.send_bytes(cloudpickle.dumps(spec))
         except (OSError, ValueError) as e:
             coord.fail(f"the gang's ranks could not take the call: {e}")
@@ -261,12 +318,11 @@ class GangLauncher(LocalLauncher):
             if i in self.returned or i >= len(self.worker_ids):
                 continue
             code: int | None = None
-            with contextlib.suppress(EOFError, OSError, ValueError):
+            try:
                 if conn.poll():
                     code = int(conn.recv_bytes().decode())
-            proc = self.gang._procs[i]
-            if code is None and proc.exitcode is not None:
-                code = proc.exitcode
+            except (EOFError, OSError, ValueError):
+                code = self.gang.exit_code(i)  # its process is gone (or going: looked at again next time)
             if code is None:
                 continue
             self.returned[i] = code
@@ -289,12 +345,39 @@ class GangLauncher(LocalLauncher):
         return {wid: self.run_dir / "logs" / f"{wid}.log" for wid in self.worker_ids}
 
 
-def gang(world_size: int = 4, *, run_root: str = "runs", **options: Unpack[RunOptions]) -> Gang:
+def on_node(spec: WorkerSpec, cluster: Slurm, token: str) -> None:
+    """A call's spec for a rank on a Slurm node: the node's own environment (its SLURM_*, PATH)
+    with the call's token in the spec, its own address, and its place on its node."""
+    per_node = cluster.tasks_per_node
+    rank = spec.local_rank
+    spec.env, spec.token, spec.advertise_addr = {}, token, None
+    if spec.log_file:  # opened before the rank goes to the call's folder: the path the nodes share
+        spec.log_file = str(Path(spec.log_file).resolve())
+    spec.threads = cluster.cpus_per_rank
+    spec.local_rank, spec.local_world_size = rank % per_node, per_node
+    spec.launched = LaunchedAs(
+        "orch",
+        rank=rank,
+        local_rank=rank % per_node,
+        world_size=cluster.world_size,
+        local_world_size=per_node,
+    )
+
+
+def gang(
+    world_size: int = 4,
+    *,
+    run_root: str = "runs",
+    cluster: Slurm | None = None,
+    **options: Unpack[RunOptions],
+) -> Gang:
     """Start ``world_size`` ranks that stay up across calls (see :class:`Gang`): build a model in
     one cell with ``gang.run(fn)`` or ``%%orch gang``, train it in the next, evaluate, change the
     learning rate and train again, without a new process group. Takes every run option of
-    ``orch.launch`` (``heartbeat_timeout``, ``hang_timeout``, ``stop_grace``, ...)."""
-    return Gang(world_size, run_root=run_root, **options)
+    ``orch.launch`` (``heartbeat_timeout``, ``hang_timeout``, ``stop_grace``, ...), and
+    ``cluster=orch.Slurm(...)``: the ranks are then the tasks of one Slurm job that keeps its
+    allocation across cells until ``gang.close()`` (or the kernel's end) cancels it."""
+    return Gang(world_size, run_root=run_root, cluster=cluster, **options)
 
 
 _GANGS: set[Gang] = set()

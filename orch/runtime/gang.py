@@ -11,6 +11,9 @@ A call that fails on any rank may leave the others inside a collective that will
 complete: the rank whose call failed ends, and the launcher ends the others and starts the
 gang afresh at the next call (its state is lost, and the next call says so). A rank also ends
 when the process that started the gang is gone, or when the launcher closes its pipe.
+
+On a Slurm cluster the ranks are the tasks of the gang's job (:mod:`orch.launchers.slurm.gang`):
+each dials the kernel back (:func:`connect_main`) and takes its calls on that connection.
 """
 
 from __future__ import annotations
@@ -28,6 +31,8 @@ from orch.runtime._children import become_subreaper, end_descendants
 from orch.runtime.gang_session import Session
 from orch.runtime.owner import Owner, exit_when_gone
 from orch.runtime.worker import EXIT_FAILED, enter, run_worker
+from orch.wire.auth import TOKEN_ENV
+from orch.wire.net import split_address
 from orch.wire.states import EXIT_ABORTED
 
 
@@ -111,3 +116,26 @@ def pull(ctx: Any, name: str, rank: int) -> Any:
 def push(ctx: Any, values: dict[str, Any]) -> None:
     """Set ``values`` in every rank's namespace."""
     ctx.state.__dict__.update(values)
+
+
+def connect_main(address: str) -> None:
+    """A gang rank started by the gang's Slurm job (``python -m orch.runtime.gang --connect
+    HOST:PORT``): dial the kernel back, pass its challenge with the gang's token (from the
+    job's environment, then dropped from it), say this task's rank, then take calls."""
+    from multiprocessing.connection import Client
+
+    token = os.environ.pop(TOKEN_ENV, "")
+    if not token:
+        sys.exit(
+            f"orch gang rank: no {TOKEN_ENV} in the environment: start gangs with orch.gang(cluster=...)"
+        )
+    host, port = split_address(address)
+    conn = Client((host, port), authkey=token.encode())
+    conn.send_bytes(os.environ.get("SLURM_PROCID", "0").encode())
+    gang_main(None, conn)
+
+
+if __name__ == "__main__":
+    if sys.argv[1:2] == ["--connect"] and len(sys.argv) == 3:
+        connect_main(sys.argv[2])
+    sys.exit("usage: python -m orch.runtime.gang --connect HOST:PORT (a gang's Slurm job starts it)")

@@ -22,7 +22,9 @@ from typing import Any
 
 import psutil
 import pytest
+import torch
 
+import jobs
 import orch
 from conftest import TESTS, notebook_kernel, orch_cli
 from conftest import until_value as until
@@ -457,3 +459,61 @@ def test_a_torchrun_script_runs_on_both_nodes_as_torchrun_runs_it(
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert_same_training(ours, theirs)
     until(lambda: nothing_left(on_cluster), 20)
+
+
+def test_a_gang_keeps_its_job_across_calls_and_close_cancels_it(
+    on_cluster: SlurmCluster, tmp_path: Path
+) -> None:
+    """orch.gang(cluster=...): one job, its ranks on both nodes taking one call after another in
+    the same processes and process group (the model built by the first call trained by the next
+    ones), objects pulled back; close() ends the job and every process on the nodes."""
+    c = on_cluster
+    with orch.gang(
+        world_size=2, cluster=orch.Slurm(nodes=2, tasks_per_node=1), run_root=str(tmp_path)
+    ) as gang:
+        (job,) = live_jobs(c, "orch-gang-")
+        assert gang.run(jobs.gang_build).wait(timeout=120).state is RunState.SUCCEEDED
+        where = gang.run(jobs.gang_where).wait(timeout=120).values
+        assert [w["rank"] for w in where] == [0, 1]
+        assert sorted(w["host"] for w in where) == sorted(c.node_names)  # one rank on each node
+        losses = [gang.run(jobs.gang_train, 5).wait(timeout=120).final_loss[0] for _ in range(2)]
+        assert losses[0] > losses[1]  # the second call goes on from where the first left off
+        assert gang.run(jobs.gang_where).wait(timeout=120).values == where  # the same processes
+        x1 = gang.pull("x", rank=1)
+        torch.manual_seed(2)  # what rank 1 drew in the first call
+        assert torch.equal(x1, torch.randn(16, 4))
+        assert [j["job_id"] for j in live_jobs(c, "orch-gang-")] == [job["job_id"]]  # one allocation
+        assert len(gang.calls) == 6 and all(call.state().state is RunState.SUCCEEDED for call in gang.calls)
+    until(lambda: not live_jobs(c), 20)
+    until(lambda: nothing_left(c), 20)
+
+
+GANG_CELL = """
+import orch, jobs
+gang = orch.gang(world_size=2, cluster=orch.Slurm(nodes=2, tasks_per_node=1), run_root={root!r})
+gang.run(jobs.gang_build).wait(timeout=120)
+print(gang.job.job.job_id)
+"""
+
+
+def test_a_kernel_killed_alone_while_its_gang_is_idle_leaves_no_job_and_no_process(
+    on_cluster: SlurmCluster, tmp_path: Path
+) -> None:
+    c = on_cluster
+    with notebook_kernel(tmp_path, env=dict(os.environ)) as (km, kc):
+        out: list[str] = []
+        reply = kc.execute_interactive(
+            GANG_CELL.format(root=str(tmp_path)),
+            timeout=180,
+            output_hook=lambda msg: out.append(msg["content"].get("text", "")),
+        )
+        assert reply["content"]["status"] == "ok", (reply["content"], "".join(out))
+        job_id = "".join(out).split()[-1]
+        assert [j["job_id"] for j in live_jobs(c)] == [job_id]
+        assert all(c.node_pids(n) for n in c.node_names)  # a gang rank on each node, idle
+        psutil.Process(km.provisioner.pid).kill()  # type: ignore[union-attr]  # the kernel alone
+        until(lambda: not live_jobs(c), 15)
+        until(lambda: not any(c.node_pids(n) for n in c.node_names), 15)
+    # Cancelled by the watcher the kernel left, or done first: its ranks leave once the kernel's
+    # connection closes.
+    assert c.wait_job(int(job_id), 5)["state"] in ("CANCELLED", "COMPLETED")

@@ -3,16 +3,22 @@ the arguments, and what sbatch's refusals become. (Against a real Slurm: tests/l
 
 from __future__ import annotations
 
+import contextlib
 import os
 import pickle
+import socket
 import stat
 import subprocess
+import threading
+import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 import orch
 from conftest import ORCH
+from orch.launchers.slurm import gang as slurm_gang
 from orch.launchers.slurm.job import _explain, job_script
 from orch.launchers.slurm.options import Slurm
 from orch.runtime.function_file import FUNCTION_FILE, read_function, write_function
@@ -209,3 +215,54 @@ def test_the_job_state_reads_as_people_say_it() -> None:
         JobView("slurm", "41", "RUNNING", "None", "node[1-2]").describe()
         == "slurm job 41: RUNNING on node[1-2]"
     )
+
+
+# -- a gang's ranks dialling the kernel back (orch.launchers.slurm.gang) ----------------------
+def _dial(port: int, key: bytes, said: bytes | None) -> None:
+    from multiprocessing.connection import Client
+
+    with contextlib.suppress(Exception), Client(("127.0.0.1", port), authkey=key) as conn:
+        if said is not None:
+            conn.send_bytes(said)
+        conn.recv_bytes()  # held open until the kernel's side closes
+
+
+def _silent(port: int) -> None:
+    with socket.create_connection(("127.0.0.1", port)):
+        time.sleep(3)
+
+
+def _admitted(key: bytes, said: bytes | None, *, silent: bool = False) -> tuple[int, Any] | None:
+    server = socket.create_server(("127.0.0.1", 0))
+    port = server.getsockname()[1]
+    if silent:  # connects, then says nothing at all
+        dialler = threading.Thread(target=_silent, args=(port,), daemon=True)
+    else:
+        dialler = threading.Thread(target=_dial, args=(port, key, said), daemon=True)
+    dialler.start()
+    sock, _ = server.accept()
+    server.close()
+    return slurm_gang._admit(sock, b"the-gang-token")
+
+
+def test_a_gang_rank_is_admitted_only_with_the_token_and_its_rank(monkeypatch: pytest.MonkeyPatch) -> None:
+    taken = _admitted(b"the-gang-token", b"1")
+    assert taken is not None and taken[0] == 1
+    taken[1].close()
+    assert _admitted(b"another-token", b"1") is None  # the challenge fails: nothing is read from it
+    assert _admitted(b"the-gang-token", b"rank one") is None  # not a rank number
+    monkeypatch.setattr(slurm_gang, "HANDSHAKE_SECONDS", 1)
+    started = time.monotonic()
+    assert _admitted(b"the-gang-token", None, silent=True) is None  # a stranger that says nothing
+    assert time.monotonic() - started < 3  # ... holds the gang's start for the handshake's bound only
+
+
+def test_a_gang_job_script_runs_a_rank_per_task_that_dials_back(tmp_path: Path) -> None:
+    cluster = Slurm(nodes=2, tasks_per_node=4, cpus_per_rank=2, setup=("module load x",))
+    script = slurm_gang.gang_script(
+        cluster, name="orch-gang-ab12-0", address="10.0.0.1:4321", folder=tmp_path, workdir="/w"
+    )
+    assert "#SBATCH --nodes=2" in script and "#SBATCH --ntasks-per-node=4" in script
+    assert "#SBATCH --cpus-per-task=2" in script and "#SBATCH --job-name=orch-gang-ab12-0" in script
+    assert script.index("module load x") < script.index("exec srun")
+    assert script.rstrip().endswith("-m orch.runtime.gang --connect 10.0.0.1:4321")

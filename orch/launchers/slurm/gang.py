@@ -1,0 +1,171 @@
+"""A gang on a Slurm cluster: one batch job that keeps its allocation across cells.
+
+The job runs one task per rank (``srun``), each ``python -m orch.runtime.gang --connect
+HOST:PORT``: it dials the launching process (the notebook kernel) back on a port of its own,
+proves it holds the gang's token and is proven to in turn (the challenge of
+:mod:`multiprocessing.connection`, both ways), says its ``SLURM_PROCID`` (its rank) and then
+takes calls as a local gang's rank takes them from its pipe (:func:`orch.runtime.gang.gang_main`).
+The calls' specs travel only from the kernel to ranks that passed the challenge; the kernel
+reads nothing from them but a rank number and exit codes. Like the master's gRPC without
+TLS, the connection itself is not encrypted: it is meant for the cluster's own network.
+
+Each call is a run with its own master in the kernel, bound where the nodes reach it, as a
+Slurm launch's is. The ranks meet through a file store in the gang's folder under the run
+root, which the nodes share (as a Slurm launch's run dir). ``gang.close()`` cancels the job;
+the kernel's death does too (the job's watcher, :class:`~orch.launchers.slurm.job.SlurmJob`),
+and a rank whose kernel connection closes exits.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shlex
+import socket
+import struct
+import sys
+import time
+from collections.abc import Callable
+from multiprocessing import AuthenticationError
+from multiprocessing.connection import Connection, answer_challenge, deliver_challenge
+from pathlib import Path
+
+from orch.errors import OrchError
+from orch.launchers.slurm.job import JobStatus, SlurmJob, wait_gone
+from orch.launchers.slurm.options import Slurm, cluster_master_host
+from orch.wire.auth import TOKEN_ENV
+
+SayFn = Callable[[str], None]  # a line for the cell's output
+HANDSHAKE_SECONDS = 10  # a connection that has not passed the challenge and said its rank by then is closed
+END_SECONDS = 10.0  # how long close() waits for Slurm to say the job is gone
+
+
+def gang_script(cluster: Slurm, *, name: str, address: str, folder: Path, workdir: str) -> str:
+    """The batch script: Slurm's options, the user's set-up lines, then one gang rank per task."""
+    python = cluster.python or sys.executable
+    options = [
+        f"--job-name={name}",
+        f"--nodes={cluster.nodes}",
+        f"--ntasks-per-node={cluster.tasks_per_node}",
+        f"--cpus-per-task={cluster.cpus_per_rank}",
+        "--export=ALL",  # the token reaches the job in its environment
+        f"--time={cluster.time}",
+        f"--output={folder / 'slurm-%j.out'}",
+        f"--chdir={workdir}",
+    ]
+    if cluster.partition:
+        options.append(f"--partition={cluster.partition}")
+    if cluster.gpus_per_node:
+        options.append(f"--gpus-per-node={cluster.gpus_per_node}")
+    rank = [python, "-m", "orch.runtime.gang", "--connect", address]
+    lines = ["#!/bin/bash", f"# {name}: one orch gang rank per task, each dialling the kernel back"]
+    lines += [f"#SBATCH {o}" for o in options]
+    lines += [*cluster.setup]
+    lines += ["exec srun --kill-on-bad-exit=0 " + " ".join(shlex.quote(a) for a in rank)]
+    return "\n".join(lines) + "\n"
+
+
+class GangJob:
+    """The Slurm job of a gang's ranks, and their connections, in rank order."""
+
+    def __init__(self, cluster: Slurm, gang_id: str, start: int) -> None:
+        self.cluster = cluster
+        self.host = cluster_master_host(cluster)
+        self.token = os.urandom(32).hex()
+        self.job = SlurmJob(cluster, {**os.environ, TOKEN_ENV: self.token}, f"gang-{gang_id}-{start}")
+        self.conns: list[Connection] = []
+
+    @property
+    def name(self) -> str:
+        return self.job.name
+
+    def start(self, world_size: int, folder: Path, timeout: float, say: SayFn) -> list[Connection]:
+        """Submit the job and wait (up to ``timeout`` s, the launch's ``startup_timeout``) for
+        every rank to dial back; a job that ends first, or a refusal, is an :class:`OrchError`
+        naming the job and its output."""
+        server = socket.create_server((self.host, 0))
+        server.settimeout(1.0)
+        try:
+            port = server.getsockname()[1]
+            host = f"[{self.host}]" if ":" in self.host else self.host
+            script = gang_script(
+                self.cluster,
+                name=self.name,
+                address=f"{host}:{port}",
+                folder=folder.resolve(),
+                workdir=os.getcwd(),
+            )
+            self.job.submit(script, folder)
+            say(f"Slurm job {self.job.job_id} submitted ({self.cluster.describe()})")
+            self.conns = self._accept(server, world_size, timeout, say)
+        except BaseException:
+            self.end()
+            raise
+        finally:
+            server.close()
+        return self.conns
+
+    def _accept(self, server: socket.socket, world_size: int, timeout: float, say: SayFn) -> list[Connection]:
+        job, key = self.job, self.token.encode()
+        joined: dict[int, Connection] = {}
+        deadline = time.monotonic() + timeout
+        said, next_look = "", 0.0
+        status = JobStatus("PENDING")
+        while len(joined) < world_size:
+            now = time.monotonic()
+            if now >= next_look:
+                next_look = now + max(0.5, self.cluster.poll_interval)
+                status = job.status()
+                if status.ended:
+                    raise OrchError(
+                        f"Slurm job {job.job_id} ended {status.state} before the gang's ranks joined "
+                        f"({len(joined)} of {world_size}); its output ({job.output}):\n{job.output_tail(20)}"
+                    )
+                news = " ".join(p for p in (status.state, status.reason) if p and p != "None")
+                if news != said and status.state != "UNKNOWN":
+                    say(f"Slurm job {job.job_id}: {news}")
+                    said = news
+            if now > deadline:
+                raise OrchError(
+                    f"{len(joined)} of the gang's {world_size} ranks joined within {timeout:g}s "
+                    f"(startup_timeout); Slurm job {job.job_id} is {status.state}: its output is {job.output}"
+                )
+            try:
+                sock, _ = server.accept()
+            except TimeoutError:
+                continue
+            taken = _admit(sock, key)
+            if taken is None:
+                continue
+            rank, conn = taken
+            if not 0 <= rank < world_size or rank in joined:
+                conn.close()  # not a rank of this gang
+                continue
+            joined[rank] = conn
+        return [joined[r] for r in range(world_size)]
+
+    def end(self) -> None:
+        """Close the ranks' connections (a rank between calls exits) and cancel the job."""
+        for conn in self.conns:
+            with contextlib.suppress(OSError):
+                conn.close()
+        self.conns = []
+        if self.job.job_id:
+            self.job.cancel()
+            wait_gone(self.job, END_SECONDS)
+
+
+def _admit(sock: socket.socket, key: bytes) -> tuple[int, Connection] | None:
+    """A connection that passed the challenge both ways and said its rank, else None (closed)."""
+    sock.settimeout(None)
+    # A stranger that connects and then says nothing cannot hold the gang's start: reads time out.
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, struct.pack("ll", HANDSHAKE_SECONDS, 0))
+    conn = Connection(sock.detach())
+    try:
+        deliver_challenge(conn, key)
+        answer_challenge(conn, key)
+        rank = int(conn.recv_bytes(32).decode())
+    except (OSError, EOFError, ValueError, AuthenticationError):
+        conn.close()
+        return None
+    return rank, conn

@@ -15,7 +15,7 @@ import pytest
 import orch
 from orch.cli import build_parser
 from orch.launchers.front import LaunchOptions, RunOptions, add_flag, flagged, keys_of, spec_of
-from orch.launchers.spec import LaunchSpec, options
+from orch.launchers.spec import LaunchSpec, option, options
 
 # Parameters of launch() and sweep() that are not launch options (a sweep's own: how it
 # searches and prunes), and launch options a signature spells another way.
@@ -65,25 +65,54 @@ def _typed(options_type: type) -> dict[str, Any]:
     return typing.get_type_hints(options_type)
 
 
+def _front_door_mismatches(spec: type, run_options: type, launch_options: type) -> list[str]:
+    """Where the typed keywords of the front doors and the declared fields of ``spec`` differ."""
+    fields = {f.name: f for f in dataclasses.fields(spec)}
+    hints = typing.get_type_hints(spec)
+    fronts = {name: f.metadata["option"].front for name, f in fields.items()}
+    wanted = {
+        run_options: {n for n, front in fronts.items() if front == "run"},
+        launch_options: {n for n, front in fronts.items() if front in ("run", "launch")},
+    }
+    wrong = []
+    for typed, names in wanted.items():
+        keys = keys_of(typed)
+        wrong += [f"{typed.__name__} has no keyword for {spec.__name__}.{n}" for n in sorted(names - keys)]
+        wrong += [f"{typed.__name__}.{n} is no option of {spec.__name__}" for n in sorted(keys - names)]
+        for name, typ in _typed(typed).items():
+            if name in hints and typ != hints[name]:
+                wrong.append(f"{typed.__name__}.{name} is {typ}, {spec.__name__}.{name} is {hints[name]}")
+    return wrong
+
+
 def test_the_typed_keywords_are_the_declared_options_of_their_front_door() -> None:
     """A launch option declared with front="run" is a keyword of launch and sweep, one with
-    front="launch" of launch alone, with the declared field's type; orch's own are neither.
-    A field added to LaunchSpec without its keyword (or a keyword without its field) fails here."""
-    fields = {f.name: f for f in dataclasses.fields(LaunchSpec)}
-    hints = typing.get_type_hints(LaunchSpec)
-    fronts = {name: f.metadata["option"].front for name, f in fields.items()}
-    assert keys_of(RunOptions) == {n for n, front in fronts.items() if front == "run"}
-    assert keys_of(LaunchOptions) == {n for n, front in fronts.items() if front in ("run", "launch")}
-    for name, typ in _typed(LaunchOptions).items():
-        assert typ == hints[name], (name, typ, hints[name])
+    front="launch" of launch alone, with the declared field's type; orch's own are neither."""
+    assert _front_door_mismatches(LaunchSpec, RunOptions, LaunchOptions) == []
 
 
 def test_a_keyword_missing_from_a_front_door_is_found() -> None:
-    # The check above would pass on types it could not read: show it reads them.
-    class Fewer(typing.TypedDict, total=False):
-        steps: int | None
+    """The check above fails for an option declared without its keyword, a keyword without
+    its option, and a keyword typed otherwise than its field."""
 
-    assert keys_of(Fewer) == {"steps"} != keys_of(RunOptions)
+    @dataclasses.dataclass
+    class More(LaunchSpec):
+        patience: int = option(3, help="a new run option", front="run")
+
+    class Fewer(RunOptions, total=False):  # every run option, one retyped
+        steps: str  # type: ignore[misc]
+
+    class Extra(LaunchOptions, total=False):
+        bogus: int
+
+    assert _front_door_mismatches(More, RunOptions, LaunchOptions) == [
+        "RunOptions has no keyword for More.patience",
+        "LaunchOptions has no keyword for More.patience",
+    ]
+    assert _front_door_mismatches(LaunchSpec, Fewer, Extra) == [
+        "Fewer.steps is <class 'str'>, LaunchSpec.steps is int | None",
+        "Extra.bogus is no option of LaunchSpec",
+    ]
 
 
 def test_an_option_a_front_door_does_not_take_names_it_and_what_was_meant() -> None:

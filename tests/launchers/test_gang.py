@@ -85,12 +85,20 @@ def test_a_rank_killed_mid_call_fails_the_call_naming_it_and_the_gang_comes_back
         assert gang.run_cell("ctx.rank", "<cell>").wait().values == [0, 1]
 
 
+def _until_stepping(run: orch.Run, step: int) -> None:
+    """Wait until every rank of the call is past ``step``."""
+    deadline = time.monotonic() + 60
+    while min([r.step for r in run.state().ranks] or [0]) <= step:
+        assert time.monotonic() < deadline, "the call's ranks never got going"
+        time.sleep(0.05)
+
+
 def test_stop_interrupts_the_call_at_a_step_boundary_and_the_gang_stays_up(tmp_path: Path) -> None:
     with orch.gang(world_size=2, run_root=str(tmp_path)) as gang:
         gang.push(mark="kept")
         pids = gang.pids
         run = gang.run(jobs.gang_slow_marked)
-        time.sleep(1.0)
+        _until_stepping(run, 3)
         run.stop()
         result = run.wait(timeout=60)
         assert result.state is orch.RunState.STOPPED and result.steps[0] == result.steps[1] > 0
@@ -108,7 +116,8 @@ GANG_CELLS = [
     "%%orch gang\nimport torch\nw = torch.ones(3) * (ctx.rank + 1)\nprint('rank', ctx.rank, 'made w')",
     "%%orch gang\nw.sum().item()",
     "print('pulled', gang.pull('w', rank=1).tolist())",
-    "%%orch gang\nimport time\nfor step in ctx.steps(100000):\n    time.sleep(0.01)",
+    "%%orch gang\nimport time\nfor step in ctx.steps(100000):\n"
+    "    if step == 3:\n        print('at step', step, flush=True)\n    time.sleep(0.01)",
     "%%orch gang\nw.sum().item() + 100",
     "%%orch gang\nundefined_name + 1",
 ]
@@ -144,7 +153,13 @@ def test_orch_cells_keep_their_names_on_every_rank_in_a_real_kernel(tmp_path: Pa
         assert "pulled [2.0, 2.0, 2.0]" in shown, shown
         # Interrupt mid-call: the call stops at the ranks' next step, the gang stays up
         sent = kc.execute(GANG_CELLS[4])
-        time.sleep(3.0)
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:  # the call is under way: rank 0's line is in the cell
+            msg = kc.get_iopub_msg(timeout=60)
+            if msg["parent_header"].get("msg_id") == sent and "at step 3" in msg["content"].get("text", ""):
+                break
+        else:
+            raise AssertionError("the interrupted cell's call never reached step 3")
         km.interrupt_kernel()
         shown = ""
         while True:  # the interrupted cell's messages, to its end (idle): the next cell is not aborted

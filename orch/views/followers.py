@@ -184,8 +184,10 @@ def followers(runs: Any, run_root: str = "runs") -> list[Follower]:
 
 def config_label(source: Any) -> str:
     """What a legend calls a run: its config (``lr=0.01, bs=32``), from its launch spec or its
-    ``run.json``; "" for a run without one."""
-    config = getattr(getattr(source, "spec", None), "config", None)
+    ``run.json``; without one, the name it was launched with (a gang's call: "gang ab12 call 2:
+    train"); "" for a run with neither."""
+    spec = getattr(source, "spec", None)
+    config, name = getattr(spec, "config", None), getattr(spec, "name", None)
     if config is None:
         meta = getattr(source, "meta", None)
         run_dir = getattr(source, "run_dir", None)
@@ -193,6 +195,7 @@ def config_label(source: Any) -> str:
             with contextlib.suppress(OrchError):
                 meta = read_json(Path(run_dir) / "run.json")
         config = meta.get("config") if isinstance(meta, dict) else None
-    if not isinstance(config, dict):
-        return ""
-    return config_text(config)
+        name = meta.get("name") if isinstance(meta, dict) else None
+    if isinstance(config, dict) and config:
+        return config_text(config)
+    return name if isinstance(name, str) else ""

@@ -1223,6 +1223,8 @@ def test_a_gang_used_across_three_cells_in_jupyterlab(tmp_path: Path) -> None:
             assert second < first, (first, second)  # trained on from where the first call left off
             compared = cell.nth(4).locator(".orch-compared")
             expect(compared).to_have_count(3, timeout=60_000)  # the three calls, overlaid
+            for n in (1, 2, 3):  # each named as the call it was, not by its run id
+                expect(compared.nth(n - 1)).to_contain_text(f"call {n}: cell")
             cell.nth(2).evaluate("el => el.scrollIntoView({block: 'start'})")
             page.screenshot(path=str(ARTIFACTS / "gang-cells.png"))
             cell.nth(4).evaluate("el => el.scrollIntoView({block: 'start'})")

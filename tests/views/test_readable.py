@@ -250,6 +250,13 @@ def test_the_comparison_names_each_run_by_its_config_and_keeps_its_range() -> No
     labels = [f.label for f in followers([run, twin, bare])]
     assert labels == ["lr=0.01, bs=32 (abc)", "lr=0.01, bs=32 (def)", "ghi"]
     assert isinstance(followers([run])[0], Mirrored)
+    # Without a config, the name it was launched with: a gang's calls read as calls.
+    calls = [
+        SimpleNamespace(run_id=f"c{n}", spec=SimpleNamespace(config={}, name=f"gang ab12 call {n}: {fn}"),
+                        state=lambda: None)
+        for n, fn in ((1, "build"), (2, "train"))
+    ]  # fmt: skip
+    assert [f.label for f in followers(calls)] == ["gang ab12 call 1: build", "gang ab12 call 2: train"]
 
 
 # -- the sweep's table ------------------------------------------------------------------------------

@@ -24,10 +24,6 @@ PIECE_POINTS = 8192  # points of a catch-up built at once (about 1 ms holding th
 # series of a big run (1,024 ranks, a few hundred points each) are encoded once too; a piece
 # joins its blocks' bytes (a Series message's packed fields, repeated, parse as one).
 BLOCK_POINTS = 256
-# A catch-up lets the heartbeats' event loop have the GIL after this long (seconds) encoding:
-# a turn after every one of a big run's thousands of short series costs more than the encoding
-# (a GIL hand-over each, some 70 us), and holding it for a whole piece makes the event loop wait.
-YIELD_AFTER = 0.0002
 
 
 class Series:
@@ -244,17 +240,17 @@ class SeriesLog:
         """The planned points as serialized ``Series`` messages, each slice in pieces of at
         most :data:`PIECE_POINTS` points, without the lock. Building a message holds the GIL
         for as long as it takes (a 250k-point series: some 30 ms, during which the master's
-        event loop serves no heartbeat); between pieces, once it held the GIL for
-        :data:`YIELD_AFTER`, this thread lets it go, so a catch-up delays a heartbeat by one
-        piece at most, and the many short series of a big run are not a GIL hand-over each. A
-        reader takes the pieces of one series in order as one series (the panel's mirror
-        extends it).
+        event loop serves no heartbeat); once a piece's worth of points is encoded (one long
+        series, or many short ones: a thousand ranks' series of a few hundred points) this
+        thread lets it go, so a catch-up delays a heartbeat by one piece at most, and the many
+        short series of a big run are not a GIL hand-over each. A reader takes the pieces of one series
+        in order as one series (the panel's mirror extends it).
 
         A piece is the bytes of its whole blocks of :data:`BLOCK_POINTS` points, each encoded
         once and kept, joined with the ends of the slice encoded afresh: a catch-up of points
         already sent to another client is mostly a join."""
         out: list[list[bytes]] = []
-        held = time.perf_counter()  # since this thread last let the event loop have the GIL
+        unyielded = 0  # points encoded since this thread last let the event loop have the GIL
         for sl in plan:
             pieces = []
             series, first = sl.series, sl.first
@@ -279,10 +275,11 @@ class SeriesLog:
                 if fresh < end:  # the tail, after the last whole block
                     parts.append(series.encode(sl.rank, sl.name, sl.base, fresh, end))
                 pieces.append(parts[0] if len(parts) == 1 else b"".join(parts))
+                unyielded += end - first
                 first = end
-                if time.perf_counter() - held >= YIELD_AFTER:  # the event loop's turn
+                if unyielded >= PIECE_POINTS:  # the event loop's turn, once a piece's worth is done
+                    unyielded = 0
                     time.sleep(0)
-                    held = time.perf_counter()
             out.append(pieces)
         return out
 

@@ -240,17 +240,14 @@ class SeriesLog:
         """The planned points as serialized ``Series`` messages, each slice in pieces of at
         most :data:`PIECE_POINTS` points, without the lock. Building a message holds the GIL
         for as long as it takes (a 250k-point series: some 30 ms, during which the master's
-        event loop serves no heartbeat); once a piece's worth of points is encoded (one long
-        series, or many short ones: a thousand ranks' series of a few hundred points) this
-        thread lets it go, so a catch-up delays a heartbeat by one piece at most, and the many
-        short series of a big run are not a GIL hand-over each. A reader takes the pieces of one series
+        event loop serves no heartbeat); between pieces this thread lets it go, so a catch-up
+        delays a heartbeat by one piece at most. A reader takes the pieces of one series
         in order as one series (the panel's mirror extends it).
 
         A piece is the bytes of its whole blocks of :data:`BLOCK_POINTS` points, each encoded
         once and kept, joined with the ends of the slice encoded afresh: a catch-up of points
         already sent to another client is mostly a join."""
         out: list[list[bytes]] = []
-        unyielded = 0  # points encoded since this thread last let the event loop have the GIL
         for sl in plan:
             pieces = []
             series, first = sl.series, sl.first
@@ -275,11 +272,8 @@ class SeriesLog:
                 if fresh < end:  # the tail, after the last whole block
                     parts.append(series.encode(sl.rank, sl.name, sl.base, fresh, end))
                 pieces.append(parts[0] if len(parts) == 1 else b"".join(parts))
-                unyielded += end - first
                 first = end
-                if unyielded >= PIECE_POINTS:  # the event loop's turn, once a piece's worth is done
-                    unyielded = 0
-                    time.sleep(0)
+                time.sleep(0)  # the event loop's turn
             out.append(pieces)
         return out
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from orch.master.control.facade import RunFacade
 from orch.master.control.snapshot import draft_reply
@@ -22,8 +23,9 @@ class StateDesk(RunFacade):
     _clock: Callable[[], float]
     _wall: Callable[[], float]
 
-    def expire(self) -> None:
-        raise NotImplementedError  # the coordinator's
+    if TYPE_CHECKING:  # the coordinator's own (declared here for the type checker only)
+
+        def expire(self) -> None: ...
 
     def series(self, rank: int, name: str) -> tuple[list[int], list[float]]:
         """The points of one series still held in memory."""

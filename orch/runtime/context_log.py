@@ -12,7 +12,7 @@ and the run's length reach the master through the rank's heartbeat sender.
 from __future__ import annotations
 
 import logging
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from torch import nn
 
@@ -50,11 +50,11 @@ class Logging:
     _ddp_models: list[nn.Module]
     _waits: CollectiveWait
 
-    def _step_done(self, times: StepTimes, seconds: float, own: float = 0.0, count: int = 1) -> None:
-        raise NotImplementedError  # Context's
+    if TYPE_CHECKING:  # the context's own (declared here for the type checker only)
 
-    def _stop_here(self, where: str) -> NoReturn:
-        raise NotImplementedError  # Context's
+        def _step_done(self, times: StepTimes, seconds: float, own: float = 0.0, count: int = 1) -> None: ...
+
+        def _stop_here(self, where: str) -> NoReturn: ...
 
     def log(self, step: int, loss: float | None = None, **scalars: Any) -> None:
         """Record ``loss`` and any other scalars at ``step``; returns at once.

@@ -31,7 +31,7 @@ from multiprocessing.connection import Connection, answer_challenge, deliver_cha
 from pathlib import Path
 
 from orch.errors import OrchError
-from orch.launchers.slurm.job import JobStatus, SlurmJob, wait_gone
+from orch.launchers.slurm.job import JobStatus, SlurmJob, sbatch_options, wait_gone
 from orch.launchers.slurm.options import Slurm, cluster_master_host
 from orch.wire.auth import TOKEN_ENV
 
@@ -43,20 +43,14 @@ END_SECONDS = 10.0  # how long close() waits for Slurm to say the job is gone
 def gang_script(cluster: Slurm, *, name: str, address: str, folder: Path, workdir: str) -> str:
     """The batch script: Slurm's options, the user's set-up lines, then one gang rank per task."""
     python = cluster.python or sys.executable
-    options = [
-        f"--job-name={name}",
-        f"--nodes={cluster.nodes}",
-        f"--ntasks-per-node={cluster.tasks_per_node}",
-        f"--cpus-per-task={cluster.cpus_per_rank}",
-        "--export=ALL",  # the token reaches the job in its environment
-        f"--time={cluster.time}",
-        f"--output={folder / 'slurm-%j.out'}",
-        f"--chdir={workdir}",
-    ]
-    if cluster.partition:
-        options.append(f"--partition={cluster.partition}")
-    if cluster.gpus_per_node:
-        options.append(f"--gpus-per-node={cluster.gpus_per_node}")
+    options = sbatch_options(
+        cluster,
+        name=name,
+        tasks_per_node=cluster.tasks_per_node,
+        cpus_per_task=cluster.cpus_per_rank,
+        output=folder,
+        workdir=workdir,
+    )
     rank = [python, "-m", "orch.runtime.gang", "--connect", address]
     lines = ["#!/bin/bash", f"# {name}: one orch gang rank per task, each dialling the kernel back"]
     lines += [f"#SBATCH {o}" for o in options]

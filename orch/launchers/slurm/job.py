@@ -89,6 +89,28 @@ def job_name(run_id: str) -> str:
     return f"orch-{run_id}"
 
 
+def sbatch_options(
+    cluster: Slurm, *, name: str, tasks_per_node: int, cpus_per_task: int, output: Path, workdir: str
+) -> list[str]:
+    """The ``#SBATCH`` options of an orch job: its name, its shape, its output in ``output``."""
+    options = [
+        f"--job-name={name}",
+        f"--nodes={cluster.nodes}",
+        f"--ntasks-per-node={tasks_per_node}",
+        f"--cpus-per-task={cpus_per_task}",
+        # The token reaches the job in its environment: exported whatever SBATCH_EXPORT says.
+        "--export=ALL",
+        f"--time={cluster.time}",
+        f"--output={output / 'slurm-%j.out'}",
+        f"--chdir={workdir}",
+    ]
+    if cluster.partition:
+        options.append(f"--partition={cluster.partition}")
+    if cluster.gpus_per_node:
+        options.append(f"--gpus-per-node={cluster.gpus_per_node}")
+    return options
+
+
 def job_script(
     cluster: Slurm,
     *,
@@ -105,21 +127,9 @@ def job_script(
     """The batch script: Slurm's options, the user's set-up lines, then one host agent per node."""
     python = cluster.python or sys.executable
     cpus = cluster.tasks_per_node * cluster.cpus_per_rank
-    options = [
-        f"--job-name={job_name(run_id)}",
-        f"--nodes={cluster.nodes}",
-        "--ntasks-per-node=1",
-        f"--cpus-per-task={cpus}",
-        # The token reaches the job in its environment: exported whatever SBATCH_EXPORT says.
-        "--export=ALL",
-        f"--time={cluster.time}",
-        f"--output={run_dir / 'slurm-%j.out'}",
-        f"--chdir={workdir}",
-    ]
-    if cluster.partition:
-        options.append(f"--partition={cluster.partition}")
-    if cluster.gpus_per_node:
-        options.append(f"--gpus-per-node={cluster.gpus_per_node}")
+    options = sbatch_options(
+        cluster, name=job_name(run_id), tasks_per_node=1, cpus_per_task=cpus, output=run_dir, workdir=workdir
+    )
     if elastic:  # a node that fails leaves the job running on the others (orch restarts without it)
         options.append("--no-kill")
     worker = [

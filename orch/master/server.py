@@ -14,7 +14,8 @@ import logging
 import math
 import queue
 import threading
-from collections.abc import Mapping
+import time
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -87,8 +88,9 @@ class OrchestratorServicer(pb_grpc.OrchestratorServicer):  # type: ignore[misc]
     and under its own lock (GetState, which can be long, runs in a thread).
     """
 
-    def __init__(self, coordinator: Coordinator) -> None:
+    def __init__(self, coordinator: Coordinator, in_flight: Mapping[str, int] | None = None) -> None:
         self.coordinator = coordinator
+        self._pause = beats_first(in_flight if in_flight is not None else {})
         self._writer = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="orch-writer")
 
     def close(self) -> None:
@@ -150,7 +152,10 @@ class OrchestratorServicer(pb_grpc.OrchestratorServicer):  # type: ignore[misc]
 
         def build() -> bytes:
             return self.coordinator.snapshot_bytes(
-                request.cursor, skip_series=request.skip_series, max_points=request.max_points
+                request.cursor,
+                skip_series=request.skip_series,
+                max_points=request.max_points,
+                pause=self._pause,
             )
 
         try:
@@ -179,6 +184,29 @@ class OrchestratorServicer(pb_grpc.OrchestratorServicer):  # type: ignore[misc]
             await _abort(context, Reject("invalid_argument", "reason is longer than 1024 characters"))
         state = self.coordinator.request_stop(request.reason, prune=request.prune)
         return pb.StopRunResponse(state=getattr(pb, state.value))
+
+
+BEATS = (f"/{SERVICE_NAME}/SendHeartbeat", f"/{SERVICE_NAME}/SendHostHeartbeats")
+# Seconds a reply being built gives the event loop, at each of its pauses, while heartbeats
+# are in flight: it then holds the GIL for at most a third of the time (see beats_first).
+BEATS_FIRST_SECONDS = 0.002
+
+
+def beats_first(in_flight: Mapping[str, int]) -> Callable[[], None]:
+    """A pause for a reply being built on a thread (GetState), after each millisecond of its
+    work: it lets the event loop have the GIL and, while heartbeats are in flight
+    (``in_flight``: the budget's count by method), sleeps :data:`BEATS_FIRST_SECONDS` first.
+    Heartbeats come before viewers: at 1,024 ranks and more a catch-up would otherwise share
+    the GIL evenly with the loop that serves them. One sleep, not a wait that watches the
+    count: a thread that wakes to look takes the GIL from the loop each time."""
+
+    def pause() -> None:
+        if any(in_flight.get(m, 0) for m in BEATS):
+            time.sleep(BEATS_FIRST_SECONDS)
+        else:
+            time.sleep(0)
+
+    return pause
 
 
 STACKS_WAIT = 3.0  # seconds GetStacks waits for the ranks' stacks by default
@@ -343,7 +371,7 @@ class MasterServer:
                 connection_limit(),
             ],
         )
-        servicer = OrchestratorServicer(self.coordinator)
+        servicer = OrchestratorServicer(self.coordinator, self.budget.in_flight)
         _add_servicer(servicer, server)
         health_pb2_grpc.add_HealthServicer_to_server(self._health, server)
         reflection.enable_server_reflection(

@@ -11,6 +11,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from orch.master.control.facade import RunFacade
+from orch.master.control.series import yield_gil
 from orch.master.control.snapshot import draft_reply
 from orch.master.control.validate import parse_cursor
 from orch.wire._proto import orchestrator_pb2 as pb
@@ -59,17 +60,24 @@ class StateDesk(RunFacade):
                 draft.recopy(built)
         return draft.finish(built)
 
-    def snapshot_bytes(self, cursor: bytes = b"", *, skip_series: bool = False, max_points: int = 0) -> bytes:
-        """:meth:`snapshot`, serialized, for the gRPC master: its points are encoded in small
-        pieces outside the lock, so that a catch-up never holds the GIL (and the event loop that
-        serves heartbeats) for long."""
+    def snapshot_bytes(
+        self,
+        cursor: bytes = b"",
+        *,
+        skip_series: bool = False,
+        max_points: int = 0,
+        pause: Callable[[], None] = yield_gil,
+    ) -> bytes:
+        """:meth:`snapshot`, serialized, for the gRPC master: its ranks and points are built
+        outside the lock, calling ``pause`` after each millisecond of it, so that a reply never
+        holds the GIL (and the event loop that serves heartbeats) for long."""
         prev = parse_cursor(cursor, max_points)
         # No expire() here: the server's expiry thread runs it four times a second.
         with self._lock:
             now, wall = self._clock(), self._wall()
             draft = draft_reply(self, cursor, prev, now, wall, skip_series=skip_series, max_points=max_points)
-        draft.publish()
-        encoded = draft.encode()
+        draft.publish(pause)
+        encoded = draft.encode(pause)
         if draft.trimmed_meanwhile():
             with self._lock:
                 draft.reencode_trimmed(encoded)

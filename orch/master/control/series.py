@@ -7,8 +7,8 @@ import bisect
 import sys
 import time
 from array import array
-from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator, Sequence
+from typing import NamedTuple
 
 from orch.master.control.validate import Reject
 from orch.wire._proto import orchestrator_pb2 as pb
@@ -20,30 +20,69 @@ from orch.wire.ranks import loss_name
 MAX_POINTS_IN_MEMORY = 1_000_000
 MAX_POINTS_PER_REPLY = 250_000  # a GetState reply stays a few MiB; the caller asks again for more
 PIECE_POINTS = 8192  # points of a catch-up built at once (about 1 ms holding the GIL)
-# Points of one encoded block kept for the catch-ups after it. Small, so that the many short
-# series of a big run (1,024 ranks, a few hundred points each) are encoded once too; a piece
-# joins its blocks' bytes (a Series message's packed fields, repeated, parse as one).
-BLOCK_POINTS = 256
+# Seconds a reply is built for before it lets the master's heartbeats have the GIL (see
+# SeriesLog.encode). A hand-over per series cost more than the series (1,024 ranks: 44 of a
+# poll's 70 ms of CPU).
+TURN_SECONDS = 0.001
+# A series' chunks (see Chunks): once this many beats' chunks follow the last merged one, they
+# are merged into one, encoded afresh (a catch-up joins a few hundred chunks, not thousands).
+MERGE_CHUNKS = 32
+
+
+class Chunks:
+    """A series' points as serialized ``Series`` messages, made once when their beat arrives
+    (a beat parsed once, its points encoded once for every reply after it): ``data[i]`` holds
+    the points from :meth:`start` ``(i)`` to ``ends[i]`` (absolute indexes). A reply joins the
+    chunks its points span (a Series message's fields, repeated, parse as one message).
+
+    Written under the run's lock (a beat appends: its data, then its end), read without it: a
+    reader counts ``ends`` first. A trim, a rewind or a merge makes a new Chunks; a reader
+    that took the old one still reads whole, correct chunks.
+    """
+
+    __slots__ = ("data", "ends", "first", "loose")
+
+    def __init__(self, first: int, data: list[bytes] | None = None, ends: Sequence[int] = ()) -> None:
+        self.first = first
+        self.data = data if data is not None else []
+        self.ends = array("q", ends)
+        self.loose = 0  # chunks after the last merged one
+
+    def start(self, i: int) -> int:
+        return self.ends[i - 1] if i else self.first
+
+    @property
+    def end(self) -> int:
+        return self.ends[-1] if self.ends else self.first
+
+    def span(self, first: int, last: int) -> tuple[int, int]:
+        """The chunks ``[i, j)`` that lie whole in ``[first, last)``, the first starting at or
+        after ``first`` (``i == j``: none)."""
+        n = len(self.ends)  # before the data: a beat appends its data first
+        # The chunk after the last one ending at or before first, or the first chunk.
+        i = 0 if first <= self.first else bisect.bisect_left(self.ends, first, 0, n) + 1
+        j = bisect.bisect_right(self.ends, last, 0, n)
+        return i, max(i, j)
 
 
 class Series:
-    """One rank's points of one metric, in compact arrays.
+    """One rank's points of one metric, in compact arrays, and encoded in :class:`Chunks`.
 
     ``base`` is the absolute index of the first point held: the oldest points leave memory
     under the budget, and cursors, which count absolute points, stay valid.
     """
 
-    __slots__ = ("attempt", "base", "blocks", "steps", "times", "values")
+    __slots__ = ("attempt", "base", "chunks", "key", "name", "rank", "steps", "times", "values")
 
-    def __init__(self) -> None:
+    def __init__(self, rank: int = 0, name: str = "") -> None:
+        self.rank, self.name = rank, name
+        self.key = f"{rank}/{name}"  # its name in a GetState cursor
         self.steps = array("q")
         self.values = array("d")
         self.times = array("d")
         self.attempt = 0
         self.base = 0
-        # Encoded whole blocks of BLOCK_POINTS points (absolute index // BLOCK_POINTS): held
-        # points never change, so a block is encoded once for every catch-up after it.
-        self.blocks: dict[int, bytes] = {}
+        self.chunks = Chunks(0)
 
     def __len__(self) -> int:
         return len(self.steps)
@@ -54,9 +93,15 @@ class Series:
         return self.base + len(self.steps)
 
     def add(
-        self, steps: Sequence[int], values: Sequence[float], times: Sequence[float], attempt: int
+        self,
+        steps: Sequence[int],
+        values: Sequence[float],
+        times: Sequence[float],
+        attempt: int,
+        encoded: bytes | None = None,
     ) -> bool:
-        """Append points; True when a newer attempt rewound the series.
+        """Append points; True when a newer attempt rewound the series. ``encoded``: the
+        points as a serialized ``Series`` message of this series (their chunk).
 
         A restarted group replays the steps after its last checkpoint: the new attempt's
         points replace those of the old one from its first step on, so no step is counted twice.
@@ -67,20 +112,43 @@ class Series:
         if attempt > self.attempt and self.steps and steps[0] <= self.steps[-1]:
             cut = bisect.bisect_left(self.steps, steps[0])
             del self.steps[cut:], self.values[cut:], self.times[cut:]
-            self.blocks.clear()  # a rewind rewrites points: no encoded block stands
+            self.chunks = Chunks(self.end)  # a rewind rewrites points: no chunk after it stands
             rewound = True
         self.attempt = max(self.attempt, attempt)
+        at = self.end
         self.steps.extend(steps)
         self.values.extend(values)
         self.times.extend(times)
+        chunks = self.chunks
+        if encoded is None or chunks.end != at:
+            self.chunks = Chunks(self.end)  # points without a chunk: the chunks start after them
+        else:
+            chunks.data.append(encoded)
+            chunks.ends.append(self.end)
+            chunks.loose += 1
+            if chunks.loose >= MERGE_CHUNKS:
+                self._merge(chunks)
         return rewound
 
+    def _merge(self, chunks: Chunks) -> None:
+        """The loose chunks as one, encoded afresh from the arrays."""
+        keep = len(chunks.ends) - chunks.loose
+        start = chunks.start(keep)
+        held = max(start, self.base)  # the first chunk may hold points that left memory: keep == 0
+        merged = self.encode(self.rank, self.name, self.base, held, self.end)
+        first = chunks.first if held == start else held
+        self.chunks = Chunks(first, [*chunks.data[:keep], merged], [*chunks.ends[:keep], self.end])
+
     def trim(self, drop: int) -> None:
-        """Let the oldest ``drop`` points leave memory."""
+        """Let the oldest ``drop`` points leave memory, and the chunks that hold only them."""
         del self.steps[:drop], self.values[:drop], self.times[:drop]
         self.base += drop
-        for k in [k for k in self.blocks if k * BLOCK_POINTS < self.base]:
-            del self.blocks[k]  # no longer whole in memory
+        chunks = self.chunks
+        gone = bisect.bisect_right(chunks.ends, self.base)
+        if gone:
+            kept = Chunks(chunks.start(gone), chunks.data[gone:], chunks.ends[gone:])
+            kept.loose = min(chunks.loose, len(kept.ends))
+            self.chunks = kept
 
     def encode(self, rank: int, name: str, base: int, first: int, last: int) -> bytes:
         """:meth:`copy`, serialized, the fast way: protobuf converts only the steps (varints);
@@ -100,6 +168,26 @@ class Series:
         )
 
 
+def yield_gil() -> None:
+    """Let another thread have the GIL (the event loop's turn)."""
+    time.sleep(0)
+
+
+class Turns:
+    """Calls ``pause`` once :data:`TURN_SECONDS` passed since the last call (or the start)."""
+
+    __slots__ = ("_pause", "_since")
+
+    def __init__(self, pause: Callable[[], None]) -> None:
+        self._pause = pause
+        self._since = time.perf_counter()
+
+    def check(self) -> None:
+        if time.perf_counter() - self._since >= TURN_SECONDS:
+            self._pause()
+            self._since = time.perf_counter()
+
+
 def varint(n: int) -> bytes:
     """``n`` as a protobuf varint."""
     out = bytearray()
@@ -117,6 +205,7 @@ def _packed_tag(field: str) -> bytes:
 
 
 VALUES_TAG, TIMES_TAG = _packed_tag("values"), _packed_tag("times")
+RANK_TAG = bytes([pb.Series.DESCRIPTOR.fields_by_name["rank"].number << 3])  # a varint
 # Doubles go on the wire as little-endian 8-byte floats: the arrays' own bytes on such a machine.
 RAW_DOUBLES = sys.byteorder == "little"
 
@@ -134,8 +223,7 @@ def water_level(lengths: list[int], excess: int) -> int:
     return 0
 
 
-@dataclass(frozen=True)
-class Slice:
+class Slice(NamedTuple):
     """Which points of one series a reply carries (absolute indexes), planned under the lock."""
 
     rank: int
@@ -155,6 +243,7 @@ class SeriesLog:
         self.points_in_memory = 0
         self.epoch = 0
         self._series: dict[tuple[int, str], Series] = {}
+        self._ordered: list[Series] | None = None  # the series by (rank, name), for plan()
         self._names: dict[int, set[str]] = {}
 
     def __iter__(self) -> Iterator[tuple[int, str]]:
@@ -189,10 +278,19 @@ class SeriesLog:
         for s in series:
             held_series = self._series.get((rank, s.name))
             if held_series is None:
-                held_series = self._series[(rank, s.name)] = Series()
-            times = s.times if s.times else [wall] * len(s.steps)
+                held_series = self._series[(rank, s.name)] = Series(rank, s.name)
+                self._ordered = None
+            # The beat's own message is the points' chunk: its rank is the beat's (written
+            # last, so it wins over any the sender set), its times the arrival's if it had none.
+            encoded = s.SerializeToString() + RANK_TAG + varint(rank)
+            if s.times:
+                times: Sequence[float] = s.times
+            else:
+                times = [wall] * len(s.steps)
+                packed = array("d", times).tobytes()  # unused where doubles are not little-endian
+                encoded += TIMES_TAG + varint(len(packed)) + packed
             held = len(held_series)
-            if held_series.add(s.steps, s.values, times, attempt):
+            if held_series.add(s.steps, s.values, times, attempt, encoded if RAW_DOUBLES else None):
                 self.epoch += 1
             self.points_in_memory += len(held_series) - held
             if s.name == shown and s.values:
@@ -215,18 +313,28 @@ class SeriesLog:
     def plan(self, sent: dict[str, int], budget: int, cursor: pb.StateCursor) -> tuple[list[Slice], bool]:
         """Which points go in one reply: those after ``sent`` (per ``rank/name`` key), at most
         ``budget``. Fills ``cursor`` with the offsets after them; True when more are left."""
+        # Under the run's lock, over every series of the run (8,192 at 4,096 ranks): lean.
         plan: list[Slice] = []
         more = False
-        for (rank, name), s in sorted(self._series.items()):
-            key = f"{rank}/{name}"
-            first = max(sent.get(key, 0), s.base)  # absolute; points before base left memory
-            last = min(s.end, first + budget)
+        if self._ordered is None:
+            self._ordered = [s for _, s in sorted(self._series.items())]
+        keys, offsets = [], []
+        for s in self._ordered:
+            key, base = s.key, s.base
+            first = sent.get(key, 0)
+            if first < base:
+                first = base  # absolute; points before base left memory
+            end = base + len(s.steps)
+            last = end if end - first <= budget else first + budget
             if last > first:
-                plan.append(Slice(rank, name, s, s.base, first, last))
+                plan.append(Slice(s.rank, s.name, s, base, first, last))
                 budget -= last - first
-            more = more or last < s.end
-            cursor.keys.append(key)
-            cursor.offsets.append(last)
+            if last < end:
+                more = True
+            keys.append(key)
+            offsets.append(last)
+        cursor.keys.extend(keys)
+        cursor.offsets.extend(offsets)
         return plan, more
 
     @staticmethod
@@ -236,45 +344,36 @@ class SeriesLog:
         return [sl.series.copy(sl.rank, sl.name, sl.base, sl.first, sl.last) for sl in plan]
 
     @staticmethod
-    def encode(plan: list[Slice]) -> list[list[bytes]]:
-        """The planned points as serialized ``Series`` messages, each slice in pieces of at
-        most :data:`PIECE_POINTS` points, without the lock. Building a message holds the GIL
-        for as long as it takes (a 250k-point series: some 30 ms, during which the master's
-        event loop serves no heartbeat); between pieces this thread lets it go, so a catch-up
-        delays a heartbeat by one piece at most. A reader takes the pieces of one series
-        in order as one series (the panel's mirror extends it).
+    def encode(plan: list[Slice], pause: Callable[[], None] = yield_gil) -> list[list[bytes]]:
+        """The planned points as serialized ``Series`` messages (pieces, in order, that a
+        reader takes as one series: the panel's mirror extends it), without the lock.
 
-        A piece is the bytes of its whole blocks of :data:`BLOCK_POINTS` points, each encoded
-        once and kept, joined with the ends of the slice encoded afresh: a catch-up of points
-        already sent to another client is mostly a join."""
+        The points the series' :class:`Chunks` hold whole are their chunks joined; only the
+        ends of a slice that start or stop inside a chunk, or points from before the chunks
+        (a rewind), are encoded here, in pieces of at most :data:`PIECE_POINTS` points.
+        After each :data:`TURN_SECONDS` of building this thread calls ``pause`` (the gRPC
+        master's waits while heartbeats are in flight): a reply delays a heartbeat by one
+        turn at most."""
         out: list[list[bytes]] = []
+        turn = Turns(pause)
         for sl in plan:
-            pieces = []
-            series, first = sl.series, sl.first
-            cached = sl.base == series.base  # else trimmed since the plan: nothing is kept
-            while first < sl.last:
-                end = min(sl.last, first + PIECE_POINTS)
-                parts: list[bytes] = []
-                fresh = first  # the start of points not yet in parts
-                k = -(-first // BLOCK_POINTS)  # the first whole block at or after first
-                while (k + 1) * BLOCK_POINTS <= end:
-                    start = k * BLOCK_POINTS
-                    block = series.blocks.get(k) if cached else None
-                    if block is None:
-                        block = series.encode(sl.rank, sl.name, sl.base, start, start + BLOCK_POINTS)
-                        if cached:
-                            series.blocks[k] = block
-                    if fresh < start:  # the slice's head, before its first block
-                        parts.append(series.encode(sl.rank, sl.name, sl.base, fresh, start))
-                    parts.append(block)
-                    fresh = start + BLOCK_POINTS
-                    k += 1
-                if fresh < end:  # the tail, after the last whole block
-                    parts.append(series.encode(sl.rank, sl.name, sl.base, fresh, end))
-                pieces.append(parts[0] if len(parts) == 1 else b"".join(parts))
-                first = end
-                time.sleep(0)  # the event loop's turn
+            series, pieces = sl.series, []
+            chunks = series.chunks
+            i, j = chunks.span(sl.first, sl.last) if sl.base == series.base else (0, 0)
+            if i < j:
+                start, end = chunks.start(i), chunks.ends[j - 1]
+            else:
+                start = end = sl.last  # no whole chunk: all encoded here
+            for a, b in ((sl.first, start), (end, sl.last)):
+                if a == end and i < j:
+                    pieces.append(chunks.data[i] if j == i + 1 else b"".join(chunks.data[i:j]))
+                while a < b:
+                    piece_end = min(b, a + PIECE_POINTS)
+                    pieces.append(series.encode(sl.rank, sl.name, sl.base, a, piece_end))
+                    a = piece_end
+                    turn.check()
             out.append(pieces)
+            turn.check()
         return out
 
     @staticmethod

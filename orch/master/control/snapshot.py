@@ -10,11 +10,12 @@ lock, :func:`draft_reply` fills in everything but the points and *plans* which p
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from orch.master.control.facade import RunFacade
 from orch.master.control.registry import RankRecord
-from orch.master.control.series import MAX_POINTS_PER_REPLY, SeriesLog, Slice, varint
+from orch.master.control.series import MAX_POINTS_PER_REPLY, SeriesLog, Slice, Turns, varint, yield_gil
 from orch.wire._proto import orchestrator_pb2 as pb
 from orch.wire.states import RUN_STATE_PB, RunState
 
@@ -31,12 +32,17 @@ class StateDraft:
 
     published: bool = False
 
-    def publish(self) -> None:
+    def publish(self, pause: Callable[[], None] = yield_gil) -> None:
         """The ranks, as clients see them (call it without the lock: a thousand ranks take
-        milliseconds, which heartbeats need not wait for); once."""
+        milliseconds, which heartbeats need not wait for; ``pause`` as for :meth:`encode`); once."""
         if not self.published:
             self.published = True
-            self.reply.ranks.extend(rec.published(self.at) for rec in self.ranks)
+            turn = Turns(pause)
+            infos = []
+            for rec in self.ranks:
+                infos.append(rec.published(self.at))
+                turn.check()
+            self.reply.ranks.extend(infos)
 
     def copy(self) -> list[pb.Series]:
         """The planned points (call it without the lock)."""
@@ -51,9 +57,10 @@ class StateDraft:
         """Copy again the series trimmed meanwhile (call it under the lock)."""
         SeriesLog.recopy_trimmed(self.plan, built)
 
-    def encode(self) -> list[list[bytes]]:
-        """The planned points, serialized in pieces (call it without the lock)."""
-        return SeriesLog.encode(self.plan)
+    def encode(self, pause: Callable[[], None] = yield_gil) -> list[list[bytes]]:
+        """The planned points, serialized in pieces (call it without the lock), calling
+        ``pause`` after each turn of building (see :meth:`.series.SeriesLog.encode`)."""
+        return SeriesLog.encode(self.plan, pause)
 
     def reencode_trimmed(self, encoded: list[list[bytes]]) -> None:
         """Under the lock: encode again the series trimmed while they were encoded."""

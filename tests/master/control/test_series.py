@@ -367,30 +367,79 @@ def test_a_slice_encoded_from_the_arrays_bytes_is_the_message_protobuf_would_wri
         assert list(mine.steps) == list(want.steps)
 
 
-def test_whole_blocks_are_encoded_once_for_every_catch_up_and_dropped_when_points_change() -> None:
-    from orch.master.control.series import BLOCK_POINTS, PIECE_POINTS, SeriesLog
+def _read(
+    log: SeriesLog, sent: dict[str, int] | None = None, budget: int = 10**6
+) -> dict[tuple[int, str], pb.Series]:
+    """What one serialized reply carries after ``sent``: each series' pieces parsed as one."""
+    plan, _ = log.plan(sent or {}, budget, pb.StateCursor())
+    got: dict[tuple[int, str], pb.Series] = {}
+    for sl, pieces in zip(plan, SeriesLog.encode(plan), strict=True):
+        whole = pb.Series.FromString(b"".join(pieces))
+        got[(sl.rank, sl.name)] = whole
+        assert [pb.Series.FromString(p).rank for p in pieces] == [sl.rank] * len(pieces)
+    return got
 
-    log = SeriesLog(10 * PIECE_POINTS)
-    n = 2 * PIECE_POINTS + 5
-    log.add(0, [pb.Series(name="loss", steps=list(range(n)), values=[1.0] * n)], 1, 7.0)
-    cursor = pb.StateCursor()
-    plan, _ = log.plan({}, 10 * PIECE_POINTS, cursor)
-    first = SeriesLog.encode(plan)
-    series = log.get(0, "loss")
-    whole = 2 * PIECE_POINTS // BLOCK_POINTS
-    assert sorted(series.blocks) == list(range(whole))  # the whole blocks; the tail is not one
-    kept = dict(series.blocks)
-    again = SeriesLog.encode(plan)
-    assert again == first  # the same bytes, and the blocks' not encoded again:
-    assert all(series.blocks[k] is kept[k] for k in kept)
-    # A piece joins its blocks' bytes: they parse as one series, in order.
-    assert pb.Series.FromString(first[0][0]).steps == list(range(PIECE_POINTS))
-    # A slice that starts and ends inside blocks: its ends are encoded afresh, the whole
-    # blocks between them are the kept bytes.
-    mid = Slice(0, "loss", series, series.base, BLOCK_POINTS + 7, 3 * BLOCK_POINTS + 9)
-    ((piece,),) = SeriesLog.encode([mid])
-    assert series.blocks[2] in piece
-    assert list(pb.Series.FromString(piece).steps) == list(range(BLOCK_POINTS + 7, 3 * BLOCK_POINTS + 9))
-    # A restart that replays from step 100 rewrites points: no block stands.
-    log.add(0, [pb.Series(name="loss", steps=[100], values=[2.0])], 2, 8.0)
-    assert series.blocks == {}
+
+def test_a_beats_points_are_encoded_once_and_a_catch_up_joins_them() -> None:
+    log = SeriesLog()
+    for beat in range(5):
+        log.add(3, [points("loss", range(beat * 4, beat * 4 + 4), [1.0] * 4)], 1, 9.0)
+    s = log.get(3, "loss")
+    assert list(s.chunks.ends) == [4, 8, 12, 16, 20]
+    # From the start, and from a cursor at a chunk's start: the chunks' own bytes, joined.
+    plan, _ = log.plan({}, 100, pb.StateCursor())
+    ((piece,),) = SeriesLog.encode(plan)
+    assert piece == b"".join(s.chunks.data)
+    full = _read(log)[(3, "loss")]
+    assert list(full.steps) == list(range(20)) and list(full.values) == [x / 10 for x in range(20)]
+    assert list(full.times) == [1.0] * 20 and full.rank == 3 and full.name == "loss"
+    plan, _ = log.plan({"3/loss": 8}, 100, pb.StateCursor())
+    ((piece,),) = SeriesLog.encode(plan)
+    assert piece == b"".join(s.chunks.data[2:])
+    # A cursor inside a chunk, and a reply cut short by its budget inside one: those ends are
+    # encoded from the arrays, the whole chunks between them are joined.
+    mid = _read(log, {"3/loss": 6}, budget=9)[(3, "loss")]
+    assert list(mid.steps) == list(range(6, 15))
+    assert list(mid.values) == [x / 10 for x in range(6, 15)] and list(mid.times) == [1.0] * 9
+
+
+def test_a_chunk_carries_the_beats_rank_and_the_arrival_time_where_the_sender_gave_none() -> None:
+    log = SeriesLog()
+    log.add(5, [pb.Series(rank=99, name="acc", steps=[1, 2], values=[0.5, 0.25])], 1, 42.0)
+    got = _read(log)[(5, "acc")]
+    assert got.rank == 5  # not the 99 the sender wrote
+    assert list(got.times) == [42.0, 42.0] and list(got.values) == [0.5, 0.25]
+
+
+def test_loose_chunks_are_merged_and_trims_and_rewinds_drop_the_chunks_they_outdate() -> None:
+    from orch.master.control.series import MERGE_CHUNKS
+
+    log = SeriesLog(max_points_in_memory=0)
+    for beat in range(MERGE_CHUNKS + 3):
+        log.add(0, [points("loss", [beat * 2, beat * 2 + 1], [float(beat)] * 2)], 1, 1.0)
+    s = log.get(0, "loss")
+    # The first MERGE_CHUNKS beats' chunks are one, encoded afresh; the 3 after stay apart.
+    assert list(s.chunks.ends) == [
+        2 * MERGE_CHUNKS,
+        2 * MERGE_CHUNKS + 2,
+        2 * MERGE_CHUNKS + 4,
+        2 * MERGE_CHUNKS + 6,
+    ]
+    n = 2 * (MERGE_CHUNKS + 3)
+    assert list(_read(log)[(0, "loss")].steps) == list(range(n))
+    # The budget lets the oldest points go: chunks that held only those go with them; the
+    # one they cut into stays, and a catch-up from the new base starts inside it.
+    s.trim(2 * MERGE_CHUNKS + 1)
+    assert s.chunks.first == 2 * MERGE_CHUNKS and list(s.chunks.ends) == [
+        2 * MERGE_CHUNKS + 2,
+        2 * MERGE_CHUNKS + 4,
+        2 * MERGE_CHUNKS + 6,
+    ]
+    assert list(_read(log)[(0, "loss")].steps) == list(range(2 * MERGE_CHUNKS + 1, n))
+    # A restarted attempt replays the last two steps: the chunks restart at the cut, and a
+    # catch-up reads the replayed points, not the old ones.
+    log.add(0, [points("loss", [n - 2, n - 1], [9.0, 9.0])], 2, 1.0)
+    assert s.chunks.first == n - 2 and list(s.chunks.ends) == [n]
+    got = _read(log)[(0, "loss")]
+    assert list(got.steps) == list(range(2 * MERGE_CHUNKS + 1, n))
+    assert list(got.times)[-3:] == [float(MERGE_CHUNKS + 1), 9.0, 9.0]

@@ -194,9 +194,10 @@ def test_a_series_trimmed_between_the_plan_and_the_copy_is_copied_again() -> Non
 
 
 def test_the_serialized_reply_carries_the_same_points_in_pieces() -> None:
-    # The gRPC master's path: each series encoded in pieces of PIECE_POINTS outside the lock,
-    # the pieces appended to the reply's own fields. A reader gets the same run, in order.
-    from orch.master.control.series import PIECE_POINTS
+    # The gRPC master's path: each series' chunks (its beats' own bytes) joined outside the
+    # lock, points outside whole chunks encoded in pieces of PIECE_POINTS, the pieces appended
+    # to the reply's own fields. A reader gets the same run, in order.
+    from orch.master.control.series import PIECE_POINTS, Chunks
     from orch.wire.client import StateMirror
 
     run = Run(2, max_points=10 * PIECE_POINTS).started()
@@ -204,6 +205,7 @@ def test_the_serialized_reply_carries_the_same_points_in_pieces() -> None:
     run.log_points("w0", 0, n)
     run.log_points("w1", 0, 5)
     draft = draft_reply(run, b"", parse_cursor(b"", 0), 110.0, 9.0)
+    run.points.get(0, "loss").chunks = Chunks(n)  # as after a rewind: no chunk holds these
     encoded = draft.encode()
     assert [len(pieces) for pieces in encoded] == [3, 1]  # rank 0's loss in three pieces
     parsed = pb.GetStateResponse.FromString(draft.finish_bytes(encoded))
@@ -213,6 +215,7 @@ def test_the_serialized_reply_carries_the_same_points_in_pieces() -> None:
         (0, 17),
         (1, 5),
     ]
+    assert encoded[1] == [b"".join(run.points.get(1, "loss").chunks.data)]  # its beat's chunk
     mirror, direct = StateMirror(), StateMirror()
     mirror.apply(parsed)
     direct.apply(reply(run))

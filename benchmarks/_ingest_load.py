@@ -334,8 +334,11 @@ class Panel(threading.Thread):
     def _fetch(self, cursor: bytes) -> tuple[bytes, int]:
         points, more = 0, True
         while more:
+            # As orch's panel asks (StateMirror.poll): only the ranks that changed since its cursor.
             reply = self.stub.GetState(
-                pb.GetStateRequest(cursor=cursor), timeout=PANEL_TIMEOUT, metadata=self.meta
+                pb.GetStateRequest(cursor=cursor, changed_ranks=True),
+                timeout=PANEL_TIMEOUT,
+                metadata=self.meta,
             )
             cursor, more = reply.cursor, reply.more
             points += sum(len(s.steps) for s in reply.series)

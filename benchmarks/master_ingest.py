@@ -12,8 +12,9 @@ it from separate processes (``benchmarks/_ingest_load.py``) and only watches:
   process's ``ProcessStats``) and a 2 s deadline (the agent's: 8 heartbeat intervals), and a
   ``SyncHost`` (attempt, worker ids, running) once a second beside it;
 - a panel process runs two panels, each on its own connection: both poll incrementally
-  (``GetState`` with their cursor, paged) every 0.5 s, and one also does a full catch-up
-  (from an empty cursor, paged) every 2 s, as a second notebook opening the run would.
+  (``GetState`` with their cursor and ``changed_ranks``, as orch's panel asks, paged) every
+  0.5 s, and one also does a full catch-up (from an empty cursor, paged) every 2 s, as a
+  second notebook opening the run would.
 
 The cases: 1,024 ranks (128 hosts x 8) and 4,096 ranks (512 x 8) under that load; and
 catch-up: 8 ranks beating directly (``SendHeartbeat`` at 10/s with the sender's 1 s deadline,

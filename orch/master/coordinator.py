@@ -26,6 +26,7 @@ from orch.master.control.intake import Intake
 from orch.master.control.memory_watch import MemoryWatch
 from orch.master.control.pace import HEARTBEAT_INTERVAL, HEARTBEAT_TIMEOUT, beat_interval
 from orch.master.control.progress import STARTUP_TIMEOUT, ProgressWatch
+from orch.master.control.published import Published
 from orch.master.control.registry import RankRecord
 from orch.master.control.series import MAX_POINTS_IN_MEMORY
 from orch.master.control.startup import StartupWatch
@@ -110,6 +111,7 @@ class Coordinator(StateDesk, HostDesk, StackDesk):
         self._changed = threading.Condition(self._lock)
         self.intake = Intake(world_size, max_points_in_memory)
         self.event_log = EventLog()
+        self.published = Published()
         self.fate = Fate(max_attempts, self._event, self._changed.notify_all, created_at=clock())
         self.host_sync = HostSync(restart_through_hosts, min_world_size)
         self.cluster_job = JobWatch()

@@ -156,6 +156,7 @@ class OrchestratorServicer(pb_grpc.OrchestratorServicer):  # type: ignore[misc]
                 skip_series=request.skip_series,
                 max_points=request.max_points,
                 pause=self._pause,
+                changed_ranks=request.changed_ranks,
             )
 
         try:

@@ -67,15 +67,26 @@ class StateDesk(RunFacade):
         skip_series: bool = False,
         max_points: int = 0,
         pause: Callable[[], None] = yield_gil,
+        changed_ranks: bool = False,
     ) -> bytes:
         """:meth:`snapshot`, serialized, for the gRPC master: its ranks and points are built
         outside the lock, calling ``pause`` after each millisecond of it, so that a reply never
-        holds the GIL (and the event loop that serves heartbeats) for long."""
+        holds the GIL (and the event loop that serves heartbeats) for long. ``changed_ranks``:
+        only the ranks whose records changed since ``cursor``."""
         prev = parse_cursor(cursor, max_points)
         # No expire() here: the server's expiry thread runs it four times a second.
         with self._lock:
             now, wall = self._clock(), self._wall()
-            draft = draft_reply(self, cursor, prev, now, wall, skip_series=skip_series, max_points=max_points)
+            draft = draft_reply(
+                self,
+                cursor,
+                prev,
+                now,
+                wall,
+                skip_series=skip_series,
+                max_points=max_points,
+                changed_ranks=changed_ranks,
+            )
         draft.publish(pause)
         encoded = draft.encode(pause)
         if draft.trimmed_meanwhile():

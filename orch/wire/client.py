@@ -71,10 +71,15 @@ class MasterClient:
         if reply.status != health_pb2.HealthCheckResponse.SERVING:
             raise MasterUnavailable(f"the master at {self.address} is not serving")
 
-    def get_state(self, cursor: bytes = b"", *, skip_series: bool = False) -> pb.GetStateResponse:
+    def get_state(
+        self, cursor: bytes = b"", *, skip_series: bool = False, changed_ranks: bool = False
+    ) -> pb.GetStateResponse:
+        """The run's state after ``cursor``; ``changed_ranks``: only the ranks whose records
+        changed since it (the reply says so in ``ranks_changed_only``)."""
         try:
             reply: pb.GetStateResponse = self.stub.GetState(
-                pb.GetStateRequest(cursor=cursor, skip_series=skip_series), timeout=self.timeout
+                pb.GetStateRequest(cursor=cursor, skip_series=skip_series, changed_ranks=changed_ranks),
+                timeout=self.timeout,
             )
         except grpc.RpcError as e:
             raise rpc_error("GetState", self.address, e, tls=self.tls) from e
@@ -278,6 +283,7 @@ class StateMirror:
     events: list[tuple[float, str, int, str]] = field(default_factory=list)
     cursor: bytes = b""
     last_points: int = 0  # points the last reply carried
+    clock: float = 0.0  # the master's clock the ranks' ages were read at
 
     def apply(self, reply: pb.GetStateResponse) -> None:
         if reply.full:
@@ -299,7 +305,11 @@ class StateMirror:
         j = reply.job
         has_job = reply.HasField("job")
         self.job = JobView(j.scheduler, j.job_id, j.state, j.reason, j.nodes) if has_job else None
-        self.ranks = [RankView.from_pb(r) for r in reply.ranks]
+        if reply.ranks_changed_only:
+            self._merge_ranks(reply)
+        else:
+            self.ranks = [RankView.from_pb(r) for r in reply.ranks]
+        self.clock = reply.clock
         self.stragglers_judged, self.straggler_note = reply.stragglers_judged, reply.straggler_note
         # A master without the judgement leaves these unset: no rank is marked.
         self.straggler_rank = reply.straggler_rank if reply.stragglers_judged else -1
@@ -317,6 +327,22 @@ class StateMirror:
         self.events.extend((e.time, e.kind, e.rank, e.message) for e in reply.events)
         self.cursor = reply.cursor
         self.fill_mean_rates()
+
+    def _merge_ranks(self, reply: pb.GetStateResponse) -> None:
+        """A reply with only the ranks that changed: the others stand, a little older."""
+        changed = {r.rank: RankView.from_pb(r) for r in reply.ranks}
+        older = max(0.0, reply.clock - self.clock)
+        merged = []
+        for r in self.ranks:
+            now = changed.pop(r.rank, None)
+            if now is None:
+                now = r
+                if r.heartbeat_age >= 0:
+                    r.heartbeat_age += older
+                if r.progress_age >= 0:
+                    r.progress_age += older
+            merged.append(now)
+        self.ranks = merged + sorted(changed.values(), key=lambda r: r.rank)
 
     def fill_mean_rates(self) -> None:
         """An ended rank's steps/s is its mean over its points (the master reports a rate only
@@ -360,7 +386,7 @@ class StateMirror:
     def poll(self, client: MasterClient, *, skip_series: bool = False) -> StateMirror:
         """Fetch what changed since the last poll (in several replies when there is a lot)."""
         while True:
-            reply = client.get_state(self.cursor, skip_series=skip_series)
+            reply = client.get_state(self.cursor, skip_series=skip_series, changed_ranks=True)
             self.apply(reply)
             if not reply.more:
                 return self

@@ -101,6 +101,44 @@ def test_client_mirror_and_stop(master: MasterServer, stub: pb_grpc.Orchestrator
         assert [e[1] for e in mirror.events][-2:] == ["stop_requested", "finished"]
 
 
+def test_a_poll_carries_only_the_ranks_that_changed_and_the_mirror_keeps_the_others(
+    master: MasterServer, stub: pb_grpc.OrchestratorStub
+) -> None:
+    # The fixture's run has 2 ranks; both run, then only rank 1 beats between two polls.
+    for wid in ("a", "b"):
+        stub.Register(
+            pb.RegisterRequest(worker_id=wid, host="h", pid=1, rendezvous_port=29501), timeout=RPC_DEADLINE
+        )
+    for wid in ("a", "b", "a"):
+        stub.CanStartTraining(pb.CanStartTrainingRequest(run_id="run-a", worker_id=wid), timeout=RPC_DEADLINE)
+
+    def beat(wid: str, step: int) -> None:
+        stub.SendHeartbeat(
+            pb.HeartbeatRequest(run_id="run-a", worker_id=wid, step=step), timeout=RPC_DEADLINE
+        )
+
+    beat("a", 3)
+    beat("b", 3)
+    with MasterClient(master.address) as client:
+        mirror = StateMirror().poll(client)
+        assert [(r.rank, r.step) for r in mirror.ranks] == [(0, 3), (1, 3)]
+        age_of_0 = mirror.ranks[0].heartbeat_age
+        time.sleep(0.05)
+        beat("b", 7)
+        raw = client.get_state(mirror.cursor, changed_ranks=True)
+        assert raw.ranks_changed_only and [(r.rank, r.step) for r in raw.ranks] == [(1, 7)]
+        assert not client.get_state(mirror.cursor).ranks_changed_only  # not asked: every rank
+        mirror.apply(raw)
+        assert [(r.rank, r.step) for r in mirror.ranks] == [(0, 3), (1, 7)]
+        # Rank 0, left out, aged by the master's clock between the two replies.
+        assert mirror.ranks[0].heartbeat_age >= age_of_0 + 0.05
+        whole = StateMirror().poll(client)
+        assert [(r.rank, r.step, r.state, r.worker_id) for r in whole.ranks] == [
+            (r.rank, r.step, r.state, r.worker_id) for r in mirror.ranks
+        ]
+        assert 0.0 <= whole.ranks[0].heartbeat_age - mirror.ranks[0].heartbeat_age < 2.0  # read later
+
+
 def test_health_service_and_reflection(master: MasterServer) -> None:
     with grpc.insecure_channel(master.address) as channel:
         health = health_pb2_grpc.HealthStub(channel)

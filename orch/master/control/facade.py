@@ -20,6 +20,7 @@ from orch.master.control.intake import Intake
 from orch.master.control.judge import FailureJudge, RootCause
 from orch.master.control.lifecycle import Lifecycle
 from orch.master.control.progress import ProgressWatch
+from orch.master.control.published import Published
 from orch.master.control.registry import RankRecord, Registry
 from orch.master.control.series import SeriesLog
 from orch.master.control.startup import StartupWatch
@@ -44,6 +45,7 @@ class RunFacade:
     stragglers: StragglerWatch
     progress: ProgressWatch
     startup: StartupWatch
+    published: Published  # the ranks' records as replies carry them
 
     # -- the state machine and the root cause ------------------------------------------------
     @property

@@ -41,6 +41,9 @@ class RankRecord(RankView):
     forced: bool = False  # ended by the master (a stop past its grace), not by its own report
     many_sections: bool = False  # it marked more ctx.section names than are timed apart
     memory: MemoryWindow = field(default_factory=MemoryWindow)
+    # What clients were last sent of it (see orch.master.control.published): what they see of
+    # it, its serialized RankInfo, and the publication that built it.
+    published_as: tuple[tuple[object, ...], bytes, int] | None = field(default=None, repr=False)
 
     def steps_per_second(self) -> float:
         if len(self.progress) < 2:
@@ -54,17 +57,6 @@ class RankRecord(RankView):
         self.stack = format_stack(stack)
         self.stack_at = now
         self.stack_wanted = False
-
-    def published(self, now: float) -> pb.RankInfo:
-        """The record as clients see it at ``now``. It writes nothing of the record: replies
-        are built outside the run's lock, several at once, while heartbeats update it."""
-        info = self.to_pb()
-        info.steps_per_sec = self.steps_per_second() if not self.state.done else 0.0
-        moved, beat = self.moved_at, self.last_heartbeat
-        running = self.state is RankState.RUNNING and moved is not None
-        info.progress_age = max(0.0, now - moved) if running and moved is not None else -1.0
-        info.heartbeat_age = -1.0 if beat is None else max(0.0, now - beat)
-        return info
 
     def beat(
         self, now: float, step: int, total_steps: int, dropped_points: int, dropped_reason: str = ""

@@ -14,8 +14,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from orch.master.control.facade import RunFacade
+from orch.master.control.published import Published, framed
 from orch.master.control.registry import RankRecord
-from orch.master.control.series import MAX_POINTS_PER_REPLY, SeriesLog, Slice, Turns, varint, yield_gil
+from orch.master.control.series import MAX_POINTS_PER_REPLY, SeriesLog, Slice, varint, yield_gil
 from orch.wire._proto import orchestrator_pb2 as pb
 from orch.wire.states import RUN_STATE_PB, RunState
 
@@ -29,20 +30,19 @@ class StateDraft:
     plan: list[Slice]
     ranks: list[RankRecord]
     at: float  # the master's clock the ranks' ages are read at
+    publisher: Published
+    since: int  # the publication of the ranks the caller holds (0: it holds none)
 
-    published: bool = False
+    rank_infos: list[bytes] | None = None  # the ranks' serialized RankInfos, once published
 
     def publish(self, pause: Callable[[], None] = yield_gil) -> None:
         """The ranks, as clients see them (call it without the lock: a thousand ranks take
         milliseconds, which heartbeats need not wait for; ``pause`` as for :meth:`encode`); once."""
-        if not self.published:
-            self.published = True
-            turn = Turns(pause)
-            infos = []
-            for rec in self.ranks:
-                infos.append(rec.published(self.at))
-                turn.check()
-            self.reply.ranks.extend(infos)
+        if self.rank_infos is None:
+            seq, changed_only, self.rank_infos = self.publisher.ranks(self.ranks, self.at, self.since, pause)
+            self.cursor.ranks_seen = seq
+            self.reply.ranks_changed_only = changed_only
+            self.reply.clock = self.at
 
     def copy(self) -> list[pb.Series]:
         """The planned points (call it without the lock)."""
@@ -76,8 +76,7 @@ class StateDraft:
         entry (a repeated field's entries may follow the others in any order)."""
         self.publish()
         self.reply.cursor = self.cursor.SerializeToString()
-        head = self.reply.SerializeToString()
-        parts = [head]
+        parts = [self.reply.SerializeToString(), framed(self.rank_infos or [])]
         for pieces in encoded:
             for piece in pieces:
                 parts.append(SERIES_TAG + varint(len(piece)))
@@ -86,6 +85,7 @@ class StateDraft:
 
     def finish(self, built: list[pb.Series]) -> pb.GetStateResponse:
         self.publish()
+        self.reply.MergeFromString(framed(self.rank_infos or []))
         self.reply.series.extend(p for p in built if p.steps)
         self.reply.cursor = self.cursor.SerializeToString()
         return self.reply
@@ -100,10 +100,12 @@ def draft_reply(
     *,
     skip_series: bool = False,
     max_points: int = 0,
+    changed_ranks: bool = False,
 ) -> StateDraft:
     """The reply to a caller whose last cursor was ``cursor`` (``prev``, as ``parse_cursor``
     read it). At most ``max_points`` points (default and ceiling :data:`MAX_POINTS_PER_REPLY`);
-    ``more`` then says to ask again. ``skip_series``: no points. Call it under the run's lock;
+    ``more`` then says to ask again. ``skip_series``: no points. ``changed_ranks``: only the
+    ranks whose records changed since the cursor (see :mod:`.published`). Call it under the run's lock;
     ``now`` is the master's clock (ages, elapsed), ``wall`` the time of day (events)."""
     budget = min(max_points or MAX_POINTS_PER_REPLY, MAX_POINTS_PER_REPLY)
     # A full reply (the caller starts over) without a cursor, with another run's, or with one
@@ -157,7 +159,8 @@ def draft_reply(
     plan, more = ([], False) if skip_series else run.points.plan(sent, budget, nxt)
     nxt.events = run.event_log.since(0 if full else max(0, prev.events), reply, wall)
     reply.more = reply.more or more
-    return StateDraft(reply, nxt, plan, list(run.ranks), at)
+    since = prev.ranks_seen if changed_ranks and not full else 0
+    return StateDraft(reply, nxt, plan, list(run.ranks), at, run.published, since)
 
 
 # GetStateResponse.series: field 8, length-delimited.

@@ -351,14 +351,16 @@ class CompletionResponse(_message.Message):
     def __init__(self) -> None: ...
 
 class GetStateRequest(_message.Message):
-    __slots__ = ("cursor", "skip_series", "max_points")
+    __slots__ = ("cursor", "skip_series", "max_points", "changed_ranks")
     CURSOR_FIELD_NUMBER: _ClassVar[int]
     SKIP_SERIES_FIELD_NUMBER: _ClassVar[int]
     MAX_POINTS_FIELD_NUMBER: _ClassVar[int]
+    CHANGED_RANKS_FIELD_NUMBER: _ClassVar[int]
     cursor: bytes
     skip_series: bool
     max_points: int
-    def __init__(self, cursor: _Optional[bytes] = ..., skip_series: _Optional[bool] = ..., max_points: _Optional[int] = ...) -> None: ...
+    changed_ranks: bool
+    def __init__(self, cursor: _Optional[bytes] = ..., skip_series: _Optional[bool] = ..., max_points: _Optional[int] = ..., changed_ranks: _Optional[bool] = ...) -> None: ...
 
 class RankInfo(_message.Message):
     __slots__ = ("rank", "worker_id", "host", "pid", "state", "step", "total_steps", "steps_per_sec", "heartbeat_age", "loss", "param_checksum", "error", "exit_code", "dropped_points", "address", "has_loss", "timed", "step_ms", "data_ms", "compute_ms", "collective_ms", "other_ms", "relative_score", "individual_score", "slow_in", "progress_age", "stack", "rss_bytes", "cpu_percent", "cuda_allocated", "cuda_reserved", "cuda_peak", "cuda_total", "memory_limit", "limit_kind", "memory_note", "dropped_reason", "timed_by", "section_ms", "note")
@@ -464,7 +466,7 @@ class Event(_message.Message):
     def __init__(self, time: _Optional[float] = ..., kind: _Optional[str] = ..., rank: _Optional[int] = ..., message: _Optional[str] = ...) -> None: ...
 
 class GetStateResponse(_message.Message):
-    __slots__ = ("run_id", "state", "world_size", "registered", "total_steps", "elapsed", "ranks", "series", "events", "failure", "cursor", "full", "root_cause_rank", "attempt", "max_attempts", "root_cause_error", "root_cause_exit_code", "rendezvous", "more", "job", "stragglers_judged", "straggler_rank", "straggler_section", "straggler_note", "stalled_for", "progress_note", "stacks", "stacks_taken", "startup_note", "startup_seconds")
+    __slots__ = ("run_id", "state", "world_size", "registered", "total_steps", "elapsed", "ranks", "series", "events", "failure", "cursor", "full", "root_cause_rank", "attempt", "max_attempts", "root_cause_error", "root_cause_exit_code", "rendezvous", "more", "job", "stragglers_judged", "straggler_rank", "straggler_section", "straggler_note", "stalled_for", "progress_note", "stacks", "stacks_taken", "startup_note", "startup_seconds", "ranks_changed_only", "clock")
     RUN_ID_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
     WORLD_SIZE_FIELD_NUMBER: _ClassVar[int]
@@ -495,6 +497,8 @@ class GetStateResponse(_message.Message):
     STACKS_TAKEN_FIELD_NUMBER: _ClassVar[int]
     STARTUP_NOTE_FIELD_NUMBER: _ClassVar[int]
     STARTUP_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    RANKS_CHANGED_ONLY_FIELD_NUMBER: _ClassVar[int]
+    CLOCK_FIELD_NUMBER: _ClassVar[int]
     run_id: str
     state: RunState
     world_size: int
@@ -525,7 +529,9 @@ class GetStateResponse(_message.Message):
     stacks_taken: float
     startup_note: str
     startup_seconds: float
-    def __init__(self, run_id: _Optional[str] = ..., state: _Optional[_Union[RunState, str]] = ..., world_size: _Optional[int] = ..., registered: _Optional[int] = ..., total_steps: _Optional[int] = ..., elapsed: _Optional[float] = ..., ranks: _Optional[_Iterable[_Union[RankInfo, _Mapping]]] = ..., series: _Optional[_Iterable[_Union[Series, _Mapping]]] = ..., events: _Optional[_Iterable[_Union[Event, _Mapping]]] = ..., failure: _Optional[str] = ..., cursor: _Optional[bytes] = ..., full: _Optional[bool] = ..., root_cause_rank: _Optional[int] = ..., attempt: _Optional[int] = ..., max_attempts: _Optional[int] = ..., root_cause_error: _Optional[str] = ..., root_cause_exit_code: _Optional[int] = ..., rendezvous: _Optional[str] = ..., more: _Optional[bool] = ..., job: _Optional[_Union[ClusterJob, _Mapping]] = ..., stragglers_judged: _Optional[bool] = ..., straggler_rank: _Optional[int] = ..., straggler_section: _Optional[str] = ..., straggler_note: _Optional[str] = ..., stalled_for: _Optional[float] = ..., progress_note: _Optional[str] = ..., stacks: _Optional[str] = ..., stacks_taken: _Optional[float] = ..., startup_note: _Optional[str] = ..., startup_seconds: _Optional[float] = ...) -> None: ...
+    ranks_changed_only: bool
+    clock: float
+    def __init__(self, run_id: _Optional[str] = ..., state: _Optional[_Union[RunState, str]] = ..., world_size: _Optional[int] = ..., registered: _Optional[int] = ..., total_steps: _Optional[int] = ..., elapsed: _Optional[float] = ..., ranks: _Optional[_Iterable[_Union[RankInfo, _Mapping]]] = ..., series: _Optional[_Iterable[_Union[Series, _Mapping]]] = ..., events: _Optional[_Iterable[_Union[Event, _Mapping]]] = ..., failure: _Optional[str] = ..., cursor: _Optional[bytes] = ..., full: _Optional[bool] = ..., root_cause_rank: _Optional[int] = ..., attempt: _Optional[int] = ..., max_attempts: _Optional[int] = ..., root_cause_error: _Optional[str] = ..., root_cause_exit_code: _Optional[int] = ..., rendezvous: _Optional[str] = ..., more: _Optional[bool] = ..., job: _Optional[_Union[ClusterJob, _Mapping]] = ..., stragglers_judged: _Optional[bool] = ..., straggler_rank: _Optional[int] = ..., straggler_section: _Optional[str] = ..., straggler_note: _Optional[str] = ..., stalled_for: _Optional[float] = ..., progress_note: _Optional[str] = ..., stacks: _Optional[str] = ..., stacks_taken: _Optional[float] = ..., startup_note: _Optional[str] = ..., startup_seconds: _Optional[float] = ..., ranks_changed_only: _Optional[bool] = ..., clock: _Optional[float] = ...) -> None: ...
 
 class GetStacksRequest(_message.Message):
     __slots__ = ("wait",)
@@ -580,18 +586,20 @@ class StopRunResponse(_message.Message):
     def __init__(self, state: _Optional[_Union[RunState, str]] = ...) -> None: ...
 
 class StateCursor(_message.Message):
-    __slots__ = ("run_id", "offsets", "keys", "events", "epoch")
+    __slots__ = ("run_id", "offsets", "keys", "events", "epoch", "ranks_seen")
     RUN_ID_FIELD_NUMBER: _ClassVar[int]
     OFFSETS_FIELD_NUMBER: _ClassVar[int]
     KEYS_FIELD_NUMBER: _ClassVar[int]
     EVENTS_FIELD_NUMBER: _ClassVar[int]
     EPOCH_FIELD_NUMBER: _ClassVar[int]
+    RANKS_SEEN_FIELD_NUMBER: _ClassVar[int]
     run_id: str
     offsets: _containers.RepeatedScalarFieldContainer[int]
     keys: _containers.RepeatedScalarFieldContainer[str]
     events: int
     epoch: int
-    def __init__(self, run_id: _Optional[str] = ..., offsets: _Optional[_Iterable[int]] = ..., keys: _Optional[_Iterable[str]] = ..., events: _Optional[int] = ..., epoch: _Optional[int] = ...) -> None: ...
+    ranks_seen: int
+    def __init__(self, run_id: _Optional[str] = ..., offsets: _Optional[_Iterable[int]] = ..., keys: _Optional[_Iterable[str]] = ..., events: _Optional[int] = ..., epoch: _Optional[int] = ..., ranks_seen: _Optional[int] = ...) -> None: ...
 
 class MetricRecord(_message.Message):
     __slots__ = ("rank", "attempt", "series")

@@ -10,6 +10,7 @@ from orch.master.control.fate import Fate
 from orch.master.control.host_sync import HostSync
 from orch.master.control.intake import Intake
 from orch.master.control.judge import CauseKind
+from orch.master.control.published import Published
 from orch.master.control.straggler_watch import NOT_YET_JUDGED, StragglerWatch
 from orch.master.control.stragglers import Verdict
 from orch.wire._proto import orchestrator_pb2 as pb
@@ -22,6 +23,7 @@ class Run(RunFacade):
         self.rendezvous_port = rendezvous_port
         self.intake = Intake(world, 500)
         self.event_log = EventLog()
+        self.published = Published()
         self.fate = Fate(
             max_attempts,
             lambda k, r, m: self.event_log.append(pb.Event(kind=k, rank=r, message=m)),

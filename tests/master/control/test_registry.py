@@ -74,20 +74,6 @@ def test_steps_per_second_over_the_recent_beats() -> None:
     assert rec.steps_per_second() == pytest.approx(30 / 4)
 
 
-def test_published_record_carries_its_age_and_rate() -> None:
-    rec = RankRecord(rank=1, worker_id="w1", host="h", state=RankState.RUNNING)
-    before = rec.published(5.0)
-    assert before.heartbeat_age == -1.0 and before.steps_per_sec == 0.0
-    rec.beat(10.0, 0, 0, 0)
-    rec.beat(12.0, 8, 0, 0)
-    info = rec.published(15.0)
-    assert info.rank == 1 and info.worker_id == "w1" and info.state == pb.RANK_RUNNING
-    assert info.heartbeat_age == pytest.approx(3.0)
-    assert info.steps_per_sec == pytest.approx(4.0)
-    rec.state = RankState.SUCCEEDED
-    assert rec.published(16.0).steps_per_sec == 0.0  # an ended rank runs no steps
-
-
 # -- registration --------------------------------------------------------------------------
 
 

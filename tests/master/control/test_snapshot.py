@@ -15,6 +15,7 @@ from orch.master.control.host_sync import HostSync
 from orch.master.control.intake import Intake
 from orch.master.control.judge import CauseKind
 from orch.master.control.progress import ProgressWatch
+from orch.master.control.published import Published
 from orch.master.control.snapshot import draft_reply
 from orch.master.control.startup import StartupWatch
 from orch.master.control.straggler_watch import StragglerWatch
@@ -31,6 +32,7 @@ class Run(RunFacade):
         self.rendezvous_port = rendezvous_port
         self.intake = Intake(world, max_points)
         self.event_log = EventLog()
+        self.published = Published()
         self.fate = Fate(1, self.tell, lambda: None)
         self.host_sync = HostSync()
         self.cluster_job = JobWatch()
@@ -221,4 +223,7 @@ def test_the_serialized_reply_carries_the_same_points_in_pieces() -> None:
     direct.apply(reply(run))
     assert mirror.history() == direct.history()
     assert mirror.history()["loss"][0]["step"] == list(range(n))
-    assert parsed.cursor == direct.cursor and parsed.state == pb.RUNNING
+    mine, theirs = pb.StateCursor.FromString(parsed.cursor), pb.StateCursor.FromString(direct.cursor)
+    assert (mine.ranks_seen, theirs.ranks_seen) == (1, 2)  # the ranks' publications, in turn
+    mine.ranks_seen = theirs.ranks_seen = 0
+    assert mine == theirs and parsed.state == pb.RUNNING

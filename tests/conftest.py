@@ -261,6 +261,7 @@ _UNIT = {
     "test_text.py",
     "test_pollers.py",
     "test_readable.py",
+    "test_stop_vote_schedule.py",
     "test_torchrun_pieces.py",
 }
 

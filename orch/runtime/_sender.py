@@ -67,6 +67,7 @@ class HeartbeatSender:
         self.hold_after = 0  # a sweep's rung: ctx.steps waits after this step (see wait_gate)
         self.last_hold = 0  # the last rung the master named (it stays when a STOP clears hold_after)
         self.told_stop = False  # the master said STOP
+        self.answered = False  # the master answered a beat: what it says at the start is known
         self.logged = 0  # steps done by what ctx.log() was given: its highest step + 1
         self.total_steps = 0
         self.dropped = 0
@@ -276,6 +277,7 @@ class HeartbeatSender:
         self._retry = None
         self._refused = 0
         self._last_ok = time.monotonic()
+        self.answered = True
         # The master spaces beats out as its callers grow (orch.master.control.pace); never
         # more often than this rank's own interval.
         self.interval = max(self.base_interval, reply.interval) if reply.interval > 0 else self.base_interval

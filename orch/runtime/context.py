@@ -268,8 +268,13 @@ class Context(Checkpoints, Logging, LibraryStop):
         try:
             for step in range(self.resume_step, n):
                 heard = self._stop.is_set()
-                rung = sender.last_hold if sender is not None else 0
-                stop = vote.cast(heard, rung) if vote is not None else heard
+                if vote is not None:
+                    # Votes spaced out only once the master was heard: a sweep's rung comes with its
+                    # first reply, and a rank that knows one votes every step until it holds there.
+                    rung = sender.last_hold if sender is not None else 0
+                    stop = vote.cast(heard, rung, space=sender is None or sender.answered)
+                else:
+                    stop = heard
                 if stop:
                     self.stopped = True
                     if self._sender is not None:

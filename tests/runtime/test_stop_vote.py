@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from orch.runtime._stop_vote import MAX_SPACING
+
 
 def _leave_as_a_rank_does() -> None:
     """End the process through ``os._exit``, as orch's ranks leave (the forkserver's children):
@@ -31,7 +33,7 @@ def _rank(rank: int, store_path: str, heard_at: int, out: str) -> None:
     ctx = Context(rank=rank, world_size=2, local_rank=rank, device=torch.device("cpu"), config={},
                   run_id="r", sender=None)  # fmt: skip
     left = None
-    for step in range(40):
+    for step in range(20_000):  # ends at the stop, a vote or two after the first rank heard of it
         grad = torch.ones(1)
         dist.all_reduce(grad)  # the library's own collective of the step (DDP's bucket)
         if step == heard_at:
@@ -61,8 +63,10 @@ def test_ranks_that_hear_of_a_stop_at_different_steps_leave_after_the_same_one(
         p.join(60)
     assert [p.exitcode for p in procs] == [0, 0]
     seen = [json.loads((tmp_path / f"r{r}.json").read_text()) for r in (0, 1)]
-    # The stop is the vote of the first step either rank heard it at, read one step later.
-    assert seen[0] == seen[1] == {"left": min(heard) + 1, "stopped": True}, seen
+    # The stop is the first vote after either rank heard of it, read at the next vote: the votes
+    # are spaced out to a tenth of a second of steps, at most MAX_SPACING steps.
+    assert seen[0] == seen[1] and seen[0]["stopped"], seen
+    assert min(heard) < seen[0]["left"] <= min(heard) + 2 * MAX_SPACING + 1, seen
 
 
 class _RungSender:
@@ -74,6 +78,7 @@ class _RungSender:
         self.ctx, self.rung, self.heard_at, self.pruned = ctx, rung, heard_at, pruned
         self.step = self.total_steps = 0
         self.last_hold = 0
+        self.answered = True
         self.timing = None
 
     def hear(self) -> None:

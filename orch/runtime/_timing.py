@@ -10,9 +10,10 @@ rank splits its step time:
   batch to the next, its wait for the batch included); in a loop with neither, by
   ``ctx.log`` (from one logged step to the next: a call that logs step 40 after step 30
   closes 10 steps). A step timed by ``ctx.log`` alone is not split into data and compute;
-- ``ctx.ddp`` asks DDP's reducer for its runtime statistics every iteration (read once per
-  step): the gradient communication not overlapped with the rank's own backward compute is
-  its wait for its peers;
+- ``ctx.ddp`` asks DDP's reducer for its runtime statistics every iteration (read at most
+  every :data:`READ_EVERY_S` of steps: the last iteration's wait stands for the steps since
+  the reading before): the gradient communication not overlapped with the rank's own
+  backward compute is its wait for its peers;
 - ``ctx.data(loader)`` times the wait for the next batch;
 - ``with ctx.section("name"):`` times a part the user marks;
 - what orch does between steps (the stop check, checkpoints) is "other";
@@ -40,6 +41,10 @@ RESERVED = frozenset({"data", "compute", "other", "collective wait", "own time",
 # What marks the steps, strongest first: a loop timed by one never counts the steps of the next.
 BY_STEPS, BY_DATA, BY_LOG = "ctx.steps", "ctx.data", "ctx.log"
 TIMED_BY_RANK = {"": 0, BY_LOG: 1, BY_DATA: 2, BY_STEPS: 3}
+# Seconds of steps between two readings of DDP's timers: a reading builds a dict of some forty
+# fields (about 7 µs), which every step of a 1 ms loop would pay; at 20 ms, the first step's
+# and each step of a slower loop's are read, and a heartbeat (0.25 s) brings a dozen readings.
+READ_EVERY_S = 0.02
 
 
 def enabled() -> bool:
@@ -142,13 +147,38 @@ class CollectiveWait:
     DDP's reducer times each iteration's backward in C++ (its compute, its communication, and
     their overlap), sampled every iteration once asked; the wait is the communication not
     overlapped with this rank's own backward compute: what it spent waiting for the slowest
-    peer. Read once per step (a few µs); a Python communication hook would cost ~0.3 ms/step.
+    peer. A reading costs about 7 µs (taken at most every READ_EVERY_S of steps); a Python
+    communication hook would cost ~0.3 ms/step.
     """
 
     def __init__(self, models: list[Any]) -> None:
         self.models = models
         self._seen: dict[int, int] = {}  # model index -> the last iteration counted
         self.iterations = 0  # the iterations the last take() saw go by (it read the last one's wait)
+        self._steps = 0  # steps done since the last reading
+        self._seconds = 0.0  # ... and how long they took
+        self._read = False  # a reading was taken (the first steps' is taken at once)
+
+    def after(self, steps: int, seconds: float) -> float | None:
+        """The wait of the steps since the last reading, once ``steps`` more steps (``seconds``
+        long) ended and :data:`READ_EVERY_S` went by since it; None in between (their wait
+        comes with the next reading) and until DDP's statistics said anything. The last
+        iteration's wait stands for each step since the reading before."""
+        self._steps += steps
+        self._seconds += seconds
+        if self._seconds < READ_EVERY_S and self._read:
+            return None
+        steps, self._steps, self._seconds = self._steps, 0, 0.0
+        waited = self.take()
+        if waited is None:
+            return None
+        self._read = True
+        return waited * max(1, min(steps, self.iterations))
+
+    def skip(self) -> None:
+        """The iterations since the last reading were not of timed steps: forget them."""
+        self._steps, self._seconds = 0, 0.0
+        self.take()
 
     @staticmethod
     def watch(model: Any) -> bool:

@@ -193,13 +193,12 @@ class Context(Checkpoints, Logging, LibraryStop):
 
     def _step_done(self, times: StepTimes, seconds: float, own: float = 0.0, count: int = 1) -> None:
         """``count`` steps ended, ``seconds`` long in all (``own`` of it orch's): with the wait
-        for the peers in the gradient collectives that DDP's timers read since the last ones."""
-        waited = self._waits.take() if self._ddp_models else None
+        for the peers in the gradient collectives, when DDP's timers are read (see
+        :meth:`CollectiveWait.after`)."""
+        waited = self._waits.after(count, seconds) if self._ddp_models else None
         if waited is not None:
             times.collectives = True
-            # Several iterations since the last reading (ctx.log every k steps): the last one's
-            # wait stands for each.
-            times.collective(waited * max(1, min(count, self._waits.iterations)))
+            times.collective(waited)
         times.step(seconds, own, count)
 
     @contextlib.contextmanager

@@ -131,7 +131,7 @@ class Logging:
         if count and (times.timed_by == BY_LOG or times.marks(BY_LOG)):
             self._step_done(times, now - self._logged_at, count=count)
         elif self._ddp_models:
-            self._waits.take()  # the iterations before this step are not of a timed one
+            self._waits.skip()  # the iterations before this step are not of a timed one
         self._logged_step, self._logged_at = step, now
         # The next steps one after another are counted without a call while nothing but ctx.log
         # marks them and no collective is to be read after each.

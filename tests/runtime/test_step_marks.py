@@ -10,7 +10,8 @@ import pytest
 import torch
 
 from orch.master.control.validate import check_timing
-from orch.runtime._timing import OFF
+from orch.runtime import _timing
+from orch.runtime._timing import OFF, READ_EVERY_S, CollectiveWait
 from orch.runtime.context import Context
 
 pytestmark = pytest.mark.unit
@@ -124,18 +125,21 @@ def test_a_rank_with_timing_off_tells_the_master_so(monkeypatch: pytest.MonkeyPa
     check_timing(OFF)
 
 
-def test_ctx_log_every_k_steps_counts_the_last_collective_wait_for_each_of_the_k() -> None:
+class Reducer:
+    """DDP's logging data as a model of ctx.ddp's gives it: one iteration per backward."""
+
+    iteration = 0
+
+    def _get_ddp_logging_data(self) -> dict[str, int]:
+        return {"iteration": self.iteration, "backward_comm_time": 3_000_000}  # 3 ms, no overlap
+
+
+def test_ctx_log_every_k_steps_counts_the_last_collective_wait_for_each_of_the_k(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(_timing, "READ_EVERY_S", 0.0)  # DDP's timers read at each logged step
     ctx = context()
     assert ctx.times is not None
-
-    class Reducer:
-        """DDP's logging data as a model of ctx.ddp's gives it: one iteration per backward."""
-
-        iteration = 0
-
-        def _get_ddp_logging_data(self) -> dict[str, int]:
-            return {"iteration": self.iteration, "backward_comm_time": 3_000_000}  # 3 ms, no overlap
-
     model = Reducer()
     ctx._ddp_models.append(model)  # type: ignore[arg-type]
     for step in range(0, 31):
@@ -160,3 +164,19 @@ def test_slow_steps_logged_every_step_are_handed_over_without_waiting_for_a_bunc
     assert t is not None and t.timed_by == "ctx.log"
     assert t.steps >= 5, t.steps  # steps 1..6 closed; the bunch of 16 was never reached
     assert t.step_seconds >= t.steps * 0.15
+
+
+def test_ddp_timers_are_read_at_the_first_step_then_once_a_read_interval_of_steps_went_by() -> None:
+    model = Reducer()
+    waits = CollectiveWait([model])
+    step_s = READ_EVERY_S / 10 * 1.001  # 10 steps a little over the interval
+    model.iteration += 1
+    assert waits.after(1, step_s) == pytest.approx(0.003)  # the first step: read at once
+    read = []
+    for _ in range(25):
+        model.iteration += 1
+        read.append(waits.after(1, step_s))
+    # the 10th step after the first reading completes READ_EVERY_S of steps, the 20th another
+    assert [i for i, w in enumerate(read) if w is not None] == [9, 19]
+    # each reading's last wait stands for the 10 steps since the one before
+    assert read[9] == read[19] == pytest.approx(10 * 0.003)

@@ -516,3 +516,32 @@ def test_a_sweeps_rungs_hold_the_ranks_until_it_decides() -> None:
     assert hold() == 9
     c.request_stop("pruned", prune=True)
     assert hold() == 0  # a stop ends the wait
+
+
+def test_the_straggler_judgement_of_a_run_bigger_than_one_block_of_ranks() -> None:
+    # expire() reads the ranks' step times a block at a time (the lock let go between
+    # blocks, for the heartbeats); the judgement is the same as over all at once.
+    from orch.master.coordinator import MEANS_AT_ONCE
+
+    world, slow = MEANS_AT_ONCE + 44, MEANS_AT_ONCE + 3  # the straggler is in the second block
+    clock = Clock()
+    c = started(world=world, clock=clock)
+    even = pb.StepTiming(steps=10, step_seconds=0.4, collective_seconds=0.1, collectives=True)
+    late = pb.StepTiming(steps=10, step_seconds=0.4, collective_seconds=0.01, collectives=True)
+    for tick in range(3):
+        for i in range(world):
+            for k in range(4):
+                heartbeat(
+                    c,
+                    pb.HeartbeatRequest(
+                        run_id="r1",
+                        worker_id=f"w{i}",
+                        step=40 * tick + 10 * k + 10,
+                        timing=late if i == slow else even,
+                    ),
+                )
+        c.expire()
+        clock.t += 1.0
+    told = [e for e in c.snapshot().events if e.kind == "straggler"]
+    assert [e.rank for e in told] == [slow]
+    assert c.snapshot().straggler_rank == slow

@@ -16,10 +16,11 @@ import math
 from collections.abc import Sequence
 
 from orch.master.control.registry import RankRecord
-from orch.master.control.stragglers import OFF, Verdict, judge, scores
+from orch.master.control.stragglers import OFF, Means, Verdict, judge, scores
 from orch.wire.states import RunState
 
 JUDGE_EVERY = 1.0  # seconds between straggler judgements
+JUDGED_AT_ONCE = 1024  # ranks judged every JUDGE_EVERY; more ranks, proportionally less often
 MARKED_BEATS = 3  # beats with steps from one rank, and none from another: that one marks none
 NOT_YET_JUDGED = Verdict(
     False,
@@ -49,19 +50,46 @@ class StragglerWatch:
         self.verdict = NOT_YET_JUDGED
         self._told = self._last = (-1, "")
 
+    def every(self, ranks: int) -> float:
+        """Seconds between judgements: :data:`JUDGE_EVERY`, longer past :data:`JUDGED_AT_ONCE`
+        ranks (a judgement costs the master in proportion to its ranks)."""
+        return JUDGE_EVERY * max(1.0, ranks / JUDGED_AT_ONCE)
+
+    def due(self, state: RunState, ranks: Sequence[RankRecord], now: float) -> bool:
+        """Whether it is time to judge (and then the clock starts again)."""
+        if state not in (RunState.RUNNING, RunState.STOPPING):
+            return False
+        if now - self._judged_at < self.every(len(ranks)):
+            return False
+        if any(r.state.done for r in ranks):
+            return False  # ranks are ending: the last judgement stands
+        self._judged_at = now
+        return True
+
+    @staticmethod
+    def means(ranks: Sequence[RankRecord], now: float) -> dict[int, Means | None]:
+        """The ranks' mean step parts over their windows (under the run's lock: beats add to
+        the windows; a big run's are read a block of ranks at a time)."""
+        out = {}
+        for r in ranks:
+            r.timing.trim(now)
+            out[r.rank] = r.timing.means()
+        return out
+
     def look(
         self, state: RunState, ranks: Sequence[RankRecord], world_size: int, now: float
     ) -> Verdict | None:
         """Judge the ranks when it is time to; returns the verdict to put in the event log (a
         straggler not told before), else None."""
-        if state not in (RunState.RUNNING, RunState.STOPPING) or now - self._judged_at < JUDGE_EVERY:
+        if not self.due(state, ranks, now):
             return None
-        if any(r.state.done for r in ranks):
-            return None  # ranks are ending: the last judgement stands
-        self._judged_at = now
-        for r in ranks:
-            r.timing.trim(now)
-        means = {r.rank: r.timing.means() for r in ranks}
+        return self.conclude(ranks, world_size, self.means(ranks, now))
+
+    def conclude(
+        self, ranks: Sequence[RankRecord], world_size: int, means: dict[int, Means | None]
+    ) -> Verdict | None:
+        """The judgement over ``means`` (see :meth:`means`), shown on the ranks' records;
+        returns the verdict to put in the event log (a straggler not told before), else None."""
         # A rank that never said what marks its steps while another has sent MARKED_BEATS beats
         # of them marks none: its loop calls none of ctx.steps, ctx.data and ctx.log (a loop
         # that logs on rank 0 alone). Under DDP its peers' steps are its own, a beat apart.

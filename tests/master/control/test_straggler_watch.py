@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from orch.master.control.registry import RankRecord
-from orch.master.control.straggler_watch import JUDGE_EVERY, NOT_YET_JUDGED, StragglerWatch
+from orch.master.control.straggler_watch import JUDGE_EVERY, JUDGED_AT_ONCE, NOT_YET_JUDGED, StragglerWatch
 from orch.wire._proto import orchestrator_pb2 as pb
 from orch.wire.states import RankState, RunState
 
@@ -48,6 +48,18 @@ def test_it_judges_at_most_once_every_second() -> None:
     assert watch.look(R, recs, 4, JUDGE_EVERY - 0.01) is None  # too soon: not even counted
     assert watch.verdict is NOT_YET_JUDGED
     assert watch.look(R, recs, 4, JUDGE_EVERY) is not None
+
+
+def test_a_big_run_is_judged_less_often_in_proportion_to_its_ranks() -> None:
+    watch = StragglerWatch()
+    assert watch.every(8) == watch.every(JUDGED_AT_ONCE) == JUDGE_EVERY
+    assert watch.every(4 * JUDGED_AT_ONCE) == 4 * JUDGE_EVERY
+    recs = ranks(2 * JUDGED_AT_ONCE)
+    feed(recs, 0.0, slow=5)
+    watch.look(R, recs, len(recs), 0.0)
+    assert watch.look(R, recs, len(recs), 2 * JUDGE_EVERY - 0.01) is None  # too soon at this size
+    told = watch.look(R, recs, len(recs), 2 * JUDGE_EVERY)
+    assert told is not None and told.rank == 5
 
 
 def test_each_straggler_is_told_once_and_a_new_one_again() -> None:

@@ -228,6 +228,49 @@ def say_empty(ax: Any, text: str) -> Any:
     )
 
 
+# Past this many ranks the plot draws the ranks' spread (their mean and the band from the
+# lowest to the highest, per pixel column), not a line per rank: 4,096 lines and a legend of
+# 4,096 entries took the panel 20 s a redraw (holding the GIL of the notebook, and of the
+# master beside it), and no eye reads them.
+MAX_RANK_LINES = 16
+SPREAD_COLOR = "C0"
+
+
+def spread(
+    curves: Sequence[tuple[npt.NDArray[Any], npt.NDArray[np.float64]]], columns: int
+) -> tuple[npt.NDArray[np.float64], ...]:
+    """The ranks' curves (``(steps, values)``, steps rising) summed up in ``columns`` equal
+    spans of steps: each span's middle, and the mean, lowest and highest finite value of the
+    ranks' points in it (spans without one left out)."""
+    firsts = [x[0] for x, _ in curves if len(x)]
+    if not firsts:
+        empty = np.empty(0)
+        return empty, empty, empty, empty
+    x0 = float(min(firsts))
+    x1 = float(max(x[-1] for x, _ in curves if len(x)))
+    edges = np.linspace(x0, x1 if x1 > x0 else x0 + 1.0, columns + 1)
+    total, count = np.zeros(columns), np.zeros(columns)
+    low, high = np.full(columns, np.inf), np.full(columns, -np.inf)
+    for x, y in curves:
+        ok = np.isfinite(y)
+        if not ok.all():
+            x, y = x[ok], y[ok]
+        if not len(x):
+            continue
+        # Steps rise: each span's points are a run of the array, cut where the edges fall.
+        cuts = np.searchsorted(x, edges[1:-1], side="left")
+        starts = np.concatenate(([0], cuts))
+        filled = starts < np.concatenate((cuts, [len(x)]))
+        at = starts[filled]
+        total[filled] += np.add.reduceat(y, at)
+        count[filled] += np.diff(np.concatenate((at, [len(x)])))
+        low[filled] = np.minimum(low[filled], np.minimum.reduceat(y, at))
+        high[filled] = np.maximum(high[filled], np.maximum.reduceat(y, at))
+    seen = count > 0
+    middle = (edges[:-1] + edges[1:]) / 2
+    return middle[seen], total[seen] / count[seen], low[seen], high[seen]
+
+
 class RankPlot:
     """One matplotlib figure reused for every redraw; renders to PNG bytes."""
 
@@ -248,32 +291,25 @@ class RankPlot:
         self.log_scale = False
         self.marks: list[Any] = []  # clipped points, NaN steps, the empty plot's words: redrawn each time
         self.y_range: YRange | None = None  # the limits of the last drawing
+        self.spread_of = 0  # ranks the spread stands for (0: a line per rank is drawn)
+        self._mean: Any = None  # the spread's mean line, and its band (redrawn each time)
+        self._band: Any = None
+        self._band_edges: list[tuple[Any, Any]] = []
 
     def draw(self, mirror: StateMirror, metric: str, log_scale: bool) -> bytes:
         ax = self.ax
         if metric != self.metric:
-            for line in self.lines.values():
-                line.remove()
-            self.lines.clear()
+            self._clear_curves()
             self.metric = metric
         title = metric or "no metric"
         if ax.get_title() != title:
             ax.set_title(title, fontsize=10)
             ax.set_ylabel(metric)
-        ranks_before = len(self.lines)
-        for (rank, name), buf in sorted(mirror.series.items()):
-            if name != metric:
-                continue
-            # min and max of every other pixel column: about one point per pixel, spikes kept
-            x, y = downsample(buf.steps, buf.values, self.width_px // 2)
-            line = self.lines.get(rank)
-            if line is None:
-                (line,) = ax.plot(x, y, lw=1.2, color=f"C{rank % 10}", label=f"rank {rank}")
-                self.lines[rank] = line
-            else:
-                line.set_data(x, y)
-        if len(self.lines) != ranks_before:  # a new legend only when a rank's line appears
-            ax.legend(handles=[self.lines[r] for r in sorted(self.lines)], loc="upper right", fontsize=8)
+        curves = [(rank, buf) for (rank, name), buf in sorted(mirror.series.items()) if name == metric]
+        if len(curves) > MAX_RANK_LINES:
+            self._draw_spread([(buf.steps, buf.values) for _, buf in curves])
+        else:
+            self._draw_lines(curves)
         if log_scale != self.log_scale:
             ax.set_yscale("log" if log_scale else "linear")
             if log_scale:
@@ -285,18 +321,18 @@ class RankPlot:
         with np.errstate(over="ignore", invalid="ignore"):  # matplotlib's margins of values near 1e308
             ax.relim()
             ax.autoscale_view()
-        ranks = sorted(self.lines)
-        self.y_range = robust_range([self.lines[r].get_data() for r in ranks], log_scale)
+        if self.spread_of:
+            shown = [self._mean.get_data(), *self._band_edges]
+            colors = [SPREAD_COLOR] * len(shown)
+        else:
+            ranks = sorted(self.lines)
+            shown = [self.lines[r].get_data() for r in ranks]
+            colors = [f"C{r % 10}" for r in ranks]
+        self.y_range = robust_range(shown, log_scale)
         if self.y_range is not None:
-            self.marks += mark_clipped(ax, self.y_range, [f"C{r % 10}" for r in ranks])
-        self.marks += mark_nonfinite(
-            ax,
-            [
-                (d.step, f"rank {d.rank}: {number_text(d.value)} from step {d.step}", f"C{d.rank % 10}")
-                for d in mirror.nonfinite(metric)
-            ],
-        )
-        if self.lines:
+            self.marks += mark_clipped(ax, self.y_range, colors)
+        self.marks += mark_nonfinite(ax, self._nonfinite_marks(mirror, metric))
+        if self.lines or self.spread_of:
             show_ticks(ax, True)
         else:  # no empty axes of -0.04 to 0.04: say why there is no curve
             why = "no points were logged" if mirror.state.done else "waiting for the first points"
@@ -304,6 +340,70 @@ class RankPlot:
         # Speed over size: the PNG only crosses a local socket to the browser.
         with np.errstate(over="ignore", invalid="ignore"):  # matplotlib's ticks near 1e308
             return self.png(compress_level=1)
+
+    def _clear_curves(self) -> None:
+        for line in self.lines.values():
+            line.remove()
+        self.lines.clear()
+        for artist in (self._mean, self._band):
+            if artist is not None:
+                artist.remove()
+        self._mean = self._band = None
+        self.spread_of = 0
+
+    def _draw_lines(self, curves: list[tuple[int, Any]]) -> None:
+        """A line per rank, each kept and updated in place."""
+        if self.spread_of:
+            self._clear_curves()
+        ax = self.ax
+        ranks_before = len(self.lines)
+        for rank, buf in curves:
+            # min and max of every other pixel column: about one point per pixel, spikes kept
+            x, y = downsample(buf.steps, buf.values, self.width_px // 2)
+            line = self.lines.get(rank)
+            if line is None:
+                (line,) = ax.plot(x, y, lw=1.2, color=f"C{rank % 10}", label=f"rank {rank}")
+                self.lines[rank] = line
+            else:
+                line.set_data(x, y)
+        if len(self.lines) != ranks_before:  # a new legend only when a rank's line appears
+            ax.legend(handles=[self.lines[r] for r in sorted(self.lines)], loc="upper right", fontsize=8)
+
+    def _draw_spread(self, curves: list[tuple[Any, Any]]) -> None:
+        """The ranks' mean, and the band from their lowest to their highest value, per column."""
+        if self.lines:
+            self._clear_curves()
+        ax = self.ax
+        x, mean, low, high = spread(curves, max(1, self.width_px // 4))
+        self._band_edges = [(x, low), (x, high)]
+        if self._band is not None:
+            self._band.remove()
+        self._band = ax.fill_between(x, low, high, color=SPREAD_COLOR, alpha=0.25, lw=0)
+        if self._mean is None:
+            (self._mean,) = ax.plot(x, mean, lw=1.4, color=SPREAD_COLOR)
+        else:
+            self._mean.set_data(x, mean)
+        if self.spread_of != len(curves):
+            self.spread_of = len(curves)
+            self._band.set_label(f"lowest to highest of {len(curves)} ranks")
+            self._mean.set_label(f"mean of {len(curves)} ranks")
+            ax.legend(handles=[self._mean, self._band], loc="upper right", fontsize=8)
+
+    def _nonfinite_marks(self, mirror: StateMirror, metric: str) -> list[tuple[float, str, str]]:
+        """Where a curve became NaN or inf: each rank's, or past :data:`MAX_RANK_LINES` ranks the
+        first one's, with how many more ranks did."""
+        found = mirror.nonfinite(metric)
+        if not self.spread_of or len(found) <= 1:
+            return [
+                (d.step, f"rank {d.rank}: {number_text(d.value)} from step {d.step}", f"C{d.rank % 10}")
+                for d in found
+            ]
+        first = found[0]
+        others = len(found) - 1
+        more = f" (and {others} more rank{'s' if others > 1 else ''})"
+        return [
+            (first.step, f"rank {first.rank}: {number_text(first.value)} from step {first.step}{more}", "C3")
+        ]
 
     def png(self, compress_level: int = 6) -> bytes:
         """The figure as last drawn (the record kept in a notebook is compressed harder)."""

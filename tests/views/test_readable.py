@@ -351,3 +351,45 @@ def test_final_values_keep_nan_and_say_where_it_began() -> None:
     }
     first = nonfinite(mixed)
     assert first is not None and (first["step"], first["rank"], first["stays"]) == (1, 0, True)
+
+
+def test_past_sixteen_ranks_the_plot_draws_their_mean_and_band_not_a_line_each() -> None:
+    """4,096 lines and a legend of 4,096 entries took the panel 20 s a redraw; the spread of
+    the ranks reads at a glance and costs the same at 17 ranks or 4,096."""
+    from orch.views.rank_plot import MAX_RANK_LINES
+
+    steps = list(range(50))
+    n = 4 * MAX_RANK_LINES
+    # Rank r's loss is r + s / 100: the mean at each step is the middle rank's, the band
+    # runs from rank 0's curve to rank n - 1's; rank 5 went NaN at step 30 (and rank 9 too).
+    curves = {r: (steps, [r + s / 100 for s in steps]) for r in range(n)}
+    curves[5] = (steps, [5 + s / 100 if s < 30 else NAN for s in steps])
+    curves[9] = (steps, [9 + s / 100 if s < 31 else NAN for s in steps])
+    plot = RankPlot(400, 200)
+    assert plot.draw(mirror_with(curves), "loss", False)[:4] == b"\x89PNG"
+    assert plot.spread_of == n and plot.lines == {}
+    legend = [t.get_text() for t in plot.ax.get_legend().get_texts()]
+    assert legend == [f"mean of {n} ranks", f"lowest to highest of {n} ranks"]
+    x, mean = plot._mean.get_data()
+    assert len(x) <= 100  # a column of the picture at most per point
+    assert mean[0] == pytest.approx(np.mean([r for r in range(n)]), rel=1e-3)
+    (lo_x, lo), (_, hi) = plot._band_edges
+    assert lo[0] == pytest.approx(0.0, abs=0.02) and hi[-1] == pytest.approx(n - 1 + 0.49, abs=0.02)
+    texts = [t.get_text() for t in plot.ax.texts]
+    assert "rank 5: nan from step 30 (and 1 more rank)" in texts
+    # Back to a few ranks (another run in the same panel): a line each again.
+    few = mirror_with({r: (steps, [float(r)] * 50) for r in range(3)})
+    plot.draw(few, "loss", False)
+    assert plot.spread_of == 0 and sorted(plot.lines) == [0, 1, 2]
+
+
+def test_the_spread_of_curves_with_gaps_and_different_steps() -> None:
+    from orch.views.rank_plot import spread
+
+    a = (np.array([0, 1, 2, 3]), np.array([1.0, 2.0, NAN, 4.0]))
+    b = (np.array([2, 3]), np.array([10.0, 20.0]))
+    x, mean, low, high = spread([a, b], 2)  # spans [0, 1.5) and [1.5, 3]
+    assert list(x) == [0.75, 2.25]
+    assert list(mean) == [1.5, (4.0 + 10.0 + 20.0) / 3]  # the NaN left out
+    assert list(low) == [1.0, 4.0] and list(high) == [2.0, 20.0]
+    assert [len(v) for v in spread([], 4)] == [0, 0, 0, 0]

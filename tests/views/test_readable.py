@@ -373,7 +373,7 @@ def test_past_sixteen_ranks_the_plot_draws_their_mean_and_band_not_a_line_each()
     x, mean = plot._mean.get_data()
     assert len(x) <= 100  # a column of the picture at most per point
     assert mean[0] == pytest.approx(np.mean([r for r in range(n)]), rel=1e-3)
-    (lo_x, lo), (_, hi) = plot._band_edges
+    (_, lo), (_, hi) = plot._band_edges
     assert lo[0] == pytest.approx(0.0, abs=0.02) and hi[-1] == pytest.approx(n - 1 + 0.49, abs=0.02)
     texts = [t.get_text() for t in plot.ax.texts]
     assert "rank 5: nan from step 30 (and 1 more rank)" in texts

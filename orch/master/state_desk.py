@@ -41,18 +41,33 @@ class StateDesk(RunFacade):
             return self.points.trimmed
 
     def snapshot(
-        self, cursor: bytes = b"", *, skip_series: bool = False, max_points: int = 0
+        self,
+        cursor: bytes = b"",
+        *,
+        skip_series: bool = False,
+        max_points: int = 0,
+        changed_ranks: bool = False,
     ) -> pb.GetStateResponse:
         """The run's state, with only the points and events after ``cursor``.
 
         At most ``max_points`` points (default and ceiling ``MAX_POINTS_PER_REPLY``) go in
         one reply; ``more`` then says to ask again with its cursor. ``skip_series``: no points.
+        ``changed_ranks``: only the ranks whose records changed since ``cursor``.
         """
         prev = parse_cursor(cursor, max_points)
         self.expire()
         with self._lock:
             now, wall = self._clock(), self._wall()
-            draft = draft_reply(self, cursor, prev, now, wall, skip_series=skip_series, max_points=max_points)
+            draft = draft_reply(
+                self,
+                cursor,
+                prev,
+                now,
+                wall,
+                skip_series=skip_series,
+                max_points=max_points,
+                changed_ranks=changed_ranks,
+            )
         draft.publish()  # outside the lock: heartbeats never wait for a thousand ranks' records
         built = draft.copy()  # ... nor for a catch-up's copies
         if draft.trimmed_meanwhile():

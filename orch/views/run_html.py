@@ -166,17 +166,49 @@ def _startup_html(m: StateMirror) -> str:
     return f'<div class="orch-startup" style="color:#57606a">{escape_html(m.startup_note)}</div>'
 
 
+# Rows of the rank table at most: past it the ranks with something to say come first, then
+# the others in order, and one row counts the rest (4,096 rows cost the panel more than its
+# plot, and no one reads them there: `orch status --json` and run.state() have every rank).
+MAX_TABLE_ROWS = 64
+
+
+def _shown(m: StateMirror, marked: set[int]) -> tuple[list[RankView], str]:
+    """The ranks the table shows, and its last row's words for the others ("" when all show)."""
+    if len(m.ranks) <= MAX_TABLE_ROWS:
+        return m.ranks, ""
+    first = [r for r in m.ranks if r.rank in marked][:MAX_TABLE_ROWS]
+    rest = [r for r in m.ranks if r.rank not in marked][: MAX_TABLE_ROWS - len(first)]
+    shown = sorted(first + rest, key=lambda r: r.rank)
+    seen = {r.rank for r in shown}
+    states: dict[str, int] = {}
+    for r in m.ranks:
+        if r.rank not in seen:
+            states[r.state.value] = states.get(r.state.value, 0) + 1
+    counts = ", ".join(f"{n:,} {state}" for state, n in sorted(states.items(), key=lambda kv: -kv[1]))
+    return shown, f"and {len(m.ranks) - len(shown):,} more ranks: {counts}"
+
+
 def table_html(m: StateMirror) -> str:
     """A row per rank (state, step, loss, rate, heartbeat, step split, scores, host, marks),
     the split's legend and the straggler note. In a narrow output the heartbeat, the scores
-    and host/pid leave the table for tooltips (on the state, the step time and the rank)."""
+    and host/pid leave the table for tooltips (on the state, the step time and the rank).
+    Past :data:`MAX_TABLE_ROWS` ranks, the ranks with a mark come first and a row counts the rest."""
     slow = stragglers(m)
     bad = nonfinite_marks(m)
     odd = odd_ranks(m)
     longest = max((r.step_ms for r in m.ranks if r.timed), default=0.0)
     sections = section_colors(m)
+    marked = set(slow) | set(bad) | set(odd)
+    if len(m.ranks) > MAX_TABLE_ROWS:
+        ended_badly = (RankState.FAILED, RankState.LOST, RankState.STOPPED)
+        marked |= {
+            r.rank
+            for r in m.ranks
+            if r.dropped_points or r.memory_note or r.note or r.state in ended_badly or stall_mark(m, r, odd)
+        }
+    shown, others = _shown(m, marked)
     rows = []
-    for r in m.ranks:
+    for r in shown:
         marks = []
         if r.rank in slow:
             section = escape_html(m.straggler_section)
@@ -231,6 +263,8 @@ def table_html(m: StateMirror) -> str:
             f'<td class="orch-wide">{escape_html(r.host)}/{r.pid}</td>'
             f'<td class="orch-marks">{" ".join(marks)}</td></tr>'
         )
+    if others:
+        rows.append(f'<tr class="orch-more-ranks"><td colspan="11">{escape_html(others)}</td></tr>')
     head = "".join(
         f"<th{f' class={kind!r}' if kind else ''}>{h}</th>"
         for h, kind in (

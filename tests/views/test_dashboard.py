@@ -33,6 +33,7 @@ from orch.views.dashboard import (
 from orch.views.run_html import header_html, progress_html, table_html
 from orch.wire._proto import orchestrator_pb2 as pb
 from orch.wire.client import StateMirror
+from orch.wire.states import RankState, RunState
 
 
 def mirror_of(losses: dict[int, list[float]], rates: dict[int, int]) -> StateMirror:
@@ -283,7 +284,9 @@ class StepClient:
             self.c.can_start(pb.CanStartTrainingRequest(run_id="run-t", worker_id=f"w{i}"))
         self.polls = 0
 
-    def get_state(self, cursor: bytes = b"", *, skip_series: bool = False) -> pb.GetStateResponse:
+    def get_state(
+        self, cursor: bytes = b"", *, skip_series: bool = False, changed_ranks: bool = False
+    ) -> pb.GetStateResponse:
         self.polls += 1
         self.clock[0] += 1.0
         for i in range(2):
@@ -293,7 +296,7 @@ class StepClient:
                 self.c.complete(
                     pb.CompletionRequest(run_id="run-t", worker_id=f"w{i}", outcome=pb.RANK_SUCCEEDED, step=3)
                 )
-        return self.c.snapshot(cursor, skip_series=skip_series)
+        return self.c.snapshot(cursor, skip_series=skip_series, changed_ranks=changed_ranks)
 
 
 def test_dashboard_redraws_the_rich_table_in_place_on_a_terminal(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -501,3 +504,24 @@ def test_a_stopping_run_says_how_long_each_kind_of_loop_takes_to_stop() -> None:
     note = progress_html(m)
     assert 'class="orch-stopping"' in note and "only calls <code>ctx.log</code> ends about 2 s" in note
     assert "orch-stopping" not in progress_html(StateMirror(run_id="r", state=S.RUNNING))
+
+
+def test_a_big_runs_rank_table_shows_the_ranks_with_marks_first_and_counts_the_rest() -> None:
+    from orch.views.run_html import MAX_TABLE_ROWS
+    from orch.wire.ranks import RankView
+
+    n = 4 * MAX_TABLE_ROWS
+    m = StateMirror(run_id="big", state=RunState.RUNNING, world_size=n)
+    m.ranks = [RankView(rank=i, state=RankState.RUNNING, step=10, heartbeat_age=0.1) for i in range(n)]
+    m.ranks[200].memory_note = "memory grows 40 MB/min"
+    m.ranks[250].state, m.ranks[250].error = RankState.FAILED, "ValueError: bad"
+    page = table_html(m)
+    rows = re.findall(r'<tr class="orch-rank" data-rank="(\d+)"', page)
+    assert len(rows) == MAX_TABLE_ROWS
+    assert {"200", "250"} <= set(rows)  # the ranks with something to say, however far down
+    assert rows == sorted(rows, key=int) and rows[:3] == ["0", "1", "2"]
+    assert f"and {n - MAX_TABLE_ROWS:,} more ranks: {n - MAX_TABLE_ROWS:,} RUNNING" in page
+    few = StateMirror(run_id="small", state=RunState.RUNNING)
+    few.ranks = m.ranks[:MAX_TABLE_ROWS]
+    assert "more ranks" not in table_html(few)
+    assert len(re.findall(r'class="orch-rank"', table_html(few))) == MAX_TABLE_ROWS

@@ -49,6 +49,7 @@ OWN_CONNECTION = [
 SYNC_INTERVAL = 1.0  # orch/runtime/_host_attempts.py SYNC_INTERVAL
 SYNC_TIMEOUT = 5.0  # HostAgent.sync_host's default deadline
 PANEL_TIMEOUT = 5.0  # MasterClient's default deadline
+CHANGED_RANKS = "changed_ranks" in pb.GetStateRequest.DESCRIPTOR.fields_by_name
 
 
 def _cpu() -> float:
@@ -334,12 +335,12 @@ class Panel(threading.Thread):
     def _fetch(self, cursor: bytes) -> tuple[bytes, int]:
         points, more = 0, True
         while more:
-            # As orch's panel asks (StateMirror.poll): only the ranks that changed since its cursor.
-            reply = self.stub.GetState(
-                pb.GetStateRequest(cursor=cursor, changed_ranks=True),
-                timeout=PANEL_TIMEOUT,
-                metadata=self.meta,
-            )
+            # As orch's panel asks (StateMirror.poll): only the ranks that changed since its cursor
+            # (where the orch measured knows the field: a side-by-side run against an older one).
+            request = pb.GetStateRequest(cursor=cursor)
+            if CHANGED_RANKS:
+                request.changed_ranks = True
+            reply = self.stub.GetState(request, timeout=PANEL_TIMEOUT, metadata=self.meta)
             cursor, more = reply.cursor, reply.more
             points += sum(len(s.steps) for s in reply.series)
             self.last = reply

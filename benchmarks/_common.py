@@ -41,8 +41,9 @@ PYTHON = sys.executable
 BENCHMARKS: dict[str, tuple[str, str]] = {
     "step_overhead": (
         "Step overhead: orch vs torchrun on the same DDP loop",
-        "median wall time per training step of the same small DDP MLP (world size 2, gloo, one "
-        "thread per worker) under torchrun and under `orch.launch` with `ctx.log` every step",
+        "process CPU and wall time per training step of the same small DDP MLP (world size 2, gloo, "
+        "one thread per worker) under torchrun and under `orch.launch` with `ctx.steps` and `ctx.log` "
+        "every step: orch - torchrun CPU and orch / torchrun wall, medians of interleaved pairs",
     ),
     "log_cost": (
         "Cost of ctx.log in the training thread",

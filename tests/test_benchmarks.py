@@ -34,6 +34,7 @@ EXPECTED = {
         "host_agents_4k_panel_p99_ms",
         "points_per_s",
         "panel_redraws_per_s",
+        "catchup_slowest_beat_ms",
     ],
     "panel_redraw": ["redraw_ms_1000", "redraw_ms_20000"],
     "teardown": ["orch_kill_failed_s", "torchrun_kill_failed_s", "orch_stop_failed_s", "torchrun_retries"],

@@ -27,6 +27,7 @@ TURN_SECONDS = 0.001
 # A series' chunks (see Chunks): once this many beats' chunks follow the last merged one, they
 # are merged into one, encoded afresh (a catch-up joins a few hundred chunks, not thousands).
 MERGE_CHUNKS = 32
+CHUNK_POINTS = 1024  # points of a chunk at most, but for merged ones (a beat's backlog is cut)
 
 
 class Chunks:
@@ -122,6 +123,13 @@ class Series:
         chunks = self.chunks
         if encoded is None or chunks.end != at:
             self.chunks = Chunks(self.end)  # points without a chunk: the chunks start after them
+        elif len(steps) > CHUNK_POINTS:
+            # A backlog's beat: chunks of CHUNK_POINTS, so that a reply that starts or stops
+            # inside one (a trim's cut, a reply's budget) encodes few points afresh.
+            for first in range(at, self.end, CHUNK_POINTS):
+                last = min(self.end, first + CHUNK_POINTS)
+                chunks.data.append(self.encode(self.rank, self.name, self.base, first, last))
+                chunks.ends.append(last)
         else:
             chunks.data.append(encoded)
             chunks.ends.append(self.end)
@@ -166,6 +174,14 @@ class Series:
         return pb.Series(
             rank=rank, name=name, steps=self.steps[a:b], values=self.values[a:b], times=self.times[a:b]
         )
+
+
+def _chunk_end(chunks: Chunks, first: int, last: int) -> int:
+    """``last``, or the end of the last chunk at or before it past ``first``: a reply its
+    budget cuts short ends where a chunk does, and the next starts where one does (joins, not
+    points encoded afresh)."""
+    j = bisect.bisect_right(chunks.ends, last)
+    return chunks.ends[j - 1] if j and chunks.ends[j - 1] > first else last
 
 
 def yield_gil() -> None:
@@ -325,7 +341,7 @@ class SeriesLog:
             if first < base:
                 first = base  # absolute; points before base left memory
             end = base + len(s.steps)
-            last = end if end - first <= budget else first + budget
+            last = end if end - first <= budget else _chunk_end(s.chunks, first, first + budget)
             if last > first:
                 plan.append(Slice(s.rank, s.name, s, base, first, last))
                 budget -= last - first

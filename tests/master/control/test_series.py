@@ -396,11 +396,25 @@ def test_a_beats_points_are_encoded_once_and_a_catch_up_joins_them() -> None:
     plan, _ = log.plan({"3/loss": 8}, 100, pb.StateCursor())
     ((piece,),) = SeriesLog.encode(plan)
     assert piece == b"".join(s.chunks.data[2:])
-    # A cursor inside a chunk, and a reply cut short by its budget inside one: those ends are
-    # encoded from the arrays, the whole chunks between them are joined.
+    # A cursor inside a chunk: its head is encoded from the arrays, the whole chunks after it
+    # joined; a reply its budget cuts short ends where a chunk does (12, not 6 + 9)...
     mid = _read(log, {"3/loss": 6}, budget=9)[(3, "loss")]
-    assert list(mid.steps) == list(range(6, 15))
-    assert list(mid.values) == [x / 10 for x in range(6, 15)] and list(mid.times) == [1.0] * 9
+    assert list(mid.steps) == list(range(6, 12))
+    assert list(mid.values) == [x / 10 for x in range(6, 12)] and list(mid.times) == [1.0] * 6
+    # ... unless no chunk ends within its budget: then inside one, encoded from the arrays.
+    assert list(_read(log, {"3/loss": 6}, budget=1)[(3, "loss")].steps) == [6]
+
+
+def test_a_backlogs_beat_is_cut_into_chunks_of_at_most_chunk_points() -> None:
+    from orch.master.control.series import CHUNK_POINTS
+
+    log = SeriesLog()
+    n = 2 * CHUNK_POINTS + 5
+    log.add(0, [points("loss", range(n), [2.0] * n)], 1, 9.0)
+    s = log.get(0, "loss")
+    assert list(s.chunks.ends) == [CHUNK_POINTS, 2 * CHUNK_POINTS, n]
+    got = _read(log)[(0, "loss")]
+    assert list(got.steps) == list(range(n)) and list(got.times) == [2.0] * n
 
 
 def test_a_chunk_carries_the_beats_rank_and_the_arrival_time_where_the_sender_gave_none() -> None:

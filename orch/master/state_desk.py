@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 
 from orch.master.control.facade import RunFacade
 from orch.master.control.series import yield_gil
-from orch.master.control.snapshot import draft_reply
+from orch.master.control.snapshot import StateDraft, draft_reply
 from orch.master.control.validate import parse_cursor
 from orch.wire._proto import orchestrator_pb2 as pb
 
@@ -54,20 +54,8 @@ class StateDesk(RunFacade):
         one reply; ``more`` then says to ask again with its cursor. ``skip_series``: no points.
         ``changed_ranks``: only the ranks whose records changed since ``cursor``.
         """
-        prev = parse_cursor(cursor, max_points)
         self.expire()
-        with self._lock:
-            now, wall = self._clock(), self._wall()
-            draft = draft_reply(
-                self,
-                cursor,
-                prev,
-                now,
-                wall,
-                skip_series=skip_series,
-                max_points=max_points,
-                changed_ranks=changed_ranks,
-            )
+        draft = self._draft(cursor, skip_series, max_points, changed_ranks)
         draft.publish()  # outside the lock: heartbeats never wait for a thousand ranks' records
         built = draft.copy()  # ... nor for a catch-up's copies
         if draft.trimmed_meanwhile():
@@ -88,23 +76,26 @@ class StateDesk(RunFacade):
         outside the lock, calling ``pause`` after each millisecond of it, so that a reply never
         holds the GIL (and the event loop that serves heartbeats) for long. ``changed_ranks``:
         only the ranks whose records changed since ``cursor``."""
-        prev = parse_cursor(cursor, max_points)
         # No expire() here: the server's expiry thread runs it four times a second.
-        with self._lock:
-            now, wall = self._clock(), self._wall()
-            draft = draft_reply(
-                self,
-                cursor,
-                prev,
-                now,
-                wall,
-                skip_series=skip_series,
-                max_points=max_points,
-                changed_ranks=changed_ranks,
-            )
+        draft = self._draft(cursor, skip_series, max_points, changed_ranks)
         draft.publish(pause)
         encoded = draft.encode(pause)
         if draft.trimmed_meanwhile():
             with self._lock:
                 draft.reencode_trimmed(encoded)
         return draft.finish_bytes(encoded)
+
+    def _draft(self, cursor: bytes, skip_series: bool, max_points: int, changed_ranks: bool) -> StateDraft:
+        """The reply after ``cursor``, but for its ranks and points, drafted under the lock."""
+        prev = parse_cursor(cursor, max_points)
+        with self._lock:
+            return draft_reply(
+                self,
+                cursor,
+                prev,
+                self._clock(),
+                self._wall(),
+                skip_series=skip_series,
+                max_points=max_points,
+                changed_ranks=changed_ranks,
+            )

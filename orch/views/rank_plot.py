@@ -385,8 +385,8 @@ class RankPlot:
             self._mean.set_data(x, mean)
         if self.spread_of != len(curves):
             self.spread_of = len(curves)
-            self._band.set_label(f"lowest to highest of {len(curves)} ranks")
-            self._mean.set_label(f"mean of {len(curves)} ranks")
+            self._band.set_label(f"lowest to highest of {len(curves):,} ranks")
+            self._mean.set_label(f"mean of {len(curves):,} ranks")
             ax.legend(handles=[self._mean, self._band], loc="upper right", fontsize=8)
 
     def _nonfinite_marks(self, mirror: StateMirror, metric: str) -> list[tuple[float, str, str]]:

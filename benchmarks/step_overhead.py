@@ -194,23 +194,19 @@ def main() -> None:
     header = ["repeat", "torchrun wall / CPU (ms)"]
     for v in variants[1:]:
         header += [f"{v} wall / CPU (ms)", f"{v} wall ratio", f"{v} CPU - torchrun (µs)"]
+
+    def cells(wall_s: float, cpu_s: float, ratio: float, extra: float) -> list[str]:
+        return [f"{wall_s * 1e3:.3f} / {cpu_s * 1e3:.3f}", f"{ratio:.3f}", f"{extra:+.0f}"]
+
     detail = []
     for i in range(pairs):
         row = [str(i), f"{base_w[i] * 1e3:.3f} / {base_c[i] * 1e3:.3f}"]
         for v in variants[1:]:
-            row += [
-                f"{wall[v][i] * 1e3:.3f} / {cpu[v][i] * 1e3:.3f}",
-                f"{ratios(v)[i]:.3f}",
-                f"{extra_us(v)[i]:+.0f}",
-            ]
+            row += cells(wall[v][i], cpu[v][i], ratios(v)[i], extra_us(v)[i])
         detail.append(row)
     medians = ["median", f"{med['torchrun'] * 1e3:.3f} / {med_cpu['torchrun'] * 1e3:.3f}"]
     for v in variants[1:]:
-        medians += [
-            f"{med[v] * 1e3:.3f} / {med_cpu[v] * 1e3:.3f}",
-            f"{c.median(ratios(v)):.3f}",
-            f"{c.median(extra_us(v)):+.0f}",
-        ]
+        medians += cells(med[v], med_cpu[v], c.median(ratios(v)), c.median(extra_us(v)))
     detail.append(medians)
     body = "\n".join(
         [

@@ -79,6 +79,12 @@ def describe(row: RunRow) -> str:
         ("function", row.origin or row.fn),
         ("config", json.dumps(row.config)),
         ("world size", str(row.world_size or "")),
+        (
+            "seed",
+            "each rank's own, from the OS"
+            if row.seed is None
+            else f"{row.seed} (rank r seeded with {row.seed} + r)",
+        ),
         ("launched", _launched(row)),
         ("attempts", f"{row.attempts} of {row.max_attempts}" if row.max_attempts else str(row.attempts)),
         ("duration", format_seconds(row.duration)),

@@ -56,6 +56,7 @@ class RunRow:
     origin: str = ""  # where the function came from: a notebook and cell, a script (else: fn)
     config: dict[str, Any] = field(default_factory=dict)
     world_size: int = 0
+    seed: int | None = None  # the launch's seed= (rank r seeded with seed + r); None: from the OS
     attempts: int = 0
     max_attempts: int = 0
     started: float | None = None  # time.time() at launch
@@ -177,6 +178,7 @@ def _read_meta(row: RunRow, meta: dict[str, Any], where: Path) -> None:
     f = _Fields(meta, where)
     row.run_id = f.text("run_id") or row.run_id
     row.world_size = f.integer("world_size")
+    row.seed = f.integer("seed") if "seed" in meta else None
     row.fn, row.host, row.master = f.text("fn"), f.text("host"), f.text("master")
     row.origin = f.text("origin")
     row.name, row.sweep, row.config_key = f.text("name"), f.text("sweep"), f.text("config_key")

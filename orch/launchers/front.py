@@ -48,6 +48,7 @@ class LaunchOptions(RunOptions, total=False):
     name: str | None
     cluster: Slurm | None
     min_world_size: int | None
+    seed: int | None
 
 
 def keys_of(options: type) -> frozenset[str]:

@@ -339,7 +339,7 @@ class Run(RunHandle):
 
 def run_meta(coordinator: Coordinator, *, config: dict[str, Any], max_restarts: int) -> dict[str, Any]:
     """What ``run.json`` says of a run from the start: what runs, and which process answers for it."""
-    return {
+    meta = {
         "run_id": coordinator.run_id,
         "fn": coordinator.fn,
         "world_size": coordinator.world_size,
@@ -351,6 +351,9 @@ def run_meta(coordinator: Coordinator, *, config: dict[str, Any], max_restarts: 
         "pid": os.getpid(),
         "host": socket.gethostname(),
     }
+    if coordinator.seed is not None:  # rank r seeded its generators with seed + r
+        meta["seed"] = coordinator.seed
+    return meta
 
 
 def serve(

@@ -27,6 +27,7 @@ from orch.master.control.progress import STARTUP_TIMEOUT
 from orch.master.control.stopping import STOP_GRACE
 from orch.master.coordinator import Coordinator
 from orch.record.values import VALUE_CAP
+from orch.runtime._seeding import SEED_MAX
 from orch.runtime.script import Script, script_target
 from orch.runtime.target import EXAMPLE, TrainFn, resolve_fn, split_target
 
@@ -207,6 +208,15 @@ class LaunchSpec:
         parse=int,
         check=_at_least(1),
     )
+    seed: int | None = option(
+        front="launch",
+        help="seed every rank's torch, numpy and random generators with SEED + its rank (a run "
+        "reproducible, its ranks still drawing apart); default: each rank's own, from the OS, as "
+        "under torchrun",
+        flag="--seed",
+        parse=int,
+        check=lambda name, value: check_int(name, value, 0, SEED_MAX),
+    )
     poll_interval: float = option(0.1, help="seconds between the launcher's looks at its ranks")
     grace: float = option(1.5, help="seconds a rank told to end gets before it is killed")
     max_restarts: int = option(
@@ -304,6 +314,7 @@ class LaunchSpec:
             max_attempts=self.max_restarts + 1,
             restart_through_hosts=restart_through_hosts,
             min_world_size=self.min_world_size,
+            seed=self.seed,
         )
 
     @property

@@ -84,6 +84,7 @@ class Coordinator(StateDesk, HostDesk, StackDesk):
         max_attempts: int = 1,
         restart_through_hosts: bool = False,
         min_world_size: int | None = None,
+        seed: int | None = None,
         store: RunStore | None = None,
         max_points_in_memory: int = MAX_POINTS_IN_MEMORY,
         hang_timeout: float | None = None,
@@ -101,6 +102,7 @@ class Coordinator(StateDesk, HostDesk, StackDesk):
         self.fn = fn
         self.config_json = config_json
         self.total_steps = total_steps
+        self.seed = seed  # each rank seeds its generators with seed + rank; None: from the OS
         self.rendezvous_port = rendezvous_port
         self.rendezvous_file = False  # the ranks meet through a file store (one host): no port
         self.backend = backend
@@ -146,6 +148,7 @@ class Coordinator(StateDesk, HostDesk, StackDesk):
                 heartbeat_timeout=self.heartbeat_timeout,
                 attempt=self.attempt,
                 rendezvous_port=self.rendezvous_port,
+                seed=self.seed,
             )
 
     def can_start(self, req: pb.CanStartTrainingRequest) -> pb.CanStartTrainingResponse:

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import datetime
 import logging
+import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -126,25 +127,65 @@ class GroupAdopter:
     one and none is up yet (a script); ``install`` puts the stand-ins in place of torch's.
     """
 
-    def __init__(self, *, rank: int, world_size: int, make: Make | None = None) -> None:
+    def __init__(self, *, rank: int, world_size: int, make: Make | None = None, store: Any = None) -> None:
         self.rank = rank
         self.world_size = world_size
         self._make = make
+        self._store = store  # orch's rendezvous store, which torch's env:// and tcp:// are given
         self.joined = 0  # calls of init_process_group answered with orch's group
         self.released = 0  # calls of destroy_process_group() that let go of it
+        self.rendezvous_calls = 0  # torch rendezvous (env://, tcp://) answered with orch's store
         self._real_init: Any = None
         self._real_destroy: Any = None
 
     def install(self) -> GroupAdopter:
-        import torch.distributed as dist
-
-        c10d = _torch_c10d()
+        """Stand in for torch's functions wherever they are bound: ``torch.distributed``,
+        ``distributed_c10d`` and every module that bound them by name at its import
+        (``device_mesh``'s ``init_device_mesh`` calls its own ``init_process_group``; so may a
+        library's). Modules imported later bind the stand-ins. torch's ``env://`` and ``tcp://``
+        rendezvous, which open a TCP store on ``MASTER_PORT`` on every interface, are given
+        orch's store instead (:meth:`rendezvous`)."""
+        _torch_c10d()
         self._real_init, self._real_destroy = _REAL["init"], _REAL["destroy"]
-        modules: list[Any] = [dist, c10d]
-        for module in modules:
-            module.init_process_group = self.init_process_group
-            module.destroy_process_group = self.destroy_process_group
+        swaps = {
+            "init_process_group": (self._real_init, self.init_process_group),
+            "destroy_process_group": (self._real_destroy, self.destroy_process_group),
+        }
+        for module in list(sys.modules.values()):
+            names = getattr(module, "__dict__", None)
+            if not isinstance(names, dict):
+                continue
+            for name, (real, stand_in) in swaps.items():
+                if names.get(name) is real:
+                    names[name] = stand_in
+        if self._store is not None:
+            import importlib
+
+            # torch.distributed.rendezvous is also a function's name in torch.distributed.
+            rdzv = importlib.import_module("torch.distributed.rendezvous")
+            handlers: dict[str, Any] = rdzv._rendezvous_handlers
+            for scheme in ("env", "tcp"):
+                handlers[scheme] = self.rendezvous
         return self
+
+    def rendezvous(self, url: str, timeout: Any = None, **kwargs: Any) -> Any:
+        """torch's ``env://`` and ``tcp://`` rendezvous in a rank: orch's store (under a prefix of
+        its own), never a TCP store of the rank's on ``MASTER_PORT``. Reached only by a path that
+        calls torch's own ``init_process_group`` (one bound where orch could not see it) or
+        ``torch.distributed.rendezvous`` itself; it is said in the rank's log."""
+        from torch.distributed.distributed_c10d import PrefixStore
+
+        self.rendezvous_calls += 1
+        where = url.split("?", 1)[0]
+        log.warning(
+            "rank %d: a torch.distributed rendezvous (%s) was asked for outside orch's "
+            "init_process_group; it is given the run's own store, so that no rank opens a TCP "
+            "store on MASTER_PORT",
+            self.rank,
+            where,
+        )
+        yield PrefixStore(f"orch-rendezvous/{self.rendezvous_calls}", self._store), self.rank, self.world_size
+        raise RuntimeError(f"{where}: orch's rendezvous is not re-entered (the run restarts as a whole)")
 
     def init_process_group(
         self,

@@ -13,6 +13,7 @@ class Session:
     control group), and its namespace (``ctx.state``; a ``%%orch`` cell's globals) stays."""
 
     group_up: bool = False
+    seeded: bool = False  # its generators were seeded at its first call (see orch.runtime._seeding)
     control: Any = None
     state: types.SimpleNamespace = field(default_factory=types.SimpleNamespace)
     broken: bool = False  # a call failed: its collectives may be left half done, so the rank ends

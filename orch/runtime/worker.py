@@ -30,6 +30,7 @@ from orch.record.store import private_dir, write_json_atomic
 from orch.record.writes import own_dir
 from orch.runtime import _scalars, current, nested
 from orch.runtime._children import become_subreaper, end_descendants
+from orch.runtime._seeding import reseed
 from orch.runtime._sender import HeartbeatSender
 from orch.runtime._stack import capture as capture_stack
 from orch.runtime._torchrun import GroupAdopter, environment, real_init_process_group
@@ -203,6 +204,14 @@ def run_worker(spec: WorkerSpec, session: Session | None = None) -> int:
     error_file = Path(spec.run_root) / run_id / "errors" / f"{spec.worker_id}.json"
     adopter: GroupAdopter | None = None
     try:
+        if session is None or not session.seeded:
+            # A forked rank's generators are copies of the forkserver's: its own now, before any
+            # of the user's code (an import of the function's module included) draws from them.
+            mine = reseed(rank, reg.seed if reg.HasField("seed") else None)
+            if mine is not None:
+                log.info("rank %d: torch, numpy and random seeded with %d (seed= + rank)", rank, mine)
+            if session is not None:
+                session.seeded = True
         _set_interop_threads(spec, fn_name)
         fn = resolve_fn(fn_name, spec.workdir)
         install(fn, spec.sources)
@@ -247,8 +256,10 @@ def run_worker(spec: WorkerSpec, session: Session | None = None) -> int:
         os.environ[current.RANK_ENV] = f"{run_id}:{rank}"
 
         def make_group(asked: str | None, timeout: datetime.timedelta | None, device_id: Any) -> None:
+            # None (a script's init_process_group() with no backend): torch's own default for the
+            # devices present (cpu:gloo, cuda:nccl), as under torchrun.
             real_init_process_group(
-                asked or backend,
+                asked,
                 store=store,
                 rank=rank,
                 world_size=world,
@@ -263,7 +274,7 @@ def run_worker(spec: WorkerSpec, session: Session | None = None) -> int:
         elif not isinstance(fn, Script):
             # A function of ctx gets its group (and orch's own, for ctx.steps) before it runs; a
             # script makes the group itself, with its backend and timeout, when it asks for it.
-            make_group(None, None, None)
+            make_group(backend, None, None)
             control = dist.new_group(backend="gloo") if world > 1 else None
             log.info(
                 "rank %d: process group up (%s, rendezvous %s:%d); training on %s",
@@ -276,7 +287,7 @@ def run_worker(spec: WorkerSpec, session: Session | None = None) -> int:
         if session is not None:
             session.group_up, session.control = True, control
         else:
-            adopter = GroupAdopter(rank=rank, world_size=world, make=make_group).install()
+            adopter = GroupAdopter(rank=rank, world_size=world, make=make_group, store=store).install()
         nested.guard()
         _scalars.install()
         ctx: Context

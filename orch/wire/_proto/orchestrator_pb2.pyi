@@ -96,7 +96,7 @@ class RegisterRequest(_message.Message):
     def __init__(self, worker_id: _Optional[str] = ..., host: _Optional[str] = ..., pid: _Optional[int] = ..., address: _Optional[str] = ..., rendezvous_port: _Optional[int] = ..., local_rank: _Optional[int] = ..., backend: _Optional[str] = ..., run_id: _Optional[str] = ..., rank: _Optional[int] = ..., world_size: _Optional[int] = ..., group: _Optional[str] = ..., local_world_size: _Optional[int] = ...) -> None: ...
 
 class RegisterResponse(_message.Message):
-    __slots__ = ("rank", "world_size", "run_id", "fn", "config_json", "total_steps", "heartbeat_timeout", "attempt", "rendezvous_port")
+    __slots__ = ("rank", "world_size", "run_id", "fn", "config_json", "total_steps", "heartbeat_timeout", "attempt", "rendezvous_port", "seed")
     RANK_FIELD_NUMBER: _ClassVar[int]
     WORLD_SIZE_FIELD_NUMBER: _ClassVar[int]
     RUN_ID_FIELD_NUMBER: _ClassVar[int]
@@ -106,6 +106,7 @@ class RegisterResponse(_message.Message):
     HEARTBEAT_TIMEOUT_FIELD_NUMBER: _ClassVar[int]
     ATTEMPT_FIELD_NUMBER: _ClassVar[int]
     RENDEZVOUS_PORT_FIELD_NUMBER: _ClassVar[int]
+    SEED_FIELD_NUMBER: _ClassVar[int]
     rank: int
     world_size: int
     run_id: str
@@ -115,7 +116,8 @@ class RegisterResponse(_message.Message):
     heartbeat_timeout: float
     attempt: int
     rendezvous_port: int
-    def __init__(self, rank: _Optional[int] = ..., world_size: _Optional[int] = ..., run_id: _Optional[str] = ..., fn: _Optional[str] = ..., config_json: _Optional[str] = ..., total_steps: _Optional[int] = ..., heartbeat_timeout: _Optional[float] = ..., attempt: _Optional[int] = ..., rendezvous_port: _Optional[int] = ...) -> None: ...
+    seed: int
+    def __init__(self, rank: _Optional[int] = ..., world_size: _Optional[int] = ..., run_id: _Optional[str] = ..., fn: _Optional[str] = ..., config_json: _Optional[str] = ..., total_steps: _Optional[int] = ..., heartbeat_timeout: _Optional[float] = ..., attempt: _Optional[int] = ..., rendezvous_port: _Optional[int] = ..., seed: _Optional[int] = ...) -> None: ...
 
 class CanStartTrainingRequest(_message.Message):
     __slots__ = ("run_id", "worker_id")

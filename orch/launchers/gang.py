@@ -44,6 +44,7 @@ from orch.master.coordinator import Coordinator
 from orch.record.store import private_dir, tail
 from orch.record.writes import own_dir
 from orch.runtime import gang as rank_side
+from orch.runtime._children import kill_tree, tree
 from orch.runtime.launcher_env import LaunchedAs
 from orch.runtime.owner import Owner
 from orch.runtime.script import Script
@@ -135,6 +136,8 @@ class Gang:
         for conn in self._conns:
             with contextlib.suppress(OSError):
                 conn.close()
+        # What the ranks started, read before any is killed: a killed rank's orphans go to init.
+        started = {d: t for p in self._procs if p.pid is not None for d, t in tree(p.pid).items()}
         deadline = time.monotonic() + grace
         for p in self._procs:
             p.join(max(0.0, deadline - time.monotonic()))
@@ -148,6 +151,7 @@ class Gang:
                 with contextlib.suppress(Exception):
                     p.kill()
                 p.join(5.0)
+        kill_tree(started)
         self._procs, self._conns = [], []
 
     def broken(self, why: str) -> None:

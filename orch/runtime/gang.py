@@ -27,7 +27,7 @@ from collections.abc import Callable
 from multiprocessing.connection import Connection
 from typing import Any
 
-from orch.runtime._children import become_subreaper, end_descendants
+from orch.runtime._children import become_subreaper, end_descendants, end_with_sigterm
 from orch.runtime.gang_session import Session
 from orch.runtime.owner import Owner, exit_when_gone
 from orch.runtime.worker import EXIT_FAILED, enter, run_worker
@@ -44,6 +44,7 @@ def gang_main(owner: Owner | None, conn: Connection) -> None:
     if owner is not None:
         exit_when_gone(owner, EXIT_ABORTED)
     become_subreaper()
+    end_with_sigterm()
     session = Session()
     code = 0
     while True:

@@ -19,6 +19,8 @@ import sys
 import threading
 import time
 
+from orch.runtime._children import exit_now
+
 POLL_INTERVAL = 0.2
 
 
@@ -116,4 +118,4 @@ def _exit(code: int, what: str, pid: int) -> None:
     with contextlib.suppress(OSError, ValueError):
         sys.stderr.write(f"orch worker: {what} (pid {pid}) is gone; exiting\n")
         sys.stderr.flush()
-    os._exit(code)
+    exit_now(code)  # what the worker started ends with it

@@ -29,7 +29,7 @@ from orch.errors import OrchError, StopTraining, WorkerError
 from orch.record.store import private_dir, write_json_atomic
 from orch.record.writes import own_dir
 from orch.runtime import _scalars, current, nested
-from orch.runtime._children import become_subreaper, end_descendants
+from orch.runtime._children import become_subreaper, end_descendants, end_with_sigterm, exit_now
 from orch.runtime._seeding import reseed
 from orch.runtime._sender import HeartbeatSender
 from orch.runtime._stack import capture as capture_stack
@@ -98,7 +98,7 @@ def _abort(reason: str) -> None:
     """What the heartbeat thread does when the run must end now: say why, and exit."""
     sys.stderr.write(f"orch worker: {reason}; exiting\n")
     sys.stderr.flush()
-    os._exit(EXIT_ABORTED)
+    exit_now(EXIT_ABORTED)  # what the rank started ends with it
 
 
 def _format_exc(spec: WorkerSpec) -> str:
@@ -458,6 +458,7 @@ def spawn_main(payload: bytes) -> None:
     enter(spec)
     # What the training code starts stays in this process's tree, and ends with it.
     become_subreaper()
+    end_with_sigterm()
     try:
         code = run_worker(spec)
     except Exception:

@@ -28,6 +28,7 @@ from orch.launchers._frozen import dump
 from orch.launchers.exiting import launcher_exit_message, launcher_exiting
 from orch.master.coordinator import Coordinator
 from orch.record.store import json_object, tail
+from orch.runtime._children import end_marked
 from orch.runtime.fatal import MAX_BYTES, explain
 from orch.runtime.memory import OomCounter
 from orch.runtime.source import SourceMap
@@ -176,6 +177,13 @@ class WorkerGroup:
             self.coordinator.rank_exited(wid, code, detail=detail, expected=ours, cause=cause, oom_killed=oom)
         if self.all_exited and self.all_exited_at is None:
             self.all_exited_at = time.monotonic()
+            # What a rank started and left behind: a rank killed outright (SIGKILL, the OOM
+            # killer) could not end it, and its orphans went to init (orch.runtime._children).
+            left = end_marked(self.coordinator.run_id)
+            if left:
+                log.warning(
+                    "run %s: ended %d process(es) its ranks left behind", self.coordinator.run_id, left
+                )
 
     def _error_record(self, worker_id: str) -> dict[str, Any]:
         """The error file a failed worker left (empty when it left none or it is unreadable)."""

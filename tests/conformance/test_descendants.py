@@ -59,6 +59,10 @@ def assert_all_gone(pids: list[int], within: float = 3.0) -> None:
     assert not [p for p in pids if running(p)], "processes a rank started outlived the run"
 
 
+def where(tmp_path: Path) -> dict[str, object]:
+    return {"config": {"folder": str(tmp_path)}, "run_root": str(tmp_path)}
+
+
 def _stepping(ctx):  # type: ignore[no-untyped-def]
     ns: dict = {}
     exec(STARTS, ns)
@@ -78,7 +82,7 @@ def _deaf(ctx):  # type: ignore[no-untyped-def]
 
 
 def test_run_stop_ends_what_each_rank_started(tmp_path: Path) -> None:
-    with orch.launch(_stepping, world_size=2, config={"folder": str(tmp_path)}, run_root=str(tmp_path)) as run:
+    with orch.launch(_stepping, world_size=2, **where(tmp_path)) as run:
         pids = started(tmp_path)
         assert all(running(p) for p in pids)
         run.stop()
@@ -99,7 +103,7 @@ def test_a_stop_past_its_grace_ends_what_each_rank_started(tmp_path: Path) -> No
 def test_a_rank_killed_outright_leaves_nothing_behind(tmp_path: Path) -> None:
     """SIGKILL, as the OOM killer sends it, to one rank: it cannot end its own children; the
     launcher ends them by the run's mark in their environment."""
-    with orch.launch(_stepping, world_size=2, config={"folder": str(tmp_path)}, run_root=str(tmp_path)) as run:
+    with orch.launch(_stepping, world_size=2, **where(tmp_path)) as run:
         pids = started(tmp_path)
         os.kill(run.procs[1].pid, signal.SIGKILL)
         with pytest.raises(orch.RunFailed):
@@ -110,8 +114,7 @@ def test_a_rank_killed_outright_leaves_nothing_behind(tmp_path: Path) -> None:
 def test_ctrl_c_on_orch_run_ends_what_each_rank_started(tmp_path: Path) -> None:
     script = tmp_path / "train.py"
     script.write_text(
-        STARTS
-        + "start_children(sys.argv[1], int(os.environ['RANK']))\nwhile True:\n    time.sleep(0.05)\n"
+        STARTS + "start_children(sys.argv[1], int(os.environ['RANK']))\nwhile True:\n    time.sleep(0.05)\n"
     )  # a plain script: no step boundary orch knows of, so the stop runs out its grace
     proc = subprocess.Popen(
         [ORCH, "run", "--workers", "2", "--stop-grace", "1", "train.py", str(tmp_path)],

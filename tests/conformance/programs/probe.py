@@ -79,7 +79,8 @@ def main() -> None:
     seen["rank"], seen["world_size"] = rank, world
     seen["listening"] = listening()
     torch.manual_seed(0)  # the model the same on every rank and under every launcher
-    model: torch.nn.Module = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 2))
+    layers = [torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 2)]
+    model: torch.nn.Module = torch.nn.Sequential(*layers)
     if fsdp:
         from torch.distributed.fsdp import fully_shard
 
@@ -94,7 +95,10 @@ def main() -> None:
         opt.zero_grad()
         loss.backward()
         opt.step()
-    state = {k: (v.full_tensor() if hasattr(v, "full_tensor") else v).detach().clone() for k, v in model.state_dict().items()}
+    state = {
+        k: (v.full_tensor() if hasattr(v, "full_tensor") else v).detach().clone()
+        for k, v in model.state_dict().items()
+    }
     seen["listening_after"] = listening()
     out.mkdir(parents=True, exist_ok=True)
     torch.save(state, out / f"params-rank{rank}.pt")

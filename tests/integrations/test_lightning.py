@@ -1,7 +1,8 @@
 """Code built on Lightning (``Trainer(strategy="ddp", accelerator="cpu", devices=2)``) trains in
 an orch run as under Lightning's own launcher: global ranks 0 and 1, the launcher's parameters,
 no process of Lightning's own beside orch's ranks (it re-executed the program for its "local
-rank 1" before torchrun's environment was there); OrchLogger's metrics are in the history."""
+rank 1" before torchrun's environment was there); OrchLogger's metrics are in the history. A
+default Trainer() or Fabric(), which trains each rank alone, is a warning in the rank's row."""
 
 from __future__ import annotations
 
@@ -90,3 +91,38 @@ def test_a_slow_lightning_rank_is_named_the_straggler(
     assert "rank 1 is the straggler" in judged.straggler_note, judged.straggler_note
     fast, slow = judged.ranks
     assert fast.collective_ms > slow.collective_ms + 20, (fast, slow)  # rank 0 waits for rank 1
+
+
+@pytest.mark.parametrize("setup", ["alone", "right"])
+def test_a_lightning_world_other_than_the_runs_is_a_warning(
+    setup: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A default Trainer() and Fabric() (one CPU device: a single-device strategy) train each rank
+    alone, without an error, under torchrun as under orch; orch finds them (no OrchCallback here)
+    and warns in each rank's row and the events. Built as the warning says, nothing is said."""
+    shutil.copy(CODE / "lightning_world_fn.py", tmp_path / "train_world.py")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("ORCH_TEST_OUT", str(tmp_path))
+    monkeypatch.setenv("ORCH_TEST_SETUP", setup)
+    with orch.launch("train_world.py:train", world_size=2) as run:
+        result = run.wait(timeout=240)
+        if setup == "alone":  # the ranks tell it with a beat; the last beats go out as they end
+            until(lambda: all(r.note for r in run.state().ranks), 20)
+        state = run.state()
+    assert result.state is orch.RunState.SUCCEEDED
+    n = 1 if setup == "alone" else 2
+    for rank in (0, 1):
+        seen = json.loads((tmp_path / f"seen-rank{rank}.json").read_text())
+        assert seen == {"trainer": n, "fabric": n, "steps": 3}, seen
+    warnings = sorted((rank, text) for _, kind, rank, text in state.events if kind == "warning")
+    if setup == "right":
+        assert warnings == [] and not any(r.note for r in state.ranks), (warnings, state.ranks)
+        return
+    said = "sees 1 process, but this run has 2 ranks: pass"
+    for rank in (0, 1):  # in one event, or two: those a rank finds at the same beat go as one
+        told = " ".join(text for r, text in warnings if r == rank)
+        assert told.startswith(f"rank {rank}: "), warnings
+        assert f'Lightning {said} Trainer(strategy="ddp", devices=int(os.environ["LOCAL_WORLD_SIZE"])' in told
+        assert f'Lightning Fabric {said} Fabric(strategy="ddp", devices=int(' in told, told
+    for r in state.ranks:
+        assert said in r.note, r.note

@@ -60,7 +60,7 @@ if TYPE_CHECKING:
     from orch.launchers.run import Run
     from orch.launchers.slurm.options import Slurm, SlurmError
     from orch.runtime.context import Context
-    from orch.runtime.current import log
+    from orch.runtime.current import context, log
     from orch.views.comparison import compare
     from orch.views.panel import Panel
     from orch.wire.client import MasterClient, StateMirror
@@ -109,6 +109,7 @@ _EXPORTS = {
     "launch": "orch.api",
     "load_run": "orch.launchers.loaded",
     "log": "orch.runtime.current",
+    "context": "orch.runtime.current",
     "runs": "orch.experiments.catalog",
     "sweep": "orch.experiments.sweep",
 }
@@ -147,6 +148,7 @@ __all__ = [  # noqa: RUF022 (in plain sorted order, as the README lists them)
     "choice",
     "close_all",
     "compare",
+    "context",
     "gang",
     "grid",
     "launch",

@@ -21,7 +21,7 @@ class RunOptions(TypedDict, total=False):
     """The options every run takes (``orch.launch``'s and each run's of ``orch.sweep``), as
     keywords. Their defaults, checks and help are :class:`LaunchSpec`'s (``front="run"``)."""
 
-    args: list[str] | None
+    args: list[Any] | tuple[Any, ...] | None
     module: str | None
     steps: int | None
     heartbeat_timeout: float

@@ -112,10 +112,12 @@ class LaunchSpec:
         flag="--fn",
         parse=_target,
     )
-    args: list[str] | None = option(
+    args: list[Any] | tuple[Any, ...] | None = option(
         front="run",
         help="a script's command-line arguments (with train= a script's path, such as \"train.py\", "
-        "or module=): it runs as torchrun runs it, as __main__ with these in sys.argv",
+        "or module=): it runs as torchrun runs it, as __main__ with these in sys.argv; with a "
+        "function, what each rank calls it with, fn(*args), as accelerate.notebook_launcher does "
+        "(fn(ctx, *args) when its first parameter is ctx)",
     )
     module: str | None = option(
         front="run",

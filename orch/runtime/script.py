@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from orch.errors import ConfigError
+from orch.runtime.target import called
 
 CONFIG_ENV = "ORCH_CONFIG"
 
@@ -112,7 +113,10 @@ def script_target(
     script's path (``"train.py"``, no ``:function``) or ``module`` is given, else ``train``
     itself. A script that is not there is a ConfigError now, before any process starts."""
     if args is not None and (isinstance(args, str) or not isinstance(args, (list, tuple))):
-        raise ConfigError(f"args must be a list of strings (a script's arguments), got {args!r:.80}")
+        raise ConfigError(
+            "args must be a list: a script's arguments (strings), or the values a function is "
+            f"called with, got {args!r:.80}"
+        )
     argv = tuple(args or ())
     if module is not None:
         if fn is not None:
@@ -132,10 +136,13 @@ def script_target(
         if not path.is_file():
             raise ConfigError(f"there is no script {path} to run (from {fn!r})")
         return Script(path=str(path), args=argv)
+    if callable(fn):
+        return called(fn, None if args is None else argv)
     if argv:
         raise ConfigError(
-            'args= are a script\'s command-line arguments: pass a script ("train.py") or module=, '
-            "or give a training function its settings through config="
+            "args= are a script's command-line arguments or a function's values: pass a script "
+            '("train.py"), module= or the function itself, or give a function named by its import '
+            "path its settings through config="
         )
     return fn
 

@@ -21,6 +21,8 @@ import types
 from dataclasses import dataclass, field
 from typing import Any
 
+from orch.runtime.target import Called
+
 MAX_OBJECTS = 2000  # a bound on the walk through globals, for a notebook full of functions
 MAX_SOURCE_BYTES = 4 * 1024 * 1024
 
@@ -66,6 +68,8 @@ def _reachable_functions(fn: Any) -> list[types.FunctionType]:
         seen.add(id(obj))
         if isinstance(obj, types.MethodType):
             todo.append(obj.__func__)
+        elif isinstance(obj, Called):
+            todo.append(obj.__wrapped__)
         elif isinstance(obj, functools.partial):
             todo.append(obj.func)
         elif isinstance(obj, types.FunctionType):

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import inspect
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -89,3 +90,61 @@ def _load_file(path: Path, fn: str) -> Any:
         del sys.modules[name]
         raise ConfigError(f"{fn!r}: running {path} failed: {type(e).__name__}: {e}") from e
     return module
+
+
+class Called:
+    """A function written for ``accelerate.notebook_launcher(fn, args)`` as a run's function:
+    each rank calls ``fn(*args)``; one whose first parameter is ``ctx`` gets the rank's context
+    first, ``fn(ctx, *args)``. Code without ``ctx`` reaches it through ``orch.context()``."""
+
+    def __init__(self, fn: Callable[..., Any], args: tuple[Any, ...], with_ctx: bool) -> None:
+        self.__wrapped__ = fn
+        self.args = args
+        self.with_ctx = with_ctx
+        for name in ("__module__", "__name__", "__qualname__", "__doc__"):
+            setattr(self, name, getattr(fn, name, None))
+
+    def __call__(self, ctx: Any) -> Any:
+        if self.with_ctx:
+            return self.__wrapped__(ctx, *self.args)
+        return self.__wrapped__(*self.args)
+
+
+def called(fn: Any, args: tuple[Any, ...] | None) -> Any:
+    """What a rank calls for ``orch.launch(fn, args=...)`` (see :class:`Called`): ``fn`` itself
+    when it takes the rank's ``ctx`` alone, as ever. A function that cannot take what it would
+    be given is a ConfigError now, before any process starts."""
+    try:
+        signature = inspect.signature(fn)
+    except (TypeError, ValueError):  # a builtin, a C function: called as a function of ctx
+        if args:
+            raise ConfigError(f"cannot tell whether {fn!r:.60} takes args={args!r:.60}") from None
+        return fn
+    params = [
+        p for p in signature.parameters.values() if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
+    ]
+    with_ctx = bool(params) and params[0].name == "ctx"
+    if args is None and not with_ctx:
+        if _binds(signature, 0):
+            return Called(fn, (), False)  # notebook_launcher's fn(): nothing to give it
+        with_ctx = True  # a function of ctx by any name: fn(ctx)
+    given = tuple(args or ())
+    if not _binds(signature, len(given) + with_ctx):
+        name = getattr(fn, "__qualname__", repr(fn))
+        what = ", ".join((["ctx"] if with_ctx else []) + [f"{a!r:.30}" for a in given]) or "no arguments"
+        raise ConfigError(
+            f"the training function {name}{signature} cannot be called with ({what}): each rank calls "
+            "fn(ctx) for a function whose first parameter is ctx (with args=(...) after it), else "
+            "fn(*args) as accelerate.notebook_launcher does; pass args= to match its parameters"
+        )
+    if with_ctx and not given:
+        return fn
+    return Called(fn, given, with_ctx)
+
+
+def _binds(signature: inspect.Signature, n: int) -> bool:
+    try:
+        signature.bind(*range(n))
+    except TypeError:
+        return False
+    return True

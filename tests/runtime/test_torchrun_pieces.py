@@ -88,9 +88,11 @@ def test_a_script_target_is_found_and_checked(tmp_path: Path) -> None:
         script_target("nope.py", args=None, module=None, workdir=str(tmp_path))
     with pytest.raises(ConfigError, match=r"there is no module 'nopkg\.train'"):
         script_target(None, args=None, module="nopkg.train", workdir=str(tmp_path))
-    with pytest.raises(ConfigError, match="args= are a script's"):
+    with pytest.raises(
+        ConfigError, match="args= are a script's command-line arguments or a function's values"
+    ):
         script_target("jobs:allreduce_steps", args=["-x"], module=None, workdir=str(tmp_path))
-    with pytest.raises(ConfigError, match="list of strings"):
+    with pytest.raises(ConfigError, match="args must be a list"):
         script_target("train.py", args="--epochs 2", module=None, workdir=str(tmp_path))  # type: ignore[arg-type]
     assert script_target("train.py:main", args=None, module=None, workdir=str(tmp_path)) == "train.py:main"
 

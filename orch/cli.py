@@ -272,6 +272,7 @@ COMMON_FLAGS = (
     "on_hang",
     "startup_timeout",
     "stop_grace",
+    "seed",
 )
 
 

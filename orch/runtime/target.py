@@ -115,6 +115,9 @@ def called(fn: Any, args: tuple[Any, ...] | None) -> Any:
     when it takes the rank's ``ctx`` alone, as ever. A function that cannot take what it would
     be given is a ConfigError now, before any process starts."""
     try:
+        own = list(inspect.signature(fn, follow_wrapped=False).parameters)
+        if own == ["ctx"] and args is None:  # fn(ctx), whatever it wraps (a gang's call does)
+            return fn
         signature = inspect.signature(fn)
     except (TypeError, ValueError):  # a builtin, a C function: called as a function of ctx
         if args:

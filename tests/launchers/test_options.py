@@ -156,9 +156,9 @@ def _flags(command: str) -> dict[str, Any]:
 
 RUN_FLAGS = flagged("run")  # every run's options: every command that starts runs has them
 FROM_DECLARATION = {
-    "run": ["fn", "config", "rdzv_port", *RUN_FLAGS, "world_size", "master_port", "run_root"],
+    "run": ["fn", "config", "rdzv_port", *RUN_FLAGS, "world_size", "master_port", "run_root", "seed"],
     "master": ["fn", "config", "rdzv_port", *RUN_FLAGS, "world_size", "master_host", "tls_cert",
-               "tls_key", "master_port", "run_root", "min_world_size"],
+               "tls_key", "master_port", "run_root", "min_world_size", "seed"],
     "sweep": ["fn", "config", *RUN_FLAGS, "world_size", "run_root"],
 }  # fmt: skip
 # Help a command words its own way (what the option means there), against the declaration's.

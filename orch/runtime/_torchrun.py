@@ -175,15 +175,20 @@ class GroupAdopter:
         ``torch.distributed.rendezvous`` itself; it is said in the rank's log."""
         from torch.distributed.distributed_c10d import PrefixStore
 
+        from orch.runtime import current
+
         self.rendezvous_calls += 1
         where = url.split("?", 1)[0]
-        log.warning(
-            "rank %d: a torch.distributed rendezvous (%s) was asked for outside orch's "
-            "init_process_group; it is given the run's own store, so that no rank opens a TCP "
-            "store on MASTER_PORT",
-            self.rank,
-            where,
+        text = (
+            f"rank {self.rank}: a torch.distributed rendezvous ({where}) was asked for outside orch's "
+            "init_process_group (torch's own, bound where orch could not stand in for it): it was "
+            "given the run's store, so that no rank serves a TCP store on MASTER_PORT"
         )
+        ctx = current.context()
+        if ctx is not None:
+            ctx.warn(text)  # the rank's log, its row of the panel, the run's events
+        else:
+            log.warning("%s", text)
         yield PrefixStore(f"orch-rendezvous/{self.rendezvous_calls}", self._store), self.rank, self.world_size
         raise RuntimeError(f"{where}: orch's rendezvous is not re-entered (the run restarts as a whole)")
 

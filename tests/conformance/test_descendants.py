@@ -151,3 +151,35 @@ def test_a_gang_closed_ends_what_its_ranks_started(tmp_path: Path) -> None:
 
 if __name__ == "__main__":  # pragma: no cover
     sys.exit(pytest.main([__file__]))
+
+
+def _trial(ctx):  # type: ignore[no-untyped-def]
+    ns: dict = {}
+    exec(STARTS, ns)
+    ns["start_children"](ctx.config["folder"], f"{ctx.run_id}-{ctx.rank}")
+    for step in ctx.steps(int(ctx.config["steps"])):
+        time.sleep(0.02)
+        ctx.log(step, loss=float(ctx.config["x"]))
+
+
+def test_a_pruned_trial_ends_what_its_ranks_started(tmp_path: Path) -> None:
+    folder = tmp_path / "pids"
+    folder.mkdir()
+    configs = [{"x": x, "steps": 40, "folder": str(folder)} for x in range(3)]
+    sweep = orch.sweep(
+        _trial,
+        configs,
+        world_size=2,
+        run_root=str(tmp_path),
+        name="pruned",
+        prune=orch.MedianStop(grace=2, interval=2, min_trials=1),
+        order="given",
+    )
+    try:
+        states = [row["state"] for row in sweep.wait(300)]
+    finally:
+        sweep.close()
+    assert "PRUNED" in states, states
+    pids = [p for f in folder.glob("pids-*.json") for p in json.loads(f.read_text())]
+    assert len(pids) == 2 * 2 * 3
+    assert_all_gone(pids)

@@ -245,12 +245,14 @@ def launcher_ranks(ctx: Any) -> None:
     def env(*names: str) -> float:
         return float(next((os.environ[n] for n in names if n in os.environ), -1))
 
+    initial_seed = torch.initial_seed()  # the rank's own; seed= + rank with a seed
     model = ctx.ddp(torch.nn.Linear(4, 1))
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     torch.manual_seed(ctx.rank)
     x = torch.randn(64, 4)
     y = x.sum(1, keepdim=True)
     seen = {
+        "initial_seed": float(initial_seed % 2**52),
         "orch_rank": float(ctx.rank),
         "env_rank": env("RANK", "SLURM_PROCID"),
         "orch_local_rank": float(ctx.local_rank),

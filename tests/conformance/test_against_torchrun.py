@@ -10,6 +10,7 @@ so; anything else that differs fails here.
 from __future__ import annotations
 
 import os
+import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -20,7 +21,7 @@ import pytest
 import torch
 
 import orch
-from probes import ORCH, TORCHRUN, observed, run, workspace
+from probes import ORCH, TORCHRUN, clean_env, observed, run, workspace
 
 pytestmark = [pytest.mark.timeout(900), pytest.mark.xdist_group("conformance")]
 
@@ -51,6 +52,9 @@ TABLE: list[tuple[str, str, str, tuple[str, ...]]] = [
     ("parameters after training (DDP)", "-", "equal, bit for bit", DOORS),
     ("init_device_mesh, FSDP2 fully_shard: parameters, listeners", "-",
      "equal, bit for bit; no listener on MASTER_PORT or a wildcard address", ("orch run",)),
+    ("a rank's sys.exit(3): the launcher's exit code", "1", "1", ("orch run",)),
+    ("rank 0's output; files the script writes in its folder", "in the terminal; written",
+     "the same", ("orch run",)),
 ]  # fmt: skip
 
 
@@ -258,3 +262,31 @@ def test_the_parameters_are_torchruns_bit_for_bit(runs: Runs, door: str) -> None
         for name, value in theirs[rank].items():
             assert torch.equal(ours[rank][name], value), (door, rank, name)
     assert not torch.equal(theirs[0]["0.weight" if door == "fsdp" else "module.0.weight"], torch.zeros(16, 8))
+
+
+FAILS = """
+import os, sys
+import torch.distributed as dist
+dist.init_process_group()
+print(f"rank {os.environ['RANK']} says hello", flush=True)
+with open(f"wrote-{os.environ['RANK']}.txt", "w") as f:
+    f.write(os.environ["RANK"])
+if os.environ["RANK"] == "1":
+    sys.exit(3)
+dist.destroy_process_group()
+"""
+
+
+def test_a_failing_scripts_exit_code_output_and_files(tmp_path: Path) -> None:
+    outcomes = {}
+    for who, cmd in (
+        ("torchrun", [TORCHRUN, "--standalone", "--nproc-per-node", "2", "fails.py"]),
+        ("orch run", [ORCH, "run", "--workers", "2", "fails.py"]),
+    ):
+        folder = tmp_path / who.replace(" ", "_")
+        folder.mkdir()
+        (folder / "fails.py").write_text(FAILS)
+        proc = subprocess.run(cmd, cwd=folder, env=clean_env(), capture_output=True, text=True, timeout=240)
+        wrote = {p.name: p.read_text() for p in folder.glob("wrote-*.txt")}
+        outcomes[who] = (proc.returncode, "rank 0 says hello" in proc.stdout + proc.stderr, wrote)
+    assert outcomes["orch run"] == outcomes["torchrun"] == (1, True, {"wrote-0.txt": "0", "wrote-1.txt": "1"})

@@ -70,7 +70,7 @@ def start_master(c: SlurmCluster, tmp_path: Path, env: dict[str, str]) -> tuple[
         [
             ORCH, "master", "--host", c.controller_ip, "--port", "0", "--world-size", "4",
             "--fn", "jobs:launcher_ranks", "--steps", "30", "--no-dashboard", "--linger", "0.5",
-            "--run-root", str(tmp_path),
+            "--seed", "5", "--run-root", str(tmp_path),
         ],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, cwd=tmp_path,
     )  # fmt: skip
@@ -130,6 +130,7 @@ def test_srun_starts_one_orch_worker_per_rank_on_both_nodes(
         assert seen["orch_rank"] == seen["env_rank"] == r, seen
         assert seen["orch_local_rank"] == seen["env_local_rank"] == r % 2, seen
         assert seen["env_world"] == 4, seen
+        assert seen["initial_seed"] == 5 + r, seen  # orch master --seed 5 reached the rank
     # Two ranks on each node, as srun's block distribution places them: by the hostname each
     # reported (its UTS namespace) and the address it advertised (its network namespace).
     assert Counter(r["host"] for r in ranks) == {node1.name: 2, node2.name: 2}, ranks

@@ -18,6 +18,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import grpc
 
@@ -25,6 +26,9 @@ from orch.runtime.memory import ProcessReader
 from orch.wire._proto import orchestrator_pb2 as pb
 from orch.wire._proto import orchestrator_pb2_grpc as pb_grpc
 from orch.wire.limits import MAX_REASON_LEN, MAX_VALUES_PER_BEAT
+
+if TYPE_CHECKING:
+    from orch.runtime._ddp_steps import Iterations
 
 log = logging.getLogger(__name__)
 
@@ -69,6 +73,9 @@ class HeartbeatSender:
         self.told_stop = False  # the master said STOP
         self.answered = False  # the master answered a beat: what it says at the start is known
         self.logged = 0  # steps done by what ctx.log() was given: its highest step + 1
+        self.counts_steps = False  # ctx.steps() counts this rank's steps (from step 0)
+        # Its DDP models' training iterations: the step of a rank whose code counts none.
+        self.iterations: Iterations | None = None
         self.total_steps = 0
         self.dropped = 0
         self.dropped_reason = ""  # why points were last dropped, told with the next beat
@@ -111,9 +118,20 @@ class HeartbeatSender:
         """The steps this rank has done: ``ctx.steps``' count, or one past the last step logged.
 
         Both count the same way: ``ctx.steps(n)`` ends at ``n`` having yielded ``0 .. n-1``,
-        and a loop that logged steps ``0 .. n-1`` has done ``n`` too.
+        and a loop that logged steps ``0 .. n-1`` has done ``n`` too. A rank whose code counts
+        neither (it logs nothing, or only rank 0 logs) has done its DDP models' training
+        iterations (:mod:`orch.runtime._ddp_steps`): 5 of them, 5 steps.
         """
-        return max(self.step, self.logged)
+        done = max(self.step, self.logged)
+        iterations = self.iterations
+        if iterations is None:
+            return done
+        if done or self.counts_steps:
+            # The code counts its steps: they are its progress, as ever; DDP's count comes off.
+            self.iterations = None
+            iterations.close()
+            return done
+        return iterations()
 
     @property
     def pending(self) -> int:

@@ -17,6 +17,7 @@ from torch import nn
 
 from orch.errors import CallInterrupted, StopTraining
 from orch.record.checkpoint_index import Mode, check_keep
+from orch.runtime._ddp_steps import Iterations
 from orch.runtime._sender import HeartbeatSender
 from orch.runtime._stop_vote import LibraryStop, StopVote, sharded
 from orch.runtime._timing import (
@@ -99,6 +100,8 @@ class Context(Checkpoints, Logging, LibraryStop):
         if sender is not None:
             # The master is told when this rank does not time its steps: never "not yet" for that.
             sender.timing = self.times.take if self.times is not None else lambda: OFF
+            # A rank whose code counts no steps is at its DDP models' iteration (see Iterations).
+            sender.iterations = Iterations()
 
     @property
     def is_main(self) -> bool:
@@ -258,6 +261,7 @@ class Context(Checkpoints, Logging, LibraryStop):
             self.times.marks(BY_STEPS)
         if self._sender is not None:
             self._sender.total_steps = n
+            self._sender.counts_steps = True
         vote = StopVote(self._control_group) if self._control_group is not None else None
         sender = self._sender
         if sender is not None:

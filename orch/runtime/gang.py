@@ -22,6 +22,7 @@ import linecache
 import os
 import signal
 import sys
+import time
 import traceback
 from collections.abc import Callable
 from multiprocessing.connection import Connection
@@ -32,6 +33,7 @@ from orch.runtime.gang_session import Session
 from orch.runtime.owner import Owner, exit_when_gone
 from orch.runtime.worker import EXIT_FAILED, enter, run_worker
 from orch.wire.auth import TOKEN_ENV
+from orch.wire.channel import dial
 from orch.wire.net import split_address
 from orch.wire.states import EXIT_ABORTED
 
@@ -119,24 +121,44 @@ def push(ctx: Any, values: dict[str, Any]) -> None:
     ctx.state.__dict__.update(values)
 
 
-def connect_main(address: str) -> None:
+def connect_main(address: str, tls_ca: str | None = None, tls_name: str | None = None) -> None:
     """A gang rank started by the gang's Slurm job (``python -m orch.runtime.gang --connect
-    HOST:PORT``): dial the kernel back, pass its challenge with the gang's token (from the
-    job's environment, then dropped from it), say this task's rank, then take calls."""
-    from multiprocessing.connection import Client
-
+    HOST:PORT [--tls-ca CA --tls-name NAME]``): dial the kernel back (over TLS, verifying it
+    against ``tls_ca``, when given), pass its challenge with the gang's token (from the job's
+    environment, then dropped from it), say this task's rank, then take calls. A connection
+    the kernel closed during its handshake (refused in a flood of strangers' connections) is
+    dialled again, for a minute at most."""
     token = os.environ.pop(TOKEN_ENV, "")
     if not token:
         sys.exit(
             f"orch gang rank: no {TOKEN_ENV} in the environment: start gangs with orch.gang(cluster=...)"
         )
     host, port = split_address(address)
-    conn = Client((host, port), authkey=token.encode())
-    conn.send_bytes(os.environ.get("SLURM_PROCID", "0").encode())
+    rank = int(os.environ.get("SLURM_PROCID", "0"))
+    deadline = time.monotonic() + 60.0
+    while True:
+        try:
+            conn = dial(host, port, token.encode(), rank, tls_ca=tls_ca, server_name=tls_name)
+            break
+        except (OSError, EOFError):
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.5)
     gang_main(None, conn)
 
 
+def _main(argv: list[str]) -> None:
+    usage = (
+        "usage: python -m orch.runtime.gang --connect HOST:PORT [--tls-ca CA --tls-name NAME] "
+        "(a gang's Slurm job starts it)"
+    )
+    if argv[:1] != ["--connect"] or len(argv) not in (2, 6):
+        sys.exit(usage)
+    options = dict(zip(argv[2::2], argv[3::2], strict=True))
+    if set(options) - {"--tls-ca", "--tls-name"}:
+        sys.exit(usage)
+    connect_main(argv[1], options.get("--tls-ca"), options.get("--tls-name"))
+
+
 if __name__ == "__main__":
-    if sys.argv[1:2] == ["--connect"] and len(sys.argv) == 3:
-        connect_main(sys.argv[2])
-    sys.exit("usage: python -m orch.runtime.gang --connect HOST:PORT (a gang's Slurm job starts it)")
+    _main(sys.argv[1:])

@@ -33,7 +33,7 @@ import _common as c
 
 NAME = "launch_latency"
 TARGET_COLD = 1.0
-TARGET_SECOND = 0.3
+TARGET_SECOND = 0.1  # the warm pool: a rank reseeded, as a fresh process, costs it nothing
 
 DRIVER = """
 import sys, time

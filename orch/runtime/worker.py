@@ -25,6 +25,7 @@ from typing import Any, NoReturn
 
 import grpc
 
+from orch._tracebacks import format_from_user_code, format_stack_from_user_code
 from orch.errors import OrchError, StopTraining, WorkerError
 from orch.record.store import private_dir, write_json_atomic
 from orch.record.writes import own_dir
@@ -101,16 +102,22 @@ def _abort(reason: str) -> None:
     exit_now(EXIT_ABORTED)  # what the rank started ends with it
 
 
-def _format_exc(spec: WorkerSpec) -> str:
-    """The exception being handled, with notebook cells' frames as IPython shows them, cut to
-    MAX_ERROR_LEN (its head and tail): a message holding the repr of a big tensor stays small
-    in the rank's log, its error file and the run's record."""
-    return clip(label_cells(clip(traceback.format_exc()), spec.sources))
+def _format_exc(spec: WorkerSpec, whole: bool = False) -> str:
+    """The exception being handled, from the first frame of the user's code (the frames of
+    orch's worker and wrappers, and of runpy for a script, that led there are left out; each
+    exception it was chained to likewise), with notebook cells' frames as IPython shows them,
+    cut to MAX_ERROR_LEN (its head and tail): a message holding the repr of a big tensor stays
+    small in the rank's log, its error file and the run's record. ``whole``: every frame, for
+    the rank's log (orch's own debugging)."""
+    error = sys.exc_info()[1]
+    text = traceback.format_exc() if whole or error is None else format_from_user_code(error)
+    return clip(label_cells(clip(text), spec.sources))
 
 
-def _write_error(path: Path, spec: WorkerSpec, rank: int, code: int, error: str) -> None:
-    """The failure, on stderr (the rank's log) and in an error file the launcher reads."""
-    sys.stderr.write(error)
+def _write_error(path: Path, spec: WorkerSpec, rank: int, code: int, error: str, logged: str = "") -> None:
+    """The failure, on stderr (the rank's log: ``logged``, the whole traceback, when given) and
+    in an error file the launcher reads."""
+    sys.stderr.write(logged or error)
     sys.stderr.flush()
     record = {
         "worker_id": spec.worker_id,
@@ -342,12 +349,13 @@ def run_worker(spec: WorkerSpec, session: Session | None = None) -> int:
         if code != 0:
             outcome = pb.RANK_FAILED
             who = "the script" if isinstance(fn_name, Script) else "the training function"
-            error = f"{who} called sys.exit({e.code!r})\n" + _format_exc(spec)
-            _write_error(error_file, spec, rank, code, error)
+            said = f"{who} called sys.exit({e.code!r})\n"
+            error = said + _format_exc(spec)
+            _write_error(error_file, spec, rank, code, error, said + _format_exc(spec, whole=True))
     except BaseException:  # the rank's failure, whatever it is, goes to the master
         outcome, code = pb.RANK_FAILED, EXIT_FAILED
         error = _format_exc(spec)
-        _write_error(error_file, spec, rank, code, error)
+        _write_error(error_file, spec, rank, code, error, _format_exc(spec, whole=True))
     if sender is not None:
         step = max(step, sender.progress)
     if outcome == pb.RANK_FAILED:
@@ -397,7 +405,7 @@ def _exit_reporting(
                 total = checksum()
             if status != 0:
                 outcome = pb.RANK_FAILED
-                where = "".join(traceback.format_stack(sys._getframe(1), limit=8))
+                where = format_stack_from_user_code(sys._getframe(1), limit=8)
                 error = f"the script called os._exit({status})\n{where}"
             sender.close()
             log.info("rank %d: %s at step %d (os._exit)", rank, pb.RankState.Name(outcome), sender.progress)

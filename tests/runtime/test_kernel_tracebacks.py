@@ -56,6 +56,9 @@ def test_a_cell_function_failing_on_a_rank_shows_the_cell_and_its_line(tmp_path:
     for text in (seen["traceback"], html.unescape(seen["panel"])):
         # IPython's label for the cell (the second cell executed is In[2]), the line, its source.
         assert "Cell In[2], line 11, in bad_day" in text, text
+        # It starts at the cell's function: orch's worker, which called it, is in the rank's log only.
+        frames = text.split("Traceback (most recent call last):\n", 1)[1]
+        assert frames.startswith("  Cell In[2], line 11"), text
         assert 'raise ValueError("the data on rank 1 went bad")  # the raising line' in text, text
         assert "<dynamic-code>" not in text
     assert "ValueError: the data on rank 1 went bad" in seen["traceback"]

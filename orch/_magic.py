@@ -40,7 +40,9 @@ def orch_cell(line: str, cell: str) -> Any:
         )
     number = getattr(shell, "execution_count", 0)
     run = gang.run_cell(cell, f"<orch cell In[{number}]>")
-    display(run.panel())  # type: ignore[no-untyped-call]
+    panel = run.panel()
+    panel.output_in_record = False  # the cell prints rank 0's output itself, below the panel
+    display(panel)  # type: ignore[no-untyped-call]
     follower = OutputFollower(run.run_dir / "logs", lambda: [(0, f"{run.run_id}-w0")], frozenset({0}))
 
     def show() -> None:

@@ -110,14 +110,19 @@ class Record:
             display(self.bundle(), raw=True, display_id=self.display_id)  # type: ignore[no-untyped-call]
             self._shown = True
 
-    def publish(self, png: bytes, html: str, text: str, *, alt: str = "") -> None:
+    def publish(self, png: bytes | None, html: str, text: str, *, alt: str = "") -> None:
         """Replace every output of this record with ``html`` (the PNG inlined at :data:`IMAGE`),
-        ``png`` and ``text``. Any thread; each call sends the record again."""
-        b64 = base64.b64encode(png).decode("ascii")
-        alt = escape_html(alt or (text.splitlines() or [""])[0])
-        img = f'<img src="data:image/png;base64,{b64}" alt="{alt}" style="max-width:100%">'
-        page = html.replace(IMAGE, img, 1) if IMAGE in html else img + html
-        static = {"text/html": f'<div class="orch-record">{page}</div>', "image/png": b64, "text/plain": text}
+        ``png`` and ``text``; ``png`` None: a view with nothing to plot, the HTML and the text
+        alone. Any thread; each call sends the record again."""
+        static: dict[str, Any] = {}
+        if png is None:
+            page = html.replace(IMAGE, "", 1)
+        else:
+            b64 = static["image/png"] = base64.b64encode(png).decode("ascii")
+            alt = escape_html(alt or (text.splitlines() or [""])[0])
+            img = f'<img src="data:image/png;base64,{b64}" alt="{alt}" style="max-width:100%">'
+            page = html.replace(IMAGE, img, 1) if IMAGE in html else img + html
+        static = {"text/html": f'<div class="orch-record">{page}</div>', **static, "text/plain": text}
         with self._lock:
             self._static = static
             if self._shown:  # only ever true inside IPython

@@ -33,13 +33,16 @@ from orch.views.followers import (
     curve,
     followers,
 )
-from orch.views.panel import choose, default_metric
+from orch.views.panel import choose, default_metric, metric_choices
 from orch.views.rank_plot import (
     YRange,
     downsample,
     log_ticks,
     mark_clipped,
     mark_nonfinite,
+    marker_of,
+    one_step_wide,
+    plain_axes,
     robust_range,
     say_empty,
     show_ticks,
@@ -118,6 +121,8 @@ class _RunsPlot:
                     color=color,
                     lw=2.4 if marked else 1.3,
                     alpha=alpha,
+                    marker=marker_of(len(px)),
+                    ms=5,
                     label=label + (" (best)" if marked else " (pruned)" if i in faded else ""),
                 )
                 if i in faded:
@@ -137,8 +142,10 @@ class _RunsPlot:
         if drawn:
             show_ticks(ax, True)
             ax.set_yscale("log" if log_scale else "linear")
+            plain_axes(ax, steps=x == "step")
             if log_scale:
                 log_ticks(ax)
+            one_step_wide(ax, [px for px, _ in drawn])
             marks = mark_clipped(ax, self.y_range, colors) if self.y_range is not None else []
             mark_nonfinite(ax, nan_marks)
             self._legend([m for m in marks if hasattr(m, "get_text")])
@@ -299,12 +306,13 @@ class RunsView:
 
     def _redraw(self, force: bool = False) -> None:
         names = sorted({name for m in self.mirrors for _, name in m.series})
+        options = metric_choices(names)
         with self.widget.hold_sync():
-            if names and list(self.metric.options) != names:
-                # The metric asked for (or the user's pick) once it is there: orch's rank/memory
-                # may come before it, and a pick made then must not stay.
+            if names and list(self.metric.options) != options:
+                # The metric asked for (or the user's pick) once it is there; else the code's
+                # (orch's rank/memory comes before it, listed after the code's, never picked).
                 wanted = self._wanted if self._wanted in names else default_metric(names)
-                choose(self, self.metric, names, wanted)
+                choose(self, self.metric, options, wanted)
             self._draw_parts()
             points = tuple(sum(len(b) for b in m.series.values()) for m in self.mirrors)
             key = (points, self.marked(), tuple(m.state for m in self.mirrors))

@@ -39,16 +39,29 @@ from orch.views.rendering import summary
 from orch.views.run_html import STATE_COLORS, failure_html, header_html, progress_html, table_html
 from orch.views.waiting import answer_while_waiting, wait_for
 from orch.wire.client import MasterClient, StateMirror
+from orch.wire.limits import OWN_METRICS
 from orch.wire.ranks import loss_name
 from orch.wire.stacks import stacks_of
 from orch.wire.states import RunState
 
 # What was defined here before the panel's parts got modules of their own stays importable.
-__all__ = ["FINISH_WAIT", "STATE_COLORS", "Panel", "choose", "default_metric", "downsample", "wait_for"]
+__all__ = [
+    "FINISH_WAIT",
+    "STATE_COLORS",
+    "Panel",
+    "choose",
+    "default_metric",
+    "downsample",
+    "metric_choices",
+    "wait_for",
+]
 
 log = logging.getLogger(__name__)
 
 FINISH_WAIT = 15.0  # seconds a panel keeps polling a run that ended until its source is done
+NO_POINTS = '<div class="orch-no-points" style="color:#57606a;margin:.4em 0">no points were logged</div>'
+# A rank's output in the record: long lines wrap (anywhere: a path) instead of widening the output.
+OUTPUT_STYLE = "white-space:pre-wrap;overflow-wrap:anywhere;max-height:24em;overflow-y:auto;font-size:85%"
 SPINNER = "⠋⠙⠹⠸⠼⠴⠦⠧⠇⠏"  # the progress of a run with no known total: a count, turning
 
 
@@ -64,11 +77,26 @@ def choose(view: Any, dropdown: widgets.Dropdown, options: list[Any], value: Any
         view._choosing = False
 
 
+def own_metric(name: str) -> bool:
+    """``name`` is one of the metrics orch records itself (``rank/memory``), not the code's."""
+    return name.startswith(OWN_METRICS)
+
+
+def metric_choices(names: list[str]) -> list[str]:
+    """A metric list's options: the code's metrics by name, then orch's own (``rank/memory``),
+    never first. With none of the code's, ``loss`` comes first, the metric a panel waits for:
+    chosen, it says that no points were logged."""
+    user = sorted(n for n in names if not own_metric(n))
+    return [*(user or ["loss"]), *sorted(n for n in names if own_metric(n))]
+
+
 def default_metric(names: list[str]) -> str:
     """The metric a panel shows first: the loss if one is logged (``train/loss``, ``train_loss``
-    where the code names it so), else the first."""
-    shown = loss_name(set(names))
-    return shown if shown in names else names[0]
+    where the code names it so), else the code's first; never one of orch's own (``loss``,
+    which no point is drawn for, while the code logged none)."""
+    user = [n for n in names if not own_metric(n)]
+    shown = loss_name(set(user))
+    return shown if shown in user or not user else sorted(user)[0]
 
 
 class Panel:
@@ -129,6 +157,7 @@ class Panel:
         self.stop_button.on_click(self._on_stop)
         answer_while_waiting(self.stop_button)
         self.plot = widgets.Image(format="png", layout=widgets.Layout(width=f"{width_px}px"))
+        self.no_points = widgets.HTML()  # in the plot's place, once a run ended with nothing to plot
         self.table = widgets.HTML()
         self.stacks_button = widgets.Button(
             description="Stacks",
@@ -138,6 +167,8 @@ class Panel:
         self.stacks_button.on_click(self._on_stacks)
         answer_while_waiting(self.stacks_button)
         self.asked_stacks = ""  # the grouped stacks the Stacks button brought, shown until the run ends
+        # The record keeps the last lines of the shown rank's output (a %%orch cell prints them itself)
+        self.output_in_record = True
         self.progress_box = widgets.HTML()
         self.failure = widgets.HTML()
         self.log_rank = widgets.Dropdown(options=[], description="rank")
@@ -157,6 +188,7 @@ class Panel:
                 widgets.HBox([self.progress, self.progress_label]),
                 widgets.HBox([self.metric, self.log_scale, self.stop_button, self.stacks_button]),
                 self.plot,
+                self.no_points,
                 self.table,
                 self.progress_box,
                 self.failure,
@@ -275,13 +307,14 @@ class Panel:
     def _redraw(self, force: bool = False) -> None:
         m = self.mirror
         names = m.metric_names()
+        options = metric_choices(names)
         points = sum(len(b) for b in m.series.values())
         with self.widget.hold_sync():
-            if names and list(self.metric.options) != names:
-                # The panel's own pick follows the names as they come (orch's rank/memory may
-                # come before the code's loss); the user's stays.
-                kept = self._metric_chosen and self.metric.value in names
-                choose(self, self.metric, names, self.metric.value if kept else default_metric(names))
+            if list(self.metric.options) != options:
+                # The panel's own pick follows the code's names as they come (orch's rank/memory
+                # comes before the code's first loss, and is never picked); the user's stays.
+                kept = self._metric_chosen and self.metric.value in options
+                choose(self, self.metric, options, self.metric.value if kept else default_metric(names))
             self._draw_header(m)
             self.table.value = table_html(m)
             self.progress_box.value = progress_html(m, self.asked_stacks)
@@ -295,6 +328,11 @@ class Panel:
                 self.plot._dom_classes = shown
                 self._drawn = (points, m.state.done)
                 self.redraws += 1
+            # A plot only when there is something to plot: a run that ended without a point of
+            # the metric says so in a line, not with empty axes.
+            empty = self._nothing_to_plot(m)
+            self.plot.layout.display = "none" if empty else None
+            self.no_points.value = NO_POINTS if empty else ""
             self._draw_logs(m)
             if m.state.done:
                 self.stop_button.disabled = self.stacks_button.disabled = True
@@ -305,11 +343,50 @@ class Panel:
             # sends it from the waiting cell, the one whose messages nbclient records.
             self._publish(m)
 
-    def _publish(self, m: StateMirror) -> None:
-        """The final state, as the notebook keeps it: header, curves, rank table, root cause."""
-        page = header_html(m, live=False) + IMAGE + table_html(m) + progress_html(m) + failure_html(m)
+    def _nothing_to_plot(self, m: StateMirror) -> bool:
+        """The run ended without a point of the metric shown."""
         metric = self.metric.value or "loss"
-        self.record.publish(self._plot.png(), page, summary(m), alt=f"{metric} per rank, run {m.run_id}")
+        return m.state.done and not any(len(b) for (_, name), b in m.series.items() if name == metric)
+
+    def _publish(self, m: StateMirror) -> None:
+        """The final state, as the notebook keeps it: header, curves (or that there are none),
+        rank table, root cause, and the last lines of the shown rank's output."""
+        empty = self._nothing_to_plot(m)
+        output_html, output_text = self._output_tail(m)
+        page = (
+            header_html(m, live=False)
+            + (NO_POINTS if empty else IMAGE)
+            + table_html(m)
+            + progress_html(m)
+            + failure_html(m)
+            + output_html
+        )
+        metric = self.metric.value or "loss"
+        png = None if empty else self._plot.png()
+        text = summary(m) + output_text
+        self.record.publish(png, page, text, alt=f"{metric} per rank, run {m.run_id}")
+
+    def _output_tail(self, m: StateMirror) -> tuple[str, str]:
+        """The last lines of a rank's output (the rank the log tail shows, rank 0 unless the
+        user picked another), as the record's HTML and text: what a script printed stays in
+        the executed notebook, as ``!torchrun train.py`` would leave it in the cell."""
+        if not self.output_in_record:
+            return "", ""
+        files = self.source.log_files()
+        by_rank = {r.rank: files[r.worker_id] for r in m.ranks if r.worker_id in files}
+        if not by_rank:
+            return "", ""
+        rank = self.log_rank.value if self.log_rank.value in by_rank else min(by_rank)
+        lines = tail(by_rank[rank], self.log_lines)
+        if not lines.strip():
+            return "", ""
+        title = f"rank {rank}: the last {len(lines.splitlines())} lines of its output ({by_rank[rank].name})"
+        html = (
+            f'<div class="orch-output" data-rank="{rank}">'
+            f'<div style="color:#57606a">{escape_html(title)}</div>'
+            f'<pre style="{OUTPUT_STYLE}">{escape_html(lines)}</pre></div>'
+        )
+        return html, f"\n{title}:\n{lines}"
 
     def _draw_header(self, m: StateMirror) -> None:
         self.header.value = header_html(m, address=self.source.address, last_error=self.last_error)
@@ -345,4 +422,5 @@ class Panel:
         if self.logs.selected_index is None and not m.state.done:
             return  # collapsed: do not read files nobody looks at
         rank = self.log_rank.value if self.log_rank.value in by_rank else min(by_rank)
-        self.log_tail.value = f"<pre>{escape_html(tail(by_rank[rank], self.log_lines))}</pre>"
+        lines = tail(by_rank[rank], self.log_lines)
+        self.log_tail.value = f'<pre style="{OUTPUT_STYLE}">{escape_html(lines)}</pre>'

@@ -220,6 +220,34 @@ def show_ticks(ax: Any, shown: bool) -> None:
     ax.tick_params(left=shown, bottom=shown, labelleft=shown, labelbottom=shown)
 
 
+def plain_axes(ax: Any, steps: bool = True) -> None:
+    """Ticks a reader reads as they are: whole steps on a step axis (``steps``), and a linear
+    y axis without matplotlib's offset (``+2.601e2`` over the ticks of a memory curve)."""
+    from matplotlib.ticker import MaxNLocator, ScalarFormatter
+
+    if steps:
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    formatter = ax.yaxis.get_major_formatter()
+    if isinstance(formatter, ScalarFormatter):
+        formatter.set_useOffset(False)
+
+
+def one_step_wide(ax: Any, xs: Sequence[Any]) -> None:
+    """Curves whose points all sit at one step (a run with a single point) get an axis a step
+    either side of it, not matplotlib's -0.04 to 0.04."""
+    found = [np.asarray(x) for x in xs if len(x)]
+    if not found:
+        return
+    lo = min(float(np.min(x)) for x in found)
+    if lo == max(float(np.max(x)) for x in found):
+        ax.set_xlim(lo - 1, lo + 1)
+
+
+def marker_of(points: int) -> str:
+    """A line of one point draws nothing: it is drawn as a point."""
+    return "o" if points == 1 else "None"
+
+
 def say_empty(ax: Any, text: str) -> Any:
     """No axes to read when there is nothing to draw: ``text`` in their place."""
     show_ticks(ax, False)
@@ -285,6 +313,7 @@ class RankPlot:
         self.ax = self.fig.add_subplot(1, 1, 1)
         self.ax.set_xlabel("step")
         self.ax.grid(True, alpha=0.3)
+        plain_axes(self.ax)
         self.fig.subplots_adjust(left=0.1, right=0.98, top=0.92, bottom=0.15)
         self.lines: dict[int, Any] = {}
         self.metric = ""
@@ -314,6 +343,8 @@ class RankPlot:
             ax.set_yscale("log" if log_scale else "linear")
             if log_scale:
                 log_ticks(ax)
+            else:
+                plain_axes(ax, steps=False)
             self.log_scale = log_scale
         for artist in self.marks:
             artist.remove()
@@ -328,6 +359,7 @@ class RankPlot:
             ranks = sorted(self.lines)
             shown = [self.lines[r].get_data() for r in ranks]
             colors = [f"C{r % 10}" for r in ranks]
+        one_step_wide(ax, [x for x, _ in shown])
         self.y_range = robust_range(shown, log_scale)
         if self.y_range is not None:
             self.marks += mark_clipped(ax, self.y_range, colors)
@@ -362,10 +394,11 @@ class RankPlot:
             x, y = downsample(buf.steps, buf.values, self.width_px // 2)
             line = self.lines.get(rank)
             if line is None:
-                (line,) = ax.plot(x, y, lw=1.2, color=f"C{rank % 10}", label=f"rank {rank}")
+                (line,) = ax.plot(x, y, lw=1.2, color=f"C{rank % 10}", label=f"rank {rank}", ms=5)
                 self.lines[rank] = line
             else:
                 line.set_data(x, y)
+            line.set_marker(marker_of(len(x)))
         if len(self.lines) != ranks_before:  # a new legend only when a rank's line appears
             ax.legend(handles=[self.lines[r] for r in sorted(self.lines)], loc="upper right", fontsize=8)
 
@@ -380,9 +413,10 @@ class RankPlot:
             self._band.remove()
         self._band = ax.fill_between(x, low, high, color=SPREAD_COLOR, alpha=0.25, lw=0)
         if self._mean is None:
-            (self._mean,) = ax.plot(x, mean, lw=1.4, color=SPREAD_COLOR)
+            (self._mean,) = ax.plot(x, mean, lw=1.4, color=SPREAD_COLOR, ms=5)
         else:
             self._mean.set_data(x, mean)
+        self._mean.set_marker(marker_of(len(x)))
         if self.spread_of != len(curves):
             self.spread_of = len(curves)
             self._band.set_label(f"lowest to highest of {len(curves):,} ranks")

@@ -27,6 +27,7 @@ from rich.text import Text
 from orch._text import number_text as number_text  # the sweep's views import it from here
 from orch._text import printable, rate_text, size_text, value_text
 from orch.experiments.results import nonfinite_text
+from orch.master.control.stragglers import too_short
 from orch.wire.client import StateMirror
 from orch.wire.ranks import RankView
 from orch.wire.states import RankState
@@ -108,6 +109,13 @@ def rate_of(r: RankView) -> str:
 def stragglers(mirror: StateMirror) -> set[int]:
     """The rank the master judged to hold the others back (see orch.master.control.stragglers)."""
     return {mirror.straggler_rank} if mirror.straggler_rank >= 0 else set()
+
+
+def straggler_note(mirror: StateMirror) -> str:
+    """The straggler judgement as the views show it: none for a run that ended too short to be
+    judged, which has nothing to say (its record and ``orch show`` keep the note)."""
+    note = mirror.straggler_note
+    return "" if mirror.state.done and too_short(note) else note
 
 
 # Each rank's step, split (ms per step over the last seconds), and its compute against the
@@ -248,8 +256,8 @@ def render(mirror: StateMirror, *, address: str = "") -> str:
         )
     if mirror.startup_note:
         lines += ["", f"starting: {startup_text(mirror)}"]
-    if mirror.straggler_note:
-        lines += ["", f"stragglers: {printable(mirror.straggler_note, one_line=True)}"]
+    if note := straggler_note(mirror):
+        lines += ["", f"stragglers: {printable(note, one_line=True)}"]
     if mirror.progress_note:
         lines += ["", f"progress: {printable(mirror.progress_note, one_line=True)}"]
     if mirror.stalled_for > 0 and mirror.stacks:
@@ -383,11 +391,9 @@ def run_table(mirror: StateMirror, *, address: str = "") -> RenderableType:
         parts.append(sections_legend(sections))
     if m.startup_note:
         parts.append(Text.assemble(("starting: ", "bold"), (startup_text(m), "")))
-    if m.straggler_note:
+    if note := straggler_note(m):
         style = "yellow" if m.straggler_rank >= 0 else ("" if m.stragglers_judged else "dim")
-        parts.append(
-            Text.assemble(("stragglers: ", "bold"), (printable(m.straggler_note, one_line=True), style))
-        )
+        parts.append(Text.assemble(("stragglers: ", "bold"), (printable(note, one_line=True), style)))
     if m.progress_note:
         style = "bold red" if m.stalled_for > 0 else "yellow"
         parts.append(

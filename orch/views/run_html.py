@@ -18,6 +18,7 @@ from orch.views.rendering import (
     odd_ranks,
     rate_of,
     stall_mark,
+    straggler_note,
     stragglers,
 )
 from orch.wire.client import StateMirror
@@ -188,11 +189,54 @@ def _shown(m: StateMirror, marked: set[int]) -> tuple[list[RankView], str]:
     return shown, f"and {len(m.ranks) - len(shown):,} more ranks: {counts}"
 
 
+def said_nothing(m: StateMirror) -> bool:
+    """The run ended and its ranks have nothing for a table but their state: no step, loss,
+    rate, step time or mark (a cell that only builds a model, a script that failed at import)."""
+    return (
+        m.state.done
+        and m.straggler_rank < 0
+        and not nonfinite_marks(m)
+        and not any(
+            r.step or r.has_loss or r.steps_per_sec or r.timed or r.dropped_points or r.memory_note or r.note
+            for r in m.ranks
+        )
+    )
+
+
+def ranks_line_html(m: StateMirror) -> str:
+    """The ranks of a run whose table would be empty, in a line: ``2 ranks, both SUCCEEDED``,
+    ``FAILED: rank 1; STOPPED: rank 0``."""
+    if not m.ranks:
+        return '<div class="orch-ranks-line" style="color:#57606a">no rank registered</div>'
+    by_state: dict[str, list[int]] = {}
+    for r in m.ranks:
+        by_state.setdefault(r.state.value, []).append(r.rank)
+    if len(by_state) == 1:
+        (state, ranks), n = next(iter(by_state.items())), len(m.ranks)
+        every = "both" if n == 2 else "all"
+        text = f"rank {ranks[0]}: {state}" if n == 1 else f"{n:,} ranks, {every} {state}"
+    else:
+        failed = (RankState.FAILED.value, RankState.LOST.value)
+        order = sorted(by_state.items(), key=lambda kv: (kv[0] not in failed, kv[1][0]))
+        text = "; ".join(f"{state}: {_rank_list(ranks)}" for state, ranks in order)
+    return f'<div class="orch-ranks-line" style="color:#57606a">{escape_html(text)}</div>'
+
+
+def _rank_list(ranks: list[int]) -> str:
+    listed = ", ".join(map(str, ranks[:8]))
+    more = f" and {len(ranks) - 8:,} more" if len(ranks) > 8 else ""
+    return f"rank{'s' if len(ranks) > 1 else ''} {listed}{more}"
+
+
 def table_html(m: StateMirror) -> str:
     """A row per rank (state, step, loss, rate, heartbeat, step split, scores, host, marks),
     the split's legend and the straggler note. In a narrow output the heartbeat, the scores
     and host/pid leave the table for tooltips (on the state, the step time and the rank).
-    Past :data:`MAX_TABLE_ROWS` ranks, the ranks with a mark come first and a row counts the rest."""
+    Past :data:`MAX_TABLE_ROWS` ranks, the ranks with a mark come first and a row counts the rest.
+    A run that ended with nothing in its table but the ranks' states has their states in a
+    line instead (:func:`said_nothing`)."""
+    if said_nothing(m):
+        return ranks_line_html(m)
     slow = stragglers(m)
     bad = nonfinite_marks(m)
     odd = odd_ranks(m)
@@ -294,9 +338,9 @@ def table_html(m: StateMirror) -> str:
         for name, c in entries
     )
     note = ""
-    if m.straggler_note:
+    if said := straggler_note(m):
         style = "color:#9a6700;font-weight:bold" if m.straggler_rank >= 0 else "color:#57606a"
-        note = f'<div class="orch-stragglers" style="{style}">{escape_html(m.straggler_note)}</div>'
+        note = f'<div class="orch-stragglers" style="{style}">{escape_html(said)}</div>'
     return (
         "<style>.orch-ranks td, .orch-ranks th {padding: 0 .3em; white-space: nowrap} "
         ".orch-ranks th {white-space: nowrap} "

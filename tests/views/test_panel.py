@@ -162,8 +162,12 @@ def test_a_run_that_logged_no_points_says_so_instead_of_empty_axes(
             run.wait(timeout=120)
         assert panel.wait_done(30)
         assert [t.get_text() for t in panel._plot.ax.texts] == ["no points were logged"]
+        # in a line in the plot's place, and in the record: no empty axes
+        assert panel.plot.layout.display == "none" and "no points were logged" in panel.no_points.value
+        assert "<img" not in panel._repr_mimebundle_()["text/html"]
         record = orch.load_run(run.run_dir).panel()  # the run read back from disk says the same
         assert [t.get_text() for t in record._plot.ax.texts] == ["no points were logged"]
+        assert record.plot.layout.display == "none"
         record.close()
         panel.close()
     finally:
@@ -441,7 +445,8 @@ def test_live_runs_are_torn_down_when_the_interpreter_exits(tmp_path: Path) -> N
 
 def test_the_panel_s_own_pick_follows_a_loss_that_comes_after_orch_s_memory() -> None:
     """orch's rank/memory reaches the panel before the code's first loss (a slow first step, a
-    Lightning run): the panel's pick moves to the loss when it comes; a metric the user picked stays."""
+    Lightning run): the panel never picks it, lists it after the code's metrics, and picks the
+    loss when it comes; a metric the user picked stays."""
     coord = Coordinator(1, run_id="r", clock=lambda: 100.0)
     coord.register(pb.RegisterRequest(worker_id="w", host="h", pid=1, rendezvous_port=29400))
     coord.can_start(pb.CanStartTrainingRequest(run_id="r", worker_id="w"))
@@ -456,13 +461,15 @@ def test_the_panel_s_own_pick_follows_a_loss_that_comes_after_orch_s_memory() ->
         heartbeat(stub, 0, **{"rank/memory": 3e8})
         panel = Panel(_Source(server.address), interval=0.05)
         try:
-            assert wait_for(lambda: list(panel.metric.options) == ["rank/memory"], 60)
+            assert wait_for(lambda: list(panel.metric.options) == ["loss", "rank/memory"], 60)
+            assert panel.metric.value == "loss"  # waited for: "waiting for the first points"
             heartbeat(stub, 1, train_loss=0.5, **{"rank/memory": 3e8})
-            assert wait_for(lambda: list(panel.metric.options) == ["rank/memory", "train_loss"], 60)
+            assert wait_for(lambda: list(panel.metric.options) == ["train_loss", "rank/memory"], 60)
             assert panel.metric.value == "train_loss"
             panel.metric.value = "rank/memory"  # the user's pick
             heartbeat(stub, 2, train_loss=0.4, accuracy=0.9, **{"rank/memory": 3e8})
             assert wait_for(lambda: "accuracy" in panel.metric.options, 60)
+            assert list(panel.metric.options) == ["accuracy", "train_loss", "rank/memory"]
             assert panel.metric.value == "rank/memory"
         finally:
             panel.close()

@@ -199,6 +199,18 @@ class _PerStep(Mapping[str, float]):
         return repr(dict(self.items()))
 
 
+# What a run that ended before it could be judged says: it ran too short to say anything of its
+# stragglers (a rank failing at step 10, a cell that only builds a model, 64 fast steps). Its
+# record keeps the note (``result.json``, ``run.state()``, ``orch show``); the views, which show
+# a note only when it says something, leave it out (:func:`too_short`).
+ENDED_TOO_SHORT = "not judged: the run ended"
+
+
+def too_short(note: str) -> bool:
+    """``note`` only says the run ended before its stragglers could be judged."""
+    return note.startswith(ENDED_TOO_SHORT)
+
+
 @dataclass
 class Verdict:
     judged: bool
@@ -241,7 +253,7 @@ def judge(
             False,
             note=f"not judged yet: {len(means)} of {world_size} ranks running (stragglers are judged "
             "once all run)",
-            ended=f"not judged: the run ended with {len(means)} of {world_size} ranks running",
+            ended=f"{ENDED_TOO_SHORT} with {len(means)} of {world_size} ranks running",
         )
     if off:
         return Verdict(
@@ -254,7 +266,7 @@ def judge(
         return Verdict(
             False,
             note="not judged yet: too few steps (no rank has sent step times yet)",
-            ended="not judged: the run ended after too few steps (no rank had sent step times)",
+            ended=f"{ENDED_TOO_SHORT} after too few steps (no rank had sent step times)",
         )
     if untimed and all(r in unmarked for r in untimed):
         return Verdict(
@@ -267,7 +279,7 @@ def judge(
         return Verdict(
             False,
             note=f"not judged yet: too few steps (no step times yet from {_ranks(untimed)})",
-            ended=f"not judged: the run ended after too few steps (no step times from {_ranks(untimed)})",
+            ended=f"{ENDED_TOO_SHORT} after too few steps (no step times from {_ranks(untimed)})",
         )
     timed = {r: m for r, m in means.items() if m is not None}
     if not all(m.collectives for m in timed.values()):

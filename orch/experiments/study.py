@@ -3,7 +3,8 @@
 ``orch.sweep(train, space, trials=N, search=optuna.samplers.TPESampler(seed=0))`` asks the
 sampler for each config when a slot frees (so it learns from the trials that ended), and
 ``prune=`` takes any ``optuna.pruners`` pruner. The study is an SQLite file in the sweep's
-folder (``<run_root>/.sweeps/<name>/study.db``, study name the sweep's name): while the
+folder (``sweep.folder``: ``<run_root>/.sweeps/<name>/study.db``, in a shared run root
+``<run_root>/.orch-<uid>/sweeps/<name>/study.db``; study name the sweep's name): while the
 sweep runs or after, ``optuna.load_study(study_name=name, storage=sweep.storage)`` and
 ``optuna-dashboard sqlite:///...`` open it, and running the same sweep cell again continues
 it (a trial the kernel's death left RUNNING goes on as the same Optuna trial).

@@ -428,7 +428,8 @@ def sweep(
     :func:`loguniform`, :func:`randint`, :func:`choice`) and fixed values, with ``trials=N``
     configs drawn from it: ``search="random"`` (the default, seeded by ``seed``) or an
     Optuna sampler (``optuna.samplers.TPESampler(seed=0)``, through ask/tell; the study is
-    ``sweep.study``, stored in ``<run_root>/.sweeps/<name>/study.db``). ``metric`` and
+    ``sweep.study``, stored in ``study.db`` in ``sweep.folder``: ``<run_root>/.sweeps/<name>``,
+    in a shared run root ``<run_root>/.orch-<uid>/sweeps/<name>``). ``metric`` and
     ``mode`` say what the search and the pruner optimize (the mean over ranks of a logged
     scalar). ``prune=orch.ASHA(grace=3, reduction=3)``, ``orch.SHA(...)``, ``orch.MedianStop()`` or any Optuna
     pruner stops the trials that fall behind, every rank at the same step: they end PRUNED.

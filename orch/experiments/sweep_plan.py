@@ -22,6 +22,7 @@ from orch.experiments.reuse import code_hash, signature
 from orch.experiments.space import RandomSearch, check_arguments, check_space
 from orch.launchers.front import RunOptions, spec_of
 from orch.launchers.spec import MAX_WORKERS_PER_CORE, LaunchSpec
+from orch.record.user_folders import user_folder
 from orch.record.writes import check_dir
 from orch.runtime.nested import refuse_launch
 from orch.runtime.script import Script
@@ -86,9 +87,11 @@ class SweepPlan:
         else:
             self.name = name or first.fn_name.rsplit(":", 1)[-1].rsplit(".", 1)[-1]
         self.run_root = Path(run_root)
-        self.folder = self.run_root / ".sweeps" / self.name  # the study, the rungs: sweep.json
-        # Checked now: a .sweeps another user planted (theirs, a link) fails the cell before
-        # any process starts, naming it, and nothing is written through it.
+        # The study, the rungs (sweep.json): runs/.sweeps/<name>, or in a shared run root this
+        # user's own .orch-<uid>/sweeps/<name> (orch.record.user_folders), where no other user's
+        # folder or link blocks it. Checked now: one of theirs where this user's should be fails
+        # the cell before any process starts, naming it, and nothing is written through it.
+        self.folder = user_folder(self.run_root, "sweeps") / self.name
         check_dir(self.folder.parent)
         check_dir(self.folder)
         fit = MAX_WORKERS_PER_CORE * (os.cpu_count() or 1)

@@ -42,6 +42,7 @@ from orch.launchers.slurm.options import Slurm, cluster_master_host
 from orch.launchers.spec import LaunchSpec
 from orch.master.coordinator import Coordinator
 from orch.record.store import private_dir, tail
+from orch.record.user_folders import user_folder
 from orch.record.writes import own_dir
 from orch.runtime import gang as rank_side
 from orch.runtime._children import kill_tree, tree
@@ -74,7 +75,6 @@ class Gang:
         self.run_root = run_root
         self.options: RunOptions = dict(options)  # type: ignore[assignment]
         self.gang_id = secrets.token_hex(6)
-        self.folder = Path(run_root) / ".gangs" / self.gang_id  # the ranks' file store
         first = spec_of(
             "orch.gang",
             RunOptions,
@@ -85,6 +85,9 @@ class Gang:
             cluster=cluster,
         )
         self.startup_timeout = first.startup_timeout
+        # The ranks' file store: runs/.gangs/<id>, or in a shared run root this user's own
+        # .orch-<uid>/gangs/<id> (orch.record.user_folders), so no other user's folder blocks it.
+        self.folder = user_folder(run_root, "gangs") / self.gang_id
         self.cluster = cluster  # a gang on Slurm: its ranks are the tasks of one job (self.job)
         self.job: GangJob | None = None
         self.host = (
@@ -103,8 +106,7 @@ class Gang:
 
     # -- the ranks -------------------------------------------------------------------------
     def _start(self) -> None:
-        private_dir(self.folder.parent.parent)
-        private_dir(self.folder.parent)
+        private_dir(self.folder.parent)  # the run root above it is walked, never made private
         private_dir(self.folder)
         if self.cluster is not None:
             self._procs, self._conns = [], []

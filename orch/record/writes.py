@@ -18,6 +18,9 @@ files it trusts:
   ``.tmp`` name someone planted is never opened. An appended file (a log, the metrics log) is
   opened ``O_NOFOLLOW`` and must be a regular file of this user's.
 - Only orch's own files are removed: by their exact name, and only regular files.
+- In a shared run root, a user's sweeps and gangs live in a folder of their own
+  (:func:`user_dir`): a name another user took first is passed over, never followed, so
+  what one user plants blocks no other (:mod:`.user_folders` says which folder is whose).
 
 A checked folder is held open (:class:`OwnDir`): the run's writes go through its descriptor,
 so they stay in it even if its path were changed afterwards; :meth:`OwnDir.moved` says when
@@ -367,6 +370,88 @@ def own_dir(path: str | Path) -> OwnDir:
         os.close(fd)
         raise
     return OwnDir(fd, path)
+
+
+def others_may_write(path: str | Path) -> bool:
+    """Users other than this one may make names in the folder ``path`` (it is another user's,
+    every user may write in it, sticky or not, or a group beyond this user's own may): a shared
+    run root. False where it is not there yet (orch makes it, the user's own)."""
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        return False
+    group = st.st_mode & stat.S_IWGRP and not _private_group(st.st_gid)
+    return st.st_uid != os.geteuid() or bool(st.st_mode & stat.S_IWOTH or group)
+
+
+def user_dir(root: str | Path, base: str) -> OwnDir:
+    """This user's own folder ``base`` in the shared folder ``root``, made 0700 where it is not
+    there yet, checked and held open as :func:`own_dir` holds one; ``root`` is walked as
+    :func:`own_dir` walks a folder's parent.
+
+    In a folder others may write in, another user can take a name first. Their folder or link
+    named ``base`` is passed over, never opened, and a folder ``<base>.<random>`` is made beside
+    it instead; it is found again later, as this user's folder is ``base`` where that is theirs,
+    else the first by name of their folders ``<base>.*`` (a link, or another user's folder, by
+    any of these names is never one: it is looked at without following it)."""
+    _plain(base)
+    root = Path(os.path.abspath(root))
+    _walk(root)
+    with OwnDir(os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC), root) as where:
+        held, there = os.fstat(where.fd), os.stat(root)  # root may be a link of the user's: followed
+        if (held.st_dev, held.st_ino) != (there.st_dev, there.st_ino):
+            raise UnsafePath(f"{root} changed while orch opened it: another user is at work in it")
+        name = _user_dir_name(where, base)
+        flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+        try:
+            fd = os.open(name, flags, dir_fd=where.fd)
+        except OSError as e:
+            raise _refused(root / name, e) from e
+    try:
+        _check_own(fd, root / name)
+    except BaseException:
+        os.close(fd)
+        raise
+    return OwnDir(fd, root / name)
+
+
+def _user_dir_name(root: OwnDir, base: str) -> str:
+    """The name of this user's folder ``base`` in ``root`` (see :func:`user_dir`), made if none is."""
+
+    def mine(name: str) -> bool:
+        try:
+            st = os.stat(name, dir_fd=root.fd, follow_symlinks=False)
+        except OSError:
+            return False
+        return stat.S_ISDIR(st.st_mode) and st.st_uid == os.geteuid()
+
+    def found() -> str | None:
+        if mine(base):
+            return base
+        spare = sorted(n for n in root.names() if n.startswith(f"{base}.") and mine(n))
+        return spare[0] if spare else None
+
+    name = found()
+    if name is not None:
+        return name
+    made = base
+    try:
+        os.mkdir(base, 0o700, dir_fd=root.fd)
+    except FileExistsError:
+        made = f"{base}.{secrets.token_hex(6)}"
+        os.mkdir(made, 0o700, dir_fd=root.fd)
+        with contextlib.suppress(OSError):
+            taken = os.stat(base, dir_fd=root.fd, follow_symlinks=False)
+            kind = "a link" if stat.S_ISLNK(taken.st_mode) else f"a {stat.filemode(taken.st_mode)}"
+            _warn_once(
+                str(root.path / base),
+                f"{root.path / base} is {kind} of {owner_name(taken.st_uid)}'s, not a folder of yours: "
+                f"orch neither follows nor writes through it, and keeps your folders in {root.path / made}",
+            )
+    name = found() or made  # two of this user's processes that each made one settle on the first
+    if name != made:
+        root.remove_empty(made)
+    return name
 
 
 def check_dir(path: str | Path) -> None:

@@ -4,7 +4,9 @@ The stranger is a real second uid (``setpriv --reuid nobody``, which needs root;
 root); the victim is this test's process (root), or, where it says so, an ordinary user
 (uid 1000, a forked child that dropped root). Each test first plants what a red-team pass
 found orch wrote through, then runs the orch call that wrote, and checks that it refused,
-naming what it refused, and that the stranger's file is as it was.
+naming what it refused, or (a ``.sweeps`` of theirs: in a shared root each user's sweeps are
+in their own ``.orch-<uid>`` folder) that it ran without it, and that the stranger's file is
+as it was.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ import torch
 import orch
 from conftest import NOBODY, needs_second_uid
 from orch.experiments.study import storage_url
+from orch.record.user_folders import user_folder
 from orch.record.writes import UnsafePath, own_dir
 from orch.runtime.checkpoints import write_checkpoint
 
@@ -99,8 +102,14 @@ def unchanged(path: Path) -> bool:
     return path.read_text() == "the victim's own text\n" and stat.S_IMODE(st.st_mode) == 0o644
 
 
-def sweep(root: Path) -> Any:
-    return orch.sweep(None, orch.grid(lr=[0.1]), world_size=1, steps=2, name="train", run_root=str(root))
+def sweep(root: Path, configs: Any = None, **options: Any) -> Any:
+    """A sweep named train run to its end: in a shared root, in the user's own folder."""
+    configs = orch.grid(lr=[0.1]) if configs is None else configs
+    with orch.sweep(None, configs, world_size=1, steps=2, name="train", run_root=str(root), **options) as ran:
+        ran.wait(timeout=120)
+    assert [t.state for t in ran.trials] == ["SUCCEEDED"]
+    assert ran.folder == root / f".orch-{os.geteuid()}" / "sweeps" / "train"
+    return ran
 
 
 def test_a_tmp_link_under_the_stranger_s_sweeps_folder(shared_root: Path, victim_file: Path) -> None:
@@ -110,10 +119,11 @@ def test_a_tmp_link_under_the_stranger_s_sweeps_folder(shared_root: Path, victim
         "os.symlink(sys.argv[2], os.path.join(d, 'sweep.json.tmp'))",
         str(shared_root), str(victim_file),
     )  # fmt: skip
-    with pytest.raises(UnsafePath, match=r"\.sweeps belongs to nobody \(uid 65534\)"):
-        sweep(shared_root)
+    sweep(shared_root)  # their .sweeps blocks nobody's sweeps: each user's are in their own folder
     assert unchanged(victim_file)
     assert os.listdir(shared_root / ".sweeps" / "train") == ["sweep.json.tmp"]  # nothing of ours in it
+    with pytest.raises(UnsafePath, match=r"\.sweeps belongs to nobody \(uid 65534\)"):
+        own_dir(shared_root / ".sweeps")  # and were orch to write there, it would refuse it
 
 
 def test_sweeps_as_a_link(shared_root: Path) -> None:
@@ -123,9 +133,11 @@ def test_sweeps_as_a_link(shared_root: Path) -> None:
         "os.symlink(sys.argv[2], os.path.join(sys.argv[1], '.sweeps'))",
         str(shared_root), str(elsewhere),
     )  # fmt: skip
-    with pytest.raises(UnsafePath, match=r"\.sweeps is a link of nobody \(uid 65534\)'s"):
-        sweep(shared_root)
+    sweep(shared_root)
     assert os.listdir(elsewhere) == []  # no train/sweep.json made at the link's target
+    assert os.readlink(shared_root / ".sweeps") == str(elsewhere)
+    with pytest.raises(UnsafePath, match=r"\.sweeps is a link of nobody \(uid 65534\)'s"):
+        own_dir(shared_root / ".sweeps" / "train")
 
 
 def test_study_db_as_a_link(shared_root: Path, victim_file: Path) -> None:
@@ -155,11 +167,15 @@ def test_the_stranger_s_own_study_db(shared_root: Path) -> None:
     )  # fmt: skip
     import optuna
 
+    theirs = shared_root / ".sweeps" / "train" / "study.db"
+    before = theirs.read_bytes()
+    space = {"lr": orch.loguniform(1e-4, 1e-1)}
+    # Their study blocks no sweep of the victim's, whose study is in the victim's own folder.
+    ran = sweep(shared_root, space, trials=1, search=optuna.samplers.RandomSampler(seed=0))
+    assert ran.storage == f"sqlite:///{(ran.folder / 'study.db').absolute()}"
+    assert theirs.read_bytes() == before and theirs.stat().st_uid == NOBODY
     with pytest.raises(UnsafePath, match=r"belongs to nobody"):
-        orch.sweep(
-            None, {"lr": orch.loguniform(1e-4, 1e-1)}, trials=1, world_size=1, steps=2, name="train",
-            run_root=str(shared_root), search=optuna.samplers.RandomSampler(seed=0),
-        )  # fmt: skip
+        storage_url(theirs.parent)  # and were orch to open it, it would refuse it
     # In the victim's own sweep folder, another user's study.db is refused by its owner.
     mine = shared_root / "mine"
     mine.mkdir(mode=0o700)
@@ -320,7 +336,18 @@ def test_the_victim_as_an_ordinary_user(shared_root: Path, victim_file: Path) ->
     assert as_user(ORDINARY, make_sweeps_folder) == "made"  # in a sticky root, a user's own folder works
     st = (shared_root / ".sweeps" / "train").lstat()
     assert st.st_uid == ORDINARY and stat.S_IMODE(st.st_mode) == 0o700
-    assert unchanged(victim_file)
+    # Where the user's sweeps go in the shared root: their own folder, passing over the
+    # stranger's link at its name without following it.
+    as_stranger(
+        "import os, sys; os.symlink(sys.argv[2], os.path.join(sys.argv[1], '.orch-1000'))",
+        str(shared_root), str(victim_file.parent),
+    )  # fmt: skip
+    folder = Path(as_user(ORDINARY, lambda: str(user_folder(shared_root, "sweeps"))))
+    assert folder.name == "sweeps" and folder.parent.parent == shared_root
+    assert folder.parent.name.startswith(".orch-1000.")
+    st = folder.parent.lstat()
+    assert stat.S_ISDIR(st.st_mode) and st.st_uid == ORDINARY and stat.S_IMODE(st.st_mode) == 0o700
+    assert unchanged(victim_file) and sorted(os.listdir(victim_file.parent)) == ["runs", "victim.txt"]
 
 
 def test_a_swapped_run_dir_fails_the_run_with_that_cause(tmp_path: Path) -> None:

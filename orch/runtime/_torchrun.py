@@ -34,6 +34,8 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
+from orch.runtime import current
+
 log = logging.getLogger(__name__)
 
 # The variables torchrun sets in each worker, which orch sets in each rank.
@@ -174,8 +176,6 @@ class GroupAdopter:
         calls torch's own ``init_process_group`` (one bound where orch could not see it) or
         ``torch.distributed.rendezvous`` itself; it is said in the rank's log."""
         from torch.distributed.distributed_c10d import PrefixStore
-
-        from orch.runtime import current
 
         self.rendezvous_calls += 1
         where = url.split("?", 1)[0]

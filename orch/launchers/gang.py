@@ -65,6 +65,9 @@ class Gang:
         *,
         run_root: str = "runs",
         cluster: Slurm | None = None,
+        tls_cert: str | None = None,
+        tls_key: str | None = None,
+        tls_ca: str | None = None,
         **options: Unpack[RunOptions],
     ) -> None:
         if "args" in options or "module" in options:
@@ -83,7 +86,13 @@ class Gang:
             world_size=world_size,
             run_root=run_root,
             cluster=cluster,
+            tls_cert=tls_cert,
+            tls_key=tls_key,
+            tls_ca=tls_ca,
         )
+        # With a certificate and key every call's master serves TLS, and so does a Slurm gang's
+        # dial-back (orch.wire.channel): the calls' specs and tokens are secret on the network.
+        self.tls = {"tls_cert": tls_cert, "tls_key": tls_key, "tls_ca": tls_ca}
         self.startup_timeout = first.startup_timeout
         # The ranks' file store: runs/.gangs/<id>, or in a shared run root this user's own
         # .orch-<uid>/gangs/<id> (orch.record.user_folders), so no other user's folder blocks it.
@@ -110,7 +119,7 @@ class Gang:
         private_dir(self.folder)
         if self.cluster is not None:
             self._procs, self._conns = [], []
-            self.job = GangJob(self.cluster, self.gang_id, self.restarts)
+            self.job = GangJob(self.cluster, self.gang_id, self.restarts, **self.tls)
             say = lambda line: print(f"orch: gang {self.gang_id}: {line}", flush=True)  # noqa: E731
             self._conns = self.job.start(self.world_size, self.folder, self.startup_timeout, say)
             return
@@ -213,6 +222,7 @@ class Gang:
                 world_size=self.world_size,
                 run_root=self.run_root,
                 cluster=self.cluster,  # checked as a launch's; the gang's own ranks take the call
+                **self.tls,
                 name=f"gang {self.gang_id} call {len(self.calls) + 1}: {label}",
             )
             run = Run(spec, launcher=lambda s, c, d: GangLauncher(self, s, c, d))
@@ -375,6 +385,9 @@ def gang(
     *,
     run_root: str = "runs",
     cluster: Slurm | None = None,
+    tls_cert: str | None = None,
+    tls_key: str | None = None,
+    tls_ca: str | None = None,
     **options: Unpack[RunOptions],
 ) -> Gang:
     """Start ``world_size`` ranks that stay up across calls (see :class:`Gang`): build a model in
@@ -382,8 +395,14 @@ def gang(
     learning rate and train again, without a new process group. Takes every run option of
     ``orch.launch`` (``heartbeat_timeout``, ``hang_timeout``, ``stop_grace``, ...), and
     ``cluster=orch.Slurm(...)``: the ranks are then the tasks of one Slurm job that keeps its
-    allocation across cells until ``gang.close()`` (or the kernel's end) cancels it."""
-    return Gang(world_size, run_root=run_root, cluster=cluster, **options)
+    allocation across cells until ``gang.close()`` (or the kernel's end) cancels it.
+    ``tls_cert`` and ``tls_key`` (``tls_ca`` to verify them, default the certificate) serve each
+    call's master with TLS, and a Slurm gang's dial-back too: what crosses the cluster's
+    network is then secret, not only authenticated."""
+    return Gang(
+        world_size, run_root=run_root, cluster=cluster, tls_cert=tls_cert, tls_key=tls_key, tls_ca=tls_ca,
+        **options,
+    )  # fmt: skip
 
 
 _GANGS: set[Gang] = set()

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from orch._text import printable
-from orch.errors import OrchError
+from orch.errors import ConfigError, OrchError
 from orch.experiments import catalog
 from orch.record.owned import MAX_LINE_BYTES, open_own, read_line
 
@@ -62,6 +62,12 @@ def cmd_show(args: argparse.Namespace) -> int:
 
 def cmd_logs(args: argparse.Namespace) -> int:
     run_dir = catalog.find_run(args.run, args.run_root)
+    world_size = catalog.read_row(run_dir).world_size
+    if world_size and args.rank >= world_size:  # a bad argument, as every other one: exit 2
+        raise ConfigError(
+            f"--rank {args.rank}: run {run_dir.name} has {world_size} rank{'s' if world_size > 1 else ''}"
+            f" (0 to {world_size - 1})"
+        )
     if args.follow:
         return _follow_log(run_dir, args.rank)
     path = catalog.rank_log(run_dir, args.rank)
@@ -141,7 +147,10 @@ def _size(path: Path) -> int:
 
 
 def _rank(text: str) -> int:
-    value = int(text)
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a rank (0, 1, ...), got {text!r}") from None
     if value < 0:
         raise argparse.ArgumentTypeError(f"must be 0 or more, got {value}")
     return value

@@ -46,24 +46,26 @@ class SweepResults:
         return SweepResults(sorted(self.rows, key=lambda row: _order(row, metric, sign)), self.name)
 
     def table(self) -> tuple[list[str], list[list[str]]]:
-        """Column names and the rows as text: config values, then state, steps, time, metrics."""
+        """Column names and the rows as text: config values, then state, step, time, metrics.
+        A pruned config's step is its rung; a metric's last value logged before the run's last
+        step (an evaluation every 50 steps, a config pruned before the next) names its step."""
         keys = sorted({k for row in self.rows for k in row["config"]})
         metrics = self.metrics()
         head = ["#", *keys, "state", "step", "wall time"]
         for m in metrics:
-            head += [f"{m} final", f"{m} best"]
+            head += [f"{m} last", f"{m} best"]
         failures = any(row["failure"] for row in self.rows)
         if failures:
             head.append("failure")
         body = []
         for row in self.rows:
-            steps = f"{row['steps']}/{row['total']}" if row["total"] else str(row["steps"])
+            steps = f"{step_of(row)}/{row['total']}" if row["total"] else str(step_of(row))
             state = row["state"] + (f" at {row['pruned_at']}" if row.get("pruned_at") is not None else "")
             state += " (earlier)" if row["reused"] else ""
             cells = [str(row["index"]), *(_fmt(row["config"].get(k, "")) for k in keys), state, steps]
             cells.append(wall_time_text(row["duration"], row.get("pool_start", 0.0)))
             for m in metrics:
-                final = _fmt(row["final"].get(m, ""))
+                final = last_text(row, m)
                 bad = row.get("nonfinite", {}).get(m)
                 if bad is not None:
                     final = nonfinite_text(bad, final)
@@ -103,6 +105,25 @@ class SweepResults:
 
 def _fmt(value: Any) -> str:
     return value_text(value)  # lr=0.4457 here as in the sweep's panel
+
+
+def step_of(row: dict[str, Any]) -> int:
+    """The step a config's row shows: a pruned config's is its rung, where it was judged and
+    stopped (its ranks may have counted a step past it); any other's, its slowest rank's."""
+    pruned_at = row.get("pruned_at")
+    return int(pruned_at) if pruned_at is not None else int(row["steps"])
+
+
+def last_text(row: dict[str, Any], metric: str) -> str:
+    """A metric's last value in a row; logged before the run's last step, with its step:
+    ``0.1056 (step 0)`` for the accuracy of a config pruned at step 10 that evaluates every 50."""
+    value = row["final"].get(metric)
+    if value is None:
+        return ""
+    steps = {m: s for m, s in row.get("last_step", {}).items() if not m.startswith(OWN_METRICS)}
+    at = steps.get(metric)
+    behind = at is not None and at < max(steps.values(), default=at)
+    return _fmt(value) + (f" (step {at})" if behind else "")
 
 
 def nonfinite_text(bad: dict[str, Any], final: str = "") -> str:
@@ -191,7 +212,7 @@ def dashboard_rows(results: SweepResults, metric: str = "loss") -> list[dict[str
                 "run_id": row["run_id"],
                 "config": row["config"],
                 "state": row["state"],
-                "step": row["steps"],
+                "step": step_of(row),  # a pruned config's rung
                 "total": row["total"],
                 "last": row["final"],
                 "best": row["best"],

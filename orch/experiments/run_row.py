@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from orch._text import nonfinite_words, number_text
+from orch._text import nonfinite_words, number_text, value_text
 from orch.errors import OrchError
 from orch.launchers.loaded import LoadedRun, load_run
 from orch.launchers.run import Run
@@ -301,7 +301,19 @@ def mtime(path: Path) -> float:
 
 
 def _config_text(config: dict[str, Any]) -> str:
-    return " ".join(f"{k}={json.dumps(v)}" for k, v in config.items())
+    """A config as the table's cell: JSON, its numbers as every view writes them (``lr=0.4457``,
+    not a sweep's drawn ``lr=0.4457453393648168``)."""
+    return " ".join(f"{k}={_json_text(v)}" for k, v in config.items())
+
+
+def _json_text(value: Any) -> str:
+    if isinstance(value, float):
+        return value_text(value)
+    if isinstance(value, list):
+        return "[" + ", ".join(_json_text(v) for v in value) + "]"
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{json.dumps(str(k))}: {_json_text(v)}" for k, v in value.items()) + "}"
+    return json.dumps(value)
 
 
 def format_seconds(seconds: float | None) -> str:

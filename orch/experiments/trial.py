@@ -142,6 +142,7 @@ class Trial:
             "earlier_runs": list(self.earlier_runs),  # under orch.SHA: its runs paused at a rung
             "earlier_steps": self.earlier_steps,  # and the steps they ran, beside "steps"
             "final": {},
+            "last_step": {},  # the step of each metric's final value (an eval every 50 steps: behind)
             "best": {},
             "nonfinite": {},
         }
@@ -157,6 +158,7 @@ class Trial:
             # The final value is what the run ended with, NaN included; the best is over the
             # finite points; where it first went NaN or inf is kept beside them.
             row["final"][metric] = final
+            row["last_step"][metric] = max(s["step"][-1] for s in by_rank.values() if s["step"])
             _, mean, _, _ = summarize(by_rank)
             if len(mean):
                 mode = (modes or {}).get(metric) or default_mode(metric)

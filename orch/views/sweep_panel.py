@@ -22,6 +22,7 @@ from orch.experiments.metrics import default_mode
 from orch.experiments.trial import CANCELLED
 from orch.views.comparison import RunsView, _swatch
 from orch.views.followers import Curve, TrialFollower, curve
+from orch.views.panel import own_metric
 from orch.views.run_html import STATE_COLORS
 from orch.views.waiting import answer_while_waiting
 from orch.wire.client import StateMirror
@@ -247,16 +248,16 @@ class SweepPanel(RunsView):
                 last = number_text(ends_bad.final)  # it ended NaN or inf, whatever came before
             elif len(c.mean):
                 finals[i] = float(c.mean[-1])
-                last = number_text(c.mean[-1])
+                last = number_text(c.mean[-1]) + _behind(m, int(c.x[-1]))
             trial: Trial = self.sweep.trials[i]
             done, total = m.progress()
-            step = f"{done}/{total}" if total else str(done)
             if trial.pruned_at is not None:
-                step += f" (rung {trial.pruned_at})"
+                done = trial.pruned_at  # judged and stopped at its rung, as its curve is cut there
+            step = f"{done}/{total}" if total else str(done)
             texts.append(
                 [
                     *(value_text(trial.config.get(k, "")) for k in keys),
-                    trial.state + (" (earlier)" if trial.reused else ""),
+                    _state_text(trial),
                     step,
                     last,
                     number_text(_best_of(c.mean, metric)) if len(c.mean) else "-",
@@ -312,13 +313,27 @@ def _best_of(values: Any, metric: str) -> float:
     return float(values.max() if default_mode(metric) == "max" else values.min())
 
 
+def _behind(m: StateMirror, step: int) -> str:
+    """`` (step 0)`` after a metric's last value logged before the run's last step (an accuracy
+    evaluated every 50 steps of a config pruned at step 10); "" when it is the run's last."""
+    last = max((int(b.steps[-1]) for (_, name), b in m.series.items() if len(b) and not own_metric(name)),
+               default=step)  # fmt: skip
+    return f" (step {step})" if step < last else ""
+
+
+def _state_text(trial: Trial) -> str:
+    """``PRUNED at 10`` (its rung), ``SUCCEEDED (earlier)``: a row's state, as the results say it."""
+    at = f" at {trial.pruned_at}" if trial.pruned_at is not None else ""
+    return trial.state + at + (" (earlier)" if trial.reused else "")
+
+
 def _state_html(trial: Trial) -> str:
     try:
         color = STATE_COLORS[RunState(trial.state)]
     except ValueError:  # QUEUED, CANCELLED: the sweep's own
         color = "#777"
-    earlier = " (earlier)" if trial.reused else ""
-    return f'<span class="orch-trial-state" style="color:{color}">{escape_html(trial.state)}{earlier}</span>'
+    text = escape_html(_state_text(trial))
+    return f'<span class="orch-trial-state" style="color:{color}">{text}</span>'
 
 
 def _cells(

@@ -302,7 +302,8 @@ def test_logs_of_one_rank(root: Root, tmp_path: Path, subprocess_env: dict[str, 
     rank0 = orch_cli("logs", str(run_dir), env=subprocess_env, timeout=120)
     assert rank0.returncode == 0 and "registered as rank 0" in rank0.stdout
     missing = orch_cli("logs", str(run_dir), "--rank", "5", env=subprocess_env, timeout=120)
-    assert missing.returncode == 1 and "rank 5 has not registered" in missing.stderr
+    # a rank the run does not have is a bad argument, as every other one
+    assert missing.returncode == 2 and f"--rank 5: run {root.failed} has 2 ranks (0 to 1)" in missing.stderr
 
 
 def test_logs_follow_ends_when_the_run_ends(tmp_path: Path, subprocess_env: dict[str, str]) -> None:

@@ -153,7 +153,7 @@ def test_a_nan_trial_is_flagged_from_its_step_everywhere_and_sorts_last(
     assert "loss" not in results[0]["nonfinite"]
     # The table flags it with the step and the last finite value.
     head, body = results.table()
-    final = body[1][head.index("loss final")]
+    final = body[1][head.index("loss last")]
     assert final.startswith(f"nan from step {NAN_AT} (last finite ") and "e+" in final, final
     assert f'data-nonfinite-loss="{NAN_AT}"' in results._repr_html_()
     assert f"nan from step {NAN_AT}" in repr(results)

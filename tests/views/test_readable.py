@@ -301,7 +301,7 @@ def test_nan_and_failed_configs_sort_last_either_way() -> None:
     assert [r["index"] for r in results.sorted("loss")] == [3, 2, 1, 5, 0, 4]
     assert [r["index"] for r in results.sorted("loss", "max")] == [2, 3, 1, 5, 0, 4]
     head, body = results.table()
-    assert body[1][head.index("loss final")] == "nan from step 45 (last finite 6.433e+35 at step 44)"
+    assert body[1][head.index("loss last")] == "nan from step 45 (last finite 6.433e+35 at step 44)"
 
 
 def test_a_metric_that_came_back_says_when_it_was_not_finite() -> None:

@@ -154,7 +154,8 @@ def test_the_sweep_panel_draws_pruned_trials_faded_and_cut_at_their_rung(
     assert f"{len(pruned)} pruned (orch.ASHA(" in panel.header.value
     rows = row_texts(panel)
     for i in pruned:
-        assert "PRUNED" in rows[i] and f"(rung {sweep.trials[i].pruned_at})" in rows[i]
+        at = sweep.trials[i].pruned_at  # its state and its step say its rung: "PRUNED at 3", "3/27"
+        assert f"PRUNED at {at}" in rows[i] and f"{at}/{results[i]['total']}" in rows[i], rows[i]
     decorations = panel._decorations()
     assert decorations["faded"] == frozenset(pruned) and decorations["rungs"] == [3, 9, 27]
     best_final = min(r["final"]["loss"] for r in results if r["state"] == "SUCCEEDED")

@@ -9,6 +9,12 @@ master refuses for what it carries is not sent again: its points are dropped and
 and the next beat says how many and why (``dropped_points``, ``dropped_reason``), so the
 rank's record shows it. When the master has not answered for ``master_timeout`` seconds
 the worker is ended: an orphaned rank must not train on alone.
+
+A rank that is ended (its launcher's SIGTERM, the master's ABORT) first says its last words
+(:meth:`HeartbeatSender.last_words`): the points it logged until then go out, within
+:data:`ABORT_FLUSH` seconds, with the step they reach; nothing is sent after them. Only a
+rank killed outright loses what it logged since its last beat (an interval's points), and the
+master's record of it says so.
 """
 
 from __future__ import annotations
@@ -22,6 +28,7 @@ from typing import TYPE_CHECKING
 
 import grpc
 
+from orch.runtime._children import say_last_words
 from orch.runtime.memory import ProcessReader
 from orch.wire._proto import orchestrator_pb2 as pb
 from orch.wire._proto import orchestrator_pb2_grpc as pb_grpc
@@ -33,7 +40,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 Point = tuple[int, float, dict[str, float]]
-ABORT_FLUSH = 1.0  # seconds an aborted rank spends sending the points it logged
+ABORT_FLUSH = 1.0  # seconds an ended rank spends sending the points it logged (a launcher's grace is 1.5)
 
 
 class HeartbeatSender:
@@ -90,18 +97,22 @@ class HeartbeatSender:
         self._closing = threading.Event()
         self._beat_lock = threading.Lock()  # one heartbeat at a time: the thread's or a flush's
         self._obey = True
+        self._final: int | None = None  # the step its last words said: nothing goes after them
+        self._last: deque[Point] = deque()  # the points its last words send
         self._last_ok = time.monotonic()
         self._thread = threading.Thread(target=self._loop, name="orch-heartbeat", daemon=True)
 
     def start(self) -> HeartbeatSender:
+        """Beat from now on; and on SIGTERM, this process's last words are this rank's points
+        (see :meth:`last_words`), until :meth:`close`."""
         self._last_ok = time.monotonic()
         self._thread.start()
+        say_last_words(self.last_words)
         return self
 
     def log(self, step: int, values: dict[str, float]) -> None:
-        """Queue one point; called from the training thread, never blocks."""
-        if step >= self.logged:
-            self.logged = step + 1
+        """Queue one point; called from the training thread, never blocks. The point is queued
+        before it counts in :attr:`progress` (see :meth:`last_words`)."""
         if len(self._queue) >= self.max_queue:
             self.dropped += 1
             if not self._untold:
@@ -110,8 +121,10 @@ class HeartbeatSender:
                     "faster than the heartbeats carry them, or the master could not be reached"
                 )
                 self._untold = True
-            return
-        self._queue.append((step, time.time(), values))
+        else:
+            self._queue.append((step, time.time(), values))
+        if step >= self.logged:
+            self.logged = step + 1
 
     @property
     def progress(self) -> int:
@@ -122,6 +135,8 @@ class HeartbeatSender:
         neither (it logs nothing, or only rank 0 logs) has done its DDP models' training
         iterations (:mod:`orch.runtime._ddp_steps`): 5 of them, 5 steps.
         """
+        if self._final is not None:
+            return self._final  # its last words said it: what it did after is not told
         done = max(self.step, self.logged)
         iterations = self.iterations
         if iterations is None:
@@ -178,12 +193,48 @@ class HeartbeatSender:
         """Send what is queued and stop the thread; True when everything went out."""
         self._closing.set()
         self._thread.join(timeout)
+        say_last_words(None, unless=self.last_words)
         return not self._unsent
+
+    def last_words(self, timeout: float = ABORT_FLUSH) -> bool:
+        """This rank ends now (its launcher's SIGTERM): send the points it logged so far, within
+        ``timeout`` seconds, from the calling thread, obeying no command the replies bring
+        (a beat in flight finishes first). True when the master has them all.
+
+        What the training thread logs from here on is neither sent nor counted: the beats that
+        go say the step their points reach, so the rank's step and its history agree."""
+        deadline = time.monotonic() + timeout
+        self._obey = False
+        if not self._beat_lock.acquire(timeout=timeout):
+            return False
+        try:
+            return self._say_last_words(deadline)
+        finally:
+            self._beat_lock.release()
+
+    def _say_last_words(self, deadline: float) -> bool:
+        """:meth:`last_words`, the beat lock held (the master's ABORT is answered from the beat)."""
+        if self._final is None:
+            # The progress first: each point it counts is queued already (log() queues, then
+            # counts); those queued meanwhile raise the step with them, and later ones go nowhere.
+            step = self.progress
+            self._last, self._queue = self._queue, deque()
+            self._final = max([step] + [p[0] + 1 for p in self._last])
+        while self._unsent:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return False
+            request = self._retry if self._retry is not None else self._request(self._drain(self._last))
+            if not self._send(request, left) and self._retry is not None:
+                time.sleep(min(0.05, max(0.0, deadline - time.monotonic())))
+        return True
 
     @property
     def _unsent(self) -> bool:
-        """Points wait to be sent, or the master has not yet heard of the last ones dropped."""
-        return bool(self._queue) or self._retry is not None or self._untold or bool(self.note)
+        """Points wait to be sent (after its last words, only theirs), or the master has not yet
+        heard of the last ones dropped."""
+        queue = self._queue if self._final is None else self._last
+        return bool(queue) or self._retry is not None or self._untold or bool(self.note)
 
     def _loop(self) -> None:
         while not self._closing.wait(self.interval):
@@ -197,11 +248,13 @@ class HeartbeatSender:
             if not self._beat():
                 time.sleep(0.05)
 
-    def _drain(self) -> list[Point]:
-        """The oldest points, at most ``max_batch`` of them holding at most MAX_VALUES_PER_BEAT
-        values (one point always goes, whatever it holds: ctx.log caps its names)."""
+    def _drain(self, q: deque[Point] | None = None) -> list[Point]:
+        """The oldest points of ``q`` (default: the queue), at most ``max_batch`` of them holding
+        at most MAX_VALUES_PER_BEAT values (one point always goes, whatever it holds: ctx.log
+        caps its names)."""
+        if q is None:
+            q = self._queue
         points: list[Point] = []
-        q = self._queue
         values = 0
         while q and len(points) < self.max_batch:
             values += len(q[0][2])
@@ -211,6 +264,7 @@ class HeartbeatSender:
         return points
 
     def _request(self, points: list[Point]) -> pb.HeartbeatRequest:
+        reached = self.progress  # the step these points reach (see last_words)
         columns: dict[str, tuple[list[int], list[float], list[float]]] = {}
         for step, t, values in points:
             for name, value in values.items():
@@ -231,7 +285,7 @@ class HeartbeatSender:
         request = pb.HeartbeatRequest(
             run_id=self.run_id,
             worker_id=self.worker_id,
-            step=self.progress,
+            step=reached,
             total_steps=self.total_steps,
             dropped_points=self.dropped,
             dropped_reason=self.dropped_reason,
@@ -247,7 +301,7 @@ class HeartbeatSender:
         if self.process is not None:
             stats = self.process.read()
             request.process.CopyFrom(stats)
-            request.series.extend(self.process.points(stats, self.progress, time.time()))
+            request.series.extend(self.process.points(stats, reached, time.time()))
         return request
 
     def _master_gone(self, e: grpc.RpcError) -> bool:
@@ -265,9 +319,16 @@ class HeartbeatSender:
             return self._beat_locked()
 
     def _beat_locked(self) -> bool:
+        if self._final is not None:
+            return False  # the rank ended: its last words went, nothing goes after them
         request = self._retry if self._retry is not None else self._request(self._drain())
+        return self._send(request, max(1.0, self.interval * 4))
+
+    def _send(self, request: pb.HeartbeatRequest, timeout: float) -> bool:
+        """Send one beat and act on the reply; False when it did not go (kept for a retry, or
+        dropped when refused for what it carries)."""
         try:
-            reply = self._stub.SendHeartbeat(request, timeout=max(1.0, self.interval * 4))
+            reply = self._stub.SendHeartbeat(request, timeout=timeout)
         except grpc.RpcError as e:
             code = e.code()
             if _refused(e):
@@ -314,7 +375,10 @@ class HeartbeatSender:
             self.told_stop = True
             self._on_stop(reply.stop_at_step)
         elif reply.command == pb.ABORT:
-            self._deliver_logged()
+            # The steps before the run's last checkpoint, which a restart does not replay, stay
+            # in its history: the points logged so far go before this process ends.
+            self._obey = False
+            self._say_last_words(time.monotonic() + ABORT_FLUSH)
             self._on_abort(f"the master ended this rank: {reply.reason or 'another rank failed'}")
         return True
 
@@ -327,23 +391,6 @@ class HeartbeatSender:
         self.dropped_reason = f"the master refused a heartbeat of {lost:,} points: {why}"[:MAX_REASON_LEN]
         self._untold = True
         log.warning("dropped %d points: %s", lost, self.dropped_reason)
-
-    def _deliver_logged(self) -> None:
-        """Before an abort ends this process: send the points logged so far (at most
-        ABORT_FLUSH seconds), so that the steps before the run's last checkpoint, which a
-        restart does not replay, stay in its history."""
-        deadline = time.monotonic() + ABORT_FLUSH
-        left = len(self._queue)  # what was logged before the abort; the loop may log on
-        while left > 0 and time.monotonic() < deadline:
-            q = self._queue
-            points = [q.popleft() for _ in range(min(left, self.max_batch, len(q)))]
-            if not points:
-                return
-            left -= len(points)
-            try:
-                self._stub.SendHeartbeat(self._request(points), timeout=max(0.2, deadline - time.monotonic()))
-            except grpc.RpcError:
-                return
 
 
 def _refused(e: grpc.RpcError) -> bool:

@@ -83,6 +83,8 @@ class Fate(Stops):
         self, rec: RankRecord, req: pb.CompletionRequest, outcome: RankState, registry: Registry, now: float
     ) -> None:
         """The rank reported its end (``outcome``, checked), or its host agent saw it die."""
+        if req.exit_code:
+            self._unsent(rec, req.exit_code, now)
         if rec.state.done:
             return  # a retried report, or a rank already declared failed: keep the first
         rec.step = max(rec.step, req.step)
@@ -119,6 +121,7 @@ class Fate(Stops):
                 self.fail(RootCause(CauseKind.OUTSIDE, what), registry, now)
             return
         rec.exit_code = exit_code
+        self._unsent(rec, exit_code, now)
         if rec.state.done:
             return
         what = describe_exit(exit_code)
@@ -131,6 +134,23 @@ class Fate(Stops):
         kind = CauseKind.TORN_DOWN if expected or exit_code == EXIT_ABORTED else CauseKind.EXITED
         error = clip(f"{detail.rstrip()}\n{error}") if detail else error
         self.end_rank(rec, RankState.FAILED, registry, now, error=error, kind=kind)
+
+    def _unsent(self, rec: RankRecord, exit_code: int, now: float) -> None:
+        """A rank whose process ended without its last words (killed outright: SIGKILL, a crash;
+        an exit that skipped them) may have logged points no heartbeat carried: at most those
+        of its last beat interval. Its row and the run's events say from which step. A SIGTERM
+        (its launcher's) and the master's ABORT each send them first; so does a rank's own end."""
+        said = exit_code in (-signal.SIGTERM, EXIT_ABORTED) or (
+            rec.state in (RankState.SUCCEEDED, RankState.STOPPED, RankState.FAILED) and not rec.forced
+        )
+        if said or rec.last_heartbeat is None:
+            return
+        rec.note = (
+            f"its process ended ({describe_exit(exit_code)}) {max(0.0, now - rec.last_heartbeat):.1f}s after "
+            f"its last heartbeat, without sending what it logged since: its points from step {rec.step} "
+            "may be missing"
+        )
+        self._tell("unsent", rec.rank, f"rank {rec.rank}: {rec.note}")
 
     def lost(self, lost: list[RankRecord], registry: Registry, now: float, timeout: float) -> None:
         """Ranks whose heartbeats stopped for ``timeout`` seconds are LOST."""

@@ -33,7 +33,7 @@ from orch.views.followers import (
     curve,
     followers,
 )
-from orch.views.panel import choose, default_metric, metric_choices
+from orch.views.panel import choose, default_metric, full_width, metric_choices, plot_layout
 from orch.views.rank_plot import (
     YRange,
     downsample,
@@ -207,8 +207,8 @@ class RunsView:
         )
         self.x_axis.style.button_width = "60px"
         self.log_scale = widgets.Checkbox(value=False, description="log scale", indent=False)
-        self.plot = widgets.Image(format="png", layout=widgets.Layout(width=f"{width_px}px"))
-        self.header = widgets.HTML(layout=widgets.Layout(width="100%"))
+        self.plot = widgets.Image(format="png", layout=plot_layout(width_px))
+        self.header = widgets.HTML(layout=full_width())
         self._choosing = False
         self._wanted = metric  # the metric asked for; the user's pick in the dropdown wins over it
         self.metric.observe(self._on_metric, names="value")

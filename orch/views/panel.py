@@ -65,6 +65,22 @@ OUTPUT_STYLE = "white-space:pre-wrap;overflow-wrap:anywhere;max-height:24em;over
 SPINNER = "⠋⠙⠹⠸⠼⠴⠦⠧⠇⠏"  # the progress of a run with no known total: a count, turning
 
 
+# A widget is drawn with a margin on each side (ipywidgets' --jp-widgets-margin): one that is
+# "100%" wide, or an image as wide as it may get, passes its box by that margin, and the panel
+# scrolls sideways (at 1,100 px, under every live panel). The full width is the box's less them.
+FULL_WIDTH = "calc(100% - 2 * var(--jp-widgets-margin, 2px))"
+
+
+def full_width() -> widgets.Layout:
+    """A header's layout: as wide as the panel, no wider."""
+    return widgets.Layout(width=FULL_WIDTH)
+
+
+def plot_layout(width_px: int) -> widgets.Layout:
+    """A plot's layout: ``width_px`` wide, less in a narrower output, never past its edge."""
+    return widgets.Layout(width=f"{width_px}px", max_width=FULL_WIDTH)
+
+
 def choose(view: Any, dropdown: widgets.Dropdown, options: list[Any], value: Any) -> None:
     """New choices for one of ``view``'s dropdowns, keeping ``value`` chosen. New options pick
     their first as the value for a moment: no choice of the user's, so ``view._choosing`` tells
@@ -141,7 +157,7 @@ class Panel:
 
     # -- widgets --------------------------------------------------------------------------
     def _build(self, width_px: int) -> None:
-        self.header = widgets.HTML(layout=widgets.Layout(width="100%"))
+        self.header = widgets.HTML(layout=full_width())
         self.progress = widgets.IntProgress(
             value=0, min=0, max=1, description="progress", layout=widgets.Layout(width="60%")
         )
@@ -156,7 +172,7 @@ class Panel:
         )
         self.stop_button.on_click(self._on_stop)
         answer_while_waiting(self.stop_button)
-        self.plot = widgets.Image(format="png", layout=widgets.Layout(width=f"{width_px}px"))
+        self.plot = widgets.Image(format="png", layout=plot_layout(width_px))
         self.no_points = widgets.HTML()  # in the plot's place, once a run ended with nothing to plot
         self.table = widgets.HTML()
         self.stacks_button = widgets.Button(

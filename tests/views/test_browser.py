@@ -664,7 +664,7 @@ def test_pruned_sweep_panel_in_jupyterlab(tmp_path: Path) -> None:
             panel.wait_for(timeout=120_000)
             expect(panel.locator(".orch-trial-row")).to_have_count(5)
             expect(panel.locator(".orch-trial-row").filter(has_text="PRUNED").first).to_contain_text(
-                "(rung 3)", timeout=120_000
+                "PRUNED at 3", timeout=120_000
             )
             page.screenshot(path=str(ARTIFACTS / "sweep-pruned.png"), full_page=True)
             output = page.locator(".jp-Notebook .jp-Cell").nth(1).locator(".jp-OutputArea-output")
@@ -1217,7 +1217,13 @@ def test_a_gang_used_across_three_cells_in_jupyterlab(tmp_path: Path) -> None:
                 expect(record.locator(".orch-state")).to_have_attribute(
                     "data-state", "SUCCEEDED", timeout=60_000
                 )
-                expect(record.locator("tr.orch-rank")).to_have_count(2)
+                if i == 1:  # it builds the model and logs nothing: no empty plot or table
+                    expect(record.locator(".orch-ranks-line")).to_have_text("2 ranks, both SUCCEEDED")
+                    expect(record.locator("img")).to_have_count(0)
+                    expect(record.locator(".orch-no-points")).to_have_text("no points were logged")
+                    expect(record.locator(".orch-stragglers")).to_have_count(0)
+                else:
+                    expect(record.locator("tr.orch-rank")).to_have_count(2)
                 outs.append(cell.nth(i).locator(".jp-OutputArea-executeResult").all_inner_texts())
             first, second = (float(o[0].split()[-1]) for o in outs[1:])  # the Out, after its prompt
             assert second < first, (first, second)  # trained on from where the first call left off
@@ -1232,4 +1238,116 @@ def test_a_gang_used_across_three_cells_in_jupyterlab(tmp_path: Path) -> None:
         except BaseException:
             with contextlib.suppress(Exception):
                 page.screenshot(path=str(ARTIFACTS / "gang-failure.png"), full_page=True)
+            raise
+
+
+# Where the screenshots of the quiet panels go: test-artifacts/, or $ORCH_SHOTS.
+SHOTS = Path(os.environ.get("ORCH_SHOTS") or ARTIFACTS)
+
+# Every element of an output that scrolls sideways, and the output's own widths.
+SCROLLS = """out => {
+    const scrolls = [out, ...out.querySelectorAll('*')]
+        .filter(e => e.scrollWidth > e.clientWidth && getComputedStyle(e).overflowX !== 'visible')
+        .map(e => `${e.tagName}.${[...e.classList].join('.')} ${e.scrollWidth} > ${e.clientWidth}`);
+    const panel = out.querySelector('.orch-panel');
+    return {scrolls, scroll: out.scrollWidth, client: out.clientWidth,
+            panel: panel ? [panel.scrollWidth, panel.clientWidth] : null};
+}"""
+
+
+def write_quiet_notebook(path: Path, run_root: Path) -> None:
+    """A run that fails before it logs anything, a gang's setup cell, then a live run."""
+    root = str(run_root)
+    cells = [
+        _code_cell(1, f"import sys\nsys.path.insert(0, {str(TESTS)!r})\nimport orch"),
+        _code_cell(
+            2,
+            f'failing = orch.launch("jobs:fails_at_startup", world_size=2, run_root={root!r})\n'
+            "failing.panel(interval=0.2)",
+        ),
+        _code_cell(3, 'try:\n    failing.wait()\nexcept orch.RunFailed as e:\n    print("FAILED", e.rank)'),
+        _code_cell(4, f"gang = orch.gang(world_size=2, run_root={root!r})"),
+        _code_cell(5, GANG_BUILD),
+        _code_cell(6, "gang.close()"),
+        _code_cell(
+            7,
+            'run = orch.launch("jobs:allreduce_steps", world_size=2,\n'
+            f'                  config={{"steps": 100000, "sleep": 0.05}}, run_root={root!r})\n'
+            "run.panel(interval=0.3)",
+        ),
+    ]
+    write_cells(path, cells)
+
+
+@pytest.mark.timeout(420)
+def test_quiet_panels_at_1100_px(tmp_path: Path) -> None:
+    """At 1,100 px, JupyterLab's file browser open: a run that failed before it logged a point
+    shows no plot and no table of dashes, only what there is (its ranks' states, the root cause,
+    rank 0's last lines); a gang's setup cell, which logs nothing, shows its state and a line;
+    a live panel fits its output, with no horizontal scrollbar."""
+    from playwright.sync_api import expect
+
+    root, home, run_root = tmp_path / "lab", tmp_path / "home", tmp_path / "runs"
+    root.mkdir()
+    home.mkdir()
+    write_quiet_notebook(root / "quiet.ipynb", run_root)
+    SHOTS.mkdir(parents=True, exist_ok=True)
+    with lab_browser(tmp_path, root, home, run_root, 900, width=1100) as (lab, ctx):
+        try:
+            page = ctx.pages[0] if ctx.pages else ctx.new_page()
+            page.set_default_timeout(60_000)
+            page.goto(lab.notebook_url("quiet.ipynb"))
+            page.locator(".jp-Notebook .jp-Cell").first.wait_for()
+            files = page.locator("#filebrowser")
+            if not files.is_visible():
+                page.locator(".jp-SideBar [data-id='filebrowser']").click()
+            expect(files).to_be_visible()
+            run_all_cells(page, lab)
+            cells = page.locator(".jp-Notebook .jp-Cell")
+
+            failed = cells.nth(1).locator(".orch-record")
+            expect(failed.locator(".orch-state")).to_have_attribute("data-state", "FAILED", timeout=120_000)
+            expect(failed.locator(".orch-no-points")).to_have_text("no points were logged")
+            expect(failed.locator("img")).to_have_count(0)
+            expect(failed.locator("table.orch-ranks")).to_have_count(0)
+            expect(failed.locator(".orch-ranks-line")).to_contain_text("FAILED")
+            expect(failed.locator(".orch-failure")).to_contain_text("missing_dependency")
+            expect(failed.locator(".orch-output")).to_contain_text("ImportError")
+            expect(failed).not_to_contain_text("not judged")
+            cells.nth(1).evaluate("el => el.scrollIntoView({block: 'start'})")
+            page.screenshot(path=str(SHOTS / "failed-run-logged-nothing.png"))
+
+            setup = cells.nth(4).locator(".orch-record")
+            expect(setup.locator(".orch-state")).to_have_attribute("data-state", "SUCCEEDED", timeout=180_000)
+            expect(setup.locator(".orch-ranks-line")).to_have_text("2 ranks, both SUCCEEDED")
+            expect(setup.locator("img")).to_have_count(0)
+            expect(setup.locator("table")).to_have_count(0)
+            expect(setup).not_to_contain_text("not judged")
+            cells.nth(4).evaluate("el => el.scrollIntoView({block: 'start'})")
+            page.screenshot(path=str(SHOTS / "gang-setup-cell.png"))
+
+            live = cells.nth(6)
+            panel = live.locator(".orch-panel")
+            expect(panel.locator("tr.orch-rank")).to_have_count(2, timeout=180_000)
+            expect(panel.locator("img.orch-plot")).to_be_visible()
+            output = live.locator(".jp-OutputArea-output")
+            wait_until(lambda: _step(panel.locator("tr.orch-rank")) > 20, 60, "the run to train")
+            fit = output.evaluate(SCROLLS)
+            print(f"\nlive panel at 1,100 px: {fit}")
+            assert fit["scrolls"] == [] and fit["scroll"] <= fit["client"], fit
+            assert fit["panel"] is not None and fit["panel"][0] <= fit["panel"][1], fit
+            live.evaluate("el => el.scrollIntoView({block: 'start'})")
+            page.screenshot(path=str(SHOTS / "live-panel-1100.png"))
+            page.locator(".jp-SideBar [data-id='filebrowser']").click()  # closed: a wider output
+            expect(files).to_be_hidden()
+            wait_until(lambda: output.evaluate(SCROLLS)["client"] > 800, 10, "the output to widen")
+            wide = output.evaluate(SCROLLS)
+            assert wide["scrolls"] == [] and wide["panel"][0] <= wide["panel"][1], wide
+            panel.get_by_role("button", name="Stop").click()
+            record = live.locator(".orch-record")
+            expect(record.locator(".orch-state")).to_have_attribute("data-state", "STOPPED", timeout=60_000)
+            assert output.evaluate(SCROLLS)["scrolls"] == []  # the record fits as well
+        except BaseException:
+            with contextlib.suppress(Exception):
+                page.screenshot(path=str(SHOTS / "quiet-failure.png"), full_page=True)
             raise

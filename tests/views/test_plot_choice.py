@@ -22,7 +22,7 @@ from orch.master.control.stragglers import ENDED_TOO_SHORT, judge, too_short
 from orch.views._static import WIDGET_VIEW
 from orch.views.comparison import _RunsPlot
 from orch.views.followers import Curve
-from orch.views.panel import NO_POINTS, Panel, default_metric, metric_choices
+from orch.views.panel import FULL_WIDTH, NO_POINTS, Panel, default_metric, metric_choices
 from orch.views.rendering import render, run_table
 from orch.views.run_html import table_html
 from orch.wire.client import SeriesBuffer, StateMirror
@@ -239,5 +239,16 @@ def test_the_record_keeps_the_last_lines_of_rank_0_s_output(tmp_path: Path) -> N
         panel.output_in_record = False  # a %%orch cell prints rank 0's output itself
         panel.refresh()
         assert "orch-output" not in bundle_of(panel)["text/html"]
+    finally:
+        panel.close()
+
+
+def test_no_widget_of_the_panel_is_wider_than_its_output() -> None:
+    """A widget has a margin on each side: "100%" passed the output by it and the panel scrolled
+    sideways at 1,100 px (the page itself: tests/views/test_browser.py, test_quiet_panels_at_1100_px)."""
+    panel = panel_of(ended_run(RunState.SUCCEEDED, {"loss": {0: ([0, 1], [2.0, 1.0])}}))
+    try:
+        assert panel.header.layout.width == FULL_WIDTH and panel.plot.layout.max_width == FULL_WIDTH
+        assert "var(--jp-widgets-margin" in FULL_WIDTH and panel.plot.layout.width == "720px"
     finally:
         panel.close()

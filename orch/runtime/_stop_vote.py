@@ -39,6 +39,7 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+from torch.distributed import distributed_c10d as c10d
 
 VOTE_EVERY_S = 0.1  # seconds of steps between two votes, as the ranks propose it
 MAX_SPACING = 128  # calls between two votes at most: a loop whose steps grow slower hears late
@@ -138,6 +139,39 @@ class LibraryStop:
         """The library's loop ended: wait for the stop vote still in flight, if any."""
         if self._vote is not None:
             self._vote.settle()
+
+
+class Collectives:
+    """How many collectives this rank's code ran on the process groups of every rank (orch's
+    own aside): the sum of their sequence numbers, which c10d counts per group (a read of all of
+    them costs about 2 µs). A loop whose batches hold such a collective (DDP's gradient
+    all-reduce, FSDP's, the code's own) is iterated by every rank batch for batch: a loop only
+    one rank iterates could not hold one, it would wait for itself forever."""
+
+    def __init__(self, world_size: int, ours: Callable[[], tuple[Any, ...]]) -> None:
+        self.world_size = world_size
+        self._ours = ours  # orch's own groups (the stop votes'): their collectives are not the code's
+        self.at_start = self.count()  # when the training function started
+
+    def count(self) -> int | None:
+        """The collectives so far; None where they cannot be counted (no process group, or a
+        backend that keeps no sequence numbers)."""
+        if not dist.is_initialized():
+            return None
+        try:
+            ours = self._ours()
+            total = 0
+            for group in tuple(c10d._world.pg_map):
+                if group not in ours and group.size() == self.world_size:
+                    total += group._get_sequence_number_for_group()  # type: ignore[attr-defined]
+            return total
+        except Exception:  # a private API: an older or newer torch may lack it
+            return None
+
+    def none_yet(self) -> bool:
+        """The code ran no collective of every rank since the training function started."""
+        now = self.count()
+        return now is not None and now == self.at_start
 
 
 def sharded(batches: Any) -> bool:

@@ -19,7 +19,7 @@ from orch.errors import CallInterrupted, StopTraining
 from orch.record.checkpoint_index import Mode, check_keep
 from orch.runtime._ddp_steps import Iterations
 from orch.runtime._sender import HeartbeatSender
-from orch.runtime._stop_vote import LibraryStop, StopVote, sharded
+from orch.runtime._stop_vote import Collectives, LibraryStop, StopVote, sharded
 from orch.runtime._timing import (
     BY_DATA,
     BY_STEPS,
@@ -85,6 +85,10 @@ class Context(Checkpoints, Logging, LibraryStop):
         self._uses_steps = False  # ctx.steps() drives the loop: it handles stops itself
         self._heard = False  # ctx.log asked the master once (a sweep's first rung) before a step
         self._vote: StopVote | None = None  # a library's loop's stop decision (see stop_due)
+        self._batches = 0  # batches ctx.data yielded and the loop was done with: its steps (see data)
+        # The code's collectives of every rank (orch's own votes aside): a loop that holds one is
+        # every rank's (see data)
+        self._collectives = Collectives(world_size, self._own_groups)
         self._names: set[str] = set()  # the metric names ctx.log took (see MAX_METRICS_PER_RANK)
         self._watched: str | None = None  # ctx.steps(metric=...): the metric its checkpoints carry
         self._watched_value: float | None = None  # this rank's last logged value of it
@@ -102,6 +106,11 @@ class Context(Checkpoints, Logging, LibraryStop):
             sender.timing = self.times.take if self.times is not None else lambda: OFF
             # A rank whose code counts no steps is at its DDP models' iteration (see Iterations).
             sender.iterations = Iterations()
+
+    def _own_groups(self) -> tuple[Any, ...]:
+        """orch's own process groups, whose collectives (the stop votes) are not the code's."""
+        vote = self._vote
+        return (self._control_group, vote.group if vote is not None else None)
 
     @property
     def is_main(self) -> bool:
@@ -159,19 +168,33 @@ class Context(Checkpoints, Logging, LibraryStop):
         """Iterate ``batches`` (a DataLoader, any iterable), timing the wait for each one:
         ``for x, y in ctx.data(loader):``. The panel shows it as the step's "data" time.
 
-        In a loop that ``ctx.steps`` does not drive, each batch is a step: timed from one
-        request for a batch to the next (the wait for the batch included), so that the usual
-        ``for epoch in range(n): for x, y in ctx.data(loader):`` has its steps timed.
+        In a loop that ``ctx.steps`` does not drive, each batch is a step: the rank's step
+        counts the batches its ``ctx.data`` loops yielded (across epochs), and each is timed
+        from one request for a batch to the next (the wait for the batch included), so that the
+        usual ``for epoch in range(n): for x, y in ctx.data(loader):`` shows its progress,
+        steps/s and step times. There a stop raises StopTraining before a batch, within about a
+        second of the Stop, every rank at the same batch where that matters:
 
-        A DataLoader sharded by a ``DistributedSampler`` is iterated by every rank alike, batch
-        for batch: there a stop is one decision of all the ranks (see :class:`StopVote`), taken
-        a batch after the first rank heard of it, and this raises StopTraining before the next
-        batch on every rank, within a heartbeat of the Stop rather than at the master's stop
-        step, about 2 s of steps ahead, where a loop only ``ctx.log`` sees ends."""
+        - a loop every rank goes through batch for batch, as its loader is sharded by a
+          ``DistributedSampler`` (from its first batch) or its batches hold a collective of
+          every rank (DDP's gradient all-reduce, FSDP's, the code's own; from the batch after
+          the first one): the ranks vote on the stop (see :class:`StopVote`), a batch or two
+          after the first rank heard of it. A loader only one rank iterates (an evaluation on
+          rank 0) holds no such collective, or it would wait for itself: it never votes, so it
+          never waits for peers that are not there;
+        - a loop of code that ran no collective of every rank since the function started: each
+          rank stops at its next batch once it heard of the stop (no peer waits for it);
+        - any other loop (a collective-free loop of code that runs them elsewhere, or where
+          torch keeps no count of them): at the master's stop step, the same batch count on
+          every rank (about 2 s of steps ahead), where ``ctx.log`` ends a loop."""
         times = self.times
         it = iter(batches)
-        vote = StopVote(self._control_group) if self._control_group is not None and sharded(batches) else None
+        group = self._control_group
+        vote = StopVote(group) if group is not None and sharded(batches) else None
+        # Until it votes: the collectives before its first batch (the loop's first one arms a vote).
+        before = self._collectives.count() if vote is None and group is not None else None
         started = 0.0  # when the batch before was asked for: its step's start (BY_DATA)
+        index = 0  # the batch asked for, in this loop
         try:
             while True:
                 start = clock()
@@ -179,10 +202,12 @@ class Context(Checkpoints, Logging, LibraryStop):
                     self._stop_log_count(times)
                 if times is not None and times.marks(BY_DATA) and started:
                     self._step_done(times, start - started)
+                if not self._uses_steps:
+                    if index:
+                        self._batches += 1  # the batch before was done with: a step
+                    vote = self._data_step(vote, before, index)
                 started = start
-                if vote is not None and not self._uses_steps and vote.cast(self._stop.is_set()):
-                    self.stopped = True
-                    self._stop_here("every rank stops before this batch")
+                index += 1
                 try:
                     batch = next(it)
                 except StopIteration:
@@ -193,6 +218,43 @@ class Context(Checkpoints, Logging, LibraryStop):
         finally:
             if vote is not None:
                 vote.settle()
+
+    def _data_step(self, vote: StopVote | None, before: int | None, index: int) -> StopVote | None:
+        """Before batch ``index`` of a ctx.data loop that ctx.steps does not drive: the steps
+        done, and the stop if the run is to stop (see :meth:`data`). Returns the loop's vote,
+        made once its batches held a collective of every rank (looked for before each of its
+        first 16 batches, then every 16th: a loop that holds none pays little)."""
+        sender = self._sender
+        if sender is not None:
+            sender.step = self._batches
+            sender.counts_steps = True  # its DDP models' iterations are no longer its step
+        if vote is None and before is not None and index > 0 and (index <= 16 or index % 16 == 0):
+            now = self._collectives.count()
+            if now is not None and now != before:
+                # Every rank alike: the same code runs its collectives at the same batches, so
+                # every rank casts its first vote before the same batch.
+                vote = StopVote(self._control_group)
+        if vote is not None:
+            if vote.cast(self._stop.is_set()):
+                self._stop_data_loop()
+        elif self._stop.is_set() and self._data_stop_due(first=index == 0):
+            self._stop_data_loop()
+        return vote
+
+    def _data_stop_due(self, first: bool) -> bool:
+        """A stop heard, in a ctx.data loop that does not vote: stop here? Alone, at once. With
+        peers, from the loop's second batch (before its first, whether its batches hold a
+        collective is not known yet): at once when the code ran none, else at the master's stop
+        step."""
+        if self.world_size == 1:
+            return True
+        if first:
+            return False
+        return bool(self._stop_at and self._batches >= self._stop_at) or self._collectives.none_yet()
+
+    def _stop_data_loop(self) -> NoReturn:
+        self.stopped = True
+        self._stop_here("every rank stops before this batch")
 
     def _step_done(self, times: StepTimes, seconds: float, own: float = 0.0, count: int = 1) -> None:
         """``count`` steps ended, ``seconds`` long in all (``own`` of it orch's): with the wait

@@ -22,6 +22,7 @@ from orch.launchers.slurm import gang as slurm_gang
 from orch.launchers.slurm.job import _explain, job_script
 from orch.launchers.slurm.options import Slurm
 from orch.runtime.function_file import FUNCTION_FILE, read_function, write_function
+from orch.wire.channel import admit
 
 
 def train(ctx: object) -> int:
@@ -232,7 +233,9 @@ def _silent(port: int) -> None:
         time.sleep(3)
 
 
-def _admitted(key: bytes, said: bytes | None, *, silent: bool = False) -> tuple[int, Any] | None:
+def _admitted(
+    key: bytes, said: bytes | None, *, silent: bool = False, seconds: float = 10.0
+) -> tuple[int, Any] | None:
     server = socket.create_server(("127.0.0.1", 0))
     port = server.getsockname()[1]
     if silent:  # connects, then says nothing at all
@@ -242,18 +245,17 @@ def _admitted(key: bytes, said: bytes | None, *, silent: bool = False) -> tuple[
     dialler.start()
     sock, _ = server.accept()
     server.close()
-    return slurm_gang._admit(sock, b"the-gang-token")
+    return admit(sock, b"the-gang-token", seconds=seconds)
 
 
-def test_a_gang_rank_is_admitted_only_with_the_token_and_its_rank(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_gang_rank_is_admitted_only_with_the_token_and_its_rank() -> None:
     taken = _admitted(b"the-gang-token", b"1")
     assert taken is not None and taken[0] == 1
     taken[1].close()
     assert _admitted(b"another-token", b"1") is None  # the challenge fails: nothing is read from it
     assert _admitted(b"the-gang-token", b"rank one") is None  # not a rank number
-    monkeypatch.setattr(slurm_gang, "HANDSHAKE_SECONDS", 1)
     started = time.monotonic()
-    assert _admitted(b"the-gang-token", None, silent=True) is None  # a stranger that says nothing
+    assert _admitted(b"the-gang-token", None, silent=True, seconds=1) is None  # a stranger that says nothing
     assert time.monotonic() - started < 3  # ... holds the gang's start for the handshake's bound only
 
 

@@ -9,6 +9,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import uuid
@@ -76,6 +77,21 @@ def no_leftover_processes(monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
         for p in left:
             p.kill()
         pytest.fail(f"processes outlived the test: {desc}")
+
+
+@pytest.fixture
+def sticky_root() -> Iterator[Path]:
+    """A sticky run root anyone can write, as /tmp is (under /tmp itself: pytest's own folders
+    are closed to other users)."""
+    top = Path(tempfile.mkdtemp(prefix="orch-shared-"))
+    top.chmod(0o755)
+    root = top / "runs"
+    root.mkdir()
+    root.chmod(0o1777)
+    try:
+        yield root
+    finally:
+        shutil.rmtree(top)
 
 
 @pytest.fixture

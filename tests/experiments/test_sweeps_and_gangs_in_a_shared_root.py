@@ -10,12 +10,9 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import stat
 import subprocess
 import sys
-import tempfile
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -65,17 +62,8 @@ print(json.dumps({"sweep": str(sweep.folder), "states": states, "gang": str(gang
 
 
 @pytest.fixture
-def shared_root() -> Iterator[Path]:
-    """A sticky run root anyone can write (under /tmp: pytest's own folders are closed to others)."""
-    top = Path(tempfile.mkdtemp(prefix="orch-shared-folders-"))
-    top.chmod(0o755)
-    root = top / "runs"
-    root.mkdir()
-    root.chmod(0o1777)
-    try:
-        yield root
-    finally:
-        shutil.rmtree(top)
+def shared_root(sticky_root: Path) -> Path:
+    return sticky_root
 
 
 def as_stranger(code: str, *args: str, cwd: Path | None = None, timeout: float = 60) -> str:

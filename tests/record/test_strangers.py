@@ -18,9 +18,8 @@ import shutil
 import stat
 import subprocess
 import sys
-import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -75,17 +74,8 @@ def as_user(uid: int, fn: Callable[[], Any]) -> Any:
 
 
 @pytest.fixture
-def shared_root() -> Iterator[Path]:
-    """A sticky run root anyone can write, as /tmp is (under /tmp: pytest's folders are closed)."""
-    top = Path(tempfile.mkdtemp(prefix="orch-strangers-"))
-    top.chmod(0o755)
-    root = top / "runs"
-    root.mkdir()
-    root.chmod(0o1777)
-    try:
-        yield root
-    finally:
-        shutil.rmtree(top)
+def shared_root(sticky_root: Path) -> Path:
+    return sticky_root
 
 
 @pytest.fixture

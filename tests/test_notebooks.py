@@ -98,7 +98,8 @@ def test_notebook_runs_clean(notebook: Path, tmp_path: Path) -> None:
 
 
 def panel_records(nb: nbformat.NotebookNode) -> list[dict[str, Any]]:
-    """The saved output of every cell that shows a panel: a PNG, an HTML table, no widget."""
+    """The saved output of every cell that shows a panel: a PNG, an HTML table, no widget; for
+    a call that logged nothing (a gang's setup cell), its words instead of the PNG and the table."""
     records = []
     for cell in nb.cells:
         # a cell that shows a panel: run.panel() last, or a %%orch cell (its call's panel)
@@ -110,12 +111,18 @@ def panel_records(nb: nbformat.NotebookNode) -> list[dict[str, Any]]:
             o for o in cell.outputs if o.output_type in shown and "orch-record" in o.data.get("text/html", "")
         ]
         data = out.data
-        assert sorted(data) == ["image/png", "text/html", "text/plain"], sorted(data)
-        assert base64.b64decode(data["image/png"]).startswith(b"\x89PNG\r\n")
         page = data["text/html"]
-        assert f'<img src="data:image/png;base64,{data["image/png"]}"' in page
         [state] = re.findall(r'class="orch-state" data-state="(\w+)"', page)
         rows = re.findall(r'<tr class="orch-rank" data-rank="(\d+)"', page)
+        if 'class="orch-no-points"' in page:  # nothing logged: no empty plot, no table of dashes
+            assert sorted(data) == ["text/html", "text/plain"] and "<img" not in page, sorted(data)
+            [ranks] = re.findall(r'class="orch-ranks-line"[^>]*>(\d+) ranks, (?:both|all) \w+<', page)
+            rows = [str(r) for r in range(int(ranks))]
+            records.append({**data, "state": state, "world_size": len(rows)})
+            continue
+        assert sorted(data) == ["image/png", "text/html", "text/plain"], sorted(data)
+        assert base64.b64decode(data["image/png"]).startswith(b"\x89PNG\r\n")
+        assert f'<img src="data:image/png;base64,{data["image/png"]}"' in page
         assert rows == [str(r) for r in range(len(rows))] and 'class="orch-ranks"' in page
         assert data["text/plain"].startswith("run ") and state in data["text/plain"].splitlines()[0]
         if state == "FAILED":
@@ -134,12 +141,14 @@ def check_nbconvert(notebook: Path, records: list[dict[str, Any]]) -> None:
         timeout=300,
     )
     page = notebook.with_suffix(".html").read_text()
-    for record in records:
+    pictured = [r for r in records if "image/png" in r]
+    for record in pictured:
         # nbconvert may rewrite the tag (the order of its attributes): look for the picture in one
         picture = re.escape(record["image/png"][:200])
         assert re.search(r'<img [^>]*src="data:image/png;base64,' + picture, page)
     assert page.count('class="orch-record"') == len(records)
-    assert page.count('class="orch-ranks"') >= len(records)
+    assert page.count('class="orch-ranks"') >= len(pictured)
+    assert page.count('class="orch-no-points"') == len(records) - len(pictured)
     for state in {r["state"] for r in records}:
         assert page.count(f'data-state="{state}"') >= sum(r["state"] == state for r in records)
 
@@ -157,8 +166,11 @@ def check_quickstart(nb: nbformat.NotebookNode) -> None:
     # (two launches of 4 ranks, then the gang's three %%orch calls of 2)
     headers = [v for v in widget_values(nb) if isinstance(v, str) and "orch-state" in v]
     assert len(headers) == 5 and all('data-state="SUCCEEDED"' in h for h in headers)
-    tables = [v for v in widget_values(nb) if isinstance(v, str) and "orch-ranks" in v]
-    assert sorted(t.count('class="orch-rank"') for t in tables) == [2, 2, 2, 4, 4], tables
+    tables = [v for v in widget_values(nb) if isinstance(v, str) and 'class="orch-ranks"' in v]
+    assert sorted(t.count('class="orch-rank"') for t in tables) == [2, 2, 4, 4], tables
+    # the gang's setup cell builds a model and logs nothing: its ranks in a line, no table
+    lines = [v for v in widget_values(nb) if isinstance(v, str) and "orch-ranks-line" in v]
+    assert len(lines) == 1 and "2 ranks, both SUCCEEDED" in lines[0], lines
     # the gang: trained in one cell, pulled into the kernel, trained again from where it stood
     slope, intercept = map(float, re.findall(r"slope ([-\d.]+) intercept ([-\d.]+)", text)[0])
     assert abs(slope - 3.0) < 0.5 and abs(intercept + 1.0) < 0.5, text

@@ -237,7 +237,7 @@ class SweepPanel(RunsView):
         best = self.marked()
         keys = sorted({k for t in self.sweep.trials for k in t.config})
         head = [*(f"{k}" for k in keys), "state", "step", f"{metric} last", f"{metric} best", ""]
-        order = list(range(len(self.sweep.trials)))
+        order = list(range(len(self.mirrors)))  # the trials drawn: a search may have drawn one since
         finals: dict[int, float] = {}
         texts: list[list[str]] = []  # each row's cells as shown, before their markup
         for i, m in enumerate(self.mirrors):

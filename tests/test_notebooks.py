@@ -116,8 +116,14 @@ def panel_records(nb: nbformat.NotebookNode) -> list[dict[str, Any]]:
         rows = re.findall(r'<tr class="orch-rank" data-rank="(\d+)"', page)
         if 'class="orch-no-points"' in page:  # nothing logged: no empty plot, no table of dashes
             assert sorted(data) == ["text/html", "text/plain"] and "<img" not in page, sorted(data)
-            [ranks] = re.findall(r'class="orch-ranks-line"[^>]*>(\d+) ranks, (?:both|all) \w+<', page)
-            rows = [str(r) for r in range(int(ranks))]
+            # The ranks in a line when their table would hold nothing but states ("2 ranks, both
+            # SUCCEEDED", or by state: "FAILED: rank 2; STOPPED: ranks 0, 1, 3"), else the table.
+            for line in re.findall(r'class="orch-ranks-line"[^>]*>([^<]+)<', page):
+                alike = re.fullmatch(r"(\d+) ranks, (?:both|all) \w+", line)
+                listed = [int(r) for part in line.split(";") for r in re.findall(r"\d+", part.split(":")[-1])]
+                rows = [str(r) for r in range(int(alike.group(1)) if alike else len(listed))]
+                assert alike or sorted(listed) == list(range(len(listed))), line
+            assert rows, page[-2000:]
             records.append({**data, "state": state, "world_size": len(rows)})
             continue
         assert sorted(data) == ["image/png", "text/html", "text/plain"], sorted(data)

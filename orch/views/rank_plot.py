@@ -339,6 +339,9 @@ class RankPlot:
             self._draw_spread([(buf.steps, buf.values) for _, buf in curves])
         else:
             self._draw_lines(curves)
+        # A log axis needs a positive value to span: none before the first points (a curve may
+        # be asked for on a log axis before any came), when the axis stays linear.
+        log_scale = log_scale and bool(self.lines or self.spread_of)
         if log_scale != self.log_scale:
             ax.set_yscale("log" if log_scale else "linear")
             if log_scale:

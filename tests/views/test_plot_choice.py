@@ -252,3 +252,18 @@ def test_no_widget_of_the_panel_is_wider_than_its_output() -> None:
         assert "var(--jp-widgets-margin" in FULL_WIDTH and panel.plot.layout.width == "720px"
     finally:
         panel.close()
+
+
+def test_a_log_axis_asked_for_before_the_first_point_draws_and_takes_effect_with_them() -> None:
+    """Log scale ticked while the panel waits for the first points (the metric list offers the
+    code's loss before it logged one): the empty plot still draws, and the curves that come
+    are on a log axis."""
+    from orch.views.rank_plot import RankPlot
+
+    plot = RankPlot(600, 300)
+    waiting = ended_run(RunState.RUNNING, {})
+    assert plot.draw(waiting, "loss", True).startswith(b"\x89PNG")
+    assert plot.ax.get_yscale() == "linear"
+    stepped = ended_run(RunState.RUNNING, {"loss": {0: ([0, 1, 2], [1.0, 0.1, 0.01])}})
+    assert plot.draw(stepped, "loss", True).startswith(b"\x89PNG")
+    assert plot.ax.get_yscale() == "log"

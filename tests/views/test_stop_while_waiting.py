@@ -177,6 +177,8 @@ def test_stop_all_clicked_on_the_main_shell_ends_a_blocked_sweep_wait(tmp_path: 
 
 WAIT = 'print("WAITING", flush=True)\nr = run.wait()\nprint("WAITED", r.state.value)'
 CONTROLS = """\
+# The list offers the code's loss before it logged one: wait for its points (and the list they settle).
+assert wait_for(lambda: any(n == "loss" and len(b) for (_, n), b in panel.mirror.series.items()), 60)
 assert wait_for(lambda: {"loss", "rank/memory"} <= set(panel.metric.options), 60), panel.metric.options
 print(" ".join(w.comm.comm_id for w in (panel.stop_button, panel.log_scale, panel.metric, panel.plot)),
       panel.metric.options.index("rank/memory"))

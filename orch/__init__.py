@@ -182,10 +182,10 @@ def _panel_for(kind: str) -> Any:
         from orch.views.panel import Panel
 
         return Panel
-    if kind == "gang":  # a gang's calls, overlaid
-        from orch.views.comparison import compare
+    if kind == "gang":  # a gang's calls, as one session
+        from orch.views.gang_panel import gang_panel
 
-        return compare
+        return gang_panel
     from orch.views.sweep_panel import SweepPanel
 
     return SweepPanel

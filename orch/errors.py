@@ -130,6 +130,12 @@ class StopTraining(BaseException):
     """
 
 
+class CallAborted(BaseException):
+    """A gang's call failed on another rank while this one was still in it (waiting in a loop of
+    its own, a sleep, a data loader): raised in its code so that it ends its part and the gang
+    keeps its state. A BaseException, so that ``except Exception`` lets it through."""
+
+
 class CallInterrupted(StopTraining, KeyboardInterrupt):
     """A gang's call was stopped (Stop, or the kernel's Interrupt during a ``%%orch`` cell): every
     rank raises it at the same step boundary (``ctx.steps``, ``ctx.log``, ``ctx.data``), as

@@ -662,7 +662,7 @@ def gang_build(ctx: Any, lr: float = 0.1) -> None:
     ctx.state.y = ctx.state.x.sum(1, keepdim=True)
 
 
-def gang_train(ctx: Any, steps: int) -> dict[str, Any]:
+def gang_train(ctx: Any, steps: int, pause: float = 0.0) -> dict[str, Any]:
     s = ctx.state
     for step in ctx.steps(steps):
         loss = ((s.model(s.x) - s.y) ** 2).mean()
@@ -670,7 +670,65 @@ def gang_train(ctx: Any, steps: int) -> dict[str, Any]:
         loss.backward()
         s.opt.step()
         ctx.log(step, loss=loss.item())
+        time.sleep(pause)
     return s.model.module.state_dict()
+
+
+def gang_train_rank1_fails(ctx: Any) -> None:
+    """A training call whose rank 1 raises at the start of step 0, while rank 0 waits for it in
+    the gradient all-reduce of its backward: the model is left as it was (no optimizer step)."""
+    s = ctx.state
+    for _step in ctx.steps(5):
+        if ctx.rank == 1:
+            time.sleep(0.3)  # rank 0 is in the all-reduce by now
+            raise ValueError("bad batch on rank 1")
+        loss = ((s.model(s.x) - s.y) ** 2).mean()
+        s.opt.zero_grad()
+        loss.backward()
+        s.opt.step()
+
+
+def gang_keep(ctx: Any, value: Any) -> None:
+    ctx.state.kept = value
+
+
+def gang_name_error(ctx: Any) -> None:
+    """Every rank raises NameError at the top of the call (a name its cell never made)."""
+    return undefined_name + 1  # type: ignore[name-defined]  # noqa: F821
+
+
+def gang_all_reduce_rank1_raises(ctx: Any) -> None:
+    """Rank 1 raises; rank 0 waits in an all_reduce that will never finish."""
+    if ctx.rank == 1:
+        time.sleep(0.3)
+        raise ValueError("boom on rank 1")
+    x = torch.ones(1)
+    dist.all_reduce(x)
+
+
+def gang_sleep_rank1_raises(ctx: Any) -> None:
+    """Rank 1 raises; rank 0 sleeps in its own code, in no collective."""
+    if ctx.rank == 1:
+        raise ValueError("boom on rank 1")
+    ctx.state.slept = False
+    time.sleep(600)
+    ctx.state.slept = True
+
+
+def gang_native_rank1_raises(ctx: Any) -> None:
+    """Rank 1 raises; rank 0 is in one C call that holds the GIL for minutes (its heartbeat
+    thread cannot run: nothing can free it)."""
+    if ctx.rank == 1:
+        time.sleep(0.5)
+        raise ValueError("boom on rank 1")
+    sum(range(10**11))
+
+
+def gang_all_reduce(ctx: Any) -> dict[str, Any]:
+    """An all_reduce across the gang, with where it ran and what the rank kept."""
+    x = torch.ones(1) * (ctx.rank + 1)
+    dist.all_reduce(x)
+    return {"sum": x.item(), "pid": os.getpid(), "kept": getattr(ctx.state, "kept", None)}
 
 
 def gang_where(ctx: Any) -> dict[str, Any]:

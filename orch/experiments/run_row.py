@@ -51,6 +51,7 @@ class RunRow:
     note: str = ""  # why it failed, or is DAMAGED, CRASHED or UNKNOWN
     name: str = ""
     sweep: str = ""
+    transfer: bool = False  # a gang's pull or push: a run of orch's own, not listed
     config_key: str = ""
     fn: str = ""
     origin: str = ""  # where the function came from: a notebook and cell, a script (else: fn)
@@ -182,6 +183,7 @@ def _read_meta(row: RunRow, meta: dict[str, Any], where: Path) -> None:
     row.fn, row.host, row.master = f.text("fn"), f.text("host"), f.text("master")
     row.origin = f.text("origin")
     row.name, row.sweep, row.config_key = f.text("name"), f.text("sweep"), f.text("config_key")
+    row.transfer = meta.get("transfer") is True
     config = meta.get("config", {})
     if not isinstance(config, dict):
         raise OrchError(f"{where}: 'config' should be a JSON object, not {type(config).__name__}")

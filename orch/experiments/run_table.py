@@ -134,6 +134,8 @@ def runs(run_root: str | Path = "runs") -> RunTable:
             # Only this user's run dirs: anyone who can write to a shared run root could plant one.
             if is_own_dir(path) and is_run_dir(path):
                 row = read_row(path, here.get(_key(path)))
+                if row.transfer:
+                    continue  # a gang's pull or push moved objects: no run of the user's
                 rows.append((row.started or started(path), path.name, row))
     rows.sort(key=lambda t: t[:2], reverse=True)  # as orch.record.names.no_run lists them
     return RunTable((row for *_, row in rows), root)

@@ -8,16 +8,22 @@ Stop and values, as any launch. The ranks keep their process group and their nam
 ``%%orch gang`` cell runs its code on every rank in that namespace (:mod:`orch._magic`);
 ``gang.pull(name, rank=0)`` and ``gang.push(name=value)`` move objects.
 
-A call that fails (a rank raised, or died) ends as a failed run, naming the rank, and ends the
-gang's ranks with it: their collectives may be half done. The next call starts the gang afresh
-(a new process group; ``ctx.state`` is empty again), and its first line says so. ``close()``,
-the end of a ``with`` block and the kernel's death end every rank.
+A call that fails ends as a failed run, naming the rank, and the gang keeps its ranks and
+their state: the ranks still in the call end their part (a collective they wait in is freed,
+other code interrupted: :mod:`orch.runtime.gang`), and when a collective was left half done
+the ranks make their process group again at the next call, in the same processes, with their
+``ctx.state`` and their ``ctx.ddp`` models rewrapped. Only a rank that died, or that did not
+end its part within :data:`SETTLE_WAIT` (a native call that never returns), ends the gang's
+ranks: the next call starts them afresh (a new process group; ``ctx.state`` is empty again),
+and the failed call's error and the next call's first line say what was lost. ``close()``, the
+end of a ``with`` block and the kernel's death end every rank.
 """
 
 from __future__ import annotations
 
 import atexit
 import contextlib
+import json
 import logging
 import multiprocessing as mp
 import secrets
@@ -49,11 +55,16 @@ from orch.runtime._children import kill_tree, tree
 from orch.runtime.launcher_env import LaunchedAs
 from orch.runtime.owner import Owner
 from orch.runtime.script import Script
+from orch.runtime.source import SourceMap, cell_sources
 from orch.runtime.spec import WorkerSpec
+from orch.wire.states import describe_exit
 
 log = logging.getLogger(__name__)
 
 END_WAIT = 3.0  # seconds a call's ranks get to send their code once its run ended
+# Seconds the ranks of a failed call get to end their part (told by the master's ABORT, at
+# their next heartbeat) before the gang gives up on them and ends its ranks.
+SETTLE_WAIT = 10.0
 
 
 class Gang:
@@ -104,6 +115,7 @@ class Gang:
         )  # where the calls' masters bind
         self.calls: list[Run] = []
         self.restarts = 0
+        self.remakes = 0  # the process group made again in the same ranks after a broken collective
         self.lost = ""  # why the ranks' state was lost, said by the next call
         self._procs: list[mp.process.BaseProcess] = []
         self._conns: list[Connection] = []
@@ -171,6 +183,26 @@ class Gang:
         self._end_ranks(0.2)
 
     @property
+    def rendezvous(self) -> str:
+        """The file store the ranks' group is made through: a new one for each start of the
+        ranks and for each remake of their group (which a rank sees, and makes it again)."""
+        name = f"rendezvous-{self.restarts}" + (f".{self.remakes}" if self.remakes else "")
+        return str(self.folder.resolve() / name)
+
+    def kept(self, outcomes: dict[int, dict[str, Any]]) -> bool:
+        """Every rank of a failed call ended its part and stays up: is their group whole? When
+        a rank freed a collective, or one failed inside a collective, or their counts of
+        collectives differ (one was left half done), the next call makes it again. Returns
+        True when it must be made again."""
+        counts = {tuple(o.get("sequence", ())) for o in outcomes.values()}
+        remake = len(counts) > 1 or any(
+            o.get("freed") or o.get("collective_error") for o in outcomes.values()
+        )
+        if remake:
+            self.remakes += 1
+        return remake
+
+    @property
     def pids(self) -> list[int]:
         """The ranks' process ids, in rank order (empty while the gang is down, or on Slurm)."""
         return [p.pid or 0 for p in self._procs]
@@ -194,7 +226,9 @@ class Gang:
             raise OrchError(f"gang.run takes a function of ctx, got {fn!r:.80}")
         return self._call(rank_side.call(fn, args, kwargs), getattr(fn, "__name__", "call"))
 
-    def _call(self, fn: Callable[[Any], Any], label: str) -> Run:
+    def _call(
+        self, fn: Callable[[Any], Any], label: str, sources: SourceMap | None = None, transfer: bool = False
+    ) -> Run:
         with self._lock:
             if self._closed:
                 raise OrchError(f"gang {self.gang_id} is closed: make a new one with orch.gang(...)")
@@ -225,23 +259,35 @@ class Gang:
                 **self.tls,
                 name=f"gang {self.gang_id} call {len(self.calls) + 1}: {label}",
             )
-            run = Run(spec, launcher=lambda s, c, d: GangLauncher(self, s, c, d))
+            run = Run(spec, sources=sources, launcher=lambda s, c, d: GangLauncher(self, s, c, d))
+            run.transfer = transfer  # a pull or a push: not a run of the user's (see orch.runs)
             self.calls.append(run)
         return run.start()
 
     def pull(self, name: str, rank: int = 0) -> Any:
         """The object ``name`` in rank ``rank``'s namespace (``ctx.state.name``), here."""
-        with self._call(rank_side.call(rank_side.pull, (name, rank), {}), f"pull {name}") as run:
+        with self._call(
+            rank_side.call(rank_side.pull, (name, rank), {}), f"pull {name}", transfer=True
+        ) as run:
             return run.wait().values[rank]
 
     def push(self, **values: Any) -> None:
         """Set ``values`` in every rank's namespace (``ctx.state``; a ``%%orch`` cell's names)."""
-        with self._call(rank_side.call(rank_side.push, (values,), {}), f"push {', '.join(values)}") as run:
+        with self._call(
+            rank_side.call(rank_side.push, (values,), {}), f"push {', '.join(values)}", transfer=True
+        ) as run:
             run.wait()
 
-    def run_cell(self, source: str, filename: str) -> Run:
-        """Run a cell's code on every rank, in their namespaces (the ``%%orch`` magic)."""
-        return self._call(rank_side.call(rank_side.run_cell, (source, filename), {}), "cell")
+    def run_cell(self, source: str, filename: str, count: int | None = None) -> Run:
+        """Run a cell's code on every rank, in their namespaces (the ``%%orch`` magic); ``count``:
+        the notebook cell's execution count, which names it (``cell In[3]``) in its run's name,
+        its tracebacks and its record."""
+        label = f"cell In[{count}]" if count is not None else "cell"
+        return self._call(
+            rank_side.call(rank_side.run_cell, (source, filename), {}),
+            label,
+            sources=cell_sources(source, filename, count),
+        )
 
     # -- ending ----------------------------------------------------------------------------
     def close(self) -> None:
@@ -265,8 +311,10 @@ class Gang:
         self.close()
 
     def panel(self, **options: Any) -> Any:
-        """The calls so far overlaid, each with its curves, state and time (``orch.compare``)."""
-        return panel_class("gang")(self.calls, **options)
+        """The calls so far as one session: each training call's curve goes on from where the
+        call before ended, on one step axis, the calls' boundaries marked; a table lists every
+        call (those that logged nothing too). Options: ``metric=``, ``x="time"``."""
+        return panel_class("gang")(self, **options)
 
     def __repr__(self) -> str:
         state = "closed" if self._closed else ("up" if self.up else "down")
@@ -285,6 +333,8 @@ class GangLauncher(LocalLauncher):
         coordinator.starting(f"the gang's {spec.world_size} ranks take the call")
         self.worker_ids: list[str] = []
         self.returned: dict[int, int] = {}
+        self.outcomes: dict[int, dict[str, Any]] = {}  # what each rank said at its call's end
+        self.died: dict[int, int] = {}  # the ranks whose process ended: their exit codes
 
     def master_host(self, spec: LaunchSpec) -> str:
         return self.gang.host or super().master_host(spec)  # on Slurm: where the nodes reach it
@@ -298,9 +348,7 @@ class GangLauncher(LocalLauncher):
         try:
             for spec, conn in zip(specs, gang._conns, strict=True):
                 spec.owner = None  # the rank watches the gang's launcher already
-                spec.rendezvous_file = str(
-                    gang.folder.resolve() / f"rendezvous-{gang.restarts}"
-                )  # afresh each start
+                spec.rendezvous_file = gang.rendezvous  # another one: the ranks make their group again
                 if gang.cluster is not None:
                     on_node(spec, gang.cluster, parts.token)
                 conn.send_bytes(cloudpickle.dumps(spec))
@@ -312,9 +360,7 @@ class GangLauncher(LocalLauncher):
         while not parts.closing.is_set():
             self.collect_exits()
             if coord.state.failing:
-                gang.broken(f"call {len(gang.calls)} ({self.run_dir.name}) failed: {coord.failure}"[:300])
-                self._gone(expected=True)
-                coord.give_up(coord.restart_refusal() or "")
+                self._settle(parts)
                 return
             if len(self.returned) == len(specs):
                 if not coord.state.done:
@@ -328,17 +374,59 @@ class GangLauncher(LocalLauncher):
                     return
             time.sleep(self.spec.poll_interval)
 
+    def _settle(self, parts: RunParts) -> None:
+        """The call failed: wait for its ranks to end their part (the master's ABORT tells those
+        still in it), then keep the gang, or end its ranks if one died or never ended its part."""
+        coord, gang = self.coordinator, self.gang
+        wait = max(SETTLE_WAIT, 4 * self.spec.heartbeat_interval)
+        deadline = time.monotonic() + wait
+        while len(self.returned) < len(self.worker_ids) and not parts.closing.is_set():
+            if time.monotonic() > deadline:
+                break
+            time.sleep(self.spec.poll_interval)
+            self.collect_exits()
+        call = f"call {len(gang.calls)} ({self.run_dir.name})"
+        left = [i for i in range(len(self.worker_ids)) if i not in self.returned]
+        if self.died or left:
+            what = [f"rank {i}'s process ended ({describe_exit(c)})" for i, c in sorted(self.died.items())]
+            what += [
+                f"rank {i} did not end its part within {wait:g}s of the failure (in a native call that "
+                "never returns?)"
+                for i in left
+            ]
+            lost = "; ".join(what)
+            gang.broken(f"{call} failed and {lost}"[:400])
+            self._gone(expected=True)
+            said = (
+                f"{lost}: gang {gang.gang_id} ended its ranks; the next call starts them afresh, "
+                "without their ctx.state and process group"
+            )
+        else:
+            remade = gang.kept(self.outcomes)
+            said = f"gang {gang.gang_id} kept its ranks and their ctx.state" + (
+                ": a collective was left half done, so the next call makes their process group again "
+                "in the same processes (ctx.ddp models rewrapped)"
+                if remade
+                else ", and their process group: the next call runs in them"
+            )
+        refusal = coord.restart_refusal()
+        coord.give_up("; ".join(x for x in (refusal, said) if x))
+
     def collect_exits(self) -> None:
-        """A rank's call returned (its code, on the pipe), or its process died."""
+        """A rank's call returned (its outcome, on the pipe), or its process died."""
         for i, conn in enumerate(self.gang._conns):
             if i in self.returned or i >= len(self.worker_ids):
                 continue
             code: int | None = None
             try:
                 if conn.poll():
-                    code = int(conn.recv_bytes().decode())
-            except (EOFError, OSError, ValueError):
+                    outcome = json.loads(conn.recv_bytes())
+                    code = int(outcome["code"])
+                    self.outcomes[i] = outcome
+            except (EOFError, OSError, ValueError, KeyError, TypeError):
                 code = self.gang.exit_code(i)  # its process is gone (or going: looked at again next time)
+                if code is not None:
+                    self.died[i] = code
             if code is None:
                 continue
             self.returned[i] = code

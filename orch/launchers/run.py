@@ -88,6 +88,7 @@ class Run(RunHandle):
         # a detached run's supervisor gets them from the kernel that launched it.
         self._sources = sources if sources is not None else capture(spec.fn)
         self._meta: dict[str, Any] = {}
+        self.transfer = False  # a gang's pull or push (orch.runs() leaves it out)
 
     @property
     def run_dir(self) -> Path:
@@ -120,6 +121,8 @@ class Run(RunHandle):
         for key in ("name", "sweep", "config_key"):
             if getattr(spec, key) is not None:
                 meta[key] = getattr(spec, key)
+        if self.transfer:
+            meta["transfer"] = True
         if self.origin:
             meta["origin"] = self.origin
         self.server, self._meta = serve(

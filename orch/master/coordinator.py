@@ -43,7 +43,7 @@ from orch.master.stack_desk import StackDesk
 from orch.master.state_desk import StateDesk
 from orch.wire._proto import orchestrator_pb2 as pb
 from orch.wire.limits import MAX_SECTIONS, MORE_SECTIONS
-from orch.wire.states import RankState, RunState
+from orch.wire.states import BARRIER_CLOSED, RankState, RunState
 
 if TYPE_CHECKING:
     from orch.record.store import RunStore
@@ -154,6 +154,9 @@ class Coordinator(StateDesk, HostDesk, StackDesk):
     def can_start(self, req: pb.CanStartTrainingRequest) -> pb.CanStartTrainingResponse:
         with self._lock:
             rec = self.intake.known(req.run_id, req.worker_id, self.run_id)
+            if self.state.done:
+                # A rank that failed before this one came to the barrier: it will never open.
+                raise Reject("failed_precondition", f"{BARRIER_CLOSED} ({self.state.value})")
             return self.registry.barrier(
                 rec,
                 open_=self.state in (RunState.RUNNING, RunState.STOPPING),

@@ -60,7 +60,11 @@ class Context(Checkpoints, Logging, LibraryStop):
         checkpoint_dir: Path | None = None,
         attempt: int = 1,
         state: types.SimpleNamespace | None = None,
+        kept: Any = None,
     ) -> None:
+        """``kept``: a gang rank's :class:`~orch.runtime.gang_session.Session`, whose models from
+        earlier calls this call counts too (checksums, collective timings), and which hears of
+        each model ``ddp`` wraps (a remade group rewraps them)."""
         self.rank = rank
         # What the function keeps for its next call in a gang (orch.gang): the rank's namespace,
         # which a %%orch cell's names are in too. A run's own otherwise.
@@ -73,7 +77,8 @@ class Context(Checkpoints, Logging, LibraryStop):
         self._sender = sender
         self._control_group = control_group
         self._stop = threading.Event()
-        self._models: list[nn.Module] = []
+        self._kept = kept
+        self._models: list[nn.Module] = kept.live(kept.models) if kept is not None else []
         self.stopped = False  # True once ctx.steps() ended early because of a stop request
         # A gang's call: a stop raises CallInterrupted at the step boundary, where a run's loop ends
         self.interrupt_on_stop = False
@@ -94,7 +99,7 @@ class Context(Checkpoints, Logging, LibraryStop):
         self._watched_value: float | None = None  # this rank's last logged value of it
         # Where each step's time goes (data, collectives, sections): see orch.runtime._timing.
         self.times: StepTimes | None = StepTimes() if enabled() else None
-        self._ddp_models: list[nn.Module] = []
+        self._ddp_models: list[nn.Module] = kept.live(kept.timed) if kept is not None else []
         self._waits = CollectiveWait(self._ddp_models)
         self._logged_step, self._logged_at = -1, 0.0  # ctx.log's last new step, and when (BY_LOG)
         self._log_steps = 0  # steps ctx.log counted since _logged_at, not handed to self.times yet
@@ -146,6 +151,8 @@ class Context(Checkpoints, Logging, LibraryStop):
         if self.device.type == "cuda":
             kwargs.setdefault("device_ids", [self.device.index])
         wrapped = nn.parallel.DistributedDataParallel(model, **kwargs)
+        if self._kept is not None:
+            self._kept.wrapped.add(wrapped, kwargs)
         if self.times is not None and CollectiveWait.watch(wrapped):
             # How long this rank waits for its peers in the gradient all-reduce (DDP's own timers);
             # the collectives count as timed once a reading came (see CollectiveWait.take).

@@ -7,10 +7,15 @@ Stop, stacks, its end reported), runs the function, and sends back its exit code
 exiting. Its process group is made at the first call, through a file store in the gang's own
 folder, and kept; so is its namespace, ``ctx.state``, where a ``%%orch`` cell's names live.
 
-A call that fails on any rank may leave the others inside a collective that will never
-complete: the rank whose call failed ends, and the launcher ends the others and starts the
-gang afresh at the next call (its state is lost, and the next call says so). A rank also ends
-when the process that started the gang is gone, or when the launcher closes its pipe.
+A call that fails leaves the rank up, with its namespace and its group. The master tells the
+ranks still in the call to end their part (ABORT): such a rank frees the collective it may wait
+in by shutting down its group's connections, and interrupts its code if it waits elsewhere
+(:func:`orch.runtime.worker._abort_call`). Each rank sends back its exit code and what says
+whether its group is whole (:meth:`~orch.runtime.gang_session.Session.outcome`); where one is
+not, the launcher gives the next call a new rendezvous and the ranks make their group again
+in the same processes, rewrapping their ``ctx.ddp`` models (:mod:`orch.runtime._mend`). A
+rank ends when the process that started the gang is gone, or when the launcher closes its pipe
+(it does when a rank died, or did not end its part of a failed call: the gang then starts afresh).
 
 On a Slurm cluster the ranks are the tasks of the gang's job (:mod:`orch.launchers.slurm.gang`):
 each dials the kernel back (:func:`connect_main`) and takes its calls on that connection.
@@ -18,6 +23,7 @@ each dials the kernel back (:func:`connect_main`) and takes its calls on that co
 
 from __future__ import annotations
 
+import json
 import linecache
 import os
 import signal
@@ -28,6 +34,7 @@ from collections.abc import Callable
 from multiprocessing.connection import Connection
 from typing import Any
 
+from orch.errors import CallAborted
 from orch.runtime._children import become_subreaper, end_descendants, end_with_sigterm
 from orch.runtime.gang_session import Session
 from orch.runtime.owner import Owner, exit_when_gone
@@ -35,7 +42,7 @@ from orch.runtime.worker import EXIT_FAILED, enter, run_worker
 from orch.wire.auth import TOKEN_ENV
 from orch.wire.channel import dial
 from orch.wire.net import split_address
-from orch.wire.states import EXIT_ABORTED
+from orch.wire.states import CALL_ENDED, EXIT_ABORTED
 
 
 def gang_main(owner: Owner | None, conn: Connection) -> None:
@@ -48,6 +55,15 @@ def gang_main(owner: Owner | None, conn: Connection) -> None:
     become_subreaper()
     end_with_sigterm()
     session = Session()
+
+    def aborted(_signum: int, _frame: Any) -> None:
+        # Sent by the heartbeat thread after a peer's failure (worker._abort_call), while the
+        # user's code still ran: it ends its part of the call here.
+        if session.in_user_code and session.freed:
+            session.in_user_code = False
+            raise CallAborted(f"{CALL_ENDED}: another rank's failed")
+
+    signal.signal(signal.SIGUSR2, aborted)
     code = 0
     while True:
         try:
@@ -56,18 +72,17 @@ def gang_main(owner: Owner | None, conn: Connection) -> None:
             break  # the gang was closed
         spec = cloudpickle.loads(payload)
         enter(spec)
+        session.new_call()
         try:
             code = run_worker(spec, session)
-        except Exception:
+        except Exception:  # orch's own failure (the master unreachable): this call's, not the gang's
             traceback.print_exc()
-            code, session.broken = EXIT_FAILED, True
+            code = EXIT_FAILED
         sys.stdout.flush()
         sys.stderr.flush()
         try:
-            conn.send_bytes(str(code).encode())
+            conn.send_bytes(json.dumps(session.outcome(code)).encode())
         except OSError:
-            break
-        if session.broken:
             break
     end_descendants()
     os._exit(code)

@@ -30,6 +30,7 @@ from orch.wire.net import (
     split_address,
 )
 from orch.wire.rpc import UNREACHABLE, rpc_error
+from orch.wire.states import BARRIER_CLOSED
 
 log = logging.getLogger(__name__)
 
@@ -231,7 +232,12 @@ def barrier(stub: pb_grpc.OrchestratorStub, spec: WorkerSpec, run_id: str) -> pb
     delay = 0.02
     req = pb.CanStartTrainingRequest(run_id=run_id, worker_id=spec.worker_id)
     while True:
-        reply: pb.CanStartTrainingResponse = stub.CanStartTraining(req, timeout=5.0)
+        try:
+            reply: pb.CanStartTrainingResponse = stub.CanStartTraining(req, timeout=5.0)
+        except grpc.RpcError as e:
+            if e.code() is grpc.StatusCode.FAILED_PRECONDITION:
+                raise WorkerError(e.details() or BARRIER_CLOSED) from None
+            raise
         if reply.ready:
             return reply
         if time.monotonic() >= deadline:

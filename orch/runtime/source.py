@@ -140,6 +140,34 @@ def origin_of(fn: Any, labels: dict[str, int]) -> str:
     return f"{_near(script)}:{name}" if isinstance(script, str) and script else ""
 
 
+def cell_sources(source: str, filename: str, count: int | None) -> SourceMap:
+    """Where a ``%%orch`` cell's code came from: its lines under ``filename`` (the name the
+    ranks compile it with), labelled ``Cell In[count]`` in tracebacks, and its origin, the
+    notebook and the cell (``analysis.ipynb (Cell In[3])``)."""
+    sources = SourceMap()
+    sources.lines[filename] = source.splitlines(True)
+    if count is not None:
+        sources.labels[filename] = f"Cell In[{count}]"
+        main = sys.modules.get("__main__")
+        notebook = os.environ.get("JPY_SESSION_NAME") or getattr(main, "__session__", "")
+        where = f"Cell In[{count}]"
+        sources.origin = f"{_near(notebook)} ({where})" if isinstance(notebook, str) and notebook else where
+    return sources
+
+
+def running_cell() -> int | None:
+    """The execution count of the notebook cell running now (``In[n]``), read from the cell's
+    own frame: IPython counts the next cell (``execution_count``) while one runs."""
+    labels = _ipython_labels()
+    frame = sys._getframe(1)
+    while frame is not None:
+        count = labels.get(frame.f_code.co_filename)
+        if count is not None:
+            return count
+        frame = frame.f_back  # type: ignore[assignment]
+    return None
+
+
 def _near(path: str) -> str:
     """``path`` relative to the current folder when it is under it."""
     with contextlib.suppress(ValueError):

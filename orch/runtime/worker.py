@@ -29,7 +29,7 @@ from orch._tracebacks import format_from_user_code, format_stack_from_user_code
 from orch.errors import OrchError, StopTraining, WorkerError
 from orch.record.store import private_dir, write_json_atomic
 from orch.record.writes import own_dir
-from orch.runtime import _scalars, current, nested
+from orch.runtime import _mend, _scalars, current, nested
 from orch.runtime._children import become_subreaper, end_descendants, end_with_sigterm, exit_now
 from orch.runtime._seeding import reseed
 from orch.runtime._sender import HeartbeatSender
@@ -70,6 +70,9 @@ from orch.wire.states import EXIT_ABORTED
 log = logging.getLogger(__name__)
 
 EXIT_FAILED = 1
+# Seconds a gang's rank, told its call must end, gives the call to end by itself (a collective's
+# failure) before it interrupts the code (see _abort_call).
+INTERRUPT_AFTER = 0.5
 
 
 def _set_threads(spec: WorkerSpec) -> None:
@@ -100,6 +103,39 @@ def _abort(reason: str) -> None:
     sys.stderr.write(f"orch worker: {reason}; exiting\n")
     sys.stderr.flush()
     exit_now(EXIT_ABORTED)  # what the rank started ends with it
+
+
+def _user_call(fn: Any, ctx: Any, session: Session | None) -> Any:
+    """``fn(ctx)``; in a gang's rank, marked as the user's code running, which an abort may
+    interrupt (:func:`_abort_call`)."""
+    if session is None:
+        return fn(ctx)
+    session.in_user_code = True
+    try:
+        return fn(ctx)
+    finally:
+        session.in_user_code = False
+
+
+def _abort_call(session: Session, reason: str) -> None:
+    """What the heartbeat thread of a gang's rank does when its call must end now (a peer
+    failed): the rank stays up with its state. Its group's connections are shut down, so a
+    collective it waits in fails at once (and its peers' too); code that waits elsewhere (a
+    sleep, a loop of its own) is interrupted :data:`INTERRUPT_AFTER` seconds later by
+    :class:`~orch.errors.CallAborted`, raised in it by SIGUSR2 (see :func:`orch.runtime.gang.gang_main`)."""
+    sys.stderr.write(f"orch gang rank: {reason}; this rank ends its part of the call and stays up\n")
+    sys.stderr.flush()
+    session.freed = True
+    _mend.free(session.sockets)
+
+    def interrupt() -> None:
+        if session.in_user_code:
+            with contextlib.suppress(OSError, ValueError):
+                signal.pthread_kill(threading.main_thread().ident or 0, signal.SIGUSR2)
+
+    timer = threading.Timer(INTERRUPT_AFTER, interrupt)
+    timer.daemon = True
+    timer.start()
 
 
 def _format_exc(spec: WorkerSpec, whole: bool = False) -> str:
@@ -223,10 +259,18 @@ def run_worker(spec: WorkerSpec, session: Session | None = None) -> int:
         fn = resolve_fn(fn_name, spec.workdir)
         install(fn, spec.sources)
         config = spec.config if spec.config is not None else json.loads(reg.config_json or "{}")
-        kept = session is not None and session.group_up
+        # A gang's next call runs in its ranks' group; a new rendezvous file means the gang's
+        # launcher asks for the group to be made again (a call broke it: orch.runtime._mend).
+        kept = session is not None and session.group_up and session.rendezvous == spec.rendezvous_file
+        remade_at = 0.0
+        if session is not None and session.group_up and not kept:
+            remade_at = time.monotonic()
+            _mend.free(session.sockets)  # whatever still waits on the old group fails now
+            dist.destroy_process_group()  # every group of the old one: the default, orch's, the code's
+            session.group_up, session.control, session.sockets = False, None, {}
         store = None
         if kept:
-            pass  # a gang's next call: its ranks' group is up
+            pass
         elif spec.rendezvous_file:
             store = file_store(spec.rendezvous_file, reg, world, spec.collective_timeout)
         elif rank == 0:
@@ -281,8 +325,21 @@ def run_worker(spec: WorkerSpec, session: Session | None = None) -> int:
         elif not isinstance(fn, Script):
             # A function of ctx gets its group (and orch's own, for ctx.steps) before it runs; a
             # script makes the group itself, with its backend and timeout, when it asks for it.
+            before = _mend.sockets() if session is not None else {}
             make_group(backend, None, None)
             control = dist.new_group(backend="gloo") if world > 1 else None
+            if session is not None:
+                session.sockets = _mend.made_since(before)
+                session.rendezvous = spec.rendezvous_file or ""
+                if remade_at:
+                    n = session.wrapped.rewrap()
+                    log.info(
+                        "rank %d: the gang's process group made again in %.3fs (%d DDP model%s rewrapped)",
+                        rank,
+                        time.monotonic() - remade_at,
+                        n,
+                        "" if n == 1 else "s",
+                    )
             log.info(
                 "rank %d: process group up (%s, rendezvous %s:%d); training on %s",
                 rank,
@@ -305,7 +362,7 @@ def run_worker(spec: WorkerSpec, session: Session | None = None) -> int:
             interval=spec.heartbeat_interval,
             master_timeout=spec.master_timeout or reg.heartbeat_timeout or 30.0,
             on_stop=lambda at_step: ctx.request_stop(at_step),
-            on_abort=_abort,
+            on_abort=_abort if session is None else lambda why: _abort_call(session, why),
             local_master=is_unix(spec.master) or is_local_address(split_address(spec.master)[0]),
         )
         sender.process = ProcessReader(device.index if device.type == "cuda" else None)
@@ -321,6 +378,7 @@ def run_worker(spec: WorkerSpec, session: Session | None = None) -> int:
             checkpoint_dir=Path(spec.run_root) / run_id / "checkpoints",
             attempt=reg.attempt or 1,
             state=session.state if session is not None else None,
+            kept=session,
         )
         ctx.interrupt_on_stop = session is not None
         sender.total_steps = reg.total_steps
@@ -337,7 +395,9 @@ def run_worker(spec: WorkerSpec, session: Session | None = None) -> int:
                 os._exit = real_exit
         else:
             # What it returns goes to the run dir, before the end is reported (run.wait() reads it)
-            keep_value(Path(spec.run_root) / run_id, rank, ctx.attempt, fn(ctx), spec.value_cap)
+            keep_value(
+                Path(spec.run_root) / run_id, rank, ctx.attempt, _user_call(fn, ctx, session), spec.value_cap
+            )
         checksum = ctx.param_checksum()
         if ctx.stopped:
             outcome = pb.RANK_STOPPED
@@ -352,8 +412,10 @@ def run_worker(spec: WorkerSpec, session: Session | None = None) -> int:
             said = f"{who} called sys.exit({e.code!r})\n"
             error = said + _format_exc(spec)
             _write_error(error_file, spec, rank, code, error, said + _format_exc(spec, whole=True))
-    except BaseException:  # the rank's failure, whatever it is, goes to the master
+    except BaseException as e:  # the rank's failure, whatever it is, goes to the master
         outcome, code = pb.RANK_FAILED, EXIT_FAILED
+        if session is not None:
+            session.collective_error = _mend.from_collective(e)
         error = _format_exc(spec)
         _write_error(error_file, spec, rank, code, error, _format_exc(spec, whole=True))
     if sender is not None:
@@ -372,7 +434,8 @@ def run_worker(spec: WorkerSpec, session: Session | None = None) -> int:
         _report(stub, run_id, spec.worker_id, outcome, error, checksum, step)
     current.set_context(None)
     if session is not None:
-        session.broken = outcome == pb.RANK_FAILED
+        if "ctx" in locals():
+            session.keep_models(ctx._models, ctx._ddp_models)
     elif outcome != pb.RANK_FAILED:
         if adopter is not None:
             adopter.destroy_all()

@@ -83,11 +83,15 @@ class _RunsPlot:
         faded: frozenset[int] = frozenset(),
         rungs: Sequence[int] = (),
         best_so_far: float | None = None,
+        boundaries: Sequence[tuple[float, str]] = (),
     ) -> bytes:
         """``curves``: (label, colour index, curve, marked) per run; a marked run is drawn bold.
         ``done``: every run ended (a plot without points then says none were logged).
         A sweep's pruned runs (their places in ``curves``: ``faded``) are drawn faded, ending in
-        an x; its pruner's ``rungs`` (steps) are dotted verticals, ``best_so_far`` a dotted level."""
+        an x; its pruner's ``rungs`` (steps) are dotted verticals, ``best_so_far`` a dotted level.
+        ``boundaries``: (x, words) where one part of a continuing curve ends and the next begins
+        (a gang's calls): a dashed vertical, its words at the top. A label that starts with "_"
+        stays out of the legend."""
         ax = self.ax
         ax.clear()
         ax.grid(True, alpha=0.3)
@@ -134,6 +138,19 @@ class _RunsPlot:
         if drawn and x == "step":
             for step in rungs:
                 ax.axvline(step, color="#888", lw=0.8, ls=":", zorder=0)
+        if drawn:
+            for at, words in boundaries:
+                ax.axvline(at, color="#57606a", lw=0.9, ls="--", zorder=0)
+                ax.annotate(
+                    words,
+                    (at, 1.0),
+                    xycoords=("data", "axes fraction"),
+                    xytext=(3, -3),
+                    textcoords="offset points",
+                    va="top",
+                    fontsize=7,
+                    color="#57606a",
+                )
         if drawn and best_so_far is not None:
             ax.axhline(
                 best_so_far, color="#1a7f37", lw=0.9, ls="--", label=f"best so far {number_text(best_so_far)}"

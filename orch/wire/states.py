@@ -13,6 +13,12 @@ from orch.wire._proto import orchestrator_pb2 as pb
 # The exit code of a worker that ended itself because the run had failed or its master
 # vanished: it explains no failure.
 EXIT_ABORTED = 70
+# What a gang's rank reports when its call was ended because another rank's failed (it
+# explains no failure either): the words of orch.errors.CallAborted.
+CALL_ENDED = "this rank's part of the gang's call was ended"
+# The master's answer to a rank at the start barrier of a run that ended (another rank failed
+# first): the rank leaves, and its error explains nothing either.
+BARRIER_CLOSED = "the run ended before its start barrier opened"
 
 
 def describe_exit(code: int) -> str:

@@ -12,11 +12,15 @@ from dataclasses import dataclass, field, replace
 from enum import Enum
 
 from orch.master.control.registry import RankRecord
+from orch.wire.states import BARRIER_CLOSED, CALL_ENDED
 
 SETTLE_SECONDS = 2.0
 PEER_ERROR = re.compile(
     r"Connection (reset|closed) by peer|Broken pipe|gloo/transport|DistBackendError|DistNetworkError"
-    r"|NCCL (error|communicator)|ProcessGroup\w* .*(timed out|abort)",
+    r"|NCCL (error|communicator)|ProcessGroup\w* .*(timed out|abort)|"
+    + re.escape(CALL_ENDED)
+    + "|"
+    + re.escape(BARRIER_CLOSED),
     re.IGNORECASE,
 )
 LOST_TOGETHER = "; lost at the same time: "

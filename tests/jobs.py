@@ -724,6 +724,14 @@ def gang_native_rank1_raises(ctx: Any) -> None:
     sum(range(10**11))
 
 
+def gang_rank1_never_steps(ctx: Any) -> None:
+    """Rank 0 steps into an all_reduce; rank 1 sleeps in its own code, never at a step boundary."""
+    for _step in ctx.steps(10):
+        if ctx.rank == 1:
+            time.sleep(600)
+        dist.all_reduce(torch.ones(1))
+
+
 def gang_all_reduce(ctx: Any) -> dict[str, Any]:
     """An all_reduce across the gang, with where it ran and what the rank kept."""
     x = torch.ones(1) * (ctx.rank + 1)

@@ -190,7 +190,7 @@ class Gang:
         return str(self.folder.resolve() / name)
 
     def kept(self, outcomes: dict[int, dict[str, Any]]) -> bool:
-        """Every rank of a failed call ended its part and stays up: is their group whole? When
+        """Every rank of a call ended its part and stays up: is their group whole? When
         a rank freed a collective, or one failed inside a collective, or their counts of
         collectives differ (one was left half done), the next call makes it again. Returns
         True when it must be made again."""
@@ -365,6 +365,10 @@ class GangLauncher(LocalLauncher):
             if len(self.returned) == len(specs):
                 if not coord.state.done:
                     coord.fail("every rank's call returned before the run finished")
+                # A stop past its grace frees a rank from its collective too (an ABORT): the
+                # group is then made again at the next call, as after a failure.
+                if not self.died:
+                    gang.kept(self.outcomes)
                 return
             if coord.state.done:
                 done_since = done_since if done_since is not None else time.monotonic()

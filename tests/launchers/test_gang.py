@@ -103,6 +103,27 @@ def test_a_rank_failing_while_its_peer_waits_in_all_reduce_is_mended_in_the_same
         assert gang.run(jobs.gang_all_reduce).wait(timeout=120).values[0]["sum"] == 3.0
 
 
+def test_a_stop_past_its_grace_ends_the_call_and_keeps_the_gang_with_its_group_made_again(
+    tmp_path: Path,
+) -> None:
+    """Rank 1 never reaches a step boundary and rank 0 waits for it in an all_reduce: Stop
+    ends the call after stop_grace (both ranks freed), and the gang keeps its state."""
+    with orch.gang(world_size=2, run_root=str(tmp_path), stop_grace=1.0) as gang:
+        gang.run(jobs.gang_keep, "kept").wait()
+        pids = gang.pids
+        run = gang.run(jobs.gang_rank1_never_steps)
+        deadline = time.monotonic() + 60
+        while not any(r.step > 0 or r.state == orch.RankState.RUNNING for r in run.state().ranks):
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        time.sleep(0.5)
+        run.stop()
+        assert run.wait(timeout=60).state is orch.RunState.STOPPED
+        after = gang.run(jobs.gang_all_reduce).wait(timeout=120).values
+        assert [v["pid"] for v in after] == pids and [v["kept"] for v in after] == ["kept"] * 2
+        assert after[0]["sum"] == 3.0 and gang.remakes == 1 and gang.restarts == 0
+
+
 def test_a_ddp_model_trained_across_a_failed_call_ends_where_one_run_of_the_same_steps_ends(
     tmp_path: Path,
 ) -> None:

@@ -417,3 +417,19 @@ def timed_first_step(ctx: Any) -> float:
         reached = time.time()
         ctx.log(step, loss=float(s.model(s.x).sum().item()))
     return reached
+
+
+def gang_fails_everywhere(ctx: Any) -> None:
+    """gang: every rank raises NameError at the top of the call (a name its cell never made): no
+    collective is left half done, so the gang keeps its ranks, their ctx.state and their group."""
+    return never_defined + 1  # type: ignore[name-defined]  # noqa: F821
+
+
+def gang_fails_in_all_reduce(ctx: Any, delay: float = 0.1) -> None:
+    """gang: rank 1 raises ``delay`` s into the call while every other rank waits for it in an
+    all_reduce that never finishes (a broken collective, which the next call's group remakes).
+    Its message holds the ``time.time()`` it raised at, as ``raised at t=SECONDS``."""
+    if ctx.rank == 1:
+        time.sleep(delay)  # the others are in the all_reduce by then
+        raise ValueError(f"rank 1 fails while its peers wait in all_reduce (raised at t={time.time():.6f})")
+    dist.all_reduce(torch.ones(1))

@@ -107,7 +107,8 @@ BENCHMARKS: dict[str, tuple[str, str]] = {
         "A gang's next call against a warm launch",
         "4 ranks: from `gang.run(fn)` to every rank at the call's first step, the model built by an "
         "earlier call, against a warm `orch.launch` of the same step (the forkserver up, the model "
-        "built in the run); and a call's whole round trip, `gang.run(fn).wait()`",
+        "built in the run); a call's whole round trip, `gang.run(fn).wait()`; and from a failed call "
+        "to the next call's first step, for a failure that broke no collective and one that did",
     ),
 }
 

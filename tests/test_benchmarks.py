@@ -58,7 +58,13 @@ EXPECTED = {
         "kernel_stop_data_s",
         "kernel_stop_log_s",
     ],
-    "gang": ["gang_call_s", "warm_launch_s", "gang_round_trip_s"],
+    "gang": [
+        "gang_call_s",
+        "warm_launch_s",
+        "gang_round_trip_s",
+        "failed_kept_to_next_first_step_s",
+        "failed_remade_to_next_first_step_s",
+    ],
     "connection_flood": [
         "rss_before_mb",
         "rss_peak_mb",

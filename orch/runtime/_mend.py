@@ -74,6 +74,19 @@ def free(made: Sockets) -> int:
     return n
 
 
+def abort_nccl() -> None:
+    """On GPUs: NCCL's collectives wait on no socket of this process, but torch can abort an
+    NCCL group (``_abort_process_group``), which frees them. Nothing on gloo."""
+    import torch.distributed as dist
+
+    if not dist.is_initialized() or dist.get_backend() != "nccl":
+        return
+    try:
+        dist.distributed_c10d._abort_process_group()
+    except Exception as e:  # an abort that cannot be done: the gang's wait for the rank decides
+        log.warning("could not abort the NCCL process group: %s", e)
+
+
 def from_collective(error: BaseException | None) -> bool:
     """``error`` (or one it was raised from) came out of a collective: the group's state is
     in doubt, so the gang remakes it."""

@@ -127,6 +127,7 @@ def _abort_call(session: Session, reason: str) -> None:
     sys.stderr.flush()
     session.freed = True
     _mend.free(session.sockets)
+    _mend.abort_nccl()
 
     def interrupt() -> None:
         if session.in_user_code:
@@ -266,7 +267,8 @@ def run_worker(spec: WorkerSpec, session: Session | None = None) -> int:
         if session is not None and session.group_up and not kept:
             remade_at = time.monotonic()
             _mend.free(session.sockets)  # whatever still waits on the old group fails now
-            dist.destroy_process_group()  # every group of the old one: the default, orch's, the code's
+            if dist.is_initialized():  # (an aborted NCCL group may have left already)
+                dist.destroy_process_group()  # every group of the old one: the default, orch's, the code's
             session.group_up, session.control, session.sockets = False, None, {}
         store = None
         if kept:

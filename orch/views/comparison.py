@@ -114,7 +114,12 @@ class _RunsPlot:
             shown.append((i, label, color, c, marked))
         # The range first, from the runs that converge: a diverged run is drawn along the edge
         # it passed (clipped there), its most extreme value marked once.
-        self.y_range = robust_range(drawn, log_scale) if drawn else None
+        # The parts of one continuing curve (``boundaries``: a gang's calls) are one curve to the
+        # range: a first call's higher losses are its start, not a diverged run to clip away.
+        ranged = drawn
+        if boundaries and len(drawn) > 1:
+            ranged = [(np.concatenate([px for px, _ in drawn]), np.concatenate([m for _, m in drawn]))]
+        self.y_range = robust_range(ranged, log_scale) if drawn else None
         lo, hi = (self.y_range.lo, self.y_range.hi) if self.y_range is not None else (-np.inf, np.inf)
         for (i, label, color, c, marked), (px, mean) in zip(shown, drawn, strict=True):
             alpha = 0.35 if i in faded else 1.0

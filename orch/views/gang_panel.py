@@ -74,10 +74,19 @@ class GangPanel(ComparePanel):
     def curves(self) -> list[tuple[str, int, Curve, bool]]:
         metric = self.metric.value or "loss"
         parts = self.segments()
-        return [
-            (f"{metric}, mean over ranks" if n == 0 else f"_{self.runs[i].label}", 0, c, False)
-            for n, (i, c) in enumerate(parts)
-        ]
+        drawn = []
+        for n, (i, c) in enumerate(parts):
+            if n:  # from the call before's last point: one line across the boundary, no gap
+                p = parts[n - 1][1]
+                c = Curve(
+                    np.concatenate([p.x[-1:], c.x]),
+                    np.concatenate([p.mean[-1:], c.mean]),
+                    np.concatenate([p.lo[-1:], c.lo]),
+                    np.concatenate([p.hi[-1:], c.hi]),
+                    c.nonfinite,
+                )
+            drawn.append((f"{metric}, mean over ranks" if n == 0 else f"_{self.runs[i].label}", 0, c, False))
+        return drawn
 
     def _decorations(self) -> dict[str, Any]:
         metric = self.metric.value or "loss"

@@ -1158,8 +1158,11 @@ def test_the_panel_draws_a_lightning_run(tmp_path: Path) -> None:
             raise
 
 
+# Where the screenshots of the gang's and the quiet panels go: test-artifacts/, or $ORCH_SHOTS.
+SHOTS = Path(os.environ.get("ORCH_SHOTS") or ARTIFACTS)
+
 GANG_BUILD = """%%orch gang
-import time
+from time import sleep
 
 import torch
 
@@ -1177,21 +1180,47 @@ def train(steps):
         loss.backward()
         opt.step()
         ctx.log(step, loss=loss.item())
-        time.sleep(0.02)
+        sleep(0.02)
     return loss.item()"""
+# The kernel imports `time`; the ranks never do (the build takes `sleep` alone), so the cell
+# that uses `time` fails on them with the hint that says how to give it to the ranks.
 GANG_CELLS = [
-    "import orch\ngang = orch.gang(world_size=2, run_root={root!r})",
+    "import time\n\nimport orch\n\ngang = orch.gang(world_size=2, run_root={root!r})",
     GANG_BUILD,
     "%%orch gang\ntrain(40)",
-    "%%orch gang\nfor group in opt.param_groups:\n    group['lr'] = 0.1\ntrain(40)",
+    "%%orch gang\nfor group in opt.param_groups:\n    group['lr'] = 0.1",
+    "%%orch gang\ntrain(40)",
+    'model = gang.pull("model")\nprint("PULLED", round(model.weight.sum().item(), 6))',
     "gang.panel()",
+    "%%orch gang\nkept = opt.param_groups[0]['lr']\nstarted = time.monotonic()",
+    "%%orch gang\nprint('KEPT', kept, round(model.module.weight.sum().item(), 6))",
+    "gang.close()",
 ]
 
 
+# The gang panel's output at 1,100 px: what scrolls sideways in it, and its image's width.
+GANG_FIT = """out => {
+    const scrolls = [out, ...out.querySelectorAll('*')]
+        .filter(e => e.scrollWidth > e.clientWidth && getComputedStyle(e).overflowX !== 'visible')
+        .map(e => `${e.tagName}.${[...e.classList].join('.')} ${e.scrollWidth} > ${e.clientWidth}`);
+    const img = out.querySelector('img');
+    return {scrolls, scroll: out.scrollWidth, client: out.clientWidth,
+            image: img ? [img.complete && img.naturalWidth, img.getBoundingClientRect().width] : null,
+            output: out.getBoundingClientRect().width};
+}"""
+
+
+@pytest.mark.timeout(420)
 def test_a_gang_used_across_three_cells_in_jupyterlab(tmp_path: Path) -> None:
-    """%%orch gang cells in JupyterLab: each call's panel gives way to its record (2 ranks,
-    SUCCEEDED), the training cells' Out is rank 0's loss, the second training goes on from
-    where the first left off, and the gang's panel overlays the calls."""
+    """%%orch gang cells in JupyterLab at 1,100 px, the file browser open: build, train 40
+    steps, set the lr, train 40 more, pull the model, then the gang's panel. Each call's panel
+    gives way to its record (2 ranks, SUCCEEDED), the training cells' Out is rank 0's loss, the
+    second training goes on from where the first left off. The gang's panel draws the calls as
+    one session: its table lists every call but the pull, the training calls' steps going on
+    (0-39, then 40-79), the lr cell with no loss logged; its image fits, nothing scrolls
+    sideways. A cell that uses the kernel's `time` fails naming its own count (Cell In[N],
+    line 2) with the hint to import it in the cell, and the gang keeps its ranks and their
+    names: the next cell prints what the failed cell set and the model's trained weights."""
     from playwright.sync_api import expect
 
     root, home, run_root = tmp_path / "lab", tmp_path / "home", tmp_path / "runs"
@@ -1200,49 +1229,102 @@ def test_a_gang_used_across_three_cells_in_jupyterlab(tmp_path: Path) -> None:
     cells = [
         _code_cell(i + 1, c.format(root=str(run_root)) if i == 0 else c) for i, c in enumerate(GANG_CELLS)
     ]
-    cells.append(_code_cell(len(cells) + 1, "gang.close()"))
     write_cells(root / "gang.ipynb", cells)
     ARTIFACTS.mkdir(exist_ok=True)
-    with lab_browser(tmp_path, root, home, run_root, 1400, width=1100) as (lab, ctx):
+    SHOTS.mkdir(parents=True, exist_ok=True)
+    with lab_browser(tmp_path, root, home, run_root, 1000, width=1100) as (lab, ctx):
         try:
             page = ctx.pages[0] if ctx.pages else ctx.new_page()
             page.set_default_timeout(60_000)
             page.goto(lab.notebook_url("gang.ipynb"))
+            page.locator(".jp-Notebook .jp-Cell").first.wait_for()
+            files = page.locator("#filebrowser")
+            if not files.is_visible():  # JupyterLab's default layout has it open; make sure
+                page.locator(".jp-SideBar [data-id='filebrowser']").click()
+            expect(files).to_be_visible()
             run_all_cells(page, lab)
             cell = page.locator(".jp-Notebook .jp-Cell")
-            expect(cell.nth(5).locator(".jp-InputPrompt")).to_have_text("[6]:", timeout=180_000)
+            # Run All stops at the failing cell (the kernel drops the cells queued behind it).
+            failing = cell.nth(7)
+            error = failing.locator(".jp-OutputArea-output[data-mime-type='application/vnd.jupyter.stderr']")
+            expect(error).to_contain_text("RunFailed", timeout=240_000)
             outs = []
-            for i in (1, 2, 3):
+            for i in (1, 2, 3, 4):
                 record = cell.nth(i).locator(".orch-record")
                 expect(record.locator(".orch-state")).to_have_attribute(
                     "data-state", "SUCCEEDED", timeout=60_000
                 )
-                if i == 1:  # it builds the model and logs nothing: no empty plot or table
+                if i in (1, 3):  # the build, the lr: they log nothing, so no empty plot or table
                     expect(record.locator(".orch-ranks-line")).to_have_text("2 ranks, both SUCCEEDED")
                     expect(record.locator("img")).to_have_count(0)
                     expect(record.locator(".orch-no-points")).to_have_text("no points were logged")
                     expect(record.locator(".orch-stragglers")).to_have_count(0)
                 else:
                     expect(record.locator("tr.orch-rank")).to_have_count(2)
-                outs.append(cell.nth(i).locator(".jp-OutputArea-executeResult").all_inner_texts())
-            first, second = (float(o[0].split()[-1]) for o in outs[1:])  # the Out, after its prompt
+                    outs.append(cell.nth(i).locator(".jp-OutputArea-executeResult").all_inner_texts())
+            first, second = (float(o[0].split()[-1]) for o in outs)  # the Out, after its prompt
             assert second < first, (first, second)  # trained on from where the first call left off
-            compared = cell.nth(4).locator(".orch-compared")
-            expect(compared).to_have_count(3, timeout=60_000)  # the three calls, overlaid
-            for n in (1, 2, 3):  # each named as the call it was, not by its run id
-                expect(compared.nth(n - 1)).to_contain_text(f"call {n}: cell")
-            cell.nth(2).evaluate("el => el.scrollIntoView({block: 'start'})")
-            page.screenshot(path=str(ARTIFACTS / "gang-cells.png"))
-            cell.nth(4).evaluate("el => el.scrollIntoView({block: 'start'})")
-            page.screenshot(path=str(ARTIFACTS / "gang-panel.png"))
+            pulled = cell.nth(5).locator(".jp-OutputArea")
+            expect(pulled).to_contain_text("PULLED")
+            weights = pulled.inner_text().split()[-1]
+
+            # The gang's panel: one session, every call but the pull in its table.
+            gang_out = cell.nth(6).locator(".jp-OutputArea-output")
+            table = gang_out.locator("table.orch-gang-calls")
+            calls = table.locator("tr.orch-gang-call")
+            expect(calls).to_have_count(4, timeout=60_000)  # build, train, lr, train: no pull
+            rows = [[td.strip() for td in r.locator("td").all_inner_texts()] for r in calls.all()]
+            print(f"\nthe gang's calls: {rows}")
+            labels = [r[0] for r in rows]
+            for n, label in enumerate(labels, start=1):  # named as the call and the cell it was
+                assert label.startswith(f"call {n}: cell In[{n + 1}]"), labels
+            assert all(r[1] == "SUCCEEDED" for r in rows), rows
+            assert rows[1][2] == "0\u201339" and rows[3][2] == "40\u201379", rows  # the steps go on (en dash)
+            assert rows[2][2] == "-" and rows[2][3] == "no loss logged", rows  # the lr's cell
+            assert rows[0][3] == "no loss logged", rows
+            assert float(rows[3][3]) < float(rows[1][3]), rows  # last losses: it went on down
+            expect(table).not_to_contain_text("pull")
+            fit = gang_out.evaluate(GANG_FIT)
+            print(f"gang panel at 1,100 px: {fit}")
+            assert fit["scrolls"] == [] and fit["scroll"] <= fit["client"], fit
+            assert fit["image"] is not None and fit["image"][0] > 0, fit  # drawn, and loaded
+            assert fit["image"][1] <= fit["output"] + 0.5, fit
+            cell.nth(6).evaluate("el => el.scrollIntoView({block: 'start'})")
+            page.screenshot(path=str(SHOTS / "gang-panel.png"))
+
+            # The failing cell: named by its own count, with the way to give the ranks `time`.
+            prompt = failing.locator(".jp-InputPrompt").inner_text().strip()
+            found = re.fullmatch(r"\[(\d+)\]:", prompt)
+            assert found, prompt
+            shown = error.inner_text()
+            assert f"Cell In[{found[1]}], line 2" in shown, (prompt, shown)
+            assert "name 'time' is not defined" in shown, shown
+            assert "`time` is the kernel's, not the ranks'" in shown and "(`import time`)" in shown, shown
+            assert "kept its ranks and their ctx.state" in shown, shown
+            failing.evaluate("el => el.scrollIntoView({block: 'start'})")
+            page.screenshot(path=str(SHOTS / "gang-failed-cell.png"))
+
+            # The cells after it, run from the next one: the gang kept its ranks' names.
+            after = cell.nth(8)
+            after.locator(".jp-InputPrompt").click()
+            page.locator(".lm-MenuBar-itemLabel", has_text="Run").first.click()
+            page.get_by_role("menuitem", name="Run Selected Cell and All Below", exact=True).click()
+            printed = after.locator(".jp-OutputArea")
+            expect(printed).to_contain_text("KEPT", timeout=120_000)
+            expect(printed).to_contain_text(f"KEPT 0.1 {weights}")
+            expect(after.locator(".orch-record .orch-state")).to_have_attribute(
+                "data-state", "SUCCEEDED", timeout=60_000
+            )
+            expect(cell.nth(9).locator(".jp-InputPrompt")).to_have_text(
+                re.compile(r"\[\d+\]:"), timeout=60_000
+            )
+            after.evaluate("el => el.scrollIntoView({block: 'start'})")
+            page.screenshot(path=str(SHOTS / "gang-cell-after-failure.png"))
         except BaseException:
             with contextlib.suppress(Exception):
                 page.screenshot(path=str(ARTIFACTS / "gang-failure.png"), full_page=True)
             raise
 
-
-# Where the screenshots of the quiet panels go: test-artifacts/, or $ORCH_SHOTS.
-SHOTS = Path(os.environ.get("ORCH_SHOTS") or ARTIFACTS)
 
 # Every element of an output that scrolls sideways, and the output's own widths.
 SCROLLS = """out => {

@@ -259,6 +259,23 @@ def test_the_comparison_names_each_run_by_its_config_and_keeps_its_range() -> No
     assert [f.label for f in followers(calls)] == ["gang ab12 call 1: build", "gang ab12 call 2: train"]
 
 
+def test_a_gang_s_calls_are_one_curve_to_the_range_not_a_diverged_run_and_a_converged_one() -> None:
+    """The second call's losses are 1,000x below the first's: drawn as the parts of one curve
+    (``boundaries``), the first call is its start, in the range, not clipped as a diverged run."""
+    x = np.arange(40.0)
+    first = 5 * np.exp(-x / 6)  # 5 down to ~0.007
+    second = first[-1] * np.exp(-(x + 1) / 3)  # from there on down
+    parts = [Curve(x, first, first, first), Curve(x + 40, second, second, second)]
+    runs = _RunsPlot(720, 340)
+    curves = [(label, 0, c, False) for label, c in zip(("loss", "_call 2"), parts, strict=True)]
+    runs.draw(curves, "loss", "step", False, boundaries=[(0.0, "call 1"), (40.0, "call 2")])
+    assert runs.y_range is not None and runs.y_range.clipped == [], runs.y_range
+    assert runs.ax.get_ylim()[1] >= 5, runs.ax.get_ylim()
+    # The same curves as two runs: the first is far above the typical one, clipped at the top.
+    runs.draw(curves, "loss", "step", False)
+    assert runs.y_range is not None and runs.ax.get_ylim()[1] < 1, runs.ax.get_ylim()
+
+
 # -- the sweep's table ------------------------------------------------------------------------------
 def row(
     index: int, state: str, loss: float | None, bad: dict[str, Any] | None = None, **extra: Any

@@ -28,6 +28,7 @@ from orch.runtime.source import running_cell
 from orch.views.output import OutputFollower
 
 STOP_WAIT = 10.0  # seconds an interrupted cell waits for its call to stop
+TRACEBACK = "Traceback (most recent call last):"
 
 
 def orch_cell(line: str, cell: str) -> Any:
@@ -53,8 +54,12 @@ def orch_cell(line: str, cell: str) -> Any:
     display(panel)  # type: ignore[no-untyped-call]
     follower = OutputFollower(run.run_dir / "logs", lambda: [(0, f"{run.run_id}-w0")], frozenset({0}))
 
-    def show() -> None:
+    def show(failed: bool = False) -> None:
+        """Rank 0's new output; after a failure, up to its traceback, which the error shows
+        (cut to the user's frames: the log's copy holds orch's too)."""
         for text in follower.lines():
+            if failed and text.startswith(TRACEBACK):
+                break
             print(text)
         sys.stdout.flush()
 
@@ -66,7 +71,7 @@ def orch_cell(line: str, cell: str) -> Any:
             except TimeoutError:
                 show()
     except RunFailed as e:
-        show()
+        show(failed=True)
         hint = kernel_name_hint(e, shell.user_ns, name)
         if not hint:
             raise

@@ -388,3 +388,14 @@ def test_a_failing_orch_cell_is_named_by_its_own_count_and_a_kernel_name_comes_w
         reply, shown = _execute(kc, "[r.name for r in orch.runs(" + repr(root) + ")]")
         assert "call 1: cell In[2]" in shown and "push" not in shown, shown  # a push is no run
         _execute(kc, "gang.close()")
+
+
+def test_a_failing_orch_cell_shows_its_error_once_without_orchs_frames(tmp_path: Path) -> None:
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")])}
+    with notebook_kernel(tmp_path, env=env) as (_km, kc):
+        root = str(tmp_path / "runs")
+        _execute(kc, f"import orch\ngang = orch.gang(world_size=2, run_root={root!r})")
+        reply, shown = _execute(kc, "%%orch gang\nprint('before the failure', flush=True)\n1 / 0")
+        assert reply["status"] == "error" and "before the failure" in shown, shown
+        assert "orch/runtime" not in shown, shown  # rank 0's log keeps orch's frames; the cell does not
+        _execute(kc, "gang.close()")

@@ -1198,18 +1198,6 @@ GANG_CELLS = [
 ]
 
 
-# The gang panel's output at 1,100 px: what scrolls sideways in it, and its image's width.
-GANG_FIT = """out => {
-    const scrolls = [out, ...out.querySelectorAll('*')]
-        .filter(e => e.scrollWidth > e.clientWidth && getComputedStyle(e).overflowX !== 'visible')
-        .map(e => `${e.tagName}.${[...e.classList].join('.')} ${e.scrollWidth} > ${e.clientWidth}`);
-    const img = out.querySelector('img');
-    return {scrolls, scroll: out.scrollWidth, client: out.clientWidth,
-            image: img ? [img.complete && img.naturalWidth, img.getBoundingClientRect().width] : null,
-            output: out.getBoundingClientRect().width};
-}"""
-
-
 @pytest.mark.timeout(420)
 def test_a_gang_used_across_three_cells_in_jupyterlab(tmp_path: Path) -> None:
     """%%orch gang cells in JupyterLab at 1,100 px, the file browser open: build, train 40
@@ -1284,7 +1272,7 @@ def test_a_gang_used_across_three_cells_in_jupyterlab(tmp_path: Path) -> None:
             assert rows[0][3] == "no loss logged", rows
             assert float(rows[3][3]) < float(rows[1][3]), rows  # last losses: it went on down
             expect(table).not_to_contain_text("pull")
-            fit = gang_out.evaluate(GANG_FIT)
+            fit = gang_out.evaluate(SCROLLS)
             print(f"gang panel at 1,100 px: {fit}")
             assert fit["scrolls"] == [] and fit["scroll"] <= fit["client"], fit
             assert fit["image"] is not None and fit["image"][0] > 0, fit  # drawn, and loaded
@@ -1332,8 +1320,11 @@ SCROLLS = """out => {
         .filter(e => e.scrollWidth > e.clientWidth && getComputedStyle(e).overflowX !== 'visible')
         .map(e => `${e.tagName}.${[...e.classList].join('.')} ${e.scrollWidth} > ${e.clientWidth}`);
     const panel = out.querySelector('.orch-panel');
+    const img = out.querySelector('img');
     return {scrolls, scroll: out.scrollWidth, client: out.clientWidth,
-            panel: panel ? [panel.scrollWidth, panel.clientWidth] : null};
+            panel: panel ? [panel.scrollWidth, panel.clientWidth] : null,
+            image: img ? [img.complete && img.naturalWidth, img.getBoundingClientRect().width] : null,
+            output: out.getBoundingClientRect().width};
 }"""
 
 

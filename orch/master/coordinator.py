@@ -59,6 +59,7 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
+STALL_TOLD = 5.0  # seconds of a stall of the master's that its run's events tell (see stalled)
 MEANS_AT_ONCE = 256  # ranks whose step times are read under one hold of the lock (see expire)
 
 
@@ -317,6 +318,27 @@ class Coordinator(StateDesk, HostDesk, StackDesk):
         """No restart follows this failure: the run is FAILED, with the first attempt's root cause."""
         with self._lock:
             self.fate.give_up(reason, self._clock())
+
+    def stalled(self, seconds: float) -> None:
+        """The master could not run for ``seconds`` (its process was busy or suspended): what
+        its ranks sent meanwhile waited unread, so their silence and their standing still over
+        that while count for nothing: their last beat and step move on by it. Said once in the
+        run's events when it is long enough to have mattered."""
+        with self._lock:
+            now = self._clock()
+            for rec in self.ranks:
+                if rec.last_heartbeat is not None:
+                    rec.last_heartbeat = min(now, rec.last_heartbeat + seconds)
+                if rec.moved_at is not None:
+                    rec.moved_at = min(now, rec.moved_at + seconds)
+            if seconds >= STALL_TOLD and not self.state.done:
+                self._event(
+                    "master_stalled",
+                    -1,
+                    f"the master could not run for {seconds:.1f}s (the process it runs in was busy: "
+                    "in a notebook, a cell in one long C call holds the GIL the master shares); the "
+                    "ranks' silence over that while is not held against them",
+                )
 
     def expire(self) -> None:
         """Mark ranks whose heartbeats stopped as LOST (and so the run FAILED), move a restart

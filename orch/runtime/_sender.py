@@ -8,7 +8,11 @@ one the master takes) and keeps points it could not send for the next try. A bea
 master refuses for what it carries is not sent again: its points are dropped and counted,
 and the next beat says how many and why (``dropped_points``, ``dropped_reason``), so the
 rank's record shows it. When the master has not answered for ``master_timeout`` seconds
-the worker is ended: an orphaned rank must not train on alone.
+the worker is ended: an orphaned rank must not train on alone. Unless the rank watches the
+process its master runs in (``owner_watched``: a launch's ranks on this machine end when that
+process does): a master that is silent while that process lives is busy, not gone (a notebook
+cell in a long C call holds the GIL the master shares), so the rank trains on and keeps its
+points for when the master answers again.
 
 A rank that is ended (its launcher's SIGTERM, the master's ABORT) first says its last words
 (:meth:`HeartbeatSender.last_words`): the points it logged until then go out, within
@@ -41,6 +45,9 @@ log = logging.getLogger(__name__)
 
 Point = tuple[int, float, dict[str, float]]
 ABORT_FLUSH = 1.0  # seconds an ended rank spends sending the points it logged (a launcher's grace is 1.5)
+# Seconds a rank done training waits for a busy master whose process lives (see owner_watched)
+# to take its last points and its end.
+BUSY_MASTER_WAIT = 120.0
 
 
 class HeartbeatSender:
@@ -57,6 +64,7 @@ class HeartbeatSender:
         on_stop: Callable[[int], None],
         on_abort: Callable[[str], None],
         local_master: bool = False,
+        owner_watched: bool = False,
     ) -> None:
         self._stub = stub
         self.run_id = run_id
@@ -71,6 +79,8 @@ class HeartbeatSender:
         # A master on this host whose port refuses connections is gone for good: its
         # workers end at once instead of waiting out master_timeout.
         self.local_master = local_master
+        self.owner_watched = owner_watched  # the master's process is watched: silence is not death
+        self._said_busy = False
         self._refused = 0
         self._queue: deque[Point] = deque()
         self._retry: pb.HeartbeatRequest | None = None  # built once, sent again until acknowledged
@@ -189,9 +199,12 @@ class HeartbeatSender:
             time.sleep(0.005 if self._beat() else 0.05)
         return True
 
-    def close(self, timeout: float = 5.0) -> bool:
-        """Send what is queued and stop the thread; True when everything went out."""
+    def close(self, timeout: float | None = None) -> bool:
+        """Send what is queued and stop the thread; True when everything went out. ``timeout``:
+        seconds to wait for the thread (default 5; a busy master's while, see owner_watched)."""
         self._closing.set()
+        if timeout is None:
+            timeout = BUSY_MASTER_WAIT + 5.0 if self.owner_watched else 5.0
         self._thread.join(timeout)
         say_last_words(None, unless=self.last_words)
         return not self._unsent
@@ -243,7 +256,9 @@ class HeartbeatSender:
             self._beat()
         if self.watch is not None:
             self.watch()  # a last look: a run shorter than a beat is judged too
-        deadline = time.monotonic() + self.interval * 4 + 2.0
+        # A busy master whose process lives (owner_watched) is waited for: the points go to it.
+        wait = self.interval * 4 + 2.0 if not self.owner_watched else BUSY_MASTER_WAIT
+        deadline = time.monotonic() + wait
         while self._unsent and time.monotonic() < deadline:
             if not self._beat():
                 time.sleep(0.05)
@@ -345,6 +360,15 @@ class HeartbeatSender:
                     "the master's port on this host refuses connections: the master is gone, "
                     "so this worker ends instead of training on alone"
                 )
+            elif silent > self.master_timeout and self.owner_watched:
+                if not self._said_busy:
+                    self._said_busy = True
+                    log.warning(
+                        "the master has not answered for %.1fs (%s), but its process lives: it is "
+                        "busy, so this rank trains on and keeps its points until it answers",
+                        silent,
+                        code.name,
+                    )
             elif silent > self.master_timeout:
                 self._on_abort(
                     f"the master has not answered for {silent:.1f}s ({code.name}): "
@@ -355,6 +379,9 @@ class HeartbeatSender:
             return False
         self._retry = None
         self._refused = 0
+        if self._said_busy:
+            log.warning("the master answers again, after %.1fs", time.monotonic() - self._last_ok)
+            self._said_busy = False
         self._last_ok = time.monotonic()
         self.answered = True
         # The master spaces beats out as its callers grow (orch.master.control.pace); never

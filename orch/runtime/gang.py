@@ -54,7 +54,7 @@ def gang_main(owner: Owner | None, conn: Connection) -> None:
         exit_when_gone(owner, EXIT_ABORTED)
     become_subreaper()
     end_with_sigterm()
-    session = Session()
+    session = Session(watched=owner is not None)
 
     def aborted(_signum: int, _frame: Any) -> None:
         # Sent by the heartbeat thread after a peer's failure (worker._abort_call), while the

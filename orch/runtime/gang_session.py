@@ -16,6 +16,7 @@ class Session:
     control group), and its namespace (``ctx.state``; a ``%%orch`` cell's globals) stays."""
 
     group_up: bool = False
+    watched: bool = False  # the rank ends with the process that started the gang (and serves its masters)
     seeded: bool = False  # its generators were seeded at its first call (see orch.runtime._seeding)
     control: Any = None
     state: types.SimpleNamespace = field(default_factory=types.SimpleNamespace)

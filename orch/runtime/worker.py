@@ -32,7 +32,7 @@ from orch.record.writes import own_dir
 from orch.runtime import _mend, _scalars, current, nested
 from orch.runtime._children import become_subreaper, end_descendants, end_with_sigterm, exit_now
 from orch.runtime._seeding import reseed
-from orch.runtime._sender import HeartbeatSender
+from orch.runtime._sender import BUSY_MASTER_WAIT, HeartbeatSender
 from orch.runtime._stack import capture as capture_stack
 from orch.runtime._torchrun import GroupAdopter, environment, real_init_process_group
 from orch.runtime._world import watcher as world_watcher
@@ -178,23 +178,31 @@ def _report(
     error: str,
     checksum: str,
     step: int,
+    patience: float = 0.0,
 ) -> bool:
-    try:
-        stub.ReportCompletion(
-            pb.CompletionRequest(
-                run_id=run_id,
-                worker_id=worker_id,
-                outcome=outcome,  # type: ignore[arg-type]
-                error=error,
-                param_checksum=checksum,
-                step=step,
-            ),
-            timeout=5.0,
-        )
-    except grpc.RpcError as e:
-        log.warning("could not report %s to the master: %s", pb.RankState.Name(outcome), e.code().name)
-        return False
-    return True
+    """Tell the master how this rank ended; ``patience``: seconds to try again while the master
+    does not answer (a busy master whose process lives, see HeartbeatSender.owner_watched)."""
+    deadline = time.monotonic() + patience
+    while True:
+        try:
+            stub.ReportCompletion(
+                pb.CompletionRequest(
+                    run_id=run_id,
+                    worker_id=worker_id,
+                    outcome=outcome,  # type: ignore[arg-type]
+                    error=error,
+                    param_checksum=checksum,
+                    step=step,
+                ),
+                timeout=5.0,
+            )
+            return True
+        except grpc.RpcError as e:
+            busy = e.code() in (grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.UNAVAILABLE)
+            if not busy or time.monotonic() > deadline:
+                said = pb.RankState.Name(outcome)
+                log.warning("could not report %s to the master: %s", said, e.code().name)
+                return False
 
 
 def run_worker(spec: WorkerSpec, session: Session | None = None) -> int:
@@ -366,6 +374,8 @@ def run_worker(spec: WorkerSpec, session: Session | None = None) -> int:
             on_stop=lambda at_step: ctx.request_stop(at_step),
             on_abort=_abort if session is None else lambda why: _abort_call(session, why),
             local_master=is_unix(spec.master) or is_local_address(split_address(spec.master)[0]),
+            # The launching process, which serves the master, is watched: this rank ends with it
+            owner_watched=spec.owner is not None or (session is not None and session.watched),
         )
         sender.process = ProcessReader(device.index if device.type == "cuda" else None)
         ctx = Context(
@@ -433,7 +443,8 @@ def run_worker(spec: WorkerSpec, session: Session | None = None) -> int:
         step = max(step, sender.progress)
     log.info("rank %d: %s at step %d", rank, pb.RankState.Name(outcome), step)
     if outcome != pb.RANK_FAILED or not reported:
-        _report(stub, run_id, spec.worker_id, outcome, error, checksum, step)
+        patience = BUSY_MASTER_WAIT if sender is not None and sender.owner_watched else 0.0
+        _report(stub, run_id, spec.worker_id, outcome, error, checksum, step, patience)
     current.set_context(None)
     if session is not None:
         if "ctx" in locals():

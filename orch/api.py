@@ -137,10 +137,11 @@ def attach(
 ) -> AttachedRun | DetachedRun | Run:
     """Watch a run started elsewhere, by its run dir, its run id or its master's address.
 
-    ``attach("runs/<id>")`` or ``attach("<id>")`` (under ``run_root``) reconnects to a run
-    launched with ``detach=True``, reading its master's address and token from
-    ``runs/<id>/attach.json`` (refused unless only you can read it); a run that ended shows
-    its final state, read from the run dir. It returns an :class:`orch.launchers.detached.start.DetachedRun`,
+    ``attach("runs/<id>")`` or ``attach("<id>")`` (under ``run_root``) reconnects to a run of
+    this machine still going (detached, or launched by another process of yours: a notebook,
+    ``orch run``), reading its master's address and token from ``runs/<id>/attach.json``
+    (refused unless only you can read it); a run that ended shows its final state, read from
+    the run dir. It returns an :class:`orch.launchers.detached.start.DetachedRun`,
     or, for a run this process launched and still runs, that :class:`orch.Run` itself (so
     ``orch.attach("<id>").stop()`` reaches a run that ``run`` no longer names).
     ``attach("HOST:PORT", token=...)`` watches any master (``orch master``) and returns an

@@ -129,9 +129,8 @@ def _run(args: argparse.Namespace) -> int:
         detached = start_detached(spec)
         print(
             f"orch: run {detached.run_id} goes on detached (supervisor pid {detached.supervisor_pid}): "
-            f"watch it with `orch.attach({detached.run_id!r})` from Python, or `orch status --master "
-            f"{detached.address}` with the token in {detached.run_dir}/attach.json; its logs are in "
-            f"{detached.run_dir}/logs",
+            f"watch it with `orch.attach({detached.run_id!r})` from Python, or `orch status "
+            f"{detached.run_id}`; its logs are in {detached.run_dir}/logs",
             flush=True,
         )
         detached.disconnect()
@@ -235,13 +234,32 @@ def _min_world_size(value: int | None, world_size: int, max_restarts: int) -> in
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    split_address(args.master)
-    with MasterClient(args.master, timeout=args.timeout, token=token_of(args), tls_ca=args.tls_ca) as client:
-        mirror = StateMirror().poll(client)
+    """A run's state once: by its run id (or run dir) on this machine, or its master's HOST:PORT."""
+    if (args.run is None) == (args.master is None):
+        raise ConfigError(
+            "orch status takes a run: its id (`orch status RUN_ID`, found under --run-root) or its "
+            "master's address (`orch status --master HOST:PORT` with --token)"
+        )
+    if args.master is not None:
+        split_address(args.master)
+        with MasterClient(
+            args.master, timeout=args.timeout, token=token_of(args), tls_ca=args.tls_ca
+        ) as client:
+            mirror = StateMirror().poll(client)
+        address = args.master
+    else:
+        if args.token or args.token_file or args.tls_ca:
+            raise ConfigError(
+                f"{args.run} is a run on this machine: its address and token are read from its run dir; "
+                "--token, --token-file and --tls-ca are for --master HOST:PORT"
+            )
+        with open_run(args.run, args.run_root, timeout=args.timeout, follow=True) as run:
+            mirror = run.state()
+            address = getattr(run, "address", "") or ""
     if args.json:
         print(json.dumps(mirror.as_dict(), indent=2))
     else:
-        show(mirror, address=args.master)
+        show(mirror, address=address)
     return 0
 
 
@@ -370,8 +388,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     _worker_cli.add_parser(sub)
 
-    s = sub.add_parser("status", help="print a master's run state once")
-    s.add_argument("--master", required=True, help="HOST:PORT of the master")
+    s = sub.add_parser("status", help="print a run's state once: by its id, or its master's address")
+    s.add_argument(
+        "run", metavar="RUN", nargs="?", default=None, help="a run id under --run-root, or a run dir"
+    )
+    s.add_argument("--run-root", default="runs", help="where the run directories are (default runs)")
+    s.add_argument("--master", default=None, help="HOST:PORT of a master elsewhere (with --token)")
     token_options(s, "default $ORCH_TOKEN")
     s.add_argument("--tls-ca", default=None, help="verify the master's TLS certificate with this CA")
     s.add_argument("--json", action="store_true", help="machine-readable output")

@@ -110,7 +110,7 @@ def describe(row: RunRow) -> str:
             cells = [printable(c, one_line=True).ljust(w) for c, w in zip(t, widths, strict=True)]
             lines.append("  " + "  ".join(cells).rstrip())
     elif row.state == RunState.RUNNING.value and row.master:
-        lines.append(f"  ranks: `orch status --master {row.master}` shows them while the run goes")
+        lines.append(f"  ranks: `orch status {row.run_id}` shows them while the run goes")
     if row.stacks and row.stacks not in row.root_cause_error:  # the stall's evidence, kept
         lines += ["stacks (when the ranks stood still):", row.stacks.rstrip()]
     if has_cause:

@@ -1,7 +1,9 @@
-"""A detached run's ``attach.json``: where its master serves, read by whoever attaches later.
+"""A live run's ``attach.json``: where its master serves, read by whoever attaches later.
 
-The supervisor (:mod:`orch.launchers.detached.supervisor`) writes it, 0600, once its master serves,
-and removes it when it exits; :func:`read_attach_file` reads it for ``orch.attach(run_dir)``.
+Every run of this machine's launch writes it, 0600 in its 0700 run dir, once its master serves,
+and removes it when the master stops (:class:`orch.Run`; a detached run's supervisor is the run's
+process); :func:`read_attach_file` reads it for ``orch.attach(RUN_ID)``, ``orch status RUN_ID``
+and ``orch stacks RUN_ID``.
 It holds the run's token, so it is trusted only when it is a regular file of this user's that
 no other user can read. Its neighbour in the run dir, ``supervisor.log``, is named here too.
 """
@@ -35,6 +37,9 @@ class Endpoint:
     pid: int
     start_time: int | None
     host: str
+    # "supervisor": a detached run's own process, which close() may end; "launcher": the process
+    # that launched the run (a notebook kernel, `orch run`), which another process never signals.
+    kind: str = "supervisor"
 
 
 def read_attach_file(run_dir: Path) -> Endpoint | None:
@@ -83,6 +88,7 @@ def read_attach_file(run_dir: Path) -> Endpoint | None:
             pid=_field(value, "pid", int),
             start_time=_field(value, "start_time", int, optional=True),
             host=_field(value, "host", str),
+            kind=_field(value, "kind", str, optional=True) or "supervisor",
         )
     except (KeyError, TypeError) as e:
         raise OrchError(f"{path}: {e}: not an orch attach file") from e

@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from orch.errors import OrchError
+from orch.launchers.attach_file import ATTACH_FILE
 from orch.launchers.contract import RunHandle
 from orch.launchers.exiting import begin_exit, launcher_exit_message, launcher_exiting
 from orch.launchers.launcher import Launcher, RunParts
@@ -45,6 +46,7 @@ from orch.master.server import MasterServer
 from orch.record.rundir import write_result
 from orch.record.store import RunStore
 from orch.record.writes import OwnDir
+from orch.runtime.owner import process_start_time
 from orch.runtime.source import SourceMap, capture
 from orch.wire.auth import certificate_name, new_token, token_from_env
 from orch.wire.client import MasterClient, StateMirror
@@ -89,6 +91,7 @@ class Run(RunHandle):
         self._sources = sources if sources is not None else capture(spec.fn)
         self._meta: dict[str, Any] = {}
         self.transfer = False  # a gang's pull or push (orch.runs() leaves it out)
+        self.supervised = False  # run by a detached run's supervisor, the process of its own
 
     @property
     def run_dir(self) -> Path:
@@ -158,6 +161,9 @@ class Run(RunHandle):
             sources=self._sources,
             closing=self._closing,
         )
+        # Where its master serves, with its token, for another process of this user's:
+        # `orch status RUN_ID`, orch.attach(RUN_ID) (removed when the master stops).
+        self.store.folder.put_json(ATTACH_FILE, self.endpoint())
         self.launcher.submit(self._parts)
         # Workers start from the monitor thread: launch() returns at once, even while the
         # forkserver of the first launch is still importing torch.
@@ -322,6 +328,23 @@ class Run(RunHandle):
         if self.server is not None:
             self.server.stop(grace=0.5)
             self.server = None
+        if self.store is not None:
+            with contextlib.suppress(OSError, OrchError):
+                self.store.folder.remove(ATTACH_FILE)  # its address and token are good for nothing now
+
+    def endpoint(self) -> dict[str, Any]:
+        """What ``attach.json`` says of this run (:mod:`orch.launchers.attach_file`)."""
+        return {
+            "run_id": self.run_id,
+            "address": self.address,
+            "token": self.token,
+            "tls_ca": os.path.abspath(self.tls_ca) if self.tls_ca else None,
+            "tls_server_name": self.tls_server_name,
+            "pid": os.getpid(),
+            "start_time": process_start_time(os.getpid()),
+            "host": socket.gethostname(),
+            "kind": "supervisor" if self.supervised else "launcher",
+        }
 
     def __enter__(self) -> Run:
         return self

@@ -178,7 +178,10 @@ def test_a_run_not_detached_still_ends_with_its_launcher(tmp_path: Path) -> None
         os.kill(launcher.pid, signal.SIGKILL)  # it alone, as the OOM killer does
         launcher.wait()
         until(lambda: not any(p.is_running() and _running(p.pid) for p in started), 10)
-        assert not (Path(info["run_dir"]) / ATTACH_FILE).exists()
+        # Its attach.json, which it had no time to remove, names a dead process: attaching reads
+        # the run dir instead of dialling a master that is gone.
+        again = orch.attach(info["run_dir"])
+        assert isinstance(again, DetachedRun) and again.done and again.address == ""
     finally:
         if launcher.poll() is None:
             launcher.kill()

@@ -60,7 +60,8 @@ class DetachedRun(RunHandle):
     It works as a launched :class:`~orch.Run` does: ``panel()``, ``state()``, ``history()``,
     ``stop()`` (graceful), ``wait()`` (the :class:`~orch.RunResult`, read from the run dir once
     the supervisor is gone), ``close()`` (ends the run now, as ``Run.close()`` does, through its
-    supervisor). ``disconnect()`` only lets go: the run goes on, and a later ``attach`` finds
+    supervisor; a run another process launched, and still runs, is stopped instead).
+    ``disconnect()`` only lets go: the run goes on, and a later ``attach`` finds
     it. Leaving a ``with`` block disconnects; nothing ends the run when this process exits.
     """
 
@@ -130,9 +131,12 @@ class DetachedRun(RunHandle):
 
     @property
     def done(self) -> bool:
-        """True once the supervisor is gone: the run ended and its record is on disk."""
+        """True once the supervisor is gone: the run ended and its record is on disk. A run of a
+        process that goes on after it (a notebook kernel, `orch run`'s): once its record is."""
         ep = self.endpoint
-        return ep is None or not process_alive(ep.pid, start_time=ep.start_time)
+        if ep is None or not process_alive(ep.pid, start_time=ep.start_time):
+            return True
+        return ep.kind != "supervisor" and (self.run_dir / "result.json").is_file()
 
     def connect(self) -> MasterClient | None:
         """A new client of the run's master (with its token), or None once the run ended."""
@@ -186,7 +190,13 @@ class DetachedRun(RunHandle):
         To let go of a run and leave it going, call :meth:`disconnect` instead.
         """
         ep = self.endpoint
-        if ep is not None and _signal_process(ep.pid, ep.start_time, signal.SIGTERM):
+        if ep is not None and ep.kind != "supervisor" and not self.done:
+            # The process that launched it (a kernel) is no one's to end: the run stops, gracefully.
+            self.stop(f"closed from another process (pid {os.getpid()})")
+            deadline = time.monotonic() + timeout
+            while not self.done and time.monotonic() < deadline:
+                time.sleep(0.1)
+        elif ep is not None and _signal_process(ep.pid, ep.start_time, signal.SIGTERM):
             deadline = time.monotonic() + timeout
             while not self.done and time.monotonic() < deadline:
                 time.sleep(0.1)

@@ -16,7 +16,6 @@ import logging
 import os
 import pickle
 import signal
-import socket
 import sys
 import time
 import traceback
@@ -28,9 +27,8 @@ from orch.launchers.attach_file import ATTACH_FILE, LOG_FILE
 from orch.launchers.contract import exit_code
 from orch.launchers.run import Run
 from orch.launchers.spec import LaunchSpec
-from orch.record.store import private_dir, write_json_atomic
+from orch.record.store import private_dir
 from orch.record.writes import own_dir
-from orch.runtime.owner import process_start_time
 
 log = logging.getLogger("orch.launchers.detached.supervisor")  # also when run as __main__
 
@@ -95,19 +93,6 @@ def _redirect_output(run_dir: Path) -> None:
     os.close(fd)
 
 
-def _endpoint_of(run: Run) -> dict[str, Any]:
-    return {
-        "run_id": run.run_id,
-        "address": run.address,
-        "token": run.token,
-        "tls_ca": os.path.abspath(run.tls_ca) if run.tls_ca else None,
-        "tls_server_name": run.tls_server_name,
-        "pid": os.getpid(),
-        "start_time": process_start_time(os.getpid()),
-        "host": socket.gethostname(),
-    }
-
-
 def main(argv: list[str] | None = None) -> int:
     """The supervisor of :func:`start_detached`:
     ``python -m orch.launchers.detached.supervisor --status-fd N``."""
@@ -125,6 +110,7 @@ def main(argv: list[str] | None = None) -> int:
         os.close(devnull)
         spec, sources = _load_job(data)
         run = Run(spec, sources=sources)  # the launcher's: the notebook cells' source and labels
+        run.supervised = True  # its attach.json names this process: closing the run may end it
         private_dir(run.run_dir)
         _redirect_output(run.run_dir)
     except Exception as e:
@@ -141,8 +127,7 @@ def main(argv: list[str] | None = None) -> int:
             log.exception("run %s: the start failed", run.run_id)
             status.send(error=str(e), config=isinstance(e, ConfigError))
             return 2
-        write_json_atomic(attach_path, _endpoint_of(run))
-        status.send(ready=True)
+        status.send(ready=True)  # the run wrote attach.json once its master served
         status.close()
         log.info("run %s: supervisor pid %d, master on %s", run.run_id, os.getpid(), run.address)
         while not run.done and not signals.closing:

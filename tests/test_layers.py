@@ -21,7 +21,7 @@ PACKAGE = ROOT / "orch"
 HEAVY = {
     ("orch", "orch.views.panel"): "ipywidgets, matplotlib",
     ("orch", "orch.views.sweep_panel"): "ipywidgets, matplotlib",
-    ("orch", "orch.views.comparison"): "ipywidgets, matplotlib",
+    ("orch", "orch.views.gang_panel"): "ipywidgets, matplotlib",
     ("orch", "orch._magic"): "torch, grpc: the launchers, when a %%orch cell first runs",
     ("orch.runtime.worker", "orch.runtime.context"): "torch",
 }

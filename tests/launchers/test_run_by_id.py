@@ -59,6 +59,8 @@ def test_a_run_launched_from_python_is_addressed_by_its_id_from_another_process(
         assert shown.returncode == 0 and run.run_id in shown.stdout, shown.stdout + shown.stderr
         stacks = orch_cli("stacks", run.run_id, "--run-root", str(tmp_path), env=env, timeout=60)
         assert stacks.returncode == 0 and "allreduce_steps" in stacks.stdout, stacks.stdout + stacks.stderr
+        show = orch_cli("show", run.run_id, "--run-root", str(tmp_path), env=env, timeout=60)
+        assert f"`orch status {run.run_id}` shows them" in show.stdout, show.stdout + show.stderr
         loaded = orch.load_run(run.run_id, run_root=str(tmp_path))
         assert loaded.run_id == run.run_id
         # orch.attach from another process; its close() stops the run, and the launcher lives

@@ -189,7 +189,7 @@ class Gang:
         name = f"rendezvous-{self.restarts}" + (f".{self.remakes}" if self.remakes else "")
         return str(self.folder.resolve() / name)
 
-    def kept(self, outcomes: dict[int, dict[str, Any]]) -> bool:
+    def check_group(self, outcomes: dict[int, dict[str, Any]]) -> bool:
         """Every rank of a call ended its part and stays up: is their group whole? When
         a rank freed a collective, or one failed inside a collective, or their counts of
         collectives differ (one was left half done), the next call makes it again. Returns
@@ -368,7 +368,7 @@ class GangLauncher(LocalLauncher):
                 # A stop past its grace frees a rank from its collective too (an ABORT): the
                 # group is then made again at the next call, as after a failure.
                 if not self.died:
-                    gang.kept(self.outcomes)
+                    gang.check_group(self.outcomes)
                 return
             if coord.state.done:
                 done_since = done_since if done_since is not None else time.monotonic()
@@ -406,7 +406,7 @@ class GangLauncher(LocalLauncher):
                 "without their ctx.state and process group"
             )
         else:
-            remade = gang.kept(self.outcomes)
+            remade = gang.check_group(self.outcomes)
             said = f"gang {gang.gang_id} kept its ranks and their ctx.state" + (
                 ": a collective was left half done, so the next call makes their process group again "
                 "in the same processes (ctx.ddp models rewrapped)"

@@ -59,6 +59,10 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
+# Seconds a look at the run may come late before the master counts itself stalled (see
+# watch_stalls): under load it comes a beat or so late; in a process whose GIL a C call holds,
+# as late as the call is long.
+STALL_SECONDS = 2.0
 STALL_TOLD = 5.0  # seconds of a stall of the master's that its run's events tell (see stalled)
 MEANS_AT_ONCE = 256  # ranks whose step times are read under one hold of the lock (see expire)
 
@@ -112,6 +116,7 @@ class Coordinator(StateDesk, HostDesk, StackDesk):
         self._clock = clock
         self._wall = wall
         self._lock = threading.Lock()
+        self._stall_watch: tuple[float, float] | None = None  # see watch_stalls
         self._changed = threading.Condition(self._lock)
         self.intake = Intake(world_size, max_points_in_memory)
         self.event_log = EventLog()
@@ -319,31 +324,53 @@ class Coordinator(StateDesk, HostDesk, StackDesk):
         with self._lock:
             self.fate.give_up(reason, self._clock())
 
+    def watch_stalls(self, interval: float) -> None:
+        """The master's server looks at the run (:meth:`expire`) every ``interval`` seconds: a
+        look that comes more than :data:`STALL_SECONDS` late, whoever makes it (the server's
+        loop, a panel's poll), finds the master's process was stalled, and says so first
+        (:meth:`stalled`), before any rank is judged silent."""
+        with self._lock:
+            self._stall_watch = (interval, time.monotonic())
+
+    def _stall_check(self) -> None:
+        if self._stall_watch is None:
+            return
+        interval, last = self._stall_watch
+        now = time.monotonic()
+        self._stall_watch = (interval, now)
+        lag = now - last - interval
+        if lag > STALL_SECONDS:
+            self._stalled(lag)
+
     def stalled(self, seconds: float) -> None:
         """The master could not run for ``seconds`` (its process was busy or suspended): what
         its ranks sent meanwhile waited unread, so their silence and their standing still over
         that while count for nothing: their last beat and step move on by it. Said once in the
         run's events when it is long enough to have mattered."""
         with self._lock:
-            now = self._clock()
-            for rec in self.ranks:
-                if rec.last_heartbeat is not None:
-                    rec.last_heartbeat = min(now, rec.last_heartbeat + seconds)
-                if rec.moved_at is not None:
-                    rec.moved_at = min(now, rec.moved_at + seconds)
-            if seconds >= STALL_TOLD and not self.state.done:
-                self._event(
-                    "master_stalled",
-                    -1,
-                    f"the master could not run for {seconds:.1f}s (the process it runs in was busy: "
-                    "in a notebook, a cell in one long C call holds the GIL the master shares); the "
-                    "ranks' silence over that while is not held against them",
-                )
+            self._stalled(seconds)
+
+    def _stalled(self, seconds: float) -> None:
+        now = self._clock()
+        for rec in self.ranks:
+            if rec.last_heartbeat is not None:
+                rec.last_heartbeat = min(now, rec.last_heartbeat + seconds)
+            if rec.moved_at is not None:
+                rec.moved_at = min(now, rec.moved_at + seconds)
+        if seconds >= STALL_TOLD and not self.state.done:
+            self._event(
+                "master_stalled",
+                -1,
+                f"the master could not run for {seconds:.1f}s (the process it runs in was busy: "
+                "in a notebook, a cell in one long C call holds the GIL the master shares); the "
+                "ranks' silence over that while is not held against them",
+            )
 
     def expire(self) -> None:
         """Mark ranks whose heartbeats stopped as LOST (and so the run FAILED), move a restart
         across hosts on (see :meth:`sync_host`) and judge the stragglers."""
         with self._lock:
+            self._stall_check()
             now = self._clock()
             callers = len(self.hosts.hosts) or len(self.ranks)
             self.beat_interval = beat_interval(callers, self.heartbeat_interval, self.heartbeat_timeout)

@@ -210,9 +210,6 @@ def beats_first(in_flight: Mapping[str, int]) -> Callable[[], None]:
     return pause
 
 
-# Seconds the expiry loop may wake late before the master counts itself stalled (see _expire):
-# under load it lags by a beat or so; a process whose GIL a C call holds, by as long as the call.
-STALL_SECONDS = 2.0
 STACKS_WAIT = 3.0  # seconds GetStacks waits for the ranks' stacks by default
 MAX_STACKS_WAIT = 10.0
 
@@ -426,15 +423,11 @@ class MasterServer:
         loop serves heartbeats meanwhile (they wait only for the coordinator's short lock)."""
         loop = asyncio.get_running_loop()
         with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="orch-expiry") as expiry:
+            # Its looks come this often: one that comes late says the process could not run
+            # (see Coordinator.watch_stalls).
+            self.coordinator.watch_stalls(self.expire_interval)
             while True:
-                asleep = time.monotonic()
                 await asyncio.sleep(self.expire_interval)
-                # Woken late: this process could not run (its GIL held in one long C call of a
-                # notebook cell's, the machine suspended). The ranks' beats of that while could
-                # not be read: their silence is not held against them.
-                lag = time.monotonic() - asleep - self.expire_interval
-                if lag > STALL_SECONDS:
-                    await loop.run_in_executor(expiry, self.coordinator.stalled, lag)
                 await loop.run_in_executor(expiry, self.coordinator.expire)
 
     def stop(self, grace: float = 1.0) -> None:

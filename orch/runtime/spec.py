@@ -35,6 +35,9 @@ class WorkerSpec:
     run_root: str = "runs"  # checkpoints and error files go to run_root/<run-id>/
     value_cap: int = 1 << 30  # bytes the function's returned value may take (orch.runtime.values)
     owner: Owner | None = None  # end when this process (the launcher) is gone
+    # The owner serves the run's master too (a launch on this machine, not a host agent's): a
+    # master silent while it lives is busy, not gone (see HeartbeatSender.owner_watched)
+    master_in_owner: bool = False
     token: str | None = None  # None: $ORCH_TOKEN
     tls_ca: str | None = None  # verify the master's TLS certificate against this CA
     tls_server_name: str | None = None  # ... for this name (default: the master's address)

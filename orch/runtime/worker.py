@@ -375,7 +375,8 @@ def run_worker(spec: WorkerSpec, session: Session | None = None) -> int:
             on_abort=_abort if session is None else lambda why: _abort_call(session, why),
             local_master=is_unix(spec.master) or is_local_address(split_address(spec.master)[0]),
             # The launching process, which serves the master, is watched: this rank ends with it
-            owner_watched=spec.owner is not None or (session is not None and session.watched),
+            owner_watched=(spec.owner is not None and spec.master_in_owner)
+            or (session is not None and session.watched),
         )
         sender.process = ProcessReader(device.index if device.type == "cuda" else None)
         ctx = Context(

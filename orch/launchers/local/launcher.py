@@ -79,6 +79,7 @@ class LocalLauncher(Launcher):
                 heartbeat_interval=spec.heartbeat_interval,
                 master_timeout=spec.heartbeat_timeout,
                 owner=owner,
+                master_in_owner=True,  # this process serves the run's master
                 env=env,
                 log_file=str(self.run_dir / "logs" / f"{prefix}{i}.log"),
                 run_root=spec.run_root,

@@ -466,7 +466,8 @@ def test_a_gang_keeps_its_job_across_calls_and_close_cancels_it(
 ) -> None:
     """orch.gang(cluster=...): one job, its ranks on both nodes taking one call after another in
     the same processes and process group (the model built by the first call trained by the next
-    ones), objects pulled back; close() ends the job and every process on the nodes."""
+    ones), objects pulled back, a failed call that broke a collective mended in the same
+    processes; close() ends the job and every process on the nodes."""
     c = on_cluster
     with orch.gang(
         world_size=2, cluster=orch.Slurm(nodes=2, tasks_per_node=1), run_root=str(tmp_path)
@@ -482,8 +483,15 @@ def test_a_gang_keeps_its_job_across_calls_and_close_cancels_it(
         x1 = gang.pull("x", rank=1)
         torch.manual_seed(2)  # what rank 1 drew in the first call
         assert torch.equal(x1, torch.randn(16, 4))
+        # a call whose rank 1 raises while rank 0 waits in the gradient all-reduce, across the
+        # nodes: the job and its processes stay, the group is made again, training goes on
+        with pytest.raises(orch.RunFailed, match="bad batch on rank 1"):
+            gang.run(jobs.gang_train_rank1_fails).wait(timeout=120)
+        assert gang.run(jobs.gang_where).wait(timeout=120).values == where and gang.remakes == 1
+        assert gang.run(jobs.gang_train, 5).wait(timeout=120).final_loss[0] < losses[1]
         assert [j["job_id"] for j in live_jobs(c, "orch-gang-")] == [job["job_id"]]  # one allocation
-        assert len(gang.calls) == 6 and all(call.state().state is RunState.SUCCEEDED for call in gang.calls)
+        states = [call.state().state for call in gang.calls]
+        assert len(states) == 9 and states.count(RunState.FAILED) == 1, states
     until(lambda: not live_jobs(c), 20)
     until(lambda: nothing_left(c), 20)
 

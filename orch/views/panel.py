@@ -193,9 +193,10 @@ class Panel:
         self.logs = widgets.Accordion(children=[logs], titles=("worker logs",), selected_index=None)
         self._choosing = False  # the panel itself sets a dropdown's choices: no redraw for that
         self._metric_chosen = False  # the user picked the metric: the panel never picks another
+        self._log_rank_chosen = False  # the user picked the rank whose log shows: else rank 0's
         self.metric.observe(self._on_metric, names="value")
-        for w in (self.log_scale, self.log_rank):
-            w.observe(lambda _change: None if self._choosing else self._redraw_now(), names="value")
+        self.log_rank.observe(self._on_log_rank, names="value")
+        self.log_scale.observe(lambda _change: None if self._choosing else self._redraw_now(), names="value")
         for control in (self.metric, self.log_scale, self.log_rank):
             answer_while_waiting(control)  # a change made while a cell waits is drawn at once
         self.widget = widgets.VBox(
@@ -308,6 +309,11 @@ class Panel:
             self.refresh()
 
         threading.Thread(target=ask, name="orch-panel-stacks", daemon=True).start()
+
+    def _on_log_rank(self, _change: Any) -> None:
+        if not self._choosing:
+            self._log_rank_chosen = True
+            self._redraw_now()
 
     def _on_metric(self, _change: Any) -> None:
         if not self._choosing:
@@ -430,8 +436,10 @@ class Panel:
         by_rank = {r.rank: files[r.worker_id] for r in m.ranks if r.worker_id in files}
         options = [(f"rank {rank}", rank) for rank in sorted(by_rank)]
         if options and list(self.log_rank.options) != options:
-            shown = self.log_rank.value if self.log_rank.value in by_rank else min(by_rank)
-            choose(self, self.log_rank, options, shown)  # the rank whose log is shown below
+            # The rank whose log is shown below: the user's pick, else the lowest (rank 0 once
+            # it registered, even when rank 1 registered first)
+            mine = self._log_rank_chosen and self.log_rank.value in by_rank
+            choose(self, self.log_rank, options, self.log_rank.value if mine else min(by_rank))
         if not by_rank:
             self.log_tail.value = "<i>worker logs stay on the workers' hosts</i>" if m.ranks else ""
             return

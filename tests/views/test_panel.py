@@ -473,3 +473,41 @@ def test_the_panel_s_own_pick_follows_a_loss_that_comes_after_orch_s_memory() ->
             assert panel.metric.value == "rank/memory"
         finally:
             panel.close()
+
+
+class _Logs(_Source):
+    """A source whose ranks' log files appear when the test says."""
+
+    def __init__(self, address: str) -> None:
+        super().__init__(address)
+        self.files: dict[str, Path] = {}
+
+    def log_files(self) -> dict[str, Path]:
+        return dict(self.files)
+
+
+def test_the_log_below_is_rank_0s_once_it_has_one_unless_the_user_picked_another(
+    widget_messages: list[Any], tmp_path: Path
+) -> None:
+    """Rank 1's log can appear before rank 0's (its process started first): the panel shows it
+    meanwhile, then rank 0's, as the saved record does; a rank the user picked stays picked."""
+    coord = Coordinator(2, run_id="r", clock=lambda: 100.0)
+    for i in range(2):
+        coord.register(pb.RegisterRequest(worker_id=f"w{i}", host="h", pid=i, rendezvous_port=29400))
+        (tmp_path / f"w{i}.log").write_text(f"line of rank {i}\n")
+    with MasterServer(coord, port=0) as server:
+        source = _Logs(server.address)
+        source.files = {"w1": tmp_path / "w1.log"}
+        panel = Panel(source, interval=0.05)
+        try:
+            assert wait_for(lambda: panel.log_rank.value == 1, 60)
+            source.files = {"w0": tmp_path / "w0.log", "w1": tmp_path / "w1.log"}
+            assert wait_for(lambda: panel.log_rank.value == 0, 60)
+            panel.log_rank.value = 1  # the user's pick
+            source.files = {"w1": tmp_path / "w1.log"}
+            assert wait_for(lambda: list(panel.log_rank.options) == [("rank 1", 1)], 60)
+            source.files = {"w0": tmp_path / "w0.log", "w1": tmp_path / "w1.log"}
+            assert wait_for(lambda: len(panel.log_rank.options) == 2, 60)
+            assert panel.log_rank.value == 1
+        finally:
+            panel.close()

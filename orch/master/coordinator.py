@@ -211,7 +211,7 @@ class Coordinator(StateDesk, HostDesk, StackDesk):
                 f"timed together as {MORE_SECTIONS!r}",
             )
         write = None
-        if self.store is not None and req.series:
+        if self.store is not None and req.series and not rec.resent:
             write = functools.partial(self.store.append_points, rec.rank, self.attempt, req.series)
         self._changed.notify_all()
         command = self.fate.command(rec)

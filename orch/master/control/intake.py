@@ -9,6 +9,8 @@ it through is refused here, before anything is recorded.
 
 from __future__ import annotations
 
+from typing import Any
+
 from orch.master.control.registry import RankRecord, Registry
 from orch.master.control.series import MAX_POINTS_IN_MEMORY, SeriesLog
 from orch.master.control.validate import Reject, check_id, check_run_id
@@ -56,10 +58,17 @@ class Intake:
             )
         self.points.check_names(rec.rank, req.series)
         rec.beat(now, req.step, req.total_steps, req.dropped_points, req.dropped_reason)
+        # The same beat sent again: its first sending's reply was lost to a deadline (a master
+        # stalled while its rank retried), yet that sending was taken. Its points are in already.
+        key = _fingerprint(req.series)
+        rec.resent = key is not None and key == rec.last_series
+        rec.last_series = key
         if req.HasField("timing"):
             rec.timing.add(now, req.timing)
         if req.HasField("process"):
             rec.memory.take(rec, req.process, now)
+        if rec.resent:
+            return rec
         loss = self.points.add(rec.rank, req.series, attempt, wall)
         if loss is not None:
             rec.loss, rec.has_loss = loss, True
@@ -73,3 +82,15 @@ class Intake:
         rec = self.registry.get(req.worker_id)
         if rec is not None and rec.state is RankState.RUNNING:
             rec.refused(now, str(why))
+
+
+def _fingerprint(series: Any) -> int | None:
+    """What tells a beat's points from the next beat's: each series' name, length, first and
+    last step and last value (None: no points). A rank's beats never repeat it, but a beat
+    sent again does."""
+    if not series:
+        return None
+    return hash(
+        tuple((s.name, len(s.steps), s.steps[0] if s.steps else -1, s.steps[-1] if s.steps else -1,
+               s.values[-1] if s.values else 0.0) for s in series)
+    )  # fmt: skip

@@ -26,6 +26,8 @@ class RankRecord(RankView):
     rendezvous_port: int = 0  # where rank 0's torch.distributed store listens
     backend: str = ""
     last_heartbeat: float | None = None  # the master's clock
+    last_series: int | None = None  # the fingerprint of its last beat's points (see Intake.beat)
+    resent: bool = False  # its last beat was one sent again: nothing of it to write
     ended_at: float | None = None
     beats: int = 0
     progress: deque[tuple[float, int]] = field(default_factory=lambda: deque(maxlen=16))

@@ -131,6 +131,7 @@ def load(rank):
 
 
 dist.init_process_group("gloo")
+dist.barrier()  # both ranks joined the group before rank 1 fails, whatever the machine's load
 load(dist.get_rank())
 dist.destroy_process_group()
 """

@@ -193,11 +193,14 @@ def sweep_and_time(out_dir: str, run_root: str, sweeps: list[dict[str, Any]], im
     _write(out_dir, "orch.json", result)
 
 
-def launch_and_time(out_dir: str, world_size: int, run_root: str, launches: int, import_s: float) -> None:
+def launch_and_time(
+    out_dir: str, world_size: int, run_root: str, launches: int, import_s: float, apart: bool = False
+) -> None:
     """launch_latency's orch side, run in a fresh ``python -c`` process (a notebook kernel).
 
     For each launch: the time just before ``orch.launch`` and the ranks' first-step
-    times, written to ``out_dir/launch{i}/``; launch 0 is the cold one.
+    times, written to ``out_dir/launch{i}/``; launch 0 is the cold one. ``apart``: the
+    master lives in a process of its own, as a notebook kernel's launch puts it.
     """
     import orch
 
@@ -213,6 +216,7 @@ def launch_and_time(out_dir: str, world_size: int, run_root: str, launches: int,
             run_root=run_root,
             threads=1,
             master_port=0,  # any free port: other runs may share this machine
+            apart=apart,
         )
         returned = time.time() - t0
         try:

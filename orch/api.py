@@ -9,6 +9,7 @@ from typing_extensions import Unpack
 
 from orch.errors import ConfigError
 from orch.experiments.catalog import live_notice
+from orch.launchers.apart.client import ApartRun, in_notebook_kernel, launch_apart, live_apart_runs
 from orch.launchers.attached import AttachedRun, open_run
 from orch.launchers.detached.run import DetachedRun
 from orch.launchers.detached.start import start_detached
@@ -19,11 +20,18 @@ from orch.runtime.target import TrainFn
 
 
 def _check_ports(master_port: int | None, rdzv_port: int | None) -> None:
-    for run in live_runs():
-        taken = {
-            "master_port": run.server.port if run.server else None,
-            "rdzv_port": run.coordinator.active_rendezvous_port(),
-        }
+    taken_by: list[tuple[Run | ApartRun, dict[str, int | None]]] = [
+        (
+            run,
+            {
+                "master_port": run.server.port if run.server else None,
+                "rdzv_port": run.coordinator.active_rendezvous_port(),
+            },
+        )
+        for run in live_runs()
+    ]
+    taken_by += [(run, {"master_port": run.master_port}) for run in live_apart_runs()]
+    for run, taken in taken_by:
         for option, port in (("master_port", master_port), ("rdzv_port", rdzv_port)):
             if port and port in taken.values():
                 raise ConfigError(
@@ -39,6 +47,7 @@ def launch(
     config: dict[str, Any] | None = None,
     *,
     detach: Literal[False] = False,
+    apart: Literal[False],
     **options: Unpack[LaunchOptions],
 ) -> Run: ...
 
@@ -49,9 +58,34 @@ def launch(
     world_size: int = 4,
     config: dict[str, Any] | None = None,
     *,
+    detach: Literal[False] = False,
+    apart: Literal[True],
+    **options: Unpack[LaunchOptions],
+) -> ApartRun: ...
+
+
+@overload
+def launch(
+    train: TrainFn | str | None = None,
+    world_size: int = 4,
+    config: dict[str, Any] | None = None,
+    *,
     detach: Literal[True],
+    apart: bool | None = None,
     **options: Unpack[LaunchOptions],
 ) -> DetachedRun: ...
+
+
+@overload
+def launch(
+    train: TrainFn | str | None = None,
+    world_size: int = 4,
+    config: dict[str, Any] | None = None,
+    *,
+    detach: Literal[False] = False,
+    apart: None = None,
+    **options: Unpack[LaunchOptions],
+) -> Run | ApartRun: ...
 
 
 def launch(
@@ -60,6 +94,7 @@ def launch(
     config: dict[str, Any] | None = None,
     *,
     detach: bool = False,
+    apart: bool | None = None,
     **options: Unpack[LaunchOptions],
 ) -> Run | DetachedRun:
     """Start ``train(ctx)`` on ``world_size`` local worker processes; return the :class:`Run` at once.
@@ -101,6 +136,17 @@ def launch(
     A failure restarts every node's ranks (``max_restarts``); with ``min_world_size`` the
     restart goes on without nodes that fell silent while that many ranks remain.
     """
+    if apart is None:  # a notebook kernel's cells share its process: its runs' masters live apart
+        apart = in_notebook_kernel() and not detach and options.get("cluster") is None
+    if apart and (detach or options.get("cluster") is not None):
+        raise ConfigError(
+            "apart=True puts a local run's master in a process this one owns: "
+            + (
+                "a detached run's master already lives apart; leave out apart"
+                if detach
+                else "a Slurm run's master lives in this process; leave out apart"
+            )
+        )
     if detach and options.get("cluster") is not None:
         raise ConfigError(
             "detach=True with a cluster: a Slurm run's master lives in this process; "
@@ -121,6 +167,8 @@ def launch(
         print(notice, flush=True)
     if detach:
         return start_detached(spec)
+    if apart:
+        return launch_apart(spec)
     return Run(spec).start()
 
 

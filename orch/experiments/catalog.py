@@ -43,8 +43,9 @@ from orch.experiments.run_row import (
 )
 from orch.experiments.run_table import RunTable, runs
 from orch.experiments.sweep import close_all_sweeps
+from orch.launchers.apart.client import ApartRun, close_all_apart, live_apart_runs
 from orch.launchers.gang import close_all_gangs
-from orch.launchers.run import close_all_runs, live_runs
+from orch.launchers.run import Run, close_all_runs, live_runs
 from orch.record.rundir import read_json
 
 __all__ = [
@@ -71,16 +72,17 @@ __all__ = [
 def close_all() -> int:
     """End every run still live in this process (as ``run.close()``), every sweep's, which
     then starts no more, and every gang's ranks; returns how many runs there were."""
-    count = len(live_runs())
+    count = len(live_runs()) + len(live_apart_runs())
     close_all_sweeps()  # first: a sweep would start its next config in the place of a closed one
     close_all_gangs()
     close_all_runs()
+    close_all_apart()
     return count
 
 
 def live_notice() -> str | None:
     """One line naming the runs of this process still live (None when there is none)."""
-    live = live_runs()
+    live: list[Run | ApartRun] = [*live_runs(), *live_apart_runs()]
     if not live:
         return None
     now = time.time()
@@ -93,7 +95,8 @@ def live_notice() -> str | None:
             started = float(value) if isinstance(value, int | float) else None
         when = f"launched {_ago(now - started)}" if started else "launching"
         label = f" {printable(run.spec.name, one_line=True)!r}" if run.spec.name else ""
-        described.append((f"{run.run_id}{label}", when, run.coordinator.state.value))
+        state = run.coordinator.state.value if isinstance(run, Run) else _state_of(run)
+        described.append((f"{run.run_id}{label}", when, state))
     if len(described) == 1:
         what, when, state = described[0]
         return (
@@ -115,3 +118,11 @@ def _ago(seconds: float) -> str:
     if seconds < 5400:
         return f"{round(seconds / 60)} min ago"
     return f"{seconds / 3600:.1f} h ago"
+
+
+def _state_of(run: ApartRun) -> str:
+    """A run whose master lives apart, as its master says (or the last it said)."""
+    try:
+        return run.state().state.value
+    except OrchError:
+        return run._last_state()

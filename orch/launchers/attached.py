@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from orch.errors import ConfigError
+from orch.launchers.apart.client import live_apart_runs
 from orch.launchers.attach_file import ATTACH_FILE
 from orch.launchers.contract import RunHandle
 from orch.launchers.detached.run import DetachedRun
@@ -91,7 +92,7 @@ def open_run(
     """
     if not isinstance(target, (str, os.PathLike)):
         return target
-    for run in live_runs():
+    for run in [*live_runs(), *live_apart_runs()]:
         if os.fspath(target) == run.run_id:
             return run
     path = run_dir_named(target, run_root)
@@ -107,8 +108,8 @@ def open_run(
             f"{target} is a run dir: its token and TLS CA are read from its attach.json; "
             "leave token= and tls_ca= out (they are for a master's HOST:PORT)"
         )
-    for run in live_runs():
-        if run.run_dir.resolve() == path.resolve():
+    for run in [*live_runs(), *live_apart_runs()]:
+        if run.run_dir is not None and run.run_dir.resolve() == path.resolve():
             return run
     if follow or ((path / ATTACH_FILE).exists() and not (path / "result.json").exists()):
         return DetachedRun(path, timeout=timeout)  # followed through its master

@@ -16,6 +16,14 @@ import os
 import sys
 
 _exiting = False
+_launcher_pid: int | None = None  # the process that launched this one's runs, when it is not this one
+
+
+def launched_for(pid: int) -> None:
+    """This process hosts the runs of ``pid`` (:mod:`orch.launchers.apart.host`): their record
+    names that process when it goes away."""
+    global _launcher_pid
+    _launcher_pid = pid
 
 
 def begin_exit() -> None:
@@ -39,7 +47,8 @@ def launcher_exiting() -> bool:
 
 def launcher_exit_message() -> str:
     """Why a run ended when its launcher went away, in the record's words."""
+    pid = _launcher_pid or os.getpid()
     return (
-        f"launcher exited (pid {os.getpid()}): the process that launched the run (a notebook "
+        f"launcher exited (pid {pid}): the process that launched the run (a notebook "
         "kernel restarted or shut down, a script that ended) went away, and its workers with it"
     )

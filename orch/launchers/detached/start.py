@@ -56,17 +56,10 @@ def start_detached(spec: LaunchSpec, *, start_timeout: float = START_TIMEOUT) ->
     A start-up error in the supervisor is raised here: a :class:`ConfigError` as ``launch``
     raises it (a port taken), anything else an :class:`OrchError` with the supervisor's log tail.
     """
-    import cloudpickle
-
     token = token_from_env(spec.token) or new_token()
     sent = copy.copy(spec)
     sent.token = None  # the token goes in the environment, the spec down a pipe: neither on argv
-    job = {
-        "sys_path": list(sys.path),  # a function pickled by reference imports as it does here
-        "spec": cloudpickle.dumps(sent),
-        "sources": _capture_sources(spec),
-    }
-    payload = pickle.dumps(job)
+    payload = job_of(sent)
     status_r, status_w = os.pipe()
     # The supervisor's output before its run dir exists: an unlinked file, not the kernel's pipes.
     early = tempfile.TemporaryFile()  # noqa: SIM115 (closed below)
@@ -113,8 +106,17 @@ def start_detached(spec: LaunchSpec, *, start_timeout: float = START_TIMEOUT) ->
         raise _start_error(started, proc, run_dir, early, timed_out, start_timeout)
 
 
-def _capture_sources(spec: LaunchSpec) -> Any:
-    return capture(spec.fn)  # notebook cells' source lines live only in this process's linecache
+def job_of(spec: LaunchSpec) -> bytes:
+    """What a process that runs ``spec`` for this one reads from it, down a pipe: the spec (a
+    function defined in a cell pickled by value), this process's ``sys.path`` and its sources."""
+    import cloudpickle
+
+    job = {
+        "sys_path": list(sys.path),  # a function pickled by reference imports as it does here
+        "spec": cloudpickle.dumps(spec),
+        "sources": capture(spec.fn),  # notebook cells' source lines live only in this process's linecache
+    }
+    return pickle.dumps(job)
 
 
 def _read_status(status: IO[bytes], deadline: float) -> tuple[list[dict[str, Any]], bool]:

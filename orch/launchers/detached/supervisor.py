@@ -68,7 +68,7 @@ class _Signals:
         self.closing = True
 
 
-def _load_job(data: bytes) -> tuple[LaunchSpec, Any]:
+def load_job(data: bytes) -> tuple[LaunchSpec, Any]:
     """The launching process's spec and source map; its ``sys.path`` first, for what it imports."""
     job = pickle.loads(data)  # from our parent, down a pipe only it holds
     if not isinstance(job, dict) or not isinstance(job.get("sys_path"), list):
@@ -108,7 +108,7 @@ def main(argv: list[str] | None = None) -> int:
         devnull = os.open(os.devnull, os.O_RDONLY)
         os.dup2(devnull, 0)
         os.close(devnull)
-        spec, sources = _load_job(data)
+        spec, sources = load_job(data)
         run = Run(spec, sources=sources)  # the launcher's: the notebook cells' source and labels
         run.supervised = True  # its attach.json names this process: closing the run may end it
         private_dir(run.run_dir)

@@ -134,6 +134,7 @@ class RunRecord(RunSource):
             m.elapsed = result.number("elapsed")
             m.root_cause_rank = result.integer("root_cause_rank", -1)
             m.root_cause_error = result.text("root_cause_error")
+            m.root_cause_exit_code = result.integer("root_cause_exit_code")
             m.attempt = result.integer("attempt", 1)
             m.max_attempts = result.integer("max_attempts", 1)
             m.total_steps = result.integer("total_steps")

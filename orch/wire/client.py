@@ -427,6 +427,7 @@ class StateMirror:
             "failure": self.failure,
             "root_cause_rank": self.root_cause_rank,
             "root_cause_error": self.root_cause_error,
+            "root_cause_exit_code": self.root_cause_exit_code,
             "rendezvous": self.rendezvous,
             "attempt": self.attempt,
             "max_attempts": self.max_attempts,

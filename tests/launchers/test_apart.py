@@ -164,3 +164,29 @@ def test_the_launcher_killed_alone_leaves_no_master_and_no_rank_within_2_s(tmp_p
         for stream in (proc.stdin, proc.stdout):
             if stream is not None:
                 stream.close()
+
+
+def _fails_on_rank_1(ctx: orch.Context) -> None:
+    for step in ctx.steps(5):
+        ctx.log(step, loss=1.0)
+    if ctx.rank == 1:
+        raise ValueError("bad batch on rank 1")
+
+
+def test_a_failure_apart_names_its_rank_exit_code_and_traceback_as_in_process(tmp_path: Path) -> None:
+    run = orch.launch(_fails_on_rank_1, world_size=2, run_root=str(tmp_path), apart=True)
+    try:
+        with pytest.raises(orch.RunFailed) as failed:
+            run.wait(timeout=120)
+        assert failed.value.rank == 1 and failed.value.exit_code == 1, failed.value
+        assert "ValueError: bad batch on rank 1" in failed.value.traceback
+        assert (
+            "_fails_on_rank_1" in failed.value.traceback
+        )  # the function's own frame, from the kernel's sources
+        loaded = orch.load_run(run.run_dir).state()
+        assert (loaded.root_cause_rank, loaded.root_cause_exit_code) == (1, 1)
+    finally:
+        run.close()
+        host = Host.running()
+        if host is not None:
+            host.end()

@@ -579,8 +579,9 @@ def main() -> None:
         ),
         c.Row(
             "4. 4,096 ranks, the same load, the master in a process that shows the run's notebook panel "
-            "(as `orch.launch` runs it; the panel polls every 0.5 s and draws): beat p99, beats served, "
-            "the panel's redraws and polls per second",
+            "(as a kernel's `orch.launch` ran it before its master lived apart, and a script's with its "
+            "panel still does; the panel polls every 0.5 s and draws; a kernel's launch now is case 2): "
+            "beat p99, beats served, the panel's redraws and polls per second",
             f"< {GOAL_4K_P99_MS:g} ms, 100%; redraws: reported",
             f"{p99(inproc)}, {served(inproc)}, {inproc.master['cpu']:.0%} of a core; the panel "
             f"{inproc.redraws_per_s:.2f} redraws/s, {inproc.polls_per_s:.2f} polls/s{conditions(inproc)}",
@@ -636,7 +637,9 @@ def main() -> None:
             "its own connection, polling incrementally (only the ranks that changed, as orch's panel asks) "
             "every 0.5 s; one also catches up in full every 2 s. In case 4 the master runs in a process "
             "that also shows the run's notebook panel (`_panel_master.py`), and the third process only "
-            "observes (one poll every 5 s). The catch-up case has 8 "
+            "observes (one poll every 5 s): the layout of a kernel's launch before its master lived apart. "
+            "Case 2, the master in a process of its own and the panels in another, is a kernel's launch "
+            "now (`orch.launchers.apart`). The catch-up case has 8 "
             f"ranks beating directly at 10/s (the sender's {SENDER_DEADLINE:g} s deadline) while both "
             "panels catch up in full back to back. A beat is served when it was answered OK within the "
             "deadline; every call sent in the window is followed to its end, a beat that could not go "

@@ -190,3 +190,40 @@ def test_a_failure_apart_names_its_rank_exit_code_and_traceback_as_in_process(tm
         host = Host.running()
         if host is not None:
             host.end()
+
+
+def test_the_host_killed_fails_the_run_naming_its_master_and_the_next_launch_starts_another(
+    tmp_path: Path,
+) -> None:
+    from orch.views.panel import wait_for
+
+    run = orch.launch(
+        "jobs:allreduce_steps",
+        world_size=2,
+        config={"steps": 100000, "sleep": 0.05},
+        run_root=str(tmp_path),
+        apart=True,
+    )
+    try:
+        assert wait_for(
+            lambda: run.state().state.value == "RUNNING" and all(r.pid for r in run.state().ranks), 120
+        )
+        ranks = [r.pid for r in run.state().ranks]
+        dead = run.host.pid
+        os.kill(dead, signal.SIGKILL)  # the master's process, alone
+        with pytest.raises(orch.RunFailed) as failed:
+            run.wait(timeout=60)
+        assert failed.value.rank is None, failed.value  # no rank is blamed for its master's death
+        assert "master died" in str(failed.value) and "SIGKILL" in str(failed.value), failed.value
+        killed = time.monotonic()
+        while any(process_alive(p) for p in ranks) and time.monotonic() - killed < 10:
+            time.sleep(0.05)
+        assert not [p for p in ranks if process_alive(p)], "the ranks outlived their master's process"
+        with orch.launch(_returns_its_rank, world_size=2, run_root=str(tmp_path), apart=True) as second:
+            assert second.host.pid != dead
+            assert second.wait(timeout=120).values == [0, 1]
+    finally:
+        run.close()
+        host = Host.running()
+        if host is not None:
+            host.end()

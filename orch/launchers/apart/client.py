@@ -17,6 +17,7 @@ import copy
 import os
 import pickle
 import select
+import signal
 import subprocess
 import sys
 import tempfile
@@ -30,7 +31,10 @@ from orch.errors import OrchError
 from orch.launchers.apart.host import HEADER, write_frame
 from orch.launchers.detached.run import DetachedRun
 from orch.launchers.detached.start import job_of
+from orch.launchers.loaded import load_run
 from orch.launchers.spec import LaunchSpec
+from orch.wire.client import StateMirror
+from orch.wire.states import RunState
 
 START_TIMEOUT = 120.0  # the host imports torch and grpc, then starts a master: seconds on a loaded machine
 CLOSE_TIMEOUT = 120.0
@@ -182,6 +186,24 @@ class ApartRun(DetachedRun):
                 self.host.ask({"op": "close", "run_id": self.run_id}, timeout)
         self.disconnect()
 
+    def _final_state(self) -> StateMirror:
+        """As the run dir says; a run whose host died before it wrote the record failed, and
+        the master's death, not a rank, is its cause."""
+        if self._final_mirror is None:
+            mirror = load_run(self.run_dir).state()
+            if not (self.run_dir / "result.json").is_file():
+                code = None
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    code = self.host.proc.wait(2.0)  # a process that ended is reaped at once
+                how = f"was killed by {_signal_name(-code)}" if code is not None and code < 0 else "ended"
+                mirror.state = RunState.FAILED
+                mirror.failure = (
+                    f"the run's master died: the process hosting this kernel's runs (pid {self.host.pid}) "
+                    f"{how} before the run did, and wrote no record; the run's ranks ended with it"
+                )
+            self._final_mirror = mirror
+        return self._final_mirror
+
     def __enter__(self) -> ApartRun:
         return self
 
@@ -196,6 +218,13 @@ class ApartRun(DetachedRun):
 
 
 _LIVE: weakref.WeakSet[ApartRun] = weakref.WeakSet()
+
+
+def _signal_name(number: int) -> str:
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return f"signal {number}"
 
 
 def in_notebook_kernel() -> bool:

@@ -110,7 +110,11 @@ class Runs:
                     run.close()  # the record is written: its master stops serving, attach.json goes
 
 
-def _answer(runs: Runs, request: Any) -> dict[str, Any]:
+def _answer(runs: Runs, frame: bytes) -> dict[str, Any]:
+    try:
+        request = pickle.loads(frame)  # from our parent, down a pipe only it holds
+    except Exception as e:
+        return {"error": RuntimeError(f"the request could not be read: {type(e).__name__}: {e}")}
     if not isinstance(request, dict):
         return {"error": RuntimeError(f"not a request: {type(request).__name__}")}
     try:
@@ -166,7 +170,7 @@ def main(argv: list[str] | None = None) -> int:
                 frame = None
             if frame is None:
                 break
-            _reply(replies, _answer(runs, pickle.loads(frame)))  # from our parent, down its own pipe
+            _reply(replies, _answer(runs, frame))
     finally:
         started = time.monotonic()
         begin_exit()  # the runs still live end as their launcher's exit ends them, and say so

@@ -40,6 +40,10 @@ class PortInUseError(ConfigError):
             f"(or 0 to pick a free one)"
         )
 
+    def __reduce__(self) -> tuple[type[PortInUseError], tuple[int, str, str]]:
+        # Raised where a run's master starts, which may be another process than the caller's.
+        return (PortInUseError, (self.port, self.what, self.option))
+
 
 class MasterUnavailable(OrchError):
     """No orch master answered at the given address."""

@@ -227,3 +227,23 @@ def test_the_host_killed_fails_the_run_naming_its_master_and_the_next_launch_sta
         host = Host.running()
         if host is not None:
             host.end()
+
+
+def test_a_taken_port_is_named_in_the_launching_process_as_in_process(tmp_path: Path) -> None:
+    import socket
+
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        port = held.getsockname()[1]
+        try:
+            with pytest.raises(orch.PortInUseError) as taken:
+                orch.launch(
+                    "jobs:allreduce_steps", world_size=2, master_port=port, run_root=str(tmp_path), apart=True
+                )
+            assert taken.value.port == port and taken.value.option == "master_port", taken.value
+            assert f"port {port} (orch master) is already in use" in str(taken.value)
+        finally:
+            host = Host.running()
+            if host is not None:
+                host.end()

@@ -28,6 +28,7 @@ import threading
 import time
 from typing import IO, Any
 
+from orch.errors import ConfigError, OrchError
 from orch.launchers.detached.supervisor import load_job
 from orch.launchers.exiting import begin_exit, launched_for
 from orch.launchers.run import Run
@@ -137,9 +138,13 @@ def _answer(runs: Runs, frame: bytes) -> dict[str, Any]:
 def _reply(out: IO[bytes], answer: dict[str, Any]) -> None:
     try:
         data = pickle.dumps(answer)
-    except Exception:  # an error that does not pickle: its type and text do
+        pickle.loads(data)  # what the launching process will do with it
+    except Exception:  # an error that does not travel: its kind and its text do
         error = answer.get("error")
-        data = pickle.dumps({"error": RuntimeError(f"{type(error).__name__}: {error}")})
+        kind = ConfigError if isinstance(error, ConfigError) else OrchError
+        data = pickle.dumps(
+            {"error": kind(f"{error}" if kind is ConfigError else f"{type(error).__name__}: {error}")}
+        )
     write_frame(out, data)
 
 

@@ -24,6 +24,13 @@ from orch.runtime.owner import process_alive
 pytestmark = pytest.mark.timeout(300)
 
 
+def _end_host() -> None:
+    """The test's host ends, with whatever it still runs."""
+    host = Host.running()
+    if host is not None:
+        host.end()
+
+
 def _returns_its_rank(ctx: orch.Context) -> int:
     for step in ctx.steps(5):
         ctx.log(step, loss=1.0 / (step + 1))
@@ -48,9 +55,7 @@ def test_the_master_serves_from_a_process_of_its_own_kept_for_the_next_launch(tm
             assert second.wait(timeout=120).state.value == "SUCCEEDED"
     finally:
         run.close()
-        host = Host.running()
-        if host is not None:
-            host.end()
+        _end_host()
 
 
 def test_a_live_run_apart_is_closed_by_close_all_and_found_by_its_id(
@@ -73,9 +78,7 @@ def test_a_live_run_apart_is_closed_by_close_all_and_found_by_its_id(
         assert state.state.value == "FAILED" and "closed" in state.failure, state.failure
     finally:
         run.close()
-        host = Host.running()
-        if host is not None:
-            host.end()
+        _end_host()
 
 
 HOLDS = """
@@ -85,10 +88,10 @@ import orch
 from orch.views.panel import wait_for
 
 def hold_gil(seconds):
-    # sized from a tenth of a second's sum: one C call that keeps the GIL for about `seconds`
-    t0 = time.perf_counter(); sum(range(10**7)); per = time.perf_counter() - t0
-    n = int(10**7 * seconds / max(per, 1e-6))
-    t0 = time.monotonic(); sum(range(n)); return time.monotonic() - t0
+    # one C call that keeps the GIL throughout, as a C extension that never lets it go does:
+    # libc's sleep() called through ctypes.PyDLL, which holds the GIL, however loaded the machine
+    import ctypes
+    t0 = time.monotonic(); ctypes.PyDLL(None).sleep(int(seconds)); return time.monotonic() - t0
 
 run = orch.launch("jobs:allreduce_steps", world_size=2, run_root={root!r}, apart=True,
                   config={{"steps": 100000, "sleep": 0.05}})
@@ -110,7 +113,7 @@ def test_a_launcher_holding_the_gil_50_s_stalls_nothing_of_a_run_apart(tmp_path:
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=280)
     assert done.returncode == 0, done.stderr[-3000:]
     out = json.loads(done.stdout.strip().splitlines()[-1])
-    assert out["held"] > 30, out  # past the 30 s heartbeat timeout (aimed at 50 s)
+    assert out["held"] > 49, out  # past the 30 s heartbeat timeout
     assert out["host"] != out["me"]
     assert out["running"] == "RUNNING" and out["end"] == "STOPPED", out
     # the master read every beat while the launcher was held: no stall to make up for, no rank lost
@@ -187,9 +190,7 @@ def test_a_failure_apart_names_its_rank_exit_code_and_traceback_as_in_process(tm
         assert (loaded.root_cause_rank, loaded.root_cause_exit_code) == (1, 1)
     finally:
         run.close()
-        host = Host.running()
-        if host is not None:
-            host.end()
+        _end_host()
 
 
 def test_the_host_killed_fails_the_run_naming_its_master_and_the_next_launch_starts_another(
@@ -224,9 +225,7 @@ def test_the_host_killed_fails_the_run_naming_its_master_and_the_next_launch_sta
             assert second.wait(timeout=120).values == [0, 1]
     finally:
         run.close()
-        host = Host.running()
-        if host is not None:
-            host.end()
+        _end_host()
 
 
 def test_a_taken_port_is_named_in_the_launching_process_as_in_process(tmp_path: Path) -> None:
@@ -244,6 +243,4 @@ def test_a_taken_port_is_named_in_the_launching_process_as_in_process(tmp_path: 
             assert taken.value.port == port and taken.value.option == "master_port", taken.value
             assert f"port {port} (orch master) is already in use" in str(taken.value)
         finally:
-            host = Host.running()
-            if host is not None:
-                host.end()
+            _end_host()

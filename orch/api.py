@@ -144,7 +144,7 @@ def launch(
             + (
                 "a detached run's master already lives apart; leave out apart"
                 if detach
-                else "a Slurm run's master lives in this process; leave out apart"
+                else "a cluster run's master lives in this process; leave out apart"
             )
         )
     if detach and options.get("cluster") is not None:

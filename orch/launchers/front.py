@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from typing import Any, TypedDict
 
 from orch.errors import ConfigError, PortInUseError
-from orch.launchers.slurm.options import Slurm
+from orch.launchers.clusters import Cluster
 from orch.launchers.spec import Front, LaunchSpec, options
 
 
@@ -46,7 +46,7 @@ class LaunchOptions(RunOptions, total=False):
     tls_ca: str | None
     token: str | None
     name: str | None
-    cluster: Slurm | None
+    cluster: Cluster | None
     min_world_size: int | None
     seed: int | None
 

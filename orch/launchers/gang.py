@@ -38,13 +38,12 @@ from typing_extensions import Unpack
 
 from orch._viewable import panel_class
 from orch.errors import OrchError
+from orch.launchers.clusters import Cluster, kind_of
 from orch.launchers.front import RunOptions, spec_of
 from orch.launchers.launcher import RunParts
 from orch.launchers.local.group import _main_not_inherited, worker_context
 from orch.launchers.local.launcher import LocalLauncher
 from orch.launchers.run import Run, register_exit_hook
-from orch.launchers.slurm.gang import GangJob
-from orch.launchers.slurm.options import Slurm, cluster_master_host
 from orch.launchers.spec import LaunchSpec
 from orch.master.coordinator import Coordinator
 from orch.record.store import private_dir, tail
@@ -52,11 +51,9 @@ from orch.record.user_folders import user_folder
 from orch.record.writes import own_dir
 from orch.runtime import gang as rank_side
 from orch.runtime._children import kill_tree, tree
-from orch.runtime.launcher_env import LaunchedAs
 from orch.runtime.owner import Owner
 from orch.runtime.script import Script
 from orch.runtime.source import SourceMap, cell_sources
-from orch.runtime.spec import WorkerSpec
 from orch.wire.states import describe_exit
 
 log = logging.getLogger(__name__)
@@ -75,7 +72,7 @@ class Gang:
         world_size: int = 4,
         *,
         run_root: str = "runs",
-        cluster: Slurm | None = None,
+        cluster: Cluster | None = None,
         tls_cert: str | None = None,
         tls_key: str | None = None,
         tls_ca: str | None = None,
@@ -101,18 +98,21 @@ class Gang:
             tls_key=tls_key,
             tls_ca=tls_ca,
         )
-        # With a certificate and key every call's master serves TLS, and so does a Slurm gang's
+        # With a certificate and key every call's master serves TLS, and so does a cluster gang's
         # dial-back (orch.wire.channel): the calls' specs and tokens are secret on the network.
         self.tls = {"tls_cert": tls_cert, "tls_key": tls_key, "tls_ca": tls_ca}
         self.startup_timeout = first.startup_timeout
         # The ranks' file store: runs/.gangs/<id>, or in a shared run root this user's own
         # .orch-<uid>/gangs/<id> (orch.record.user_folders), so no other user's folder blocks it.
         self.folder = user_folder(run_root, "gangs") / self.gang_id
-        self.cluster = cluster  # a gang on Slurm: its ranks are the tasks of one job (self.job)
-        self.job: GangJob | None = None
-        self.host = (
-            cluster_master_host(cluster) if cluster is not None else ""
-        )  # where the calls' masters bind
+        # A gang on a cluster: its ranks are the tasks of one job of the cluster's kind (self.job).
+        self.cluster = cluster
+        self.kind = kind_of(cluster) if cluster is not None else None
+        if self.kind is not None and (self.kind.gang_job is None or self.kind.place_rank is None):
+            raise OrchError(f"the {self.kind.name} cluster kind offers no gangs: use orch.launch on it")
+        self.job: Any = None
+        # where the calls' masters bind
+        self.host = self.kind.master_host(cluster) if self.kind is not None else ""
         self.calls: list[Run] = []
         self.restarts = 0
         self.remakes = 0  # the process group made again in the same ranks after a broken collective
@@ -129,9 +129,10 @@ class Gang:
     def _start(self) -> None:
         private_dir(self.folder.parent)  # the run root above it is walked, never made private
         private_dir(self.folder)
-        if self.cluster is not None:
+        if self.kind is not None:
+            assert self.kind.gang_job is not None
             self._procs, self._conns = [], []
-            self.job = GangJob(self.cluster, self.gang_id, self.restarts, **self.tls)
+            self.job = self.kind.gang_job(self.cluster, self.gang_id, self.restarts, self.tls)
             say = lambda line: print(f"orch: gang {self.gang_id}: {line}", flush=True)  # noqa: E731
             self._conns = self.job.start(self.world_size, self.folder, self.startup_timeout, say)
             return
@@ -151,7 +152,7 @@ class Gang:
 
     def _end_ranks(self, grace: float = 1.0) -> None:
         """End every rank: close their pipes (a rank between calls leaves), then SIGTERM, SIGKILL
-        (on Slurm: close their connections, then cancel the job)."""
+        (on a cluster: close their connections, then end the job)."""
         if self.job is not None:
             job, self.job = self.job, None
             job.end()
@@ -204,7 +205,7 @@ class Gang:
 
     @property
     def pids(self) -> list[int]:
-        """The ranks' process ids, in rank order (empty while the gang is down, or on Slurm)."""
+        """The ranks' process ids, in rank order (empty while the gang is down, or on a cluster)."""
         return [p.pid or 0 for p in self._procs]
 
     @property
@@ -212,7 +213,7 @@ class Gang:
         return bool(self._conns)
 
     def exit_code(self, rank: int) -> int | None:
-        """A rank's process ended between its calls' words: its exit code (on Slurm, where the
+        """A rank's process ended between its calls' words: its exit code (on a cluster, where the
         process is on another machine, -9 once its connection is gone), else None."""
         if self.cluster is not None:
             return -9
@@ -327,7 +328,7 @@ class GangLauncher(LocalLauncher):
     def __init__(self, gang: Gang, spec: LaunchSpec, coordinator: Coordinator, run_dir: Path) -> None:
         super().__init__(spec, coordinator, run_dir)
         self.gang = gang
-        # On Slurm the ranks are on the nodes: they dial the master's TCP address, not its private socket.
+        # On a cluster the ranks are on the nodes: they dial the master's TCP address, not its private socket.
         self.ranks_on_this_machine = gang.cluster is None
         coordinator.rendezvous_file = True  # the gang's own file store, made at its first call
         coordinator.starting(f"the gang's {spec.world_size} ranks take the call")
@@ -337,7 +338,7 @@ class GangLauncher(LocalLauncher):
         self.died: dict[int, int] = {}  # the ranks whose process ended: their exit codes
 
     def master_host(self, spec: LaunchSpec) -> str:
-        return self.gang.host or super().master_host(spec)  # on Slurm: where the nodes reach it
+        return self.gang.host or super().master_host(spec)  # on a cluster: where the nodes reach it
 
     def supervise(self, parts: RunParts) -> None:
         coord, gang = self.coordinator, self.gang
@@ -349,8 +350,9 @@ class GangLauncher(LocalLauncher):
             for spec, conn in zip(specs, gang._conns, strict=True):
                 spec.owner = None  # the rank watches the gang's launcher already
                 spec.rendezvous_file = gang.rendezvous  # another one: the ranks make their group again
-                if gang.cluster is not None:
-                    on_node(spec, gang.cluster, parts.token)
+                if gang.kind is not None:
+                    assert gang.kind.place_rank is not None
+                    gang.kind.place_rank(spec, gang.cluster, parts.token)
                 conn.send_bytes(cloudpickle.dumps(spec))
         except (OSError, ValueError) as e:
             coord.fail(f"the gang's ranks could not take the call: {e}")
@@ -453,30 +455,11 @@ class GangLauncher(LocalLauncher):
         return {wid: self.run_dir / "logs" / f"{wid}.log" for wid in self.worker_ids}
 
 
-def on_node(spec: WorkerSpec, cluster: Slurm, token: str) -> None:
-    """A call's spec for a rank on a Slurm node: the node's own environment (its SLURM_*, PATH)
-    with the call's token in the spec, its own address, and its place on its node."""
-    per_node = cluster.tasks_per_node
-    rank = spec.local_rank
-    spec.env, spec.token, spec.advertise_addr = {}, token, None
-    if spec.log_file:  # opened before the rank goes to the call's folder: the path the nodes share
-        spec.log_file = str(Path(spec.log_file).resolve())
-    spec.threads = cluster.cpus_per_rank
-    spec.local_rank, spec.local_world_size = rank % per_node, per_node
-    spec.launched = LaunchedAs(
-        "orch",
-        rank=rank,
-        local_rank=rank % per_node,
-        world_size=cluster.world_size,
-        local_world_size=per_node,
-    )
-
-
 def gang(
     world_size: int = 4,
     *,
     run_root: str = "runs",
-    cluster: Slurm | None = None,
+    cluster: Cluster | None = None,
     tls_cert: str | None = None,
     tls_key: str | None = None,
     tls_ca: str | None = None,

@@ -75,3 +75,7 @@ class Launcher(ABC):
     @abstractmethod
     def log_files(self) -> dict[str, Path]:
         """Each rank's log, by worker id."""
+
+    def logs_in_run_dir(self) -> dict[str, Path]:
+        """The logs of ranks that write their own, in the shared run dir (a cluster's nodes)."""
+        return {r.worker_id: self.run_dir / "logs" / f"{r.worker_id}.log" for r in self.coordinator.ranks}

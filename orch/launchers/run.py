@@ -30,16 +30,13 @@ from typing import Any
 
 from orch.errors import OrchError
 from orch.launchers.attach_file import ATTACH_FILE
+from orch.launchers.clusters import kind_of
 from orch.launchers.contract import RunHandle
 from orch.launchers.exiting import begin_exit, launcher_exit_message, launcher_exiting
 from orch.launchers.launcher import Launcher, RunParts
 from orch.launchers.loaded import load_run
 from orch.launchers.local.group import WorkerGroup
 from orch.launchers.local.launcher import LocalLauncher
-from orch.launchers.slurm.job import (
-    SlurmJob,
-)
-from orch.launchers.slurm.launcher import SlurmLauncher
 from orch.launchers.spec import LaunchSpec
 from orch.master.coordinator import Coordinator
 from orch.master.server import MasterServer
@@ -180,9 +177,9 @@ class Run(RunHandle):
         return WorkerGroup(self.coordinator, self.run_dir, self.spec.grace)
 
     @property
-    def job(self) -> SlurmJob | None:
-        """The batch job of a run on a Slurm cluster, once submitted."""
-        return self.launcher.job if isinstance(self.launcher, SlurmLauncher) else None
+    def job(self) -> Any:
+        """The cluster's job of a run on a cluster (a Slurm batch job), once submitted; else None."""
+        return getattr(self.launcher, "job", None)
 
     @property
     def procs(self) -> list[mp.process.BaseProcess]:
@@ -416,8 +413,11 @@ def serve(
 
 
 def launcher_for(spec: LaunchSpec) -> type[Launcher]:
-    """The launcher of a run: this machine's, or a Slurm cluster's."""
-    return LocalLauncher if spec.cluster is None else SlurmLauncher
+    """The launcher of a run: this machine's, or its cluster kind's."""
+    if spec.cluster is None:
+        return LocalLauncher
+    launcher: type[Launcher] = kind_of(spec.cluster).launcher()
+    return launcher
 
 
 _LIVE: weakref.WeakSet[Run] = weakref.WeakSet()

@@ -20,7 +20,7 @@ from typing import Any, Literal
 import cloudpickle
 
 from orch.errors import ConfigError
-from orch.launchers.slurm.options import Slurm, check_commands
+from orch.launchers.clusters import Cluster, kind_of
 from orch.master.control.pace import HEARTBEAT_INTERVAL, HEARTBEAT_TIMEOUT
 from orch.master.control.policies import ON_HANG
 from orch.master.control.progress import STARTUP_TIMEOUT
@@ -242,7 +242,10 @@ class LaunchSpec:
     name: str | None = option(front="launch", help="what the run is called in orch.runs()")
     sweep: str | None = option(help="the sweep the run belongs to")
     config_key: str | None = option(help="the run's config's key in its sweep")
-    cluster: Slurm | None = option(front="launch", help="run on a Slurm cluster rather than on this machine")
+    cluster: Cluster | None = option(
+        front="launch",
+        help="run on a cluster (orch.Slurm(...), or another kind's) rather than on this machine",
+    )
     min_world_size: int | None = option(
         front="launch",
         help="elastic restarts: a restart goes on without hosts that fell silent while at least M "
@@ -289,8 +292,8 @@ class LaunchSpec:
             check_int("min_world_size", self.min_world_size, 1, self.world_size)
             if (self.cluster is None and not self.remote) or self.max_restarts < 1:
                 raise ConfigError(
-                    "min_world_size makes restarts across nodes elastic: it needs cluster=orch.Slurm(...) "
-                    "and max_restarts >= 1"
+                    "min_world_size makes restarts across nodes elastic: it needs a cluster "
+                    "(cluster=orch.Slurm(...)) and max_restarts >= 1"
                 )
         if self.heartbeat_timeout <= self.heartbeat_interval * 2:
             raise ConfigError(
@@ -334,14 +337,13 @@ MAX_WORKERS_PER_CORE = 8
 
 
 def _check_cluster(cluster: Any, world_size: int) -> None:
-    if not isinstance(cluster, Slurm):
-        raise ConfigError(f"cluster must be an orch.Slurm(...), got {type(cluster).__name__}")
+    kind = kind_of(cluster)  # a ConfigError naming the kinds there are
     if cluster.world_size != world_size:
         raise ConfigError(
             f"world_size={world_size} but the cluster runs {cluster.describe()}, {cluster.world_size} "
-            f"ranks: pass world_size={cluster.world_size} or change nodes / tasks_per_node"
+            f"ranks: pass world_size={cluster.world_size} or change its size"
         )
-    check_commands()
+    kind.check(cluster)
 
 
 def check_int(name: str, value: Any, minimum: int, maximum: int | None = None, *, hint: str = "") -> None:

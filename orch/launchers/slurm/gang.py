@@ -36,6 +36,8 @@ from pathlib import Path
 from orch.errors import OrchError
 from orch.launchers.slurm.job import JobStatus, SlurmJob, sbatch_options, wait_gone
 from orch.launchers.slurm.options import Slurm, cluster_master_host
+from orch.runtime.launcher_env import LaunchedAs
+from orch.runtime.spec import WorkerSpec
 from orch.wire.auth import TOKEN_ENV, certificate_name
 from orch.wire.channel import admit, server_context
 
@@ -206,3 +208,22 @@ class GangJob:
         if self.job.job_id:
             self.job.cancel()
             wait_gone(self.job, END_SECONDS)
+
+
+def on_node(spec: WorkerSpec, cluster: Slurm, token: str) -> None:
+    """A call's spec for a rank on a Slurm node: the node's own environment (its SLURM_*, PATH)
+    with the call's token in the spec, its own address, and its place on its node."""
+    per_node = cluster.tasks_per_node
+    rank = spec.local_rank
+    spec.env, spec.token, spec.advertise_addr = {}, token, None
+    if spec.log_file:  # opened before the rank goes to the call's folder: the path the nodes share
+        spec.log_file = str(Path(spec.log_file).resolve())
+    spec.threads = cluster.cpus_per_rank
+    spec.local_rank, spec.local_world_size = rank % per_node, per_node
+    spec.launched = LaunchedAs(
+        "orch",
+        rank=rank,
+        local_rank=rank % per_node,
+        world_size=cluster.world_size,
+        local_world_size=per_node,
+    )

@@ -31,7 +31,7 @@ class SlurmLauncher(Launcher):
 
     def __init__(self, spec: LaunchSpec, coordinator: Coordinator, run_dir: Path) -> None:
         super().__init__(spec, coordinator, run_dir)
-        assert spec.cluster is not None
+        assert isinstance(spec.cluster, Slurm)
         self.cluster: Slurm = spec.cluster
         self.job: SlurmJob | None = None  # once submitted
 
@@ -82,5 +82,4 @@ class SlurmLauncher(Launcher):
             self.job.cancel()  # the monitor cancels it too; a launch that failed early has none
 
     def log_files(self) -> dict[str, Path]:
-        # Each rank writes its own, in the shared run dir.
-        return {r.worker_id: self.run_dir / "logs" / f"{r.worker_id}.log" for r in self.coordinator.ranks}
+        return self.logs_in_run_dir()

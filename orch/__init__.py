@@ -57,6 +57,7 @@ if TYPE_CHECKING:
     from orch.launchers.detached.run import DetachedRun
     from orch.launchers.gang import Gang, gang
     from orch.launchers.loaded import LoadedRun, load_run
+    from orch.launchers.ray.options import Ray
     from orch.launchers.run import Run
     from orch.launchers.slurm.options import Slurm, SlurmError
     from orch.runtime.context import Context
@@ -89,6 +90,7 @@ _EXPORTS = {
     "Panel": "orch.views.panel",
     "PortInUseError": "orch.errors",
     "RankState": "orch.wire.states",
+    "Ray": "orch.launchers.ray.options",
     "Run": "orch.launchers.run",
     "RunFailed": "orch.errors",
     "RunResult": "orch.launchers.contract",
@@ -131,6 +133,7 @@ __all__ = [  # noqa: RUF022 (in plain sorted order, as the README lists them)
     "Panel",
     "PortInUseError",
     "RankState",
+    "Ray",
     "Run",
     "RunFailed",
     "RunResult",

@@ -1,0 +1,1 @@
+"""Ranks on a Ray cluster: ``cluster=orch.Ray(...)`` (``pip install "orch[ray]"``)."""

@@ -1,0 +1,63 @@
+"""orch.Ray's options and this machine's checks, without a cluster."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+
+import orch
+from orch.launchers.ray.options import ray_master_host
+
+
+@pytest.mark.parametrize(
+    "kwargs, said",
+    [
+        ({"nodes": 0}, "Ray(nodes=...) must be an integer >= 1"),
+        ({"ranks_per_node": 1.5}, "Ray(ranks_per_node=...) must be an integer >= 1"),
+        ({"cpus_per_rank": -1}, "Ray(cpus_per_rank=...) must be a number >= 0"),
+        ({"resources": {"TPU": "4"}}, "Ray(resources=...) must map resource names to numbers"),
+        ({"address": "nowhere"}, "nowhere"),
+    ],
+)
+def test_a_wrong_option_is_told_where_it_was_written(kwargs: dict, said: str) -> None:
+    with pytest.raises(orch.ConfigError) as wrong:
+        orch.Ray(**kwargs)
+    assert said in str(wrong.value), wrong.value
+
+
+def test_a_bundle_holds_each_rank_s_share_of_a_node() -> None:
+    ray = orch.Ray(nodes=2, ranks_per_node=4, cpus_per_rank=2, gpus_per_rank=1, resources={"accel": 0.5})
+    assert ray.world_size == 8
+    assert ray.bundle() == {"CPU": 8, "GPU": 4, "accel": 2.0}
+    assert ray.describe() == "2 Ray node(s) of 4 ranks (8 CPU, 4 GPU, 2 accel each)"
+
+
+def test_the_master_listens_on_loopback_for_a_cluster_on_this_machine() -> None:
+    assert ray_master_host(orch.Ray(address="127.0.0.1:6379")) == "127.0.0.1"
+    assert ray_master_host(orch.Ray(address="auto")) == "127.0.0.1"
+    assert ray_master_host(orch.Ray(address="10.1.2.3:6379", master_addr="10.1.2.9")) == "10.1.2.9"
+
+
+def test_a_world_size_that_is_not_the_cluster_s_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(orch.ConfigError) as wrong:
+        orch.launch(
+            "jobs:allreduce_steps",
+            world_size=3,
+            cluster=orch.Ray(nodes=2, ranks_per_node=2),
+            run_root=str(tmp_path),
+        )
+    assert "world_size=3 but the cluster runs 2 Ray node(s) of 2 ranks" in str(wrong.value), wrong.value
+
+
+def test_without_ray_installed_the_launch_says_how_to_get_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    real = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: None if name == "ray" else real(name, *a)
+    )
+    with pytest.raises(orch.ConfigError) as missing:
+        orch.launch("jobs:allreduce_steps", world_size=2, cluster=orch.Ray(nodes=2), run_root=str(tmp_path))
+    assert 'pip install "orch[ray]"' in str(missing.value), missing.value

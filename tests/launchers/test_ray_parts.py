@@ -61,3 +61,18 @@ def test_without_ray_installed_the_launch_says_how_to_get_it(
     with pytest.raises(orch.ConfigError) as missing:
         orch.launch("jobs:allreduce_steps", world_size=2, cluster=orch.Ray(nodes=2), run_root=str(tmp_path))
     assert 'pip install "orch[ray]"' in str(missing.value), missing.value
+
+
+def test_import_orch_and_its_cluster_kinds_never_import_ray() -> None:
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, orch\n"
+        "from orch.launchers.clusters import kind_of\n"
+        "kind_of(orch.Ray(nodes=2)).check(orch.Ray(nodes=2))\n"
+        "print('ray' in sys.modules)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip() == "False"

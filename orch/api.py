@@ -134,7 +134,9 @@ def launch(
     job runs a host agent per node (see :mod:`orch.launchers.slurm.job`). The panel shows the job's queue
     state and nodes; a stop, a failure, ``close()`` or this process's death ends the job.
     A failure restarts every node's ranks (``max_restarts``); with ``min_world_size`` the
-    restart goes on without nodes that fell silent while that many ranks remain.
+    restart goes on without nodes that fell silent while that many ranks remain. With
+    ``cluster=orch.Ray(address, nodes, ranks_per_node, ...)`` the ranks run on a Ray cluster's
+    nodes, one host agent per node in a placement group (see :mod:`orch.launchers.ray.launcher`).
     """
     if apart is None:  # a notebook kernel's cells share its process: its runs' masters live apart
         apart = in_notebook_kernel() and not detach and options.get("cluster") is None
@@ -148,8 +150,9 @@ def launch(
             )
         )
     if detach and options.get("cluster") is not None:
+        kind = type(options.get("cluster")).__name__
         raise ConfigError(
-            "detach=True with a cluster: a Slurm run's master lives in this process; "
+            f"detach=True with a cluster: a {kind} run's master lives in this process; "
             "leave out detach (the job is cancelled when this process ends)"
         )
     refuse_launch("orch.launch")

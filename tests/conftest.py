@@ -252,7 +252,7 @@ def images_sent(sent: list[tuple[str, dict[str, Any]]], widget: Any) -> int:
 # Under pytest-xdist (scripts/test.sh runs the suite on several workers), the tests that share
 # one expensive set-up run on one worker, so it is made once: the Slurm cluster (a session
 # fixture). Each group still runs in parallel with the rest.
-_GROUPS = {"test_slurm.py": "slurm", "test_slurm_cluster.py": "slurm", "test_ray.py": "ray"}
+_GROUPS = {"test_slurm.py": "slurm", "test_slurm_cluster.py": "slurm"}
 
 # Tests whose verdict rests on timing (the straggler judgement, a restart's replay across
 # hosts, how fast orphaned workers end): scripts/test.sh runs them after the parallel part,
@@ -263,6 +263,9 @@ _SERIAL = {
     "test_host_restarts.py",
     "test_owner_death.py",
     "test_close_timing.py",
+    # Not a timing, but a Ray cluster's daemons take a share of the 2 cores for as long as it is
+    # up: its tests run alone, so it loads no other test.
+    "test_ray.py",
 }
 
 # Unit tests, with no real process and no network namespace: `scripts/test.sh --quick`.

@@ -20,7 +20,7 @@ import pytest
 from conftest import TESTS
 from raycluster import RayCluster, available, start_cluster
 
-pytestmark = pytest.mark.timeout(300)  # one cluster, on one worker: tests/conftest.py groups the module
+pytestmark = pytest.mark.timeout(300)  # one cluster, alone on the machine: tests/conftest.py marks it serial
 
 
 @pytest.fixture(scope="module")

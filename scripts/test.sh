@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The whole test suite: lint (ruff), types (mypy --strict on orch/), the layers
 # (lint-imports), then pytest over tests/ and, through nbmake, every notebook in notebooks/,
-# on several pytest-xdist workers (ORCH_TEST_WORKERS, default 3: most tests wait on real
-# processes and sockets, so a third worker uses the 2 cores these machines have), then the
+# on several pytest-xdist workers (ORCH_TEST_WORKERS, default 2, one per core of these
+# machines: with a third, real ranks of three tests at once were starved often enough for a
+# gloo group set-up or a gang's peer to miss its moment about once a run), then the
 # tests whose verdict is a timing (marked serial in tests/conftest.py) alone.
 #
 #   scripts/test.sh --quick    lint, types, layers and the unit tests: no real processes
@@ -29,7 +30,7 @@ fi
 # The parallel part, then the tests whose verdict is a timing, alone (tests/conftest.py).
 # pytest exits 5 when it ran no test: that is an error only when neither part ran one.
 parallel=0 alone=0
-.venv/bin/python -m pytest -n "${ORCH_TEST_WORKERS:-3}" --dist loadgroup -m "not serial" "$@" || parallel=$?
+.venv/bin/python -m pytest -n "${ORCH_TEST_WORKERS:-2}" --dist loadgroup -m "not serial" "$@" || parallel=$?
 echo "== pytest, alone on the machine: the timing tests"
 .venv/bin/python -m pytest -m serial "$@" || alone=$?
 if [ "$parallel" = 5 ] && [ "$alone" = 5 ]; then exit 5; fi

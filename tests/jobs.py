@@ -707,10 +707,14 @@ def gang_all_reduce_rank1_raises(ctx: Any) -> None:
 
 
 def gang_sleep_rank1_raises(ctx: Any) -> None:
-    """Rank 1 raises; rank 0 sleeps in its own code, in no collective."""
+    """Rank 1 raises once rank 0 set its state; rank 0 sleeps in its own code, in no collective."""
+    import torch.distributed as dist
+
+    if ctx.rank == 0:
+        ctx.state.slept = False
+    dist.barrier()  # rank 0's state is set before rank 1 fails, however loaded the machine
     if ctx.rank == 1:
         raise ValueError("boom on rank 1")
-    ctx.state.slept = False
     time.sleep(600)
     ctx.state.slept = True
 

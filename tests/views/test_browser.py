@@ -1192,7 +1192,8 @@ GANG_CELLS = [
     "%%orch gang\ntrain(40)",
     'model = gang.pull("model")\nprint("PULLED", round(model.weight.sum().item(), 6))',
     "gang.panel()",
-    "%%orch gang\nkept = opt.param_groups[0]['lr']\nstarted = time.monotonic()",
+    # The barrier: every rank has set `kept` before one fails (a peer's failure interrupts the others).
+    "%%orch gang\nkept = opt.param_groups[0]['lr']\ntorch.distributed.barrier()\nstarted = time.monotonic()",
     "%%orch gang\nprint('KEPT', kept, round(model.module.weight.sum().item(), 6))",
     "gang.close()",
 ]
@@ -1207,7 +1208,7 @@ def test_a_gang_used_across_three_cells_in_jupyterlab(tmp_path: Path) -> None:
     one session: its table lists every call but the pull, the training calls' steps going on
     (0-39, then 40-79), the lr cell with no loss logged; its image fits, nothing scrolls
     sideways. A cell that uses the kernel's `time` fails naming its own count (Cell In[N],
-    line 2) with the hint to import it in the cell, and the gang keeps its ranks and their
+    line 3) with the hint to import it in the cell, and the gang keeps its ranks and their
     names: the next cell prints what the failed cell set and the model's trained weights."""
     from playwright.sync_api import expect
 
@@ -1285,7 +1286,7 @@ def test_a_gang_used_across_three_cells_in_jupyterlab(tmp_path: Path) -> None:
             found = re.fullmatch(r"\[(\d+)\]:", prompt)
             assert found, prompt
             shown = error.inner_text()
-            assert f"Cell In[{found[1]}], line 2" in shown, (prompt, shown)
+            assert f"Cell In[{found[1]}], line 3" in shown, (prompt, shown)
             assert "name 'time' is not defined" in shown, shown
             assert "`time` is the kernel's, not the ranks'" in shown and "(`import time`)" in shown, shown
             assert "kept its ranks and their ctx.state" in shown, shown

@@ -399,11 +399,11 @@ def test_panel_in_jupyterlab(tmp_path: Path, app: str, subshells: bool) -> None:
             expect(following.locator(".jp-OutputArea-output")).to_contain_text("NEXT STOPPED", timeout=30_000)
             subshells_used = int(following.locator(".jp-OutputArea-output").inner_text().split()[-1])
             assert (subshells_used > 0) == subshells, subshells_used
-            counts = [
-                page.locator(".jp-Notebook .jp-Cell").nth(i).locator(".jp-InputPrompt").inner_text()
-                for i in (3, 4)
-            ]
-            assert [int(c.strip("[]: ")) for c in counts] == [4, 5], counts
+            # The output can come before the cell's reply: its prompt reads [*] until the reply does.
+            for i, count in ((3, 4), (4, 5)):
+                prompt = page.locator(".jp-Notebook .jp-Cell").nth(i).locator(".jp-InputPrompt")
+                expect(prompt).to_have_text(re.compile(r"^\[\d+\]:$"), timeout=30_000)
+                assert int(prompt.inner_text().strip("[]: ")) == count, prompt.inner_text()
             page.screenshot(path=str(ARTIFACTS / f"panel-stopped{tail}.png"), full_page=True)
         except BaseException:
             with contextlib.suppress(Exception):
@@ -1282,6 +1282,7 @@ def test_a_gang_used_across_three_cells_in_jupyterlab(tmp_path: Path) -> None:
             page.screenshot(path=str(SHOTS / "gang-panel.png"))
 
             # The failing cell: named by its own count, with the way to give the ranks `time`.
+            expect(failing.locator(".jp-InputPrompt")).to_have_text(re.compile(r"\[\d+\]:"), timeout=30_000)
             prompt = failing.locator(".jp-InputPrompt").inner_text().strip()
             found = re.fullmatch(r"\[(\d+)\]:", prompt)
             assert found, prompt

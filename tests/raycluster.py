@@ -69,6 +69,25 @@ class RayCluster:
         states: list[str] = json.loads(self.ask(code))
         return states
 
+    def second_raylet(self) -> psutil.Process:
+        """The raylet of the node that joined last (the head's socket is ``raylet``, each node
+        that joined after it ``raylet.N``)."""
+        found = [
+            p
+            for p in self.processes()
+            if p.name() == "raylet"
+            and not any(a.startswith("--raylet_socket_name=") and a.endswith("/raylet") for a in p.cmdline())
+        ]
+        assert found, [" ".join(p.cmdline())[:200] for p in self.processes()]
+        return max(found, key=lambda p: p.create_time())
+
+    def add_node(self, cpus: int = 2) -> None:
+        """One more node (after one was lost), waited for until the cluster has two live nodes."""
+        second = [RAY, "start", f"--address={self.address}", f"--temp-dir={self.root}"]
+        common = ["--node-ip-address=127.0.0.1", f"--num-cpus={cpus}", "--disable-usage-stats"]
+        subprocess.run([*second, *common], env=self.env, check=True, capture_output=True, timeout=180)
+        _wait_nodes(self, 2)
+
     def actors_alive(self) -> int:
         # The GCS's own actor table (Ray's state API needs the dashboard; this cluster runs none).
         code = "from ray._private.state import actors\n"

@@ -95,6 +95,21 @@ class HostDesk(RunFacade):
         if self.fate.settle(settled, self.registry, now):
             self._restart(now)
 
+    def host_lost(self, host: str, why: str) -> bool:
+        """The launcher knows the host agent ``host`` (its ``hostname:pid``) is gone with its
+        node (``why``): its ranks are LOST now, naming it, and a restart across hosts goes on
+        without waiting out the heartbeat timeout. False for a host that never called."""
+        with self._lock:
+            now = self._clock()
+            rec = self.host_sync.hosts.lose(host, why)
+            if rec is None:
+                return False
+            ended = [r for r in (self.registry.get(w) for w in sorted(rec.worker_ids)) if r is not None]
+            self.fate.gone(ended, why, self.registry, now)
+            self._settle_hosts(now)
+            self._changed.notify_all()
+            return True
+
     def set_job(self, job: pb.ClusterJob) -> None:
         """What the scheduler last said of the run's job; a change is an event."""
         with self._lock:

@@ -17,8 +17,9 @@ in the same processes, rewrapping their ``ctx.ddp`` models (:mod:`orch.runtime._
 rank ends when the process that started the gang is gone, or when the launcher closes its pipe
 (it does when a rank died, or did not end its part of a failed call: the gang then starts afresh).
 
-On a Slurm cluster the ranks are the tasks of the gang's job (:mod:`orch.launchers.slurm.gang`):
-each dials the kernel back (:func:`connect_main`) and takes its calls on that connection.
+On a cluster the ranks are the tasks of the gang's job (Slurm's tasks, a Ray actor's
+processes: :mod:`orch.launchers.cluster_gang`): each dials the kernel back
+(:func:`connect_main`) and takes its calls on that connection.
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ from typing import Any
 from orch.errors import CallAborted
 from orch.runtime._children import become_subreaper, end_descendants, end_with_sigterm
 from orch.runtime.gang_session import Session
+from orch.runtime.launcher_env import GANG_RANK_ENV
 from orch.runtime.owner import Owner, exit_when_gone
 from orch.runtime.worker import EXIT_FAILED, enter, run_worker
 from orch.wire.auth import TOKEN_ENV
@@ -137,19 +139,20 @@ def push(ctx: Any, values: dict[str, Any]) -> None:
 
 
 def connect_main(address: str, tls_ca: str | None = None, tls_name: str | None = None) -> None:
-    """A gang rank started by the gang's Slurm job (``python -m orch.runtime.gang --connect
+    """A gang rank started by the gang's cluster job (``python -m orch.runtime.gang --connect
     HOST:PORT [--tls-ca CA --tls-name NAME]``): dial the kernel back (over TLS, verifying it
     against ``tls_ca``, when given), pass its challenge with the gang's token (from the job's
-    environment, then dropped from it), say this task's rank, then take calls. A connection
-    the kernel closed during its handshake (refused in a flood of strangers' connections) is
-    dialled again, for a minute at most."""
+    environment, then dropped from it), say this process's rank (``ORCH_GANG_RANK``, else
+    Slurm's ``SLURM_PROCID``), then take calls. A connection the kernel closed during its
+    handshake (refused in a flood of strangers' connections) is dialled again, for a minute at
+    most."""
     token = os.environ.pop(TOKEN_ENV, "")
     if not token:
         sys.exit(
             f"orch gang rank: no {TOKEN_ENV} in the environment: start gangs with orch.gang(cluster=...)"
         )
     host, port = split_address(address)
-    rank = int(os.environ.get("SLURM_PROCID", "0"))
+    rank = int(os.environ.get(GANG_RANK_ENV) or os.environ.get("SLURM_PROCID", "0"))
     deadline = time.monotonic() + 60.0
     while True:
         try:
@@ -165,7 +168,7 @@ def connect_main(address: str, tls_ca: str | None = None, tls_name: str | None =
 def _main(argv: list[str]) -> None:
     usage = (
         "usage: python -m orch.runtime.gang --connect HOST:PORT [--tls-ca CA --tls-name NAME] "
-        "(a gang's Slurm job starts it)"
+        "(a cluster gang's job starts it)"
     )
     if argv[:1] != ["--connect"] or len(argv) not in (2, 6):
         sys.exit(usage)

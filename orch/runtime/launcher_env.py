@@ -24,6 +24,9 @@ from orch.errors import ConfigError
 
 LauncherChoice = Literal["auto", "torchrun", "slurm", "none"]
 LAUNCHER_CHOICES: tuple[LauncherChoice, ...] = ("auto", "torchrun", "slurm", "none")
+# A cluster gang's rank (python -m orch.runtime.gang --connect): its rank, where the process
+# that started it gives it no rank of its own (a Ray actor; Slurm's task has SLURM_PROCID).
+GANG_RANK_ENV = "ORCH_GANG_RANK"
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,7 @@ import pytest
 
 import orch
 from conftest import until
-from theirs import CODE, assert_same_training, clean_env
+from theirs import CODE, assert_same_training, clean_env, free_port
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -27,7 +27,8 @@ def test_accelerate_in_an_orch_run_trains_as_under_notebook_launcher(
     ours, theirs = tmp_path / "ours", tmp_path / "theirs"
     ours.mkdir(), theirs.mkdir()
     proc = subprocess.run(
-        [sys.executable, str(code), "2"], cwd=tmp_path, env=clean_env(ORCH_TEST_OUT=str(theirs)),
+        [sys.executable, str(code), "2"], cwd=tmp_path,
+        env=clean_env(ORCH_TEST_OUT=str(theirs), ORCH_TEST_PORT=str(free_port())),
         capture_output=True, text=True, timeout=240,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stdout + proc.stderr

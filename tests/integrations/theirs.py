@@ -4,6 +4,7 @@ a run holds the same parameters as every rank of the same code under its own lau
 from __future__ import annotations
 
 import os
+import socket
 import sys
 from pathlib import Path
 
@@ -37,6 +38,13 @@ def clean_env(**extra: str) -> dict[str, str]:
     env["PYTHONUNBUFFERED"] = "1"
     env.update(extra)
     return env
+
+
+def free_port() -> int:
+    """A port free on loopback now, for a reference run's own store (not a default another run holds)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
 
 
 LAUNCHER_VARIABLES = {

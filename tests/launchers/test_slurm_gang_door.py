@@ -170,7 +170,7 @@ def tokens_seen(c: SlurmCluster, tmp_path: Path, **tls: str) -> tuple[bool, bool
             world_size=2, cluster=orch.Slurm(nodes=2, tasks_per_node=1), run_root=str(tmp_path), **tls
         ) as gang:
             assert gang.job is not None
-            gang_token, port = gang.job.token, dial_back_port(tmp_path)
+            gang_token, port = gang.job.door.token, dial_back_port(tmp_path)
             call = gang.run(jobs.gang_where)
             assert call.wait(timeout=120).state is RunState.SUCCEEDED
             call_token = call.token

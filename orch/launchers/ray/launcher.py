@@ -105,8 +105,11 @@ class RayJob:
             "`ray status` shows what each node has: ask for fewer nodes or less per rank, or add nodes"
         )
 
-    def start(self, argv: list[str], env: dict[str, str], workdir: str, logs: Path) -> None:
-        """One actor per bundle, each starting the agent; returns once every agent started."""
+    def start(
+        self, argv: list[str], env: dict[str, str], workdir: str, logs: Path, *, gang: bool = False
+    ) -> None:
+        """One actor per bundle, each starting the agent (a gang: each of the node's ranks, the
+        nodes filled in order); returns once every actor started its processes."""
         import ray
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
@@ -127,11 +130,23 @@ class RayJob:
                 ).remote()
                 for i in range(self.cluster.nodes)
             ]
+        k = self.cluster.ranks_per_node
         started = [
-            a.start.remote(argv, env, workdir, str(logs / f"ray-node{i}.log"))
+            a.start.remote(
+                argv,
+                env,
+                workdir,
+                str(logs / f"ray-node{i}.log"),
+                list(range(i * k, (i + 1) * k)) if gang else None,
+            )
             for i, a in enumerate(self._actors)
         ]
         self.nodes = ray.get(started, timeout=AGENT_START_TIMEOUT)
+        # The address each node joined the cluster with (the node's own view of its address
+        # follows its routes, which may not be the one the cluster knows it by).
+        known = {n.get("NodeID"): n.get("NodeManagerAddress") for n in ray.nodes()}  # type: ignore[no-untyped-call,unused-ignore]
+        for node in self.nodes:
+            node["address"] = known.get(node["node_id"]) or node["address"]
         self._waits = [a.wait.remote() for a in self._actors]
         self.state = "RUNNING"
 
@@ -149,10 +164,20 @@ class RayJob:
             try:
                 code = ray.get(ref)
                 ended[i] = f"its agent exited with code {code}"
+            except ray.exceptions.ActorUnavailableError:  # its node's raylet, or the link to it, is gone
+                ended[i] = (
+                    "its actor cannot be reached (ActorUnavailableError: its node or its raylet is gone)"
+                )
             except Exception as e:  # the actor died: its node, or its process, is gone
                 ended[i] = f"its actor died ({type(e).__name__})"
             self.exits[i] = ended[i]
         return ended
+
+    def node_name(self, i: int) -> str:
+        """Where node ``i``'s actor runs: the Ray node's id and address (once started)."""
+        if i < len(self.nodes):
+            return f"Ray node {str(self.nodes[i]['node_id'])[:8]} at {self.nodes[i]['address']}"
+        return "not started"
 
     @property
     def all_ended(self) -> bool:
@@ -267,10 +292,17 @@ class RayLauncher(Launcher):
         )
 
     def _ended_early(self, job: RayJob, ended: dict[int, str]) -> None:
-        """Agents that ended while the run goes on: say so; a run none of whose nodes is left fails."""
+        """Agents that ended while the run goes on: their host is gone, and its ranks with it
+        (the master is told at once, naming the node, rather than finding them silent a
+        heartbeat timeout later); a run none of whose nodes is left fails."""
         for i, how in sorted(ended.items()):
             log.warning("run %s: Ray node %d: %s", job.run_id, i, how)
             self.coordinator.set_job(job.as_pb())
+            if i < len(job.nodes) and not self.coordinator.state.done:
+                node = job.nodes[i]
+                self.coordinator.host_lost(
+                    f"{node['hostname']}:{node['agent_pid']}", f"{job.node_name(i)}: {how}"
+                )
         if job.all_ended and not self.coordinator.state.done:
             said = "; ".join(f"node {i}: {how}" for i, how in sorted(job.exits.items()))
             self.coordinator.fail(

@@ -152,6 +152,14 @@ class Fate(Stops):
         )
         self._tell("unsent", rec.rank, f"rank {rec.rank}: {rec.note}")
 
+    def gone(self, ranks: list[RankRecord], why: str, registry: Registry, now: float) -> None:
+        """Ranks whose host the launcher knows is gone (``why``: its node, in the launcher's
+        words) are LOST, at once, naming it."""
+        for rec in ranks:
+            if not rec.state.done:
+                error = f"its host is gone: {why}"
+                self.end_rank(rec, RankState.LOST, registry, now, error=error, kind=CauseKind.LOST)
+
     def lost(self, lost: list[RankRecord], registry: Registry, now: float, timeout: float) -> None:
         """Ranks whose heartbeats stopped for ``timeout`` seconds are LOST."""
         for rec in lost:

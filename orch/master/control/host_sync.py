@@ -105,9 +105,17 @@ class HostSync:
             return Settled("stop", "stopped while restarting: the next attempt was not started")
         resized, world_size = "", 0
         if silent:
-            said = (
-                f"host {self.hosts.names(silent)} fell silent, no word from its agent for more than "
-                f"{timeout:g}s"
+            quiet = [h for h in silent if not h.lost]
+            said = "; ".join(
+                [f"host {h.name} is gone ({h.lost})" for h in silent if h.lost]
+                + (
+                    [
+                        f"host {self.hosts.names(quiet)} fell silent, no word from its agent for more than "
+                        f"{timeout:g}s"
+                    ]
+                    if quiet
+                    else []
+                )
             )
             left = sum(len(h.worker_ids) for h in self.hosts.of_attempt(attempt) if h not in silent)
             if self.min_world_size is None or left < self.min_world_size:

@@ -21,6 +21,7 @@ class HostRecord:
     attempt: int = 0
     running: bool = False
     worker_ids: frozenset[str] = frozenset()
+    lost: str = ""  # what the launcher knows of the host's end (its node gone), said in its stead
 
     @property
     def name(self) -> str:
@@ -41,6 +42,14 @@ class HostTable:
             self.hosts.pop(h.host, None)
             self.gone.add(h.host)
             self.gone_workers |= h.worker_ids
+
+    def lose(self, host: str, why: str) -> HostRecord | None:
+        """The launcher knows ``host`` is gone (``why``): it is silent from now on, and its ranks
+        run no more. None for a host that never called."""
+        rec = self.hosts.get(host)
+        if rec is not None:
+            rec.lost, rec.last_seen, rec.running = why, float("-inf"), False
+        return rec
 
     def dropped(self, host: str) -> bool:
         return host in self.gone

@@ -57,4 +57,8 @@ def train(ctx=None):
 if __name__ == "__main__":
     from accelerate import notebook_launcher
 
-    notebook_launcher(train, (), num_processes=int(sys.argv[1]))
+    # The reference run's store on a port the test picked free (accelerate's default, 29500,
+    # may be another run's on a shared machine).
+    notebook_launcher(
+        train, (), num_processes=int(sys.argv[1]), use_port=os.environ.get("ORCH_TEST_PORT", "29500")
+    )

@@ -6,6 +6,7 @@ Loaded when a cluster is first named; Ray itself is imported only when a run use
 from __future__ import annotations
 
 from orch.launchers.clusters import ClusterKind
+from orch.launchers.ray.flags import FLAGS
 from orch.launchers.ray.launcher import RayLauncher
 from orch.launchers.ray.options import Ray, check_ray, ray_master_host
 
@@ -15,4 +16,5 @@ KIND = ClusterKind(
     launcher=lambda: RayLauncher,
     master_host=ray_master_host,
     check=check_ray,
+    cli=FLAGS,
 )

@@ -22,12 +22,12 @@ from orch._text import printable
 from orch.errors import ConfigError, PortInUseError, RunFailed
 from orch.experiments import catalog
 from orch.launchers.attached import open_run
+from orch.launchers.clusters import ClusterFlags, flags_given, kinds
 from orch.launchers.contract import exit_code
 from orch.launchers.detached.start import start_detached
 from orch.launchers.front import add_flag, as_flag, from_flags
 from orch.launchers.loaded import LoadedRun
 from orch.launchers.run import Run, run_meta, serve
-from orch.launchers.slurm.options import Slurm
 from orch.launchers.spec import LaunchSpec
 from orch.record.rundir import write_result
 from orch.record.store import RunStore
@@ -62,34 +62,65 @@ def _interrupt_to_stop(stop: Any) -> None:
     signal.signal(signal.SIGTERM, handler)
 
 
-def _cluster(args: argparse.Namespace) -> Any:
-    """The Slurm cluster ``orch run --slurm`` asks for (None without --slurm)."""
-    slurm_only = {"nodes": args.nodes, "tasks_per_node": args.tasks_per_node, "partition": args.partition,
-                  "time": args.time, "gpus_per_node": args.gpus_per_node}  # fmt: skip
-    if not args.slurm:
-        given = [f"--{k.replace('_', '-')}" for k, v in slurm_only.items() if v is not None] + (
-            ["--sbatch-arg"] if args.sbatch_arg else []
-        )
-        if given:
-            raise ConfigError(f"{', '.join(given)} only apply to a Slurm run: add --slurm")
+# The flags every cluster kind reads (clusters.ClusterFlags): defined once, here.
+SHARED_CLUSTER_FLAGS = ("--nodes", "--master-addr")
+
+
+def _cluster_flags() -> list[ClusterFlags]:
+    """The flags of the cluster kinds that have some on ``orch run`` (``--slurm``, ``--ray ADDRESS``)."""
+    return [k.cli for k in kinds() if k.cli is not None]
+
+
+def _selectors() -> str:
+    names = [cli.selector for cli in _cluster_flags()]
+    return ", ".join(names[:-1]) + " or " + names[-1] if len(names) > 1 else "".join(names)
+
+
+def add_cluster_flags(parser: argparse.ArgumentParser) -> None:
+    """The flags shared by the cluster kinds, then each kind's own group."""
+    shared = parser.add_argument_group("on a cluster (with " + _selectors() + ")")
+    chosen = ", ".join(cli.selector for cli in _cluster_flags())
+    shared.add_argument(
+        "--nodes", type=positive, default=None, help=f"nodes of the cluster chosen ({chosen}), default 1"
+    )
+    shared.add_argument(
+        "--master-addr",
+        default=None,
+        metavar="HOST",
+        help="the address of this machine the cluster's nodes reach, where the master listens "
+        "(default: this machine's address on the route to the cluster)",
+    )
+    for cli in _cluster_flags():
+        cli.add(parser)
+
+
+def cluster_from_flags(args: argparse.Namespace) -> Any:
+    """The cluster ``orch run --slurm ...`` or ``--ray ADDRESS ...`` asks for (None without a
+    kind's selector), each kind building its own from the flags."""
+    flagged = _cluster_flags()
+    chosen = [cli for cli in flagged if flags_given(args, [cli.selector])]
+    if len(chosen) > 1:
+        raise ConfigError(f"{' and '.join(c.selector for c in chosen)}: a run goes to one cluster, pass one")
+    if not chosen:
+        shared = flags_given(args, SHARED_CLUSTER_FLAGS)
+        if shared:
+            raise ConfigError(f"{', '.join(shared)} only apply to a run on a cluster: add {_selectors()}")
+    built = {cli.selector: cli.build(args) for cli in flagged}  # each refuses its flags without its selector
+    if not chosen:
         return None
+    cli = chosen[0]
+    cluster = built[cli.selector]
+    if cluster is None:  # its build broke the contract
+        raise ConfigError(f"{cli.selector} was given but its cluster kind built no cluster from the flags")
+    label = type(cluster).__name__
     if args.detach:
         raise ConfigError(
-            "--detach with --slurm: a Slurm run's master lives in this command; leave out --detach"
+            f"--detach with {cli.selector}: a {label} run's master lives in this command; leave out --detach"
         )
-
-    cluster = Slurm(
-        nodes=args.nodes or 1,
-        tasks_per_node=args.tasks_per_node or 1,
-        partition=args.partition,
-        time=args.time or "1:00:00",
-        gpus_per_node=args.gpus_per_node,
-        sbatch_args=tuple(args.sbatch_arg),
-    )
     if args.world_size is not None and args.world_size != cluster.world_size:
         raise ConfigError(
-            f"--workers {args.world_size} but --nodes x --tasks-per-node is {cluster.world_size}: "
-            "leave out --workers with --slurm"
+            f"--workers {args.world_size} but {cli.sizes} is {cluster.world_size}: "
+            f"leave out --workers with {cli.selector}"
         )
     return cluster
 
@@ -121,7 +152,7 @@ def _script(args: argparse.Namespace) -> dict[str, Any]:
 
 def _run(args: argparse.Namespace) -> int:
     refuse_launch("orch run")
-    cluster = _cluster(args)
+    cluster = cluster_from_flags(args)
     flags = from_flags(args)
     flags["world_size"] = cluster.world_size if cluster is not None else (args.world_size or 4)
     spec = LaunchSpec(**{**flags, **_script(args)}, cluster=cluster)
@@ -143,7 +174,11 @@ def _run(args: argparse.Namespace) -> int:
             else "chosen by rank 0 (29500 when free)"
         )
         if run.job is not None:
-            where = f"Slurm job {run.job.job_id} ({cluster.describe()}), its output in {run.job.output}"
+            where = f"{type(cluster).__name__} job {run.job.job_id} ({cluster.describe()}), " + (
+                f"its output in {run.job.output}"
+                if hasattr(run.job, "output")
+                else f"logs in {run.run_dir}/logs"
+            )
         else:
             where = f"logs in {run.run_dir}/logs"
         print(f"orch: run {run.run_id}: master on {run.address}, rendezvous {rdzv}, {where}", flush=True)
@@ -330,19 +365,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="start the run under a supervisor of its own and return: it outlives this command "
         "(attach with orch.attach(RUN_ID))",
     )
-    sl = r.add_argument_group("on a Slurm cluster (from its login node)")
-    sl.add_argument("--slurm", action="store_true", help="run the ranks as one Slurm batch job")
-    sl.add_argument("--nodes", type=positive, default=None, help="nodes (default 1)")
-    sl.add_argument("--tasks-per-node", type=positive, default=None, help="ranks per node (default 1)")
-    sl.add_argument("--partition", default=None, help="Slurm partition (default: the cluster's)")
-    sl.add_argument("--time", default=None, help="the job's time limit (default 1:00:00)")
-    sl.add_argument("--gpus-per-node", type=positive, default=None, help="GPUs per node (one rank each)")
-    sl.add_argument(
-        "--sbatch-arg",
-        action="append",
-        default=[],
-        help="one more sbatch option, e.g. --sbatch-arg=--qos=high",
-    )
+    add_cluster_flags(r)
     common(r)
     r.add_argument(
         "-m",

@@ -266,6 +266,7 @@ _SERIAL = {
     # Not a timing, but a Ray cluster's daemons take a share of the 2 cores for as long as it is
     # up: its tests run alone, so it loads no other test.
     "test_ray.py",
+    "test_ray_cli.py",
 }
 
 # Unit tests, with no real process and no network namespace: `scripts/test.sh --quick`.

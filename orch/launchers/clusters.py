@@ -17,14 +17,19 @@ calls. The run, the spec and the gang ask this module, never a kind by name. ::
 Kinds are found in :data:`BUILT_IN` and in the ``orch.clusters`` entry-point group of the
 installed packages, once, when a cluster is first named; :func:`register` adds one at run time.
 A kind that fails to load is logged and left out: it never breaks the others.
+
+A kind may also bring its flags for ``orch run`` (:class:`ClusterFlags`): ``--slurm ...``,
+``--ray ADDRESS ...``. The command asks every kind for its flags and its cluster, never a kind
+by name.
 """
 
 from __future__ import annotations
 
+import argparse
 import importlib
 import logging
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from importlib.metadata import entry_points
 from typing import Any, Protocol, runtime_checkable
@@ -47,6 +52,45 @@ class Cluster(Protocol):
     def describe(self) -> str: ...
 
 
+class ClusterFlags(Protocol):
+    """A cluster kind's flags on ``orch run``, as its ``flags.py`` defines them.
+
+    - ``selector``: the flag that picks the kind (``--slurm``, ``--ray ADDRESS``); its value,
+      ``args.<its name>``, is false or None when it was not given;
+    - ``sizes``: what the run's world size is made of, in flags (``--nodes x --tasks-per-node``),
+      for the command's refusal of a ``--workers`` that differs;
+    - ``add(parser)``: adds the kind's argument group (its selector and its own flags) to the
+      command's parser;
+    - ``build(args)``: the kind's ``cluster=`` object from the parsed flags; None when the
+      selector was not given, a :class:`~orch.errors.ConfigError` naming the selector when the
+      kind's own flags were given without it (:func:`flags_given` finds them); a bad value is
+      refused by the options' own checks.
+
+    Flags shared by kinds are the command's, defined there once, and each kind's ``build``
+    reads them: ``args.nodes`` (None when not given: the kind's default) and
+    ``args.master_addr`` (the address of this machine the nodes reach; None: the kind's
+    default). Nothing a kind's flags import may import the cluster's client library: ``orch
+    --help`` builds every kind's flags.
+    """
+
+    @property
+    def selector(self) -> str: ...
+
+    @property
+    def sizes(self) -> str: ...
+
+    def add(self, parser: argparse.ArgumentParser) -> None: ...
+
+    def build(self, args: argparse.Namespace) -> Any | None: ...
+
+
+def flags_given(args: argparse.Namespace, flags: Iterable[str]) -> list[str]:
+    """Those of ``flags`` (``--tasks-per-node``) given on the command line: their value (at
+    ``args.tasks_per_node``) is not the unset default (None, False, an empty list)."""
+    values = [(f, getattr(args, f.lstrip("-").replace("-", "_"), None)) for f in flags]
+    return [f for f, v in values if v is not None and v is not False and v != []]  # 0 is a value
+
+
 def _no_checks(cluster: Any) -> None:
     """A kind with nothing of this machine to check before it starts."""
 
@@ -65,7 +109,9 @@ class ClusterKind:
       each dialing back to the gang (an object with ``start(world_size, folder, timeout, say)``
       returning one connection per rank, in rank order, and ``end()``); None: no gangs;
     - ``place_rank(spec, cluster, token)``: a gang call's spec made right for a rank on a node
-      (its environment, threads, local rank).
+      (its environment, threads, local rank);
+    - ``cli``: its flags on ``orch run`` (:class:`ClusterFlags`); None: the kind is launched
+      from Python only.
     """
 
     name: str
@@ -75,6 +121,7 @@ class ClusterKind:
     check: Callable[[Any], None] = _no_checks
     gang_job: Callable[..., Any] | None = None
     place_rank: Callable[[Any, Any, str], None] | None = None
+    cli: ClusterFlags | None = None
 
 
 class _Registry:

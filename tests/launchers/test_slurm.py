@@ -403,9 +403,13 @@ def test_orch_run_slurm_shows_the_job_and_succeeds(
 
 def test_orch_run_slurm_options_need_slurm(subprocess_env: dict[str, str]) -> None:
     proc = orch_cli("run", "--nodes", "2", env=subprocess_env)
-    assert proc.returncode == 2 and "--nodes only apply to a Slurm run: add --slurm" in proc.stderr, (
+    assert proc.returncode == 2 and "--nodes only apply to a run on a cluster: add --slurm" in proc.stderr, (
         proc.stderr
     )
+    proc = orch_cli("run", "--tasks-per-node", "2", env=subprocess_env)
+    assert (
+        proc.returncode == 2 and "--tasks-per-node only apply to a Slurm run: add --slurm" in proc.stderr
+    ), proc.stderr
     proc = orch_cli("run", "--slurm", "--nodes", "2", "--workers", "3", env=subprocess_env)
     assert proc.returncode == 2 and "--workers 3 but --nodes x --tasks-per-node is 2" in proc.stderr, (
         proc.stderr

@@ -60,12 +60,12 @@ class Ray:
                 f"Ray(resources=...) must map resource names to numbers >= 0, got {self.resources!r}"
             )
         object.__setattr__(self, "resources", dict(self.resources))
-        if not isinstance(self.address, str) or not self.address:
+        if not isinstance(self.address, str) or not (
+            self.address == "auto" or self.address.startswith("ray://") or _is_host_port(self.address)
+        ):
             raise ConfigError(
                 f"Ray(address=...) must be 'auto' or the cluster's HOST:PORT, got {self.address!r}"
             )
-        if self.address != "auto" and not self.address.startswith("ray://"):
-            split_address(self.address)  # a ConfigError names what is wrong
         if not isinstance(self.poll_interval, (int, float)) or self.poll_interval <= 0:
             raise ConfigError(
                 f"Ray(poll_interval=...) must be a positive number of seconds, got {self.poll_interval!r}"
@@ -93,6 +93,14 @@ class Ray:
         if self.address == "auto":
             return os.environ.get("RAY_ADDRESS", "auto")
         return self.address
+
+
+def _is_host_port(address: str) -> bool:
+    try:
+        split_address(address)
+    except ConfigError:
+        return False
+    return True
 
 
 def check_ray(cluster: Ray) -> None:

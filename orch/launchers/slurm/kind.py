@@ -8,6 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 from orch.launchers.clusters import ClusterKind
+from orch.launchers.slurm.flags import FLAGS
 from orch.launchers.slurm.gang import GangJob, on_node
 from orch.launchers.slurm.launcher import SlurmLauncher
 from orch.launchers.slurm.options import Slurm, check_commands, cluster_master_host
@@ -29,4 +30,5 @@ KIND = ClusterKind(
     check=_check,
     gang_job=_gang_job,
     place_rank=on_node,
+    cli=FLAGS,
 )

@@ -119,7 +119,42 @@ def test_a_kind_from_another_package_is_found_through_its_entry_point_and_runs_a
     assert out["launcher"] == "TinyLauncher" and out["cluster"] == "tiny: 2 tiny node(s) of 1 ranks", out
 
 
-def test_a_gang_on_a_kind_that_offers_none_is_refused_before_anything_starts(tmp_path: Path) -> None:
-    with pytest.raises(orch.OrchError) as refused:
-        orch.gang(2, cluster=orch.Ray(nodes=2), run_root=str(tmp_path))
-    assert "the ray cluster kind offers no gangs" in str(refused.value), refused.value
+NO_GANGS = """
+import json
+from dataclasses import dataclass
+import orch
+from orch.launchers.clusters import ClusterKind, register
+from orch.launchers.local.launcher import LocalLauncher
+
+@dataclass(frozen=True)
+class NoGangs:
+    nodes: int = 2
+
+    @property
+    def world_size(self):
+        return self.nodes
+
+    def describe(self):
+        return f"{{self.nodes}} node(s)"
+
+register(ClusterKind("nogangs", NoGangs, launcher=lambda: LocalLauncher, master_host=lambda c: "127.0.0.1"))
+try:
+    orch.gang(2, cluster=NoGangs(), run_root={root!r})
+    said = "started"
+except orch.OrchError as e:
+    said = str(e)
+print(json.dumps(said))
+"""
+
+
+def test_a_gang_on_a_kind_that_offers_none_is_refused_before_anything_starts(
+    tmp_path: Path, subprocess_env: dict[str, str]
+) -> None:
+    """A kind registered with no gang_job (its own process: the registry is the process's)."""
+    code = NO_GANGS.format(root=str(tmp_path))
+    done = subprocess.run(
+        [sys.executable, "-c", code], env=subprocess_env, capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    said = json.loads(done.stdout.strip().splitlines()[-1])
+    assert said == "the nogangs cluster kind offers no gangs: use orch.launch on it", said

@@ -195,6 +195,51 @@ def test_elastic_a_silent_host_is_left_out_while_enough_ranks_remain() -> None:
     assert c.state is RunState.RUNNING
 
 
+def test_a_host_its_launcher_knows_is_gone_ends_its_ranks_lost_and_is_left_out_at_once() -> None:
+    """A cluster's launcher saw host b's node go (a Ray node's actor ended): no heartbeat
+    timeout is waited out; b's ranks are LOST naming the node, and the restart runs on a."""
+    clock = Clock()
+    c = running_on_two_hosts(clock)
+    c.min_world_size = 2
+    assert not c.host_lost("c:9", "never called")  # a host the master never heard of
+    assert c.host_lost("b:2", "Ray node 2b167c9b at 10.0.0.8: its actor died")
+    mirror = StateMirror.of(c)
+    lost = {r.rank: r for r in mirror.ranks if r.state.value == "LOST"}
+    assert len(lost) == 2 and all("its host is gone: Ray node 2b167c9b" in r.error for r in lost.values())
+    assert "was lost: its host is gone: Ray node 2b167c9b at 10.0.0.8" in mirror.failure, mirror.failure
+    for w in ("a0", "a1"):  # a's ranks fail in their broken collective and end
+        complete(c, w, pb.RANK_FAILED, "Connection closed by peer")
+    reply = sync(c, "a:1", 1, False, "a0", "a1")  # no clock moved: b is not merely silent
+    assert c.attempt == 2 and c.world_size == 2 and reply.action == pb.HOST_START
+    resized = [e.message for e in c.events if e.kind == "resized"]
+    assert resized == [
+        "host b is gone (Ray node 2b167c9b at 10.0.0.8: its actor died): "
+        "the next attempt runs on the 2 ranks left"
+    ], resized
+
+
+def test_a_host_gone_below_the_minimum_world_size_fails_the_run_naming_it() -> None:
+    """Its launcher says so 3 s after a's ranks failed in their broken collective (past the
+    2 s in which a better cause replaces the first, within b's 5 s heartbeat timeout): the
+    failure names the node, not the peer error that came first."""
+    clock = Clock()
+    c = running_on_two_hosts(clock)
+    for w in ("a0", "a1"):
+        complete(c, w, pb.RANK_FAILED, "RuntimeError: Connection closed by peer")
+    for _ in range(2):  # host a's agent goes on calling; b's says nothing
+        clock.t += 1.5
+        sync(c, "a:1", 1, False, "a0", "a1")
+    assert c.state is RunState.RESTARTING  # b's ranks are not yet accounted for
+    assert c.host_lost("b:2", "Ray node 2b167c9b at 10.0.0.8: its actor died")
+    sync(c, "a:1", 1, False, "a0", "a1")
+    assert c.state is RunState.FAILED
+    failure = StateMirror.of(c).failure
+    assert "was lost: its host is gone: Ray node 2b167c9b" in failure and "by peer" not in failure, failure
+    assert (
+        "host b is gone (Ray node 2b167c9b at 10.0.0.8: its actor died): the group cannot restart" in failure
+    )
+
+
 def test_elastic_gives_up_below_the_minimum_world_size() -> None:
     clock = Clock()
     c = running_on_two_hosts(clock)

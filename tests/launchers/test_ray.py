@@ -49,7 +49,8 @@ def _driver(cluster: RayCluster, code: str) -> subprocess.Popen[str]:
 def _finish(proc: subprocess.Popen[str], timeout: float = 240) -> dict:
     out, err = proc.communicate(timeout=timeout)
     assert proc.returncode == 0, err[-4000:]
-    return json.loads(out.strip().splitlines()[-1])
+    # The driver's last JSON line (Ray may print its own lines after it as the driver exits).
+    return json.loads(next(line for line in reversed(out.splitlines()) if line.startswith("{")))
 
 
 def _gone(pids: list[int], within: float) -> list[int]:
@@ -277,11 +278,13 @@ def test_a_lost_ray_node_restarts_the_run_on_the_nodes_left_from_its_checkpoint(
     named = [m for kind, m in out["events"] if kind == "rank_failed" and "its host is gone: Ray node" in m]
     assert named, out["events"]  # the lost node's ranks, named by it
     # Rank 0 traced each step it ran: past step 12 on the first attempt, then the second went
-    # on from the checkpoint at step 10 or 15 (every 5), not from 0, to the last step.
+    # on from the last checkpoint (every 5 steps), not from 0, to the last step.
     steps = [int(line.split()[1]) for line in trace if line]
     back = next(i for i in range(1, len(steps)) if steps[i] <= steps[i - 1])
     assert steps[:back] == list(range(back)) and back > 12, steps
-    assert steps[back] in (10, 15) and steps[back:] == list(range(steps[back], 40)), steps
+    resumed = steps[back]
+    assert resumed >= 10 and resumed % 5 == 0 and resumed <= steps[back - 1] + 1, steps
+    assert steps[back:] == list(range(resumed, 40)), steps
     assert set(ray_cluster.placement_groups()) <= {"REMOVED"} and ray_cluster.actors_alive() == 0
 
 

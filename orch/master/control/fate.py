@@ -154,11 +154,14 @@ class Fate(Stops):
 
     def gone(self, ranks: list[RankRecord], why: str, registry: Registry, now: float) -> None:
         """Ranks whose host the launcher knows is gone (``why``: its node, in the launcher's
-        words) are LOST, at once, naming it."""
+        words) are LOST, at once, naming it; a peer's broken collective reported before the
+        launcher said so was its consequence, and the run's failure names the host instead."""
         for rec in ranks:
             if not rec.state.done:
                 error = f"its host is gone: {why}"
-                self.end_rank(rec, RankState.LOST, registry, now, error=error, kind=CauseKind.LOST)
+                self.end_rank(
+                    rec, RankState.LOST, registry, now, error=error, kind=CauseKind.LOST, known=True
+                )
 
     def lost(self, lost: list[RankRecord], registry: Registry, now: float, timeout: float) -> None:
         """Ranks whose heartbeats stopped for ``timeout`` seconds are LOST."""
@@ -186,8 +189,10 @@ class Fate(Stops):
         *,
         error: str = "",
         kind: CauseKind,
+        known: bool = False,
     ) -> None:
-        """End one rank; a failure's ``kind`` says how well it explains the run's failure. A rank
+        """End one rank; a failure's ``kind`` says how well it explains the run's failure
+        (``known``: its host is known gone, see :meth:`gone`). A rank
         torn down (or whose collective broke) after another rank's failure explains nothing: it
         ends STOPPED, saying which rank failed, and only the root cause's rank reads FAILED."""
         cause = self.judge.cause
@@ -220,7 +225,7 @@ class Fate(Stops):
             )
             if not self.state.done and not self.state.failing:
                 self.fail(cause, registry, now)
-            elif self.state.failing and self.judge.later_failure(cause, now):
+            elif self.state.failing and self.judge.later_failure(cause, now, known=known):
                 # The record of the failure, already written, named another rank: say so.
                 self._tell("root_cause", rec.rank, f"the root cause is {self.failure}")
                 self._blame(rec, registry)

@@ -91,12 +91,17 @@ class FailureJudge:
     def first_failure(self, cause: RootCause, now: float) -> None:
         self.cause, self._at = cause, now
 
-    def later_failure(self, cause: RootCause, now: float) -> bool:
+    def later_failure(self, cause: RootCause, now: float, *, known: bool = False) -> bool:
         """Another rank failed after the first: it becomes the root cause when it explains
-        the failure better and came within the settle time. True when it did."""
+        the failure better and came within the settle time. ``known``: the launcher knows the
+        rank's host is gone, which explains a peer's broken collective however late it says
+        so. True when it did."""
         current = self.cause
         if current is None or current.record is None:
             return False
+        if known and current.kind is CauseKind.PEER and cause.kind.weight < current.kind.weight:
+            self.cause = cause
+            return True
         if cause.kind.weight < current.kind.weight and now - self._at <= SETTLE_SECONDS:
             self.cause = cause
             return True

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -288,14 +289,18 @@ def test_a_lost_ray_node_restarts_the_run_on_the_nodes_left_from_its_checkpoint(
     assert set(ray_cluster.placement_groups()) <= {"REMOVED"} and ray_cluster.actors_alive() == 0
 
 
-def test_a_lost_ray_node_without_restarts_fails_the_run_naming_the_node(
+def test_a_lost_ray_node_the_run_cannot_restart_without_fails_it_naming_the_node(
     ray_cluster: RayCluster, tmp_path: Path
 ) -> None:
-    out, _ = _lose_a_node(ray_cluster, tmp_path, restarts=0, floor=None)
+    """max_restarts=1 without min_world_size: the restart needs every node, and the failure
+    names the one lost; the job's view names it too."""
+    out, _ = _lose_a_node(ray_cluster, tmp_path, restarts=1, floor=None)
     assert out["state"] == "FAILED", out
-    assert "was lost: its host is gone: Ray node " in out["failure"], out["failure"]
-    lost = [r for r in out["ranks"] if r[1] == "LOST"]
-    assert len(lost) == 2 and all("Ray node" in r[2] for r in lost), out["ranks"]  # both of its ranks
+    assert (
+        "is gone (Ray node " in out["failure"] and "the group cannot restart without it" in out["failure"]
+    ), out
+    jobs = [m for kind, m in out["events"] if kind == "job" and re.search(r"node \d lost \(Ray node ", m)]
+    assert jobs, out["events"]
     assert set(ray_cluster.placement_groups()) <= {"REMOVED"} and ray_cluster.actors_alive() == 0
 
 

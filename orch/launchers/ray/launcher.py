@@ -171,6 +171,10 @@ class RayJob:
             except Exception as e:  # the actor died: its node, or its process, is gone
                 ended[i] = f"its actor died ({type(e).__name__})"
             self.exits[i] = ended[i]
+            if not ended[i].endswith("code 0"):  # the job's view names a node lost, run ended or not
+                self.reason = "; ".join(
+                    p for p in (self.reason, f"node {i} lost ({self.node_name(i)}: {ended[i]})") if p
+                )
         return ended
 
     def node_name(self, i: int) -> str:

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import importlib.util
+import socket
 from pathlib import Path
 
 import pytest
 
 import orch
+from conftest import orch_cli
 from orch.launchers.ray.options import ray_master_host
 
 
@@ -76,3 +78,20 @@ def test_import_orch_and_its_cluster_kinds_never_import_ray() -> None:
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.strip() == "False"
+
+
+def test_an_address_where_no_ray_cluster_answers_fails_the_launch_naming_it(
+    subprocess_env: dict[str, str], tmp_path: Path
+) -> None:
+    """ray.init would retry a wrong address for minutes, logging; the launch fails at once
+    instead (the subprocess's 60 s bound is far below Ray's retries)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # nothing listens on it once closed
+    proc = orch_cli(
+        "run", "--ray", f"127.0.0.1:{port}", "--nodes", "2", "--run-root", str(tmp_path),
+        env=subprocess_env, timeout=60,
+    )  # fmt: skip
+    assert proc.returncode == 2, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert f"no Ray cluster answers at 127.0.0.1:{port} (Ray(address=...))" in proc.stderr, proc.stderr
+    assert "ray start --head" in proc.stderr

@@ -29,7 +29,7 @@ from typing import Any
 from orch.errors import ConfigError
 from orch.launchers.launcher import Launcher, RunParts
 from orch.launchers.ray.actor import NodeAgent
-from orch.launchers.ray.options import Ray, ray_master_host
+from orch.launchers.ray.options import Ray, check_reachable, ray_master_host
 from orch.launchers.spec import LaunchSpec
 from orch.master.coordinator import Coordinator
 from orch.record.store import private_dir
@@ -63,6 +63,7 @@ class RayJob:
         import ray
 
         if not ray.is_initialized():
+            check_reachable(self.cluster)  # a wrong address fails now, not after minutes of retries
             ray.init(
                 address=self.cluster.cluster_address(),
                 namespace="orch",

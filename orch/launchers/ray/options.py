@@ -10,6 +10,7 @@ from __future__ import annotations
 import importlib.util
 import os
 import re
+import socket
 from dataclasses import dataclass, field
 
 from orch.errors import ConfigError
@@ -110,6 +111,23 @@ def check_ray(cluster: Ray) -> None:
             'cluster=orch.Ray(...) needs Ray in this environment: pip install "orch[ray]" '
             "(the same Ray version as the cluster's)"
         )
+
+
+def check_reachable(cluster: Ray, timeout: float = 5.0) -> None:
+    """The cluster's GCS answers at ``cluster.address`` (a TCP connection within ``timeout``),
+    or a ConfigError names the address: ``ray.init`` would retry a wrong one for minutes,
+    logging as it goes. ``"auto"`` and ``ray://`` addresses are left to Ray."""
+    address = cluster.cluster_address()
+    if address == "auto" or address.startswith("ray://"):
+        return
+    host, port = split_address(address)
+    try:
+        socket.create_connection((host, port), timeout=timeout).close()
+    except OSError as e:
+        raise ConfigError(
+            f"no Ray cluster answers at {address} (Ray(address=...)): {e.strerror or e}. Start one "
+            "with `ray start --head`, or pass its GCS HOST:PORT (`ray status` on a node of it shows it)"
+        ) from None
 
 
 def ray_master_host(cluster: Ray) -> str:

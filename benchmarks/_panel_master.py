@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from orch.launchers.run import serve
+from orch.master.control.plan import RunPlan
 from orch.master.coordinator import Coordinator
 from orch.record.store import RunStore
 from orch.views.panel import Panel
@@ -46,7 +47,7 @@ class Source:
 def main() -> None:
     world, root, log = int(sys.argv[1]), Path(sys.argv[2]), Path(sys.argv[3])
     token = os.environ["ORCH_TOKEN"]
-    coord = Coordinator(world, heartbeat_timeout=600.0)
+    coord = Coordinator(RunPlan(world, heartbeat_timeout=600.0))
     store = RunStore(root / coord.run_id)
     server, _ = serve(
         coord,

@@ -173,12 +173,13 @@ def main() -> None:
     if args.quick:
         args.seconds = 0.4
     started = c.start()
+    from orch.master.control.plan import RunPlan
     from orch.master.coordinator import Coordinator
     from orch.master.server import MasterServer
     from orch.wire._proto import orchestrator_pb2 as pb
 
     cases: list[Case] = []
-    coord = Coordinator(1, run_id="bench-log", heartbeat_timeout=600.0)
+    coord = Coordinator(RunPlan(1, heartbeat_timeout=600.0), run_id="bench-log")
     received = _count_points(coord)
     server = MasterServer(coord, port=0).start()
     slow, slow_addr = _slow_server(0.5)

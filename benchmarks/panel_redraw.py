@@ -63,7 +63,7 @@ class Source:
         return MasterClient(self.address, timeout=60.0)
 
     def stop(self, reason: str = "") -> Any:
-        from orch.master.coordinator import RunState
+        from orch.wire.states import RunState
 
         return RunState.RUNNING
 
@@ -193,11 +193,12 @@ def main() -> None:
     import matplotlib
 
     matplotlib.use("Agg")
+    from orch.master.control.plan import RunPlan
     from orch.master.coordinator import Coordinator
     from orch.master.server import MasterServer
     from orch.wire._proto import orchestrator_pb2 as pb
 
-    coord = Coordinator(RANKS, run_id="bench-panel", heartbeat_timeout=1e6)
+    coord = Coordinator(RunPlan(RANKS, heartbeat_timeout=1e6), run_id="bench-panel")
     for i in range(RANKS):
         coord.register(pb.RegisterRequest(worker_id=f"w{i}", host="h", pid=i + 1, rendezvous_port=29500))
     for i in range(RANKS):

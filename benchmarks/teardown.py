@@ -72,7 +72,7 @@ def _until(pred: object, timeout: float) -> bool:
 
 def orch_case(tmp: Path, sig: int, heartbeat_timeout: float, bound: float, tag: str) -> Outcome:
     import orch
-    from orch.master.coordinator import RunState
+    from orch.wire.states import RunState
 
     out = Outcome(f"orch {'SIGKILL' if sig == signal.SIGKILL else 'SIGSTOP'} rank 1")
     run = orch.launch(

@@ -26,6 +26,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
+from orch.master.control.plan import RunPlan
 from orch.master.coordinator import Coordinator
 from orch.master.server import MasterServer
 
@@ -96,7 +97,7 @@ def sticky_root() -> Iterator[Path]:
 
 @pytest.fixture
 def coordinator() -> Coordinator:
-    return Coordinator(world_size=2, run_id="run-a", heartbeat_timeout=5.0)
+    return Coordinator(RunPlan(world_size=2, heartbeat_timeout=5.0), run_id="run-a")
 
 
 @pytest.fixture
@@ -115,7 +116,7 @@ TOKEN = "s3cret-token"  # the token of the `guarded` master
 @pytest.fixture
 def guarded() -> Iterator[tuple[MasterServer, Coordinator]]:
     """A real gRPC master on a free loopback port that takes only calls carrying TOKEN."""
-    coord = Coordinator(2, run_id="r")
+    coord = Coordinator(RunPlan(2), run_id="r")
     with guarded_master(coord) as server:
         yield server, coord
 

@@ -364,7 +364,7 @@ def run_meta(coordinator: Coordinator, *, config: dict[str, Any], max_restarts: 
     """What ``run.json`` says of a run from the start: what runs, and which process answers for it."""
     meta = {
         "run_id": coordinator.run_id,
-        "fn": coordinator.fn,
+        "fn": coordinator.plan.fn,
         "world_size": coordinator.world_size,
         "config": config,
         "max_restarts": max_restarts,
@@ -374,8 +374,8 @@ def run_meta(coordinator: Coordinator, *, config: dict[str, Any], max_restarts: 
         "pid": os.getpid(),
         "host": socket.gethostname(),
     }
-    if coordinator.seed is not None:  # rank r seeded its generators with seed + r
-        meta["seed"] = coordinator.seed
+    if coordinator.plan.seed is not None:  # rank r seeded its generators with seed + r
+        meta["seed"] = coordinator.plan.seed
     return meta
 
 

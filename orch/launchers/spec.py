@@ -22,6 +22,7 @@ import cloudpickle
 from orch.errors import ConfigError
 from orch.launchers.clusters import Cluster, kind_of
 from orch.master.control.pace import HEARTBEAT_INTERVAL, HEARTBEAT_TIMEOUT
+from orch.master.control.plan import RunPlan
 from orch.master.control.policies import ON_HANG
 from orch.master.control.progress import STARTUP_TIMEOUT
 from orch.master.control.stopping import STOP_GRACE
@@ -305,7 +306,7 @@ class LaunchSpec:
 
     def coordinator(self, *, restart_through_hosts: bool) -> Coordinator:
         """The run's master state, as this spec asks for it (a launch's and ``orch master``'s)."""
-        return Coordinator(
+        plan = RunPlan(
             self.world_size,
             fn=self.fn_name,
             config_json=json.dumps(self.config),
@@ -321,6 +322,7 @@ class LaunchSpec:
             min_world_size=self.min_world_size,
             seed=self.seed,
         )
+        return Coordinator(plan)
 
     @property
     def fn_name(self) -> str:

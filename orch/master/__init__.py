@@ -1,8 +1,8 @@
 """The master: the coordinator, its parts (``control``) and the gRPC server.
 
-The coordinator (:mod:`.coordinator`: registration, the barrier, heartbeats, the run's end)
-is joined from desks that share its lock: :mod:`.state_desk` serves the run's state,
-:mod:`.host_desk` the host agents and the scheduler's job, :mod:`.stack_desk` the stacks.
+The coordinator (:mod:`.coordinator`: registration, the barrier, heartbeats, host agents,
+stacks, the run's state served and its end) owns the run's parts and joins them under one
+lock; it is made from a :class:`~orch.master.control.plan.RunPlan`.
 
 It imports the record and the wire, never the worker runtime: a worker host does not load
 the master, and the master knows a worker only through the protocol.

@@ -1,11 +1,13 @@
 """The master's logic, free of gRPC: one run's parts (see :mod:`orch.master.control`) under one lock.
 
 The gRPC servicer in :mod:`orch.master` is a thin layer over :class:`Coordinator`; the
-launcher calls it directly too (a child's exit code). The coordinator only joins the parts:
-each method checks the request, takes the one lock, reads the time from the injected clocks
-and hands both to the parts, which hold no lock and read no clock of their own. It holds the
-lock only to read and update memory (the run dir's writes and the copies of a catch-up's
-points happen outside it), so it is unit-tested without sockets or sleeps.
+launcher calls it directly too (a child's exit code), and host agents, the scheduler's job
+and the stacks go through it as well. The coordinator owns its parts and only joins them:
+each method checks the request once, takes the one lock, reads the time from the injected
+clocks and hands both to the parts by name, which hold no lock and read no clock of their
+own. It holds the lock only to read and update memory (the run dir's writes and the copies
+of a catch-up's points happen outside it), so it is unit-tested without sockets or sleeps.
+What it was told to hold the run to is one :class:`~orch.master.control.plan.RunPlan`.
 """
 
 from __future__ import annotations
@@ -15,48 +17,43 @@ import logging
 import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 from orch.master.control.cluster_job import JobWatch
-from orch.master.control.events import MAX_EVENTS_IN_MEMORY, EventLog
+from orch.master.control.events import EventLog
 from orch.master.control.fate import Fate
 from orch.master.control.host_sync import HostSync
+from orch.master.control.hosts import HostTable
 from orch.master.control.intake import Intake
 from orch.master.control.memory_watch import MemoryWatch
-from orch.master.control.pace import HEARTBEAT_INTERVAL, HEARTBEAT_TIMEOUT, beat_interval
-from orch.master.control.progress import STARTUP_TIMEOUT, ProgressWatch
+from orch.master.control.pace import beat_interval, sync_interval
+from orch.master.control.plan import RunPlan
+from orch.master.control.progress import ProgressWatch
 from orch.master.control.published import Published
-from orch.master.control.registry import RankRecord
-from orch.master.control.series import MAX_POINTS_IN_MEMORY
+from orch.master.control.registry import RankRecord, Registry
+from orch.master.control.series import SeriesLog, yield_gil
+from orch.master.control.snapshot import StateDraft, draft_reply
 from orch.master.control.startup import StartupWatch
-from orch.master.control.stopping import STOP_GRACE
 from orch.master.control.straggler_watch import StragglerWatch
 from orch.master.control.validate import (
+    STATUS_CODE,
     Reject,
     check_completion,
     check_heartbeat,
+    check_heartbeats,
+    check_host_sync,
     check_register,
+    parse_cursor,
 )
-from orch.master.host_desk import HostDesk
-from orch.master.stack_desk import StackDesk
-from orch.master.state_desk import StateDesk
 from orch.wire._proto import orchestrator_pb2 as pb
 from orch.wire.limits import MAX_SECTIONS, MORE_SECTIONS
-from orch.wire.states import BARRIER_CLOSED, RankState, RunState
+from orch.wire.states import BARRIER_CLOSED, RUN_STATE_PB, RankState, RunState
 
 if TYPE_CHECKING:
     from orch.record.store import RunStore
 
-__all__ = [
-    "MAX_EVENTS_IN_MEMORY",
-    "MAX_POINTS_IN_MEMORY",
-    "Coordinator",
-    "RankRecord",
-    "RankState",
-    "Reject",
-    "RunState",
-]
+__all__ = ["Coordinator"]
 
 log = logging.getLogger(__name__)
 # Seconds a look at the run may come late before the master counts itself stalled (see
@@ -67,73 +64,139 @@ STALL_TOLD = 5.0  # seconds of a stall of the master's that its run's events tel
 MEANS_AT_ONCE = 256  # ranks whose step times are read under one hold of the lock (see expire)
 
 
-class Coordinator(StateDesk, HostDesk, StackDesk):
+class Coordinator:
     """Registry, barrier, metric series, events, state and root cause of one run.
 
-    What callers can make it hold is bounded: ``max_points_in_memory`` points across all
+    What callers can make it hold is bounded: ``plan.max_points_in_memory`` points across all
     series, :data:`MAX_EVENTS_IN_MEMORY` events, and one ``stop_requested`` event per stop
-    however often it is asked for. What it holds is read by the names of :class:`RunFacade`.
+    however often it is asked for. Its parts: ``fate`` (the state machine, the root cause, the
+    stop and the restart rule), ``intake`` (the ranks of the attempt and the series),
+    ``host_sync`` and ``cluster_job`` (host agents, the scheduler's job), ``progress``,
+    ``memory``, ``stragglers`` and ``startup`` (the run's health), ``event_log`` and
+    ``published`` (what readers are served).
     """
 
     def __init__(
         self,
-        world_size: int,
+        plan: RunPlan,
         *,
         run_id: str | None = None,
-        fn: str = "orch.example:train",
-        config_json: str = "{}",
-        total_steps: int = 0,
         rendezvous_port: int = 0,
-        backend: str = "",
-        heartbeat_timeout: float = HEARTBEAT_TIMEOUT,
-        max_attempts: int = 1,
-        restart_through_hosts: bool = False,
-        min_world_size: int | None = None,
-        seed: int | None = None,
         store: RunStore | None = None,
-        max_points_in_memory: int = MAX_POINTS_IN_MEMORY,
-        hang_timeout: float | None = None,
-        startup_timeout: float = STARTUP_TIMEOUT,
-        on_hang: str = "warn",
-        stop_grace: float = STOP_GRACE,
-        heartbeat_interval: float = HEARTBEAT_INTERVAL,
         clock: Callable[[], float] = time.monotonic,
         wall: Callable[[], float] = time.time,
     ) -> None:
-        if world_size < 1:
-            raise ValueError(f"world_size must be at least 1, got {world_size}")
-        self.world_size = world_size
+        self.plan = plan
+        self.world_size = plan.world_size  # an elastic restart may go on with fewer
         self.run_id = run_id or uuid.uuid4().hex[:12]
-        self.fn = fn
-        self.config_json = config_json
-        self.total_steps = total_steps
-        self.seed = seed  # each rank seeds its generators with seed + rank; None: from the OS
-        self.rendezvous_port = rendezvous_port
+        self.rendezvous_port = rendezvous_port  # fixed by the launcher, or 0: the one rank 0 binds
         self.rendezvous_file = False  # the ranks meet through a file store (one host): no port
-        self.backend = backend
-        self.heartbeat_timeout = heartbeat_timeout
         self.store = store
         self._clock = clock
         self._wall = wall
         self._lock = threading.Lock()
         self._stall_watch: tuple[float, float] | None = None  # see watch_stalls
         self._changed = threading.Condition(self._lock)
-        self.intake = Intake(world_size, max_points_in_memory)
+        self.intake = Intake(plan.world_size, plan.max_points_in_memory)
         self.event_log = EventLog()
         self.published = Published()
-        self.fate = Fate(max_attempts, self._event, self._changed.notify_all, created_at=clock())
-        self.host_sync = HostSync(restart_through_hosts, min_world_size)
+        self.fate = Fate(plan.max_attempts, self._event, self._changed.notify_all, created_at=clock())
+        self.host_sync = HostSync(plan.restart_through_hosts, plan.min_world_size)
         self.cluster_job = JobWatch()
         self.stragglers = StragglerWatch()
-        self.progress = ProgressWatch(hang_timeout, startup_timeout, on_hang, heartbeat_interval)
-        self.stop_grace = stop_grace
-        self.heartbeat_interval = heartbeat_interval
-        self.beat_interval = heartbeat_interval  # what the ranks are asked for (see control.pace)
+        self.progress = ProgressWatch(
+            plan.hang_timeout, plan.startup_timeout, plan.on_hang, plan.heartbeat_interval
+        )
+        self.beat_interval = plan.heartbeat_interval  # what the ranks are asked for (see control.pace)
         # A sweep's rungs (steps) where ctx.steps waits for its decision, and the last one it passed.
         self.gates: list[int] = []
         self.gate_passed = 0
         self.memory = MemoryWatch()
         self.startup = StartupWatch(clock())
+
+    # -- the run, as callers read it (no lock: a consistent view is ``snapshot``'s) ---------------
+    @property
+    def state(self) -> RunState:
+        return self.fate.lifecycle.state
+
+    @property
+    def attempt(self) -> int:
+        return self.fate.lifecycle.attempt
+
+    @property
+    def max_attempts(self) -> int:
+        return self.fate.lifecycle.max_attempts
+
+    @property
+    def started_at(self) -> float | None:
+        return self.fate.lifecycle.started_at
+
+    @property
+    def ended_at(self) -> float | None:
+        return self.fate.lifecycle.ended_at
+
+    @property
+    def failure(self) -> str:
+        return self.fate.failure
+
+    @property
+    def root_cause(self) -> RankRecord | None:
+        """The rank whose failure explains the run's (None: no rank, or no failure)."""
+        cause = self.fate.judge.cause
+        return cause.record if cause is not None else None
+
+    @property
+    def stop_requested(self) -> bool:
+        """A stop was asked for (it carries over a restart)."""
+        return self.fate.stop.requested
+
+    @property
+    def stop_requests(self) -> int:
+        """Every StopRun; only the one that set the stop is an event."""
+        return self.fate.stop.requests
+
+    @property
+    def stop_at_step(self) -> int:
+        """With a stop: the step count loops without ctx.steps end at (0: none)."""
+        return self.fate.stop.at_step
+
+    @property
+    def registry(self) -> Registry:
+        """The ranks of the current attempt (a new registry each attempt)."""
+        return self.intake.registry
+
+    @property
+    def ranks(self) -> list[RankRecord]:
+        return self.intake.registry.ranks
+
+    @property
+    def points(self) -> SeriesLog:
+        return self.intake.points
+
+    @property
+    def events(self) -> list[pb.Event]:
+        return self.event_log.events
+
+    @property
+    def dropped_events(self) -> int:
+        return self.event_log.dropped
+
+    @property
+    def hosts(self) -> HostTable:
+        return self.host_sync.hosts
+
+    @property
+    def min_world_size(self) -> int | None:
+        """Elastic: a restart goes on without hosts that fell silent while this many ranks remain."""
+        return self.host_sync.min_world_size
+
+    @min_world_size.setter
+    def min_world_size(self, value: int | None) -> None:
+        self.host_sync.min_world_size = value
+
+    def active_rendezvous_port(self) -> int:
+        """The rendezvous port in use: the fixed one, or the one rank 0 bound (0: not yet)."""
+        return self.intake.registry.rendezvous_port(self.rendezvous_port)
 
     # -- worker RPCs -------------------------------------------------------------------
     def register(self, req: pb.RegisterRequest) -> pb.RegisterResponse:
@@ -148,13 +211,13 @@ class Coordinator(StateDesk, HostDesk, StackDesk):
                 rank=rec.rank,
                 world_size=self.world_size,
                 run_id=self.run_id,
-                fn=self.fn,
-                config_json=self.config_json,
-                total_steps=self.total_steps,
-                heartbeat_timeout=self.heartbeat_timeout,
+                fn=self.plan.fn,
+                config_json=self.plan.config_json,
+                total_steps=self.plan.total_steps,
+                heartbeat_timeout=self.plan.heartbeat_timeout,
                 attempt=self.attempt,
                 rendezvous_port=self.rendezvous_port,
-                seed=self.seed,
+                seed=self.plan.seed,
             )
 
     def can_start(self, req: pb.CanStartTrainingRequest) -> pb.CanStartTrainingResponse:
@@ -168,7 +231,7 @@ class Coordinator(StateDesk, HostDesk, StackDesk):
                 open_=self.state in (RunState.RUNNING, RunState.STOPPING),
                 fixed_port=self.rendezvous_port,
                 file_store=self.rendezvous_file,
-                backend=self.backend,
+                backend=self.plan.backend,
                 now=self._clock(),
             )
 
@@ -216,7 +279,7 @@ class Coordinator(StateDesk, HostDesk, StackDesk):
         self._changed.notify_all()
         command = self.fate.command(rec)
         reply = pb.HeartbeatResponse(command=command, send_stack=rec.stack_wanted)  # type: ignore[arg-type]
-        if self.beat_interval > self.heartbeat_interval:
+        if self.beat_interval > self.plan.heartbeat_interval:
             reply.interval = self.beat_interval
         if command == pb.CONTINUE and self.gates:
             reply.hold_after_step = next((g for g in self.gates if g > self.gate_passed), 0)
@@ -373,12 +436,14 @@ class Coordinator(StateDesk, HostDesk, StackDesk):
             self._stall_check()
             now = self._clock()
             callers = len(self.hosts.hosts) or len(self.ranks)
-            self.beat_interval = beat_interval(callers, self.heartbeat_interval, self.heartbeat_timeout)
+            self.beat_interval = beat_interval(
+                callers, self.plan.heartbeat_interval, self.plan.heartbeat_timeout
+            )
             self._settle_hosts(now)
             for rank, warning in self.memory.look(self.ranks, now):
                 self._event("memory", rank, warning)
-            lost = self.registry.silent(now, self.heartbeat_timeout)
-            self.fate.lost(lost, self.registry, now, self.heartbeat_timeout)
+            lost = self.registry.silent(now, self.plan.heartbeat_timeout)
+            self.fate.lost(lost, self.registry, now, self.plan.heartbeat_timeout)
             tells, hung = self.progress.look(self.state, self.ranks, now)
             for tell in tells:
                 self._event(tell.kind, tell.rank, tell.message)
@@ -389,7 +454,7 @@ class Coordinator(StateDesk, HostDesk, StackDesk):
                 self.stragglers.standing_still()  # nothing moves: no straggler
             else:
                 judging = self.stragglers.due(self.state, self.ranks, now)
-            if self.fate.overdue_stop(self.registry, now, self.stop_grace):
+            if self.fate.overdue_stop(self.registry, now, self.plan.stop_grace):
                 self._want_stacks()
             ranks = list(self.ranks) if judging else []
         if judging:
@@ -420,6 +485,220 @@ class Coordinator(StateDesk, HostDesk, StackDesk):
         with self._changed:
             self._changed.wait(timeout)
 
+    # -- host agents and the scheduler's job (see control.host_sync) ---------------------------
+    def accept_heartbeats(
+        self, beats: Sequence[pb.HeartbeatRequest]
+    ) -> tuple[list[pb.BeatReply], Callable[[], None] | None]:
+        """A host agent's batch: each beat as the coordinator's ``accept_heartbeat`` takes it,
+        under one lock. A refused beat gets its refusal in its reply; the others go on. Returns the
+        replies, in order, and one run dir write for all the batch's points."""
+        checked = check_heartbeats(beats)
+        replies, writes = [], []
+        with self._lock:
+            for req, refused in zip(beats, checked, strict=True):
+                if refused is None:
+                    try:
+                        reply, write = self._accept(req)
+                    except Reject as e:
+                        refused = e
+                else:
+                    self.intake.refused(req, self.run_id, refused, self._clock())
+                if refused is not None:
+                    replies.append(pb.BeatReply(code=STATUS_CODE[refused.kind], error=str(refused)))
+                    continue
+                if write is not None:
+                    writes.append(write)
+                replies.append(pb.BeatReply(reply=reply))
+        return replies, (functools.partial(_run_all, writes) if writes else None)
+
+    def sync_host(self, req: pb.HostSyncRequest) -> pb.HostSyncResponse:
+        """A host agent's word: which ranks it started for which attempt, and whether they
+        run. The answer says to go on, to start the ranks of the current attempt, to wait (a
+        restart is under way) or to exit (the run ended)."""
+        check_host_sync(req, self.world_size)
+        with self._lock:
+            now = self._clock()
+            rec = self.host_sync.join(req, self.attempt, self.world_size, now)
+            cause = self.host_sync.failure(req, rec, self.state, self.attempt)
+            if cause is not None:
+                self.fate.fail(cause, self.registry, now)
+            self._settle_hosts(now)
+            return pb.HostSyncResponse(
+                attempt=self.attempt,
+                run_id=self.run_id,
+                restarts=self.plan.restart_through_hosts and self.max_attempts > 1,
+                heartbeat_timeout=self.plan.heartbeat_timeout,
+                state=RUN_STATE_PB[self.state.value],
+                action=self.host_sync.action(req.host, rec, self.state, self.attempt),
+                interval=sync_interval(len(self.hosts.hosts), self.plan.heartbeat_timeout),
+            )
+
+    def _settle_hosts(self, now: float) -> None:
+        """Carry out where a restart across hosts stands (see :meth:`HostSync.settle`)."""
+        settled = self.host_sync.settle(
+            self.state,
+            self.attempt,
+            self.ranks,
+            now,
+            self.plan.heartbeat_timeout,
+            stopping=self.stop_requested,
+        )
+        if settled.resized:  # elastic: the next attempt runs on the hosts that are left
+            self._event("resized", -1, settled.resized)
+            self.world_size = settled.world_size
+        if self.fate.settle(settled, self.registry, now):
+            self._restart(now)
+
+    def host_lost(self, host: str, why: str) -> bool:
+        """The launcher knows the host agent ``host`` (its ``hostname:pid``) is gone with its
+        node (``why``): its ranks are LOST now, naming it, and a restart across hosts goes on
+        without waiting out the heartbeat timeout. False for a host that never called."""
+        with self._lock:
+            now = self._clock()
+            rec = self.host_sync.hosts.lose(host, why)
+            if rec is None:
+                return False
+            ended = [r for r in (self.registry.get(w) for w in sorted(rec.worker_ids)) if r is not None]
+            self.fate.gone(ended, why, self.registry, now)
+            self._settle_hosts(now)
+            self._changed.notify_all()
+            return True
+
+    def set_job(self, job: pb.ClusterJob) -> None:
+        """What the scheduler last said of the run's job; a change is an event."""
+        with self._lock:
+            news = self.cluster_job.update(job)
+            if news is not None:
+                self._event("job", -1, news)
+                self._changed.notify_all()
+
+    # -- the ranks' stacks -------------------------------------------------------------------------
+    def _want_stacks(self) -> float:
+        """Ask every running rank for its stack in its next heartbeat's reply; returns when."""
+        now = self._clock()
+        for r in self.ranks:
+            if r.state is RankState.RUNNING:
+                r.stack_wanted = True
+        return now
+
+    def lost_workers(self) -> list[str]:
+        """The worker ids of LOST ranks (heartbeats stopped) without a stack taken since."""
+        with self._lock:
+            return [
+                r.worker_id
+                for r in self.ranks
+                if r.state is RankState.LOST and (r.stack_at is None or r.stack_at < (r.ended_at or 0.0))
+            ]
+
+    def outside_stack(self, worker_id: str, text: str) -> None:
+        """A lost rank's stack read from outside its process (py-spy), or why there is none: it
+        goes with its error, which the root cause shows."""
+        with self._lock:
+            rec = self.registry.get(worker_id)
+            if rec is None:
+                return
+            rec.stack, rec.stack_at = text, self._clock()
+            rec.error = f"{rec.error}\n{text}" if rec.error else text
+            self._event("stack", rec.rank, text)
+
+    def ask_stacks(self) -> float:
+        """Ask every running rank for its training thread's stack; returns the time asked (the
+        master's clock) for :meth:`stacks_since`."""
+        with self._lock:
+            return self._want_stacks()
+
+    def stacks_since(self, asked: float) -> bool:
+        """True when every running rank sent its stack since ``asked`` (or none is running)."""
+        with self._lock:
+            return all(
+                r.stack_at is not None and r.stack_at >= asked
+                for r in self.ranks
+                if r.state is RankState.RUNNING
+            )
+
+    def stacks(self) -> pb.GetStacksResponse:
+        """Every rank's last stack, and the stacks grouped by frame."""
+        with self._lock:
+            grouped = self.progress.grouped(self.ranks, self._clock())
+            reply = pb.GetStacksResponse(grouped=str(grouped))
+            for r in self.ranks:
+                if r.stack_pb is not None:
+                    reply.ranks.append(pb.RankStack(rank=r.rank, stack=r.stack_pb, text=r.stack))
+            return reply
+
+    # -- the run's state, served (see control.snapshot) -------------------------------------------
+    def series(self, rank: int, name: str) -> tuple[list[int], list[float]]:
+        """The points of one series still held in memory."""
+        with self._lock:
+            s = self.points.get(rank, name)
+            return list(s.steps), list(s.values)
+
+    @property
+    def trimmed(self) -> bool:
+        """True when some points are only in the run dir's metrics log, no longer in memory."""
+        with self._lock:
+            return self.points.trimmed
+
+    def snapshot(
+        self,
+        cursor: bytes = b"",
+        *,
+        skip_series: bool = False,
+        max_points: int = 0,
+        changed_ranks: bool = False,
+    ) -> pb.GetStateResponse:
+        """The run's state, with only the points and events after ``cursor``.
+
+        At most ``max_points`` points (default and ceiling ``MAX_POINTS_PER_REPLY``) go in
+        one reply; ``more`` then says to ask again with its cursor. ``skip_series``: no points.
+        ``changed_ranks``: only the ranks whose records changed since ``cursor``.
+        """
+        self.expire()
+        draft = self._draft(cursor, skip_series, max_points, changed_ranks)
+        draft.publish()  # outside the lock: heartbeats never wait for a thousand ranks' records
+        built = draft.copy()  # ... nor for a catch-up's copies
+        if draft.trimmed_meanwhile():
+            with self._lock:
+                draft.recopy(built)
+        return draft.finish(built)
+
+    def snapshot_bytes(
+        self,
+        cursor: bytes = b"",
+        *,
+        skip_series: bool = False,
+        max_points: int = 0,
+        pause: Callable[[], None] = yield_gil,
+        changed_ranks: bool = False,
+    ) -> bytes:
+        """:meth:`snapshot`, serialized, for the gRPC master: its ranks and points are built
+        outside the lock, calling ``pause`` after each millisecond of it, so that a reply never
+        holds the GIL (and the event loop that serves heartbeats) for long. ``changed_ranks``:
+        only the ranks whose records changed since ``cursor``."""
+        # No expire() here: the server's expiry thread runs it four times a second.
+        draft = self._draft(cursor, skip_series, max_points, changed_ranks)
+        draft.publish(pause)
+        encoded = draft.encode(pause)
+        if draft.trimmed_meanwhile():
+            with self._lock:
+                draft.reencode_trimmed(encoded)
+        return draft.finish_bytes(encoded)
+
+    def _draft(self, cursor: bytes, skip_series: bool, max_points: int, changed_ranks: bool) -> StateDraft:
+        """The reply after ``cursor``, but for its ranks and points, drafted under the lock."""
+        prev = parse_cursor(cursor, max_points)
+        with self._lock:
+            return draft_reply(
+                self,
+                cursor,
+                prev,
+                self._clock(),
+                self._wall(),
+                skip_series=skip_series,
+                max_points=max_points,
+                changed_ranks=changed_ranks,
+            )
+
     # -- internals (lock held) -------------------------------------------------------------
     def _event(self, kind: str, rank: int, message: str) -> None:
         event = pb.Event(time=self._wall(), kind=kind, rank=rank, message=message)
@@ -427,3 +706,8 @@ class Coordinator(StateDesk, HostDesk, StackDesk):
         if self.store is not None:
             self.store.append_event(event)
         log.debug("run %s: %s rank=%d %s", self.run_id, kind, rank, message)
+
+
+def _run_all(writes: list[Callable[[], None]]) -> None:
+    for write in writes:
+        write()

@@ -25,8 +25,8 @@ from grpc_reflection.v1alpha import reflection
 
 from orch.errors import ConfigError, PortInUseError
 from orch.master import _trim
-from orch.master.control.validate import STATUS_CODE
-from orch.master.coordinator import Coordinator, Reject
+from orch.master.control.validate import STATUS_CODE, Reject
+from orch.master.coordinator import Coordinator
 from orch.wire._proto import orchestrator_pb2 as pb
 from orch.wire._proto import orchestrator_pb2_grpc as pb_grpc
 from orch.wire.auth import (

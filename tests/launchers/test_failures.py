@@ -24,11 +24,11 @@ import torch
 
 import orch
 from conftest import ORCH, TESTS, orch_cli, until
-from orch.master.coordinator import RankState, RunState
 from orch.record.store import RunStore, read_metrics
 from orch.wire._proto import orchestrator_pb2 as pb
 from orch.wire._proto import orchestrator_pb2_grpc as pb_grpc
 from orch.wire.auth import open_channel
+from orch.wire.states import RankState, RunState
 
 pytestmark = pytest.mark.timeout(240)
 sys.path.insert(0, str(TESTS))

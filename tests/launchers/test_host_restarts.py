@@ -21,9 +21,12 @@ import pytest
 import orch
 from conftest import ORCH, until_value
 from coordinator_calls import Clock, beat, complete, reg
-from orch.master.coordinator import Coordinator, Reject, RunState
+from orch.master.control.plan import RunPlan
+from orch.master.control.validate import Reject
+from orch.master.coordinator import Coordinator
 from orch.wire._proto import orchestrator_pb2 as pb
 from orch.wire.client import StateMirror
+from orch.wire.states import RunState
 
 
 def sync(c: Coordinator, host: str, attempt: int, running: bool, *workers: str) -> pb.HostSyncResponse:
@@ -33,11 +36,8 @@ def sync(c: Coordinator, host: str, attempt: int, running: bool, *workers: str) 
 def running_on_two_hosts(clock: Clock, max_attempts: int = 2) -> Coordinator:
     """Four ranks, two on each of hosts a and b (their agents said so), past the barrier and at step 5."""
     c = Coordinator(
-        4,
+        RunPlan(4, heartbeat_timeout=5.0, max_attempts=max_attempts, restart_through_hosts=True),
         run_id="r1",
-        heartbeat_timeout=5.0,
-        max_attempts=max_attempts,
-        restart_through_hosts=True,
         clock=clock,
     )
     for host, workers in (("a:1", ("a0", "a1")), ("b:2", ("b0", "b1"))):
@@ -93,7 +93,9 @@ def test_a_silent_host_fails_the_run_with_its_name() -> None:
 def test_a_rank_that_no_agent_started_cannot_be_restarted() -> None:
     clock = Clock()
     c = Coordinator(
-        2, run_id="r1", heartbeat_timeout=5.0, max_attempts=2, restart_through_hosts=True, clock=clock
+        RunPlan(2, heartbeat_timeout=5.0, max_attempts=2, restart_through_hosts=True),
+        run_id="r1",
+        clock=clock,
     )
     sync(c, "a:1", 0, False)
     sync(c, "a:1", 1, True, "a0")
@@ -111,7 +113,9 @@ def test_a_rank_that_no_agent_started_cannot_be_restarted() -> None:
 def test_no_host_agent_at_all_gives_up_at_the_next_tick() -> None:
     clock = Clock()
     c = Coordinator(
-        1, run_id="r1", heartbeat_timeout=5.0, max_attempts=2, restart_through_hosts=True, clock=clock
+        RunPlan(1, heartbeat_timeout=5.0, max_attempts=2, restart_through_hosts=True),
+        run_id="r1",
+        clock=clock,
     )
     reg(c, "w0")
     c.can_start(pb.CanStartTrainingRequest(run_id="r1", worker_id="w0"))
@@ -144,7 +148,7 @@ def test_the_last_attempt_fails_the_run_and_the_agents_exit() -> None:
 def test_without_host_restarts_the_launcher_decides() -> None:
     """A run whose launcher restarts its own ranks (one machine) ignores the agents' idling."""
     clock = Clock()
-    c = Coordinator(1, run_id="r1", heartbeat_timeout=5.0, max_attempts=2, clock=clock)
+    c = Coordinator(RunPlan(1, heartbeat_timeout=5.0, max_attempts=2), run_id="r1", clock=clock)
     reply = sync(c, "a:1", 0, False)
     assert not reply.restarts
     reg(c, "w0")
@@ -167,7 +171,7 @@ def test_without_host_restarts_the_launcher_decides() -> None:
     ],
 )
 def test_a_malformed_host_sync_is_invalid_argument(fields: dict[str, object], says: str) -> None:
-    c = Coordinator(4, run_id="r1")
+    c = Coordinator(RunPlan(4), run_id="r1")
     with pytest.raises(Reject) as e:
         c.sync_host(pb.HostSyncRequest(**fields))  # type: ignore[arg-type]
     assert e.value.kind == "invalid_argument" and says in str(e.value), str(e.value)
@@ -284,7 +288,7 @@ def test_a_rank_that_died_before_registering_fails_the_attempt_naming_its_host()
 
 
 def test_hosts_beyond_the_world_size_and_attempts_ahead_are_refused() -> None:
-    c = Coordinator(2, run_id="r1", max_attempts=2, restart_through_hosts=True)
+    c = Coordinator(RunPlan(2, max_attempts=2, restart_through_hosts=True), run_id="r1")
     sync(c, "a:1", 0, False)
     sync(c, "b:2", 0, False)
     with pytest.raises(Reject) as e:

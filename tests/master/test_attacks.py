@@ -24,13 +24,16 @@ import pytest
 
 import orch
 from conftest import TESTS, TOKEN
-from orch.master import coordinator as coordinator_module
-from orch.master.coordinator import MAX_EVENTS_IN_MEMORY, MAX_POINTS_IN_MEMORY, Coordinator, RunState
+from orch.master.control.events import MAX_EVENTS_IN_MEMORY
+from orch.master.control.plan import RunPlan
+from orch.master.control.series import MAX_POINTS_IN_MEMORY
+from orch.master.coordinator import Coordinator
 from orch.master.server import MAX_MESSAGE_BYTES, SERVICE_NAME, MasterServer
 from orch.views.panel import wait_for
 from orch.wire._proto import orchestrator_pb2 as pb
 from orch.wire._proto import orchestrator_pb2_grpc as pb_grpc
 from orch.wire.auth import MAX_AUTH_HEADER_BYTES, open_channel
+from orch.wire.states import RunState
 
 sys.path.insert(0, str(TESTS))
 pytestmark = pytest.mark.timeout(400)
@@ -254,11 +257,11 @@ def test_repeated_stops_and_a_flood_of_points_stay_within_the_budgets(
         with orch.MasterClient(server.address, token=TOKEN, timeout=RPC_DEADLINE) as client:
             mirror = orch.StateMirror().poll(client)
     print(
-        f"\nbudgets: {coord.points_in_memory:,} points in memory of 1.5M logged (budget "
+        f"\nbudgets: {coord.points.points_in_memory:,} points in memory of 1.5M logged (budget "
         f"{MAX_POINTS_IN_MEMORY:,}); {len(coord.events)} events after {coord.stop_requests} stop "
         f"requests; a full GetState reply {full.ByteSize() / 2**20:.1f} MiB"
     )
-    assert coord.points_in_memory <= MAX_POINTS_IN_MEMORY
+    assert coord.points.points_in_memory <= MAX_POINTS_IN_MEMORY
     assert coord.stop_requests == stops and len(coord.events) <= MAX_EVENTS_IN_MEMORY
     assert [e.kind for e in coord.events].count("stop_requested") == 1
     assert full.ByteSize() < MAX_MESSAGE_BYTES and full.more  # the rest of the points in later replies
@@ -270,7 +273,7 @@ def test_repeated_stops_and_a_flood_of_points_stay_within_the_budgets(
 
 def test_each_method_has_its_own_budget_and_a_silent_call_is_cut_off(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr("orch.master.server.REQUEST_READ_TIMEOUT", 3.0)
-    coord = Coordinator(2, run_id="r")
+    coord = Coordinator(RunPlan(2), run_id="r")
     limits = {f"/{SERVICE_NAME}/GetState": 4, HEARTBEAT: 64}
     server = MasterServer(coord, port=0, token=TOKEN, call_limits=limits).start()
     try:
@@ -368,7 +371,7 @@ def test_a_600_character_token_works_end_to_end(tmp_path: Path) -> None:
 def test_an_absurd_authorization_header_is_refused_cheaply(guarded: tuple[MasterServer, Coordinator]) -> None:
     server, _ = guarded
     long_token = "t" * 20_000
-    coord = Coordinator(1, run_id="long")
+    coord = Coordinator(RunPlan(1), run_id="long")
     other = MasterServer(coord, port=0, token=long_token).start()
     try:
         with orch.MasterClient(other.address, token=long_token) as client:
@@ -385,15 +388,15 @@ def test_an_absurd_authorization_header_is_refused_cheaply(guarded: tuple[Master
 
 def test_budget_constants_are_what_the_security_page_states() -> None:
     security = (TESTS.parent / "docs" / "security.md").read_text()
-    assert f"{coordinator_module.MAX_POINTS_IN_MEMORY:,}" in security
-    assert f"{coordinator_module.MAX_EVENTS_IN_MEMORY:,}" in security
+    assert f"{MAX_POINTS_IN_MEMORY:,}" in security
+    assert f"{MAX_EVENTS_IN_MEMORY:,}" in security
 
 
 def test_connections_left_idle_are_closed_by_the_master() -> None:
     """A stranger who opens connections, completes the HTTP/2 handshake and then sends nothing
     holds them only until the idle limit: the master closes them (GOAWAY), so they cannot pile
     up to its open-file limit; a client that calls again reconnects by itself."""
-    coord = Coordinator(1, run_id="idle")
+    coord = Coordinator(RunPlan(1), run_id="idle")
     with MasterServer(coord, token=TOKEN, idle_timeout=1.0) as server:
         port = server.port
         channels = [

@@ -21,6 +21,7 @@ import psutil
 import pytest
 
 from orch.errors import ConfigError
+from orch.master.control.plan import RunPlan
 from orch.master.coordinator import Coordinator
 from orch.master.server import MasterServer
 from orch.runtime.agent import HostAgent
@@ -241,7 +242,7 @@ def test_a_temp_dir_too_long_for_a_socket_path_puts_the_private_listener_under_t
     long_tmp = tmp_path / ("t" * 60) / ("m" * 60)
     long_tmp.mkdir(parents=True)
     monkeypatch.setattr(tempfile, "tempdir", str(long_tmp))
-    server = MasterServer(Coordinator(1), port=0, local_socket=True).start()
+    server = MasterServer(Coordinator(RunPlan(1)), port=0, local_socket=True).start()
     try:
         path = server.local_address[len("unix:") :]
         assert len(path.encode()) <= 107 and not path.startswith(str(long_tmp))
@@ -280,8 +281,8 @@ def test_a_master_that_cannot_start_leaves_no_socket_folder() -> None:
         taken.listen()
         before = folders()
         with pytest.raises(PortInUseError):
-            MasterServer(Coordinator(1), port=taken.getsockname()[1], local_socket=True).start()
+            MasterServer(Coordinator(RunPlan(1)), port=taken.getsockname()[1], local_socket=True).start()
     assert not (folders() - before)
-    with MasterServer(Coordinator(1), port=0, local_socket=True) as server:
+    with MasterServer(Coordinator(RunPlan(1)), port=0, local_socket=True) as server:
         assert Path(server.local_address[len("unix:") :]).exists()
     assert not Path(server.local_address[len("unix:") :]).parent.exists()

@@ -7,14 +7,17 @@ import math
 import pytest
 
 from coordinator_calls import Clock, beat, complete, heartbeat, reg
-from orch.master.coordinator import Coordinator, RankState, Reject, RunState
+from orch.master.control.plan import RunPlan
+from orch.master.control.validate import Reject
+from orch.master.coordinator import Coordinator
 from orch.wire._proto import orchestrator_pb2 as pb
 from orch.wire.client import StateMirror
 from orch.wire.limits import MAX_METRICS_PER_RANK
+from orch.wire.states import RankState, RunState
 
 
 def started(world: int = 2, clock: Clock | None = None) -> Coordinator:
-    c = Coordinator(world, run_id="r1", heartbeat_timeout=5.0, clock=clock or Clock())
+    c = Coordinator(RunPlan(world, heartbeat_timeout=5.0), run_id="r1", clock=clock or Clock())
     for i in range(world):
         reg(c, f"w{i}")
     for i in range(world):
@@ -27,7 +30,7 @@ def kind(excinfo: pytest.ExceptionInfo[Reject]) -> str:
 
 
 def test_ranks_follow_registration_order_and_reregistration_is_idempotent() -> None:
-    c = Coordinator(3, run_id="r1")
+    c = Coordinator(RunPlan(3), run_id="r1")
     assert [reg(c, "b"), reg(c, "a"), reg(c, "b")] == [0, 1, 0]
     assert c.state is RunState.PENDING
     assert reg(c, "c") == 2
@@ -36,7 +39,7 @@ def test_ranks_follow_registration_order_and_reregistration_is_idempotent() -> N
 
 
 def test_full_world_is_resource_exhausted() -> None:
-    c = Coordinator(1, run_id="r1")
+    c = Coordinator(RunPlan(1), run_id="r1")
     reg(c, "a")
     with pytest.raises(Reject) as e:
         reg(c, "b")
@@ -55,7 +58,7 @@ def test_full_world_is_resource_exhausted() -> None:
     ],
 )
 def test_malformed_registration_is_invalid_argument(fields: dict[str, object]) -> None:
-    c = Coordinator(2, run_id="r1")
+    c = Coordinator(RunPlan(2), run_id="r1")
     with pytest.raises(Reject) as e:
         c.register(pb.RegisterRequest(**fields))  # type: ignore[arg-type]
     assert kind(e) == "invalid_argument"
@@ -63,7 +66,7 @@ def test_malformed_registration_is_invalid_argument(fields: dict[str, object]) -
 
 
 def test_registration_for_another_run_is_failed_precondition() -> None:
-    c = Coordinator(2, run_id="r1")
+    c = Coordinator(RunPlan(2), run_id="r1")
     with pytest.raises(Reject) as e:
         c.register(pb.RegisterRequest(worker_id="a", run_id="r0"))
     assert kind(e) == "failed_precondition"
@@ -71,7 +74,7 @@ def test_registration_for_another_run_is_failed_precondition() -> None:
 
 
 def test_barrier_opens_when_every_rank_registered_with_rank0_rendezvous() -> None:
-    c = Coordinator(2, run_id="r1")
+    c = Coordinator(RunPlan(2), run_id="r1")
     reg(c, "a", address="10.1.0.1", rendezvous_port=29555)
     first = c.can_start(pb.CanStartTrainingRequest(run_id="r1", worker_id="a"))
     assert not first.ready and first.registered == 1 and first.world_size == 2
@@ -82,7 +85,7 @@ def test_barrier_opens_when_every_rank_registered_with_rank0_rendezvous() -> Non
 
 
 def test_configured_rendezvous_port_and_nccl_when_every_rank_has_it() -> None:
-    c = Coordinator(2, run_id="r1", rendezvous_port=29999)
+    c = Coordinator(RunPlan(2), run_id="r1", rendezvous_port=29999)
     reg(c, "a", backend="nccl")
     reg(c, "b", backend="nccl")
     go = c.can_start(pb.CanStartTrainingRequest(run_id="r1", worker_id="a"))
@@ -90,7 +93,7 @@ def test_configured_rendezvous_port_and_nccl_when_every_rank_has_it() -> None:
 
 
 def test_out_of_order_and_unknown_callers() -> None:
-    c = Coordinator(2, run_id="r1")
+    c = Coordinator(RunPlan(2), run_id="r1")
     reg(c, "a")
     # heartbeat before registering: the caller has no run id yet
     with pytest.raises(Reject) as e:
@@ -160,7 +163,7 @@ def test_bad_cursor_is_invalid_argument_and_foreign_cursor_restarts() -> None:
     with pytest.raises(Reject) as e:
         c.snapshot(b"\xff\xfe not a cursor")
     assert kind(e) == "invalid_argument"
-    other = Coordinator(1, run_id="other")
+    other = Coordinator(RunPlan(1), run_id="other")
     foreign = other.snapshot().cursor
     assert c.snapshot(foreign).full
 
@@ -272,7 +275,7 @@ def test_stop_sends_stop_and_ends_stopped() -> None:
 
 
 def test_stop_before_start_ends_the_run_at_once() -> None:
-    c = Coordinator(2, run_id="r1")
+    c = Coordinator(RunPlan(2), run_id="r1")
     reg(c, "a")
     assert c.request_stop() is RunState.STOPPED
     with pytest.raises(Reject) as e:
@@ -312,7 +315,7 @@ def test_a_death_seen_just_after_its_peers_errors_is_still_the_root_cause() -> N
 
 def test_ranks_lost_together_are_named_together() -> None:
     clock = Clock()
-    c = Coordinator(3, run_id="r1", heartbeat_timeout=5.0, clock=clock)
+    c = Coordinator(RunPlan(3, heartbeat_timeout=5.0), run_id="r1", clock=clock)
     for i, addr in enumerate(("10.0.0.1", "10.0.0.2", "10.0.0.2")):
         reg(c, f"w{i}", address=addr)
     for i in range(3):
@@ -330,7 +333,7 @@ def test_ranks_lost_together_are_named_together_across_expiry_ticks() -> None:
     # A host's ranks fall silent at the same moment, but their last heartbeats are a fraction
     # of a heartbeat interval apart: the expiry tick that finds the first may not find the second.
     clock = Clock()
-    c = Coordinator(4, run_id="r1", heartbeat_timeout=3.0, clock=clock)
+    c = Coordinator(RunPlan(4, heartbeat_timeout=3.0), run_id="r1", clock=clock)
     for i, addr in enumerate(("10.0.0.1", "10.0.0.2", "10.0.0.1", "10.0.0.2")):
         reg(c, f"w{i}", address=addr)
     for i in range(4):
@@ -356,7 +359,7 @@ def test_ranks_lost_together_are_named_together_across_expiry_ticks() -> None:
 
 
 def test_memory_holds_a_bounded_tail_and_cursors_stay_valid() -> None:
-    c = Coordinator(1, run_id="r1", max_points_in_memory=100)
+    c = Coordinator(RunPlan(1, max_points_in_memory=100), run_id="r1")
     reg(c, "w0")
     c.can_start(pb.CanStartTrainingRequest(run_id="r1", worker_id="w0"))
     mirror = StateMirror()
@@ -468,7 +471,9 @@ def test_a_rank_past_the_section_names_cap_is_told_once_in_the_event_log() -> No
 def test_a_master_with_many_callers_asks_for_fewer_beats_and_a_rank_obeys() -> None:
     from orch.runtime._sender import HeartbeatSender
 
-    c = Coordinator(512, run_id="big", heartbeat_timeout=30.0, heartbeat_interval=0.25, clock=Clock())
+    c = Coordinator(
+        RunPlan(512, heartbeat_timeout=30.0, heartbeat_interval=0.25), run_id="big", clock=Clock()
+    )
     for i in range(512):
         reg(c, f"w{i}")
     for i in range(512):
@@ -495,7 +500,7 @@ def test_a_pruners_stop_ends_the_run_pruned() -> None:
     complete(c, "w1", pb.RANK_STOPPED)
     assert c.state is RunState.PRUNED and c.state.done
     assert any(e.kind == "pruned" and e.message == "pruned at step 3" for e in c.events)
-    pending = Coordinator(2, run_id="r2")
+    pending = Coordinator(RunPlan(2), run_id="r2")
     reg(pending, "a")
     assert pending.request_stop(prune=True) is RunState.PRUNED  # before it started
 

@@ -6,10 +6,12 @@ import pytest
 
 from coordinator_calls import heartbeat
 from orch.master.control import events as events_module
+from orch.master.control.plan import RunPlan
 from orch.master.control.series import water_level
-from orch.master.coordinator import Coordinator, RunState
+from orch.master.coordinator import Coordinator
 from orch.wire._proto import orchestrator_pb2 as pb
 from orch.wire.client import StateMirror
+from orch.wire.states import RunState
 
 
 class Clock:
@@ -22,7 +24,7 @@ class Clock:
 
 def started(world: int = 2, clock: Clock | None = None, **kw: object) -> Coordinator:
     clock = clock or Clock()
-    c = Coordinator(world, run_id="r1", heartbeat_timeout=5.0, clock=clock, wall=clock, **kw)  # type: ignore[arg-type]
+    c = Coordinator(RunPlan(world, heartbeat_timeout=5.0, **kw), run_id="r1", clock=clock, wall=clock)  # type: ignore[arg-type]
     for i in range(world):
         c.register(pb.RegisterRequest(worker_id=f"w{i}", host="h", pid=1, rendezvous_port=29500))
     for i in range(world):
@@ -64,7 +66,7 @@ def test_repeated_stop_requests_are_one_event_and_a_count() -> None:
 
 
 def test_a_stop_before_the_start_is_one_event_too() -> None:
-    c = Coordinator(2, run_id="r1", clock=Clock(), wall=Clock())
+    c = Coordinator(RunPlan(2), run_id="r1", clock=Clock(), wall=Clock())
     for _ in range(100):
         assert c.request_stop() is RunState.STOPPED
     assert [e.kind for e in c.events] == ["stop_requested", "finished"] and c.stop_requests == 100
@@ -95,7 +97,7 @@ def test_events_in_memory_are_bounded_and_the_dropped_ones_are_counted(
 ) -> None:
     monkeypatch.setattr(events_module, "MAX_EVENTS_IN_MEMORY", 40)
     clock = Clock()
-    c = Coordinator(1, run_id="r1", max_attempts=1000, clock=clock, wall=clock)
+    c = Coordinator(RunPlan(1, max_attempts=1000), run_id="r1", clock=clock, wall=clock)
     follower = StateMirror()  # polls after every cycle: it sees every event once
     _restart_cycles(c, clock, 5, [follower])
     lagging = StateMirror()
@@ -121,7 +123,7 @@ def test_events_in_memory_are_bounded_and_the_dropped_ones_are_counted(
 def test_a_reply_carries_a_bounded_size_of_events(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(events_module, "MAX_EVENT_BYTES_PER_REPLY", 2000)
     clock = Clock()
-    c = Coordinator(1, run_id="r1", max_attempts=1000, clock=clock, wall=clock)
+    c = Coordinator(RunPlan(1, max_attempts=1000), run_id="r1", clock=clock, wall=clock)
     _restart_cycles(c, clock, 30, [])  # 150 events, about 100 bytes each as counted
     first = c.snapshot()
     assert first.more and 0 < len(first.events) < 150
@@ -132,7 +134,7 @@ def test_a_reply_carries_a_bounded_size_of_events(monkeypatch: pytest.MonkeyPatc
 def test_event_messages_are_bounded_in_bytes_too(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(events_module, "MAX_EVENT_BYTES_IN_MEMORY", 100_000)
     clock = Clock()
-    c = Coordinator(1, run_id="r1", max_attempts=1000, clock=clock, wall=clock)
+    c = Coordinator(RunPlan(1, max_attempts=1000), run_id="r1", clock=clock, wall=clock)
     for _ in range(40):  # each failure's event carries its 10 kB traceback
         clock.t += 1.0
         wid = f"w{c.attempt}"
@@ -165,7 +167,7 @@ def test_one_budget_of_points_for_the_whole_master_and_a_flood_trims_itself() ->
         points(c, "w1", "loss", chunk * 25, 25)  # a real metric: 100 points
     for chunk in range(40):  # a flood: 40 x 300 points under rank 0's name
         points(c, "w0", "flood", chunk * 300, 300)
-        assert c.points_in_memory == held(c) <= 1000
+        assert c.points.points_in_memory == held(c) <= 1000
         while True:
             reply = c.snapshot(follower.cursor)
             follower.apply(reply)
@@ -191,6 +193,6 @@ def test_many_series_share_the_budget() -> None:
                 steps = list(range(round_ * 20, round_ * 20 + 20))
                 req.series.append(pb.Series(name=f"m{m}", steps=steps, values=[0.0] * 20))
             heartbeat(c, req)
-    assert c.points_in_memory == held(c) <= 6400  # 25,600 logged across 128 series
+    assert c.points.points_in_memory == held(c) <= 6400  # 25,600 logged across 128 series
     lengths = {len(c.series(r, n)[0]) for r, n in list(c.points)}
     assert max(lengths) - min(lengths) <= 20  # trimmed evenly: no series emptied for another

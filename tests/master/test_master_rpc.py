@@ -13,12 +13,14 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
 from orch import PortInUseError
-from orch.master.coordinator import Coordinator, RunState
+from orch.master.control.plan import RunPlan
+from orch.master.coordinator import Coordinator
 from orch.master.server import SERVICE_NAME, MasterServer
 from orch.record.store import RunStore, read_metrics
 from orch.wire._proto import orchestrator_pb2 as pb
 from orch.wire._proto import orchestrator_pb2_grpc as pb_grpc
 from orch.wire.client import MasterClient, StateMirror
+from orch.wire.states import RunState
 
 # The deadline of an RPC that is answered at once: generous, for a loaded 2-core machine.
 RPC_DEADLINE = 30.0
@@ -161,14 +163,14 @@ def test_a_named_port_that_is_taken_is_an_error_naming_it() -> None:
         holder.listen()
         port = holder.getsockname()[1]
         with pytest.raises(PortInUseError) as e:
-            MasterServer(Coordinator(1), port=port).start()
+            MasterServer(Coordinator(RunPlan(1)), port=port).start()
         assert str(port) in str(e.value) and "--port" in str(e.value)
 
 
 def test_a_second_master_cannot_share_the_first_ones_port(master: MasterServer) -> None:
     # gRPC's default SO_REUSEPORT would let two servers bind one port and split the traffic.
     with pytest.raises(PortInUseError):
-        MasterServer(Coordinator(1), port=master.port).start()
+        MasterServer(Coordinator(RunPlan(1)), port=master.port).start()
 
 
 def test_default_port_falls_back_to_a_free_one_when_taken() -> None:
@@ -180,7 +182,7 @@ def test_default_port_falls_back_to_a_free_one_when_taken() -> None:
             pass  # something else already holds the default: the fallback is exercised either way
         else:
             holder.listen()
-        server = MasterServer(Coordinator(1)).start()
+        server = MasterServer(Coordinator(RunPlan(1))).start()
         try:
             assert server.port != 50051 and server.port > 0
         finally:
@@ -197,7 +199,7 @@ def test_default_port_taken_between_the_look_and_the_bind_falls_back(
         holder.listen()
         taken = holder.getsockname()[1]
         monkeypatch.setattr("orch.master.server.choose_port", lambda *a, **k: taken)
-        server = MasterServer(Coordinator(1), host="127.0.0.1").start()
+        server = MasterServer(Coordinator(RunPlan(1)), host="127.0.0.1").start()
         try:
             assert server.port not in (taken, 0)
             client = MasterClient(server.address)
@@ -206,7 +208,7 @@ def test_default_port_taken_between_the_look_and_the_bind_falls_back(
         finally:
             server.stop(grace=0.1)
         with pytest.raises(PortInUseError):  # a port the user named is never swapped
-            MasterServer(Coordinator(1), host="127.0.0.1", port=taken).start()
+            MasterServer(Coordinator(RunPlan(1)), host="127.0.0.1", port=taken).start()
 
 
 class _SlowStore(RunStore):
@@ -226,7 +228,7 @@ def test_a_beat_is_answered_only_once_its_points_are_on_disk(tmp_path: Path, bat
     """The reply to a heartbeat says its points are safe: the run dir already holds them when
     it arrives, however slow the disk (an append that takes 0.5 s here)."""
     store = _SlowStore(tmp_path / "run")
-    coord = Coordinator(1, run_id="r", store=store)
+    coord = Coordinator(RunPlan(1), run_id="r", store=store)
     try:
         with MasterServer(coord, port=0) as server, grpc.insecure_channel(server.address) as channel:
             stub = pb_grpc.OrchestratorStub(channel)

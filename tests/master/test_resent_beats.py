@@ -6,13 +6,14 @@ from __future__ import annotations
 from pathlib import Path
 
 from coordinator_calls import heartbeat
+from orch.master.control.plan import RunPlan
 from orch.master.coordinator import Coordinator
 from orch.record.store import RunStore
 from orch.wire._proto import orchestrator_pb2 as pb
 
 
 def test_a_beat_sent_again_adds_its_points_once(tmp_path: Path) -> None:
-    coord = Coordinator(1, run_id="r", clock=lambda: 100.0)
+    coord = Coordinator(RunPlan(1), run_id="r", clock=lambda: 100.0)
     coord.store = RunStore(tmp_path)
     coord.register(pb.RegisterRequest(worker_id="w", host="h", pid=1, rendezvous_port=29400))
     coord.can_start(pb.CanStartTrainingRequest(run_id="r", worker_id="w"))

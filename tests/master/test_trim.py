@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 
 from orch.master import _trim
+from orch.master.control.plan import RunPlan
 from orch.master.coordinator import Coordinator
 from orch.master.server import MasterServer
 
@@ -103,7 +104,7 @@ def test_without_glibc_nothing_runs(monkeypatch: pytest.MonkeyPatch) -> None:
 
 @pytest.mark.usefixtures("fresh")
 def test_a_master_holds_the_trimmer_while_it_serves() -> None:
-    server = MasterServer(Coordinator(1))
+    server = MasterServer(Coordinator(RunPlan(1)))
     with server:
         assert _trim.running() is not None
     assert _trim.running() is None

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 import orch
-from orch.master.coordinator import RunState
 from orch.views.panel import wait_for
+from orch.wire.states import RunState
 
 pytestmark = pytest.mark.timeout(240)
 

@@ -21,9 +21,9 @@ import pytest
 import orch
 from orch.errors import OrchError
 from orch.master.control.series import Series
-from orch.master.coordinator import RunState
 from orch.record.store import RunStore, read_metrics, write_json_atomic
 from orch.wire._proto import orchestrator_pb2 as pb
+from orch.wire.states import RunState
 
 Frames = list[tuple[int, int]]  # (offset, end) of each record of a metrics log
 Points = dict[tuple[int, str], dict[int, float]]  # (rank, metric) -> {step: value}

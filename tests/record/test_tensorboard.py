@@ -24,10 +24,10 @@ from tensorboard.util import tensor_util
 import orch
 from conftest import TESTS
 from orch.errors import ConfigError
-from orch.master.coordinator import RunState
 from orch.record.store import HEADER, MetricsDamage, RunStore, read_metrics, write_json_atomic
 from orch.record.tensorboard import export_runs
 from orch.wire._proto import orchestrator_pb2 as pb
+from orch.wire.states import RunState
 
 pytestmark = pytest.mark.timeout(240)
 sys.path.insert(0, str(TESTS))

@@ -13,12 +13,14 @@ import grpc
 import pytest
 
 from conftest import ORCH, TESTS, TOKEN, guarded_master, until
-from orch.master.coordinator import Coordinator, RankState, RunState
+from orch.master.control.plan import RunPlan
+from orch.master.coordinator import Coordinator
 from orch.master.server import SERVICE_NAME, MasterServer
 from orch.runtime.agent import HostAgent
 from orch.wire._proto import orchestrator_pb2 as pb
 from orch.wire._proto import orchestrator_pb2_grpc as pb_grpc
 from orch.wire.auth import open_channel
+from orch.wire.states import RankState, RunState
 
 BATCH = f"/{SERVICE_NAME}/SendHostHeartbeats"
 SINGLE = f"/{SERVICE_NAME}/SendHeartbeat"
@@ -27,7 +29,7 @@ DEADLINE = 30.0
 
 @pytest.fixture
 def master() -> Iterator[tuple[MasterServer, Coordinator]]:
-    coord = Coordinator(4, run_id="r")
+    coord = Coordinator(RunPlan(4), run_id="r")
     with guarded_master(coord) as server:
         yield server, coord
 
@@ -149,7 +151,7 @@ def test_a_master_that_takes_no_batches_gets_the_beats_one_by_one(monkeypatch: p
 
     monkeypatch.setattr("orch.master.server.OrchestratorServicer.SendHostHeartbeats", unimplemented)
     with (
-        guarded_master(Coordinator(4, run_id="r")) as old,
+        guarded_master(Coordinator(RunPlan(4), run_id="r")) as old,
         HostAgent(old.address, ranks=2, window=5.0, token=TOKEN) as agent,
     ):
         stubs = join(agent.address, 4)
@@ -181,7 +183,7 @@ WORKER_ENV = dict(os.environ, ORCH_TOKEN=TOKEN, PYTHONPATH=str(TESTS), PYTHONUNB
 def test_orch_worker_with_several_ranks_beats_through_its_agent(tmp_path: Path) -> None:
     """Real ranks (torch, gloo) under `orch worker --nproc-per-node 2`: the master sees only
     batched heartbeats, and every rank's points."""
-    coord = Coordinator(2, run_id="agent-run", config_json='{"steps": 40, "sleep": 0.02}')
+    coord = Coordinator(RunPlan(2, config_json='{"steps": 40, "sleep": 0.02}'), run_id="agent-run")
     with guarded_master(coord) as server:
         done = subprocess.run(
             orch_worker(server.address, "jobs:allreduce_steps", tmp_path),
@@ -201,7 +203,7 @@ def test_orch_worker_with_several_ranks_beats_through_its_agent(tmp_path: Path) 
 def test_a_rank_killed_alone_is_named_by_its_host_agent_at_once(tmp_path: Path) -> None:
     """The OOM killer takes one rank's pid: its peers' broken collectives report first, but
     the root cause is the dead rank, with its signal, reported by its host agent."""
-    coord = Coordinator(2, run_id="agent-kill", config_json='{"sleep": 0.05}')
+    coord = Coordinator(RunPlan(2, config_json='{"sleep": 0.05}'), run_id="agent-kill")
     with guarded_master(coord) as server:
         worker = subprocess.Popen(
             orch_worker(server.address, "jobs:long_barriers", tmp_path),

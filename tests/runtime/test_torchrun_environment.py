@@ -21,7 +21,9 @@ import pytest
 import orch
 from conftest import ORCH, orch_cli, until
 from orch.errors import ConfigError, WorkerError
-from orch.master.coordinator import Coordinator, Reject
+from orch.master.control.plan import RunPlan
+from orch.master.control.validate import Reject
+from orch.master.coordinator import Coordinator
 from orch.master.server import MasterServer
 from orch.runtime.joining import check_launched
 from orch.runtime.launcher_env import LaunchedAs, launched_as
@@ -46,7 +48,7 @@ def register(coord: Coordinator, worker: str, rank: int | None = None, world: in
 
 # -- the master's rule ----------------------------------------------------------------------
 def test_a_requested_rank_is_given_whatever_the_registration_order() -> None:
-    coord = Coordinator(3, run_id="r")
+    coord = Coordinator(RunPlan(3), run_id="r")
     assert register(coord, "w2", 2, 3) == 2
     assert register(coord, "w0", 0, 3) == 0
     assert register(coord, "anyone") == 1  # no request: the lowest free rank
@@ -56,12 +58,12 @@ def test_a_requested_rank_is_given_whatever_the_registration_order() -> None:
 
 
 def test_without_a_request_ranks_follow_registration_order() -> None:
-    coord = Coordinator(3, run_id="r")
+    coord = Coordinator(RunPlan(3), run_id="r")
     assert [register(coord, w) for w in ("c", "a", "b")] == [0, 1, 2]
 
 
 def test_the_rendezvous_is_rank_zeros_even_when_it_registered_last() -> None:
-    coord = Coordinator(2, run_id="r", rendezvous_port=29511)
+    coord = Coordinator(RunPlan(2), run_id="r", rendezvous_port=29511)
     register(coord, "w1-long-name", 1, 2)
     assert coord.snapshot(skip_series=True).rendezvous == ""  # rank 0 is not there yet
     register(coord, "w0", 0, 2)
@@ -71,7 +73,7 @@ def test_the_rendezvous_is_rank_zeros_even_when_it_registered_last() -> None:
 
 
 def test_a_taken_rank_is_refused_naming_the_worker_that_holds_it() -> None:
-    coord = Coordinator(2, run_id="r")
+    coord = Coordinator(RunPlan(2), run_id="r")
     register(coord, "holder", 1, 2)
     with pytest.raises(Reject) as e:
         register(coord, "late", 1, 2)
@@ -81,7 +83,7 @@ def test_a_taken_rank_is_refused_naming_the_worker_that_holds_it() -> None:
 
 
 def test_a_rank_past_the_world_size_is_refused() -> None:
-    coord = Coordinator(2, run_id="r")
+    coord = Coordinator(RunPlan(2), run_id="r")
     with pytest.raises(Reject) as e:
         register(coord, "w", 2)
     assert e.value.kind == "invalid_argument"
@@ -92,7 +94,7 @@ def test_a_rank_past_the_world_size_is_refused() -> None:
 
 
 def test_a_launchers_world_size_not_the_masters_is_refused_naming_both() -> None:
-    coord = Coordinator(2, run_id="r")
+    coord = Coordinator(RunPlan(2), run_id="r")
     with pytest.raises(Reject) as e:
         register(coord, "w", 0, 4)
     assert e.value.kind == "failed_precondition"

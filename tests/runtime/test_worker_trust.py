@@ -29,7 +29,8 @@ import torch
 import orch
 from conftest import ORCH, orch_cli
 from orch._text import printable
-from orch.master.coordinator import Coordinator, RunState
+from orch.master.control.plan import RunPlan
+from orch.master.coordinator import Coordinator
 from orch.master.server import MasterServer
 from orch.runtime.context import Context
 from orch.runtime.spec import WorkerSpec
@@ -37,6 +38,7 @@ from orch.runtime.worker import run_worker
 from orch.views.dashboard import render, summary
 from orch.wire._proto import orchestrator_pb2 as pb
 from orch.wire._proto import orchestrator_pb2_grpc as pb_grpc
+from orch.wire.states import RunState
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -329,7 +331,7 @@ def test_a_worker_refuses_a_hostile_checkpoint(
     hostile_checkpoint(root / "evil.pt", marker)
     (checkpoints / "latest").write_text(latest)
     (tmp_path / "loads_a_checkpoint.py").write_text(LOADS_A_CHECKPOINT)
-    coord = Coordinator(1, run_id="victim", heartbeat_timeout=30.0)
+    coord = Coordinator(RunPlan(1, heartbeat_timeout=30.0), run_id="victim")
     server = MasterServer(coord, port=0, token=subprocess_env["ORCH_TOKEN"]).start()
     try:
         worker = orch_cli(
@@ -413,7 +415,7 @@ HOSTILE_TRACEBACK = "Traceback:\n\tboom\x1b[31m red\x1b[0m\r\x9b2J\x00end\x1bP+q
 
 
 def hostile_mirror() -> orch.StateMirror:
-    c = Coordinator(1, run_id="r")
+    c = Coordinator(RunPlan(1), run_id="r")
     c.register(pb.RegisterRequest(worker_id="w", host=HOSTILE_HOST, pid=7, rendezvous_port=1))
     c.can_start(pb.CanStartTrainingRequest(run_id="r", worker_id="w"))
     c.complete(
@@ -451,7 +453,7 @@ def test_orch_status_prints_a_hostile_host_name_without_its_escapes(
     tmp_path: Path, subprocess_env: dict[str, str]
 ) -> None:
     token = subprocess_env["ORCH_TOKEN"]
-    coord = Coordinator(2, run_id="r")
+    coord = Coordinator(RunPlan(2), run_id="r")
     server = MasterServer(coord, port=0, token=token).start()
     try:
         coord.register(pb.RegisterRequest(worker_id="w", host=HOSTILE_HOST, pid=7, rendezvous_port=1))

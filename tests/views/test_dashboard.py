@@ -19,6 +19,7 @@ from rich.console import Console
 
 from conftest import ORCH
 from coordinator_calls import heartbeat
+from orch.master.control.plan import RunPlan
 from orch.master.coordinator import Coordinator
 from orch.views.dashboard import (
     Dashboard,
@@ -38,7 +39,7 @@ from orch.wire.states import RankState, RunState
 
 def mirror_of(losses: dict[int, list[float]], rates: dict[int, int]) -> StateMirror:
     clock = [0.0]
-    c = Coordinator(3, run_id="run-x", clock=lambda: clock[0])
+    c = Coordinator(RunPlan(3), run_id="run-x", clock=lambda: clock[0])
     for i in range(3):
         c.register(pb.RegisterRequest(worker_id=f"w{i}", host=f"h{i}", pid=100 + i, rendezvous_port=1))
     for i in range(3):
@@ -83,7 +84,7 @@ def test_rows_mark_no_loss_yet_divergence_and_stragglers() -> None:
 
 def test_summary_names_the_root_cause_with_its_traceback() -> None:
     m = mirror_of({0: [1.0, 1.0, 1.0]}, {0: 1, 1: 1, 2: 1})
-    c = Coordinator(1, run_id="r")
+    c = Coordinator(RunPlan(1), run_id="r")
     c.register(pb.RegisterRequest(worker_id="w", host="h", pid=7, rendezvous_port=1))
     c.can_start(pb.CanStartTrainingRequest(run_id="r", worker_id="w"))
     c.complete(
@@ -103,7 +104,7 @@ def test_summary_names_the_root_cause_with_its_traceback() -> None:
 def test_dropped_points_are_shown_in_the_dashboard_and_the_panel() -> None:
     m = mirror_of({0: [1.0, 1.0, 1.0]}, {0: 1, 1: 1, 2: 1})
     assert not any("dropped" in line for line in render(m).splitlines())
-    c = Coordinator(1, run_id="d", clock=lambda: 0.0)
+    c = Coordinator(RunPlan(1), run_id="d", clock=lambda: 0.0)
     c.register(pb.RegisterRequest(worker_id="w", host="h", pid=1, rendezvous_port=1))
     c.can_start(pb.CanStartTrainingRequest(run_id="d", worker_id="w"))
     why = "the master refused a heartbeat of 1,234 points: <a series> is bad"
@@ -139,7 +140,7 @@ TRACEBACK = "Traceback (most recent call last):\nValueError: bad"
 
 
 def failed_mirror(host: str = "h", error: str = TRACEBACK) -> StateMirror:
-    c = Coordinator(2, run_id="r-f", clock=lambda: 5.0)
+    c = Coordinator(RunPlan(2), run_id="r-f", clock=lambda: 5.0)
     for i in range(2):
         c.register(pb.RegisterRequest(worker_id=f"w{i}", host=host, pid=7 + i, rendezvous_port=1))
     for i in range(2):
@@ -277,7 +278,7 @@ class StepClient:
 
     def __init__(self) -> None:
         self.clock = [0.0]
-        self.c = Coordinator(2, run_id="run-t", total_steps=3, clock=lambda: self.clock[0])
+        self.c = Coordinator(RunPlan(2, total_steps=3), run_id="run-t", clock=lambda: self.clock[0])
         for i in range(2):
             self.c.register(pb.RegisterRequest(worker_id=f"w{i}", host=f"h{i}", pid=1 + i, rendezvous_port=1))
         for i in range(2):
@@ -410,7 +411,7 @@ def test_a_run_that_stands_still_says_so_with_the_stacks_in_every_view() -> None
     dashboard, orch status's plain text and the panel's HTML say "no progress", mark the
     standing ranks, and show the grouped stacks the ranks sent."""
     clock = [0.0]
-    c = Coordinator(2, run_id="run-h", clock=lambda: clock[0], hang_timeout=5.0)
+    c = Coordinator(RunPlan(2, hang_timeout=5.0), run_id="run-h", clock=lambda: clock[0])
     for i in range(2):
         c.register(pb.RegisterRequest(worker_id=f"w{i}", host=f"h{i}", pid=100 + i, rendezvous_port=1))
     for i in range(2):
@@ -450,7 +451,7 @@ def test_a_run_that_stands_still_says_so_with_the_stacks_in_every_view() -> None
 
 def test_the_start_up_note_is_in_every_view_and_a_plain_dashboard_writes_each_once() -> None:
     clock = [0.0]
-    c = Coordinator(2, run_id="run-s", clock=lambda: clock[0])
+    c = Coordinator(RunPlan(2), run_id="run-s", clock=lambda: clock[0])
     c.starting("starting 2 workers: importing torch")
     clock[0] = 6.0
     m = StateMirror()

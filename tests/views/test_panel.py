@@ -17,13 +17,15 @@ import pytest
 import orch
 from conftest import TESTS, images_sent, notebook_kernel
 from coordinator_calls import heartbeat
-from orch.master.coordinator import Coordinator, RunState
+from orch.master.control.plan import RunPlan
+from orch.master.coordinator import Coordinator
 from orch.master.server import MasterServer
 from orch.views._static import WIDGET_VIEW
 from orch.views.panel import Panel, downsample, wait_for
 from orch.wire._proto import orchestrator_pb2 as pb
 from orch.wire._proto import orchestrator_pb2_grpc as pb_grpc
 from orch.wire.client import StateMirror
+from orch.wire.states import RunState
 
 pytestmark = pytest.mark.timeout(180)
 sys.path.insert(0, str(TESTS))
@@ -232,7 +234,7 @@ class _Source:
 
 def test_table_marks_nan_losses_and_stragglers(widget_messages: list[Any]) -> None:
     clock = [100.0]
-    coord = Coordinator(3, run_id="r", clock=lambda: clock[0])
+    coord = Coordinator(RunPlan(3), run_id="r", clock=lambda: clock[0])
     for i in range(3):
         coord.register(pb.RegisterRequest(worker_id=f"w{i}", host="h", pid=i, rendezvous_port=29400))
     for i in range(3):
@@ -271,7 +273,7 @@ def test_table_marks_nan_losses_and_stragglers(widget_messages: list[Any]) -> No
 def test_with_no_known_total_the_progress_is_a_turning_count_never_a_full_bar(
     widget_messages: list[Any],
 ) -> None:
-    coord = Coordinator(1, run_id="r", clock=lambda: 100.0)  # a still clock: no heartbeat expires
+    coord = Coordinator(RunPlan(1), run_id="r", clock=lambda: 100.0)  # a still clock: no heartbeat expires
     coord.register(pb.RegisterRequest(worker_id="w", host="h", pid=1, rendezvous_port=29400))
     coord.can_start(pb.CanStartTrainingRequest(run_id="r", worker_id="w"))
     heartbeat(coord, pb.HeartbeatRequest(run_id="r", worker_id="w", step=37))  # no total_steps
@@ -300,7 +302,7 @@ def test_with_no_known_total_the_progress_is_a_turning_count_never_a_full_bar(
 
 def test_a_poll_without_new_points_does_not_redraw_the_plot(widget_messages: list[Any]) -> None:
     """Counted in polls, not in time: the time a redraw takes is benchmarks/panel_redraw.py's."""
-    coord = Coordinator(1, run_id="r", clock=lambda: 100.0)  # a still clock: no heartbeat expires
+    coord = Coordinator(RunPlan(1), run_id="r", clock=lambda: 100.0)  # a still clock: no heartbeat expires
     coord.register(pb.RegisterRequest(worker_id="w", host="h", pid=1, rendezvous_port=29400))
     coord.can_start(pb.CanStartTrainingRequest(run_id="r", worker_id="w"))
 
@@ -339,7 +341,7 @@ def test_a_poll_without_new_points_does_not_redraw_the_plot(widget_messages: lis
 
 def test_a_new_metric_does_not_flash_in_place_of_the_one_shown(widget_messages: list[Any]) -> None:
     """ "accuracy" sorts before "loss": new choices must not draw it for a moment."""
-    coord = Coordinator(1, run_id="r", clock=lambda: 100.0)
+    coord = Coordinator(RunPlan(1), run_id="r", clock=lambda: 100.0)
     coord.register(pb.RegisterRequest(worker_id="w", host="h", pid=1, rendezvous_port=29400))
     coord.can_start(pb.CanStartTrainingRequest(run_id="r", worker_id="w"))
 
@@ -447,7 +449,7 @@ def test_the_panel_s_own_pick_follows_a_loss_that_comes_after_orch_s_memory() ->
     """orch's rank/memory reaches the panel before the code's first loss (a slow first step, a
     Lightning run): the panel never picks it, lists it after the code's metrics, and picks the
     loss when it comes; a metric the user picked stays."""
-    coord = Coordinator(1, run_id="r", clock=lambda: 100.0)
+    coord = Coordinator(RunPlan(1), run_id="r", clock=lambda: 100.0)
     coord.register(pb.RegisterRequest(worker_id="w", host="h", pid=1, rendezvous_port=29400))
     coord.can_start(pb.CanStartTrainingRequest(run_id="r", worker_id="w"))
 
@@ -491,7 +493,7 @@ def test_the_log_below_is_rank_0s_once_it_has_one_unless_the_user_picked_another
 ) -> None:
     """Rank 1's log can appear before rank 0's (its process started first): the panel shows it
     meanwhile, then rank 0's, as the saved record does; a rank the user picked stays picked."""
-    coord = Coordinator(2, run_id="r", clock=lambda: 100.0)
+    coord = Coordinator(RunPlan(2), run_id="r", clock=lambda: 100.0)
     for i in range(2):
         coord.register(pb.RegisterRequest(worker_id=f"w{i}", host="h", pid=i, rendezvous_port=29400))
         (tmp_path / f"w{i}.log").write_text(f"line of rank {i}\n")

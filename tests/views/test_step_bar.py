@@ -10,6 +10,7 @@ import pytest
 from rich.console import Console
 
 from coordinator_calls import heartbeat
+from orch.master.control.plan import RunPlan
 from orch.master.coordinator import Coordinator
 from orch.views.rendering import render, run_table
 from orch.views.run_html import SECTION_COLORS, SPLIT_WIDTH_PX, table_html
@@ -23,7 +24,7 @@ def mirror_of(timings: dict[int, pb.StepTiming]) -> StateMirror:
     """A run of len(timings) ranks whose heartbeats carried these step times, judged twice."""
     clock = [100.0]
     n = len(timings)
-    c = Coordinator(n, run_id="r", clock=lambda: clock[0])
+    c = Coordinator(RunPlan(n), run_id="r", clock=lambda: clock[0])
     for i in range(n):
         c.register(pb.RegisterRequest(worker_id=f"w{i}", host="h", pid=i, rendezvous_port=1))
     for i in range(n):

@@ -17,10 +17,11 @@ pytestmark = pytest.mark.timeout(180)
 IDLE_CELL = """\
 import time
 from orch.master.coordinator import Coordinator
+from orch.master.control.plan import RunPlan
 from orch.master.server import MasterServer
 from orch.wire.client import MasterClient
 
-server = MasterServer(Coordinator(1), port=0, idle_timeout=0.5).start()
+server = MasterServer(Coordinator(RunPlan(1)), port=0, idle_timeout=0.5).start()
 client = MasterClient(f"127.0.0.1:{server.port}")
 client.wait_ready(10)
 time.sleep(2.5)  # the cell waits; the master closes the idle connection meanwhile

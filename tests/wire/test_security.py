@@ -22,13 +22,15 @@ from hypothesis import strategies as st
 
 import orch
 from conftest import ORCH, TESTS, TOKEN, make_certificate, orch_cli
-from orch.master.coordinator import Coordinator, RunState
+from orch.master.control.plan import RunPlan
+from orch.master.coordinator import Coordinator
 from orch.master.server import MasterServer
 from orch.runtime.spec import WorkerSpec
 from orch.runtime.worker import run_worker
 from orch.wire._proto import orchestrator_pb2 as pb
 from orch.wire._proto import orchestrator_pb2_grpc as pb_grpc
 from orch.wire.auth import open_channel
+from orch.wire.states import RunState
 
 sys.path.insert(0, str(TESTS))
 pytestmark = pytest.mark.timeout(300)
@@ -77,8 +79,8 @@ def test_the_health_check_needs_no_token_and_the_right_token_works(
 
 def test_binding_beyond_loopback_needs_a_token() -> None:
     with pytest.raises(orch.ConfigError, match="without a token"):
-        MasterServer(Coordinator(1), host="0.0.0.0", port=0)
-    server = MasterServer(Coordinator(1), host="0.0.0.0", port=0, token=TOKEN).start()
+        MasterServer(Coordinator(RunPlan(1)), host="0.0.0.0", port=0)
+    server = MasterServer(Coordinator(RunPlan(1)), host="0.0.0.0", port=0, token=TOKEN).start()
     server.stop(grace=0.1)
 
 
@@ -277,7 +279,7 @@ def test_the_fuzzed_run_still_finishes_with_identical_parameters(live_run: orch.
 @pytest.fixture(scope="module")
 def stoppable() -> Iterator[tuple[MasterServer, Coordinator]]:
     """A master of its own for StopRun, which would end the live run the other fuzz test needs."""
-    coord = Coordinator(2, run_id="stop-fuzz")
+    coord = Coordinator(RunPlan(2), run_id="stop-fuzz")
     server = MasterServer(coord, port=0, token=TOKEN).start()
     try:
         yield server, coord

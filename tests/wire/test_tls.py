@@ -13,8 +13,8 @@ from cryptography import x509
 
 import orch
 from conftest import ORCH, make_certificate
-from orch.master.coordinator import RunState
 from orch.wire.auth import certificate_name
+from orch.wire.states import RunState
 
 pytestmark = pytest.mark.timeout(240)
 

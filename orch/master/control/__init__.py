@@ -8,14 +8,14 @@
 - :mod:`.lifecycle`: the run's state machine; every transition is declared in one table.
 - :mod:`.judge`: which failure is the root cause, kept as a structured :class:`~.judge.RootCause`.
 - :mod:`.fate`: how the ends of ranks, stops, failures and restarts move the run (drives the two above).
-- :mod:`.stopping`: a stop asked of the run, counted, the one step every rank stops at, and
-  how the run's fate carries it out (reached, or forced after the grace).
+- :mod:`.stopping`: a stop asked of the run, counted, and the one step every rank stops at
+  (:mod:`.fate` carries it out: reached, or forced after the grace).
 - :mod:`.policies`: what a hang does (``on_hang``) and whether a failure restarts the group
   (``max_restarts``), as objects that return decisions.
 - :mod:`.hosts` and :mod:`.host_sync`: the host agents, and restarts across hosts (elastic too).
 - :mod:`.stragglers` and :mod:`.straggler_watch`: who holds the others back, and when it is judged.
 - :mod:`.cluster_job`: the scheduler's job the ranks run in, and when its news is an event.
-- :mod:`.facade`: what the parts hold, by the names callers use (``coordinator.state``...).
+- :mod:`.plan`: what the master holds the run to (:class:`~.plan.RunPlan`), made from the launch's spec.
 - :mod:`.snapshot`: a GetState reply built from the parts, its points copied outside the lock.
 
 None of them takes a lock, reads a clock or touches gRPC: the coordinator holds the one lock

@@ -24,7 +24,7 @@ from orch.master.control.lifecycle import Lifecycle
 from orch.master.control.memory import oom_cause
 from orch.master.control.policies import RestartPolicy
 from orch.master.control.registry import RankRecord, Registry
-from orch.master.control.stopping import StopOrder, Stops
+from orch.master.control.stopping import StopOrder, stop_step
 from orch.wire._proto import orchestrator_pb2 as pb
 from orch.wire.limits import clip
 from orch.wire.stacks import ranks_text
@@ -33,7 +33,7 @@ from orch.wire.states import EXIT_ABORTED, RankState, RunState, describe_exit
 Tell = Callable[[str, int, str], None]  # (kind, rank, message): an event for the run's log
 
 
-class Fate(Stops):
+class Fate:
     """The run's state, its root cause and its stop, moved by the ends of its ranks."""
 
     def __init__(
@@ -293,6 +293,56 @@ class Fate(Stops):
         self._tell("restart", -1, f"attempt {self.lifecycle.attempt} of {self.lifecycle.max_attempts}")
         self._changed()
         return self.lifecycle.attempt
+
+    def request_stop(
+        self, reason: str, registry: Registry, now: float, *, prune: bool = False, gate: int = 0
+    ) -> RunState:
+        """Ask the ranks to stop (see :class:`.stopping.StopOrder`); returns the run's state.
+        A ``prune`` stop (a sweep's pruner's) ends the run PRUNED where a stop ends it STOPPED.
+        ``gate``: a sweep's rung the ranks wait after (0: none); no rank past it, a loop without
+        ctx.steps ends there (see :func:`.stopping.stop_step`)."""
+        if not self.stop.ask(self.state.done):
+            return self.state
+        self.stop.prune = prune
+        self._tell("pruned" if prune else "stop_requested", -1, reason or "stop requested")
+        if self.state is RunState.PENDING:
+            self.finish(self.stop.ended, now)
+        elif self.state is RunState.RUNNING:
+            self.lifecycle.to(RunState.STOPPING, now)
+            self.stop.at_step = stop_step(registry.ranks, gate)
+            self.stop.asked_at = now
+            self._changed()
+        return self.state  # RESTARTING: the launcher ends the run instead of restarting it
+
+    def overdue_stop(self, registry: Registry, now: float, grace: float) -> bool:
+        """A stop the ranks did not reach within ``grace`` seconds (ranks stuck in a collective
+        never reach their next step): the ranks left are ended (their heartbeats' replies say
+        ABORT; the launcher terminates what does not go) and the run is STOPPED, saying so.
+        Half way through, their stacks are asked for, to show where they were stuck. True when
+        the stacks are to be asked for now."""
+        asked = self.stop.asked_at
+        if self.state is not RunState.STOPPING or asked is None:
+            return False
+        left = [r for r in registry.ranks if not r.state.done]
+        if now - asked <= grace or not left:
+            if now - asked > grace / 2 and left and not self.stop.stacks_asked:
+                self.stop.stacks_asked = True
+                return True
+            return False
+        note = (
+            f"stopped; {ranks_text([r.rank for r in left])} did not reach a step boundary within "
+            f"{grace:g}s and {'was' if len(left) == 1 else 'were'} terminated"
+        )
+        self.stop.note = note
+        self._tell("stop_escalated", -1, note)
+        self._force_end(
+            left,
+            RankState.STOPPED,
+            f"did not reach a step boundary within {grace:g}s of the stop: terminated",
+            now,
+        )
+        self.finish(self.stop.ended, now)
+        return False
 
     def finish(self, state: RunState, now: float) -> None:
         self.lifecycle.to(state, now)

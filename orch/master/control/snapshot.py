@@ -12,11 +12,19 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Protocol
 
-from orch.master.control.facade import RunFacade
+from orch.master.control.cluster_job import JobWatch
+from orch.master.control.events import EventLog
+from orch.master.control.fate import Fate
+from orch.master.control.intake import Intake
+from orch.master.control.plan import RunPlan
+from orch.master.control.progress import ProgressWatch
 from orch.master.control.published import Published, framed
 from orch.master.control.registry import RankRecord
 from orch.master.control.series import MAX_POINTS_PER_REPLY, SeriesLog, Slice, varint, yield_gil
+from orch.master.control.startup import StartupWatch
+from orch.master.control.straggler_watch import StragglerWatch
 from orch.wire._proto import orchestrator_pb2 as pb
 from orch.wire.states import RUN_STATE_PB, RunState
 
@@ -91,8 +99,26 @@ class StateDraft:
         return self.reply
 
 
+class Run(Protocol):
+    """What a reply is drafted from: a run's settings and its parts, as the coordinator owns them."""
+
+    run_id: str
+    world_size: int
+    plan: RunPlan
+    intake: Intake
+    event_log: EventLog
+    published: Published
+    fate: Fate
+    cluster_job: JobWatch
+    stragglers: StragglerWatch
+    progress: ProgressWatch
+    startup: StartupWatch
+
+    def active_rendezvous_port(self) -> int: ...
+
+
 def draft_reply(
-    run: RunFacade,
+    run: Run,
     cursor: bytes,
     prev: pb.StateCursor,
     now: float,
@@ -110,43 +136,46 @@ def draft_reply(
     budget = min(max_points or MAX_POINTS_PER_REPLY, MAX_POINTS_PER_REPLY)
     # A full reply (the caller starts over) without a cursor, with another run's, or with one
     # from before a restart rewound a series (another epoch): its offsets count other points.
-    full = not cursor or prev.run_id != run.run_id or prev.epoch != run.points.epoch
+    full = not cursor or prev.run_id != run.run_id or prev.epoch != run.intake.points.epoch
     sent = {} if full else dict(zip(prev.keys, prev.offsets, strict=True))
-    root = run.root_cause
+    fate, ranks = run.fate, run.intake.registry.ranks
+    cause = fate.judge.cause
+    root = cause.record if cause is not None else None
+    lifecycle = fate.lifecycle
     port = run.active_rendezvous_port()
     reply = pb.GetStateResponse(
         run_id=run.run_id,
-        state=RUN_STATE_PB[run.state.value],
+        state=RUN_STATE_PB[lifecycle.state.value],
         world_size=run.world_size,
-        registered=len(run.ranks),
-        total_steps=run.total_steps or max((r.total_steps for r in run.ranks), default=0),
-        elapsed=run.lifecycle.elapsed(now),
-        failure=run.failure,
+        registered=len(ranks),
+        total_steps=run.plan.total_steps or max((r.total_steps for r in ranks), default=0),
+        elapsed=lifecycle.elapsed(now),
+        failure=fate.failure,
         full=full,
         root_cause_rank=root.rank if root is not None else -1,
-        attempt=run.attempt,
-        max_attempts=run.max_attempts,
-        root_cause_error=run.cause.error if run.cause is not None else "",
+        attempt=lifecycle.attempt,
+        max_attempts=lifecycle.max_attempts,
+        root_cause_error=cause.error if cause is not None else "",
         root_cause_exit_code=root.exit_code if root is not None else 0,
-        rendezvous=f"{rank0.address}:{port}" if (rank0 := run.registry.rank0) and port else "",
+        rendezvous=f"{rank0.address}:{port}" if (rank0 := run.intake.registry.rank0) and port else "",
     )
-    if run.job is not None:
-        reply.job.CopyFrom(run.job)
-    v = run.verdict
+    if run.cluster_job.job is not None:
+        reply.job.CopyFrom(run.cluster_job.job)
+    v = run.stragglers.verdict
     reply.stragglers_judged, reply.straggler_rank = v.judged, v.rank
     # A run that ended before it could be judged says so, not "yet".
-    reply.straggler_section, reply.straggler_note = v.section, v.shown(run.state.done)
-    reply.startup_note, reply.startup_seconds = run.startup.note(run.state, run.ranks, run.world_size, now)
-    live = run.state in (RunState.RUNNING, RunState.STOPPING)
+    reply.straggler_section, reply.straggler_note = v.section, v.shown(lifecycle.state.done)
+    reply.startup_note, reply.startup_seconds = run.startup.note(lifecycle.state, ranks, run.world_size, now)
+    live = lifecycle.state in (RunState.RUNNING, RunState.STOPPING)
     # A run that ended while its ranks stood still keeps the stall as evidence (how long, which
     # ranks, and below, their grouped stacks with the odd one out), beside how it ended.
-    stall_at = now if live or run.ended_at is None else run.ended_at
-    stalled = run.progress.stalled_for(stall_at) if live or run.state.done else 0.0
+    stall_at = now if live or lifecycle.ended_at is None else lifecycle.ended_at
+    stalled = run.progress.stalled_for(stall_at) if live or lifecycle.state.done else 0.0
     reply.stalled_for = stalled
     note = run.progress.note(stall_at) if stalled else ""
     if note and not live:
         note += ", when the run ended"
-    reply.progress_note = "; ".join(n for n in (note, run.fate.stop.note) if n)
+    reply.progress_note = "; ".join(n for n in (note, fate.stop.note) if n)
     # The stacks as last told (a stall's, once every rank answered or the wait was over; or
     # the last ones asked for): never a half-answered picture while the ranks' answers come.
     grouped = run.progress.stacks
@@ -154,13 +183,13 @@ def draft_reply(
         reply.stacks, reply.stacks_taken = str(grouped), run.progress.stacks_taken
     # An ended run's ages stand still at its end (a finished rank beats no more). The ranks'
     # records are turned into the reply's after the lock (see StateDraft.publish).
-    at = run.ended_at if run.ended_at is not None else now
-    nxt = pb.StateCursor(run_id=run.run_id, epoch=run.points.epoch)
-    plan, more = ([], False) if skip_series else run.points.plan(sent, budget, nxt)
+    at = lifecycle.ended_at if lifecycle.ended_at is not None else now
+    nxt = pb.StateCursor(run_id=run.run_id, epoch=run.intake.points.epoch)
+    plan, more = ([], False) if skip_series else run.intake.points.plan(sent, budget, nxt)
     nxt.events = run.event_log.since(0 if full else max(0, prev.events), reply, wall)
     reply.more = reply.more or more
     since = prev.ranks_seen if changed_ranks and not full else 0
-    return StateDraft(reply, nxt, plan, list(run.ranks), at, run.published, since)
+    return StateDraft(reply, nxt, plan, list(ranks), at, run.published, since)
 
 
 # GetStateResponse.series: field 8, length-delimited.

@@ -17,6 +17,7 @@ from orch.master.control.memory import (
     oom_cause,
 )
 from orch.master.control.memory_watch import MemoryWatch
+from orch.master.control.plan import RunPlan
 from orch.master.control.registry import RankRecord
 from orch.master.coordinator import Coordinator
 from orch.wire._proto import orchestrator_pb2 as pb
@@ -145,7 +146,7 @@ def test_the_watch_judges_running_ranks_at_most_once_a_second() -> None:
 
 def running_coordinator() -> tuple[Coordinator, Clock]:
     clock = Clock()
-    c = Coordinator(2, run_id="r", clock=clock, wall=clock)
+    c = Coordinator(RunPlan(2), run_id="r", clock=clock, wall=clock)
     reg(c, "w0")
     reg(c, "w1")
     for w in ("w0", "w1"):

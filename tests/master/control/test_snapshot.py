@@ -1,47 +1,35 @@
 """orch.master.control.snapshot: a GetState reply built from a run's parts, with only what the
 caller's cursor has not seen, its points planned first and copied after. The run is made of
-bare parts (as in test_facade), without a coordinator, lock or clock."""
+parts of a coordinator driven by hand, without its lock or clock."""
 
 from __future__ import annotations
+
+import dataclasses
 
 import pytest
 
 from orch.master.control import snapshot as snapshot_module
-from orch.master.control.cluster_job import JobWatch
-from orch.master.control.events import EventLog
-from orch.master.control.facade import RunFacade
-from orch.master.control.fate import Fate
-from orch.master.control.host_sync import HostSync
-from orch.master.control.intake import Intake
 from orch.master.control.judge import CauseKind
-from orch.master.control.progress import ProgressWatch
-from orch.master.control.published import Published
+from orch.master.control.plan import RunPlan
 from orch.master.control.snapshot import draft_reply
 from orch.master.control.startup import StartupWatch
-from orch.master.control.straggler_watch import StragglerWatch
 from orch.master.control.stragglers import Verdict
 from orch.master.control.validate import parse_cursor
+from orch.master.coordinator import Coordinator
 from orch.wire._proto import orchestrator_pb2 as pb
 from orch.wire.client import StateMirror
 from orch.wire.states import RankState
 
 
-class Run(RunFacade):
-    def __init__(self, world: int = 2, *, max_points: int = 1000, rendezvous_port: int = 0) -> None:
-        self.run_id, self.world_size, self.total_steps = "r1", world, 0
-        self.rendezvous_port = rendezvous_port
-        self.intake = Intake(world, max_points)
-        self.event_log = EventLog()
-        self.published = Published()
-        self.fate = Fate(1, self.tell, lambda: None)
-        self.host_sync = HostSync()
-        self.cluster_job = JobWatch()
-        self.stragglers = StragglerWatch()
-        self.progress = ProgressWatch()
-        self.startup = StartupWatch(90.0)
+class Run(Coordinator):
+    """A coordinator whose parts the tests drive by hand, launched at 100.0 on its clock."""
 
-    def tell(self, kind: str, rank: int, message: str) -> None:
-        self.event_log.append(pb.Event(time=5.0, kind=kind, rank=rank, message=message))
+    def __init__(self, world: int = 2, *, max_points: int = 1000, rendezvous_port: int = 0) -> None:
+        plan = RunPlan(world, max_points_in_memory=max_points)
+        port = rendezvous_port
+        super().__init__(plan, run_id="r1", rendezvous_port=port, clock=lambda: 100.0, wall=lambda: 5.0)
+        self._lock.acquire()  # held throughout, as the coordinator holds it to drive its parts
+        self.startup = StartupWatch(90.0)  # the launch began its start-up 10 s earlier
 
     def started(self) -> Run:
         for i in range(self.world_size):
@@ -88,7 +76,7 @@ def test_the_header_says_the_runs_state() -> None:
         False, -1, "not judged yet: stragglers are judged once every rank runs",
     )  # fmt: skip
     assert (r.startup_note, r.startup_seconds) == ("", 0.0)  # a rank reported a step: no note
-    run.total_steps = 80
+    run.plan = dataclasses.replace(run.plan, total_steps=80)  # the run's own
     assert reply(run).total_steps == 80
 
 

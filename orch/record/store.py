@@ -31,6 +31,7 @@ from orch.errors import OrchError
 from orch.record.owned import open_own, read_line
 from orch.record.writes import own_dir, write_json
 from orch.wire._proto import orchestrator_pb2 as pb
+from orch.wire.codec import field_key
 
 log = logging.getLogger(__name__)
 
@@ -124,10 +125,12 @@ class RunStore:
 
 
 _NOTED_REGIONS = 10
-# A MetricRecord's payload starts with one of its fields' tags: rank (field 1, varint),
-# attempt (2, varint) or series (3, length-delimited).
-_TAGS = bytes([1 << 3 | 0, 2 << 3 | 0, 3 << 3 | 2])
-_SERIES_TAG = _TAGS[2]
+# A MetricRecord's payload is its fields, each after its key: rank and attempt (varints) and
+# series (length-delimited). The scan after damage reads a key as one byte: so they must be.
+_TAGS = b"".join(field_key(pb.MetricRecord, name) for name in ("rank", "attempt", "series"))
+_SERIES_TAG = field_key(pb.MetricRecord, "series")[0]
+if len(_TAGS) != 3:
+    raise ImportError("MetricRecord's rank, attempt and series must be numbered below 16 (one-byte keys)")
 # Where a record may start after damage, matched from the header's 4th byte on: the high
 # byte of a length of at most MAX_RECORD, the crc (any 4 bytes), a tag. The regex engine
 # skips a damaged stretch in C; the few offsets it stops at are checked in Python.

@@ -20,8 +20,9 @@ import threading
 from collections.abc import Callable, Sequence
 
 from orch.master.control.registry import RankRecord
-from orch.master.control.series import Turns, varint, yield_gil
+from orch.master.control.series import Turns, yield_gil
 from orch.wire._proto import orchestrator_pb2 as pb
+from orch.wire.codec import field_key, varint
 from orch.wire.ranks import RankView
 from orch.wire.states import RankState
 
@@ -35,13 +36,9 @@ _SEEN = operator.attrgetter(
 )
 
 
-def _double_tag(name: str) -> bytes:
-    return varint(pb.RankInfo.DESCRIPTOR.fields_by_name[name].number << 3 | 1)  # 64-bit
-
-
-_AGES = struct.Struct("<" + "".join(f"{len(_double_tag(a))}sd" for a in AGES))
-_AGE_TAGS = [_double_tag(a) for a in AGES]
-RANKS_TAG = bytes([pb.GetStateResponse.DESCRIPTOR.fields_by_name["ranks"].number << 3 | 2])
+_AGE_TAGS = [field_key(pb.RankInfo, a) for a in AGES]  # doubles: 64-bit
+_AGES = struct.Struct("<" + "".join(f"{len(tag)}sd" for tag in _AGE_TAGS))
+RANKS_TAG = field_key(pb.GetStateResponse, "ranks")
 
 
 class Published:

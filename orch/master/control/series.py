@@ -12,6 +12,7 @@ from typing import NamedTuple
 
 from orch.master.control.validate import Reject
 from orch.wire._proto import orchestrator_pb2 as pb
+from orch.wire.codec import field_key, varint
 from orch.wire.limits import MAX_METRICS_PER_RANK
 from orch.wire.ranks import loss_name
 
@@ -204,24 +205,8 @@ class Turns:
             self._since = time.perf_counter()
 
 
-def varint(n: int) -> bytes:
-    """``n`` as a protobuf varint."""
-    out = bytearray()
-    while True:
-        byte, n = n & 0x7F, n >> 7
-        if n:
-            out.append(byte | 0x80)
-        else:
-            out.append(byte)
-            return bytes(out)
-
-
-def _packed_tag(field: str) -> bytes:
-    return bytes([(pb.Series.DESCRIPTOR.fields_by_name[field].number << 3) | 2])  # length-delimited
-
-
-VALUES_TAG, TIMES_TAG = _packed_tag("values"), _packed_tag("times")
-RANK_TAG = bytes([pb.Series.DESCRIPTOR.fields_by_name["rank"].number << 3])  # a varint
+VALUES_TAG, TIMES_TAG = field_key(pb.Series, "values"), field_key(pb.Series, "times")
+RANK_TAG = field_key(pb.Series, "rank")
 # Doubles go on the wire as little-endian 8-byte floats: the arrays' own bytes on such a machine.
 RAW_DOUBLES = sys.byteorder == "little"
 

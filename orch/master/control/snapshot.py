@@ -22,10 +22,11 @@ from orch.master.control.plan import RunPlan
 from orch.master.control.progress import ProgressWatch
 from orch.master.control.published import Published, framed
 from orch.master.control.registry import RankRecord
-from orch.master.control.series import MAX_POINTS_PER_REPLY, SeriesLog, Slice, varint, yield_gil
+from orch.master.control.series import MAX_POINTS_PER_REPLY, SeriesLog, Slice, yield_gil
 from orch.master.control.startup import StartupWatch
 from orch.master.control.straggler_watch import StragglerWatch
 from orch.wire._proto import orchestrator_pb2 as pb
+from orch.wire.codec import field_key, varint
 from orch.wire.states import RUN_STATE_PB, RunState
 
 
@@ -192,5 +193,4 @@ def draft_reply(
     return StateDraft(reply, nxt, plan, list(ranks), at, run.published, since)
 
 
-# GetStateResponse.series: field 8, length-delimited.
-SERIES_TAG = bytes([(pb.GetStateResponse.DESCRIPTOR.fields_by_name["series"].number << 3) | 2])
+SERIES_TAG = field_key(pb.GetStateResponse, "series")

@@ -40,7 +40,6 @@ from orch.views.rendering import (
     split_bar,
     split_text,
     state_counts,
-    stragglers,
     summary,
     sweep_table,
 )
@@ -60,7 +59,6 @@ __all__ = [
     "show",
     "split_bar",
     "split_text",
-    "stragglers",
     "summary",
     "sweep_table",
 ]

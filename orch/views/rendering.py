@@ -24,8 +24,7 @@ from rich.spinner import Spinner
 from rich.table import Table
 from rich.text import Text
 
-from orch._text import number_text as number_text  # the sweep's views import it from here
-from orch._text import printable, size_text, value_text
+from orch._text import number_text, printable, size_text, value_text
 from orch.experiments.results import nonfinite_text
 from orch.master.control.stragglers import too_short
 from orch.views.rank_rows import MarkKind, nonfinite_marks, rank_table

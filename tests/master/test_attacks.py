@@ -27,7 +27,7 @@ from conftest import TESTS, TOKEN
 from orch.master import coordinator as coordinator_module
 from orch.master.coordinator import MAX_EVENTS_IN_MEMORY, MAX_POINTS_IN_MEMORY, Coordinator, RunState
 from orch.master.server import MAX_MESSAGE_BYTES, SERVICE_NAME, MasterServer
-from orch.views.panel import wait_for
+from orch.views.waiting import wait_for
 from orch.wire._proto import orchestrator_pb2 as pb
 from orch.wire._proto import orchestrator_pb2_grpc as pb_grpc
 from orch.wire.auth import MAX_AUTH_HEADER_BYTES, open_channel

@@ -10,7 +10,7 @@ import pytest
 
 import orch
 from orch.master.coordinator import RunState
-from orch.views.panel import wait_for
+from orch.views.waiting import wait_for
 
 pytestmark = pytest.mark.timeout(240)
 

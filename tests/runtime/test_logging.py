@@ -17,7 +17,7 @@ from orch.errors import StopTraining
 from orch.master.coordinator import RunState
 from orch.runtime._sender import HeartbeatSender
 from orch.runtime.context import Context
-from orch.views.panel import wait_for
+from orch.views.waiting import wait_for
 from orch.wire._proto import orchestrator_pb2 as pb
 
 pytestmark = pytest.mark.timeout(240)

@@ -20,17 +20,9 @@ from rich.console import Console
 from conftest import ORCH
 from coordinator_calls import heartbeat
 from orch.master.coordinator import Coordinator
-from orch.views.dashboard import (
-    Dashboard,
-    SweepDashboard,
-    render,
-    render_sweep_plain,
-    run_table,
-    show,
-    summary,
-    sweep_table,
-)
+from orch.views.dashboard import Dashboard, SweepDashboard, show
 from orch.views.rank_rows import MAX_TABLE_ROWS
+from orch.views.rendering import render, render_sweep_plain, run_table, summary, sweep_table
 from orch.views.run_html import header_html, progress_html, table_html
 from orch.wire._proto import orchestrator_pb2 as pb
 from orch.wire.client import StateMirror

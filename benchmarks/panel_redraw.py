@@ -123,7 +123,9 @@ def _state_bytes(coord: Any) -> int:
 def measure(level: Level, coord: Any, address: str, iterations: int, have: int) -> int:
     import numpy as np
 
-    from orch.views.panel import Panel, downsample, wait_for
+    from orch.views.panel import Panel
+    from orch.views.rank_plot import downsample
+    from orch.views.waiting import wait_for
 
     source = Source(address)
     client = source.connect()

@@ -46,9 +46,10 @@ if TYPE_CHECKING:
         RunFailed,
         WorkerError,
     )
-    from orch.experiments.catalog import RunTable, close_all, runs
+    from orch.experiments.catalog import close_all
     from orch.experiments.pruning import ASHA, SHA, MedianStop
     from orch.experiments.results import SweepResults
+    from orch.experiments.run_table import RunTable, runs
     from orch.experiments.space import choice, grid, loguniform, randint, uniform
     from orch.experiments.sweep import Sweep, sweep
     from orch.experiments.trial import Trial
@@ -95,7 +96,7 @@ _EXPORTS = {
     "RunFailed": "orch.errors",
     "RunResult": "orch.launchers.contract",
     "RunState": "orch.wire.states",
-    "RunTable": "orch.experiments.catalog",
+    "RunTable": "orch.experiments.run_table",
     "Slurm": "orch.launchers.slurm.options",
     "SlurmError": "orch.launchers.slurm.options",
     "StateMirror": "orch.wire.client",
@@ -112,7 +113,7 @@ _EXPORTS = {
     "load_run": "orch.launchers.loaded",
     "log": "orch.runtime.current",
     "context": "orch.runtime.current",
-    "runs": "orch.experiments.catalog",
+    "runs": "orch.experiments.run_table",
     "sweep": "orch.experiments.sweep",
 }
 

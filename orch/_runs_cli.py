@@ -13,7 +13,9 @@ from typing import Any
 
 from orch._text import printable
 from orch.errors import ConfigError, OrchError
-from orch.experiments import catalog
+from orch.experiments.run_detail import describe, find_run, rank_log
+from orch.experiments.run_row import CRASHED, read_row
+from orch.experiments.run_table import runs
 from orch.record.owned import MAX_LINE_BYTES, open_own, read_line
 
 
@@ -47,7 +49,7 @@ def add_parsers(sub: Any) -> None:
 
 
 def cmd_runs(args: argparse.Namespace) -> int:
-    table = catalog.runs(args.run_root).filter(state=args.state, sweep=args.sweep)
+    table = runs(args.run_root).filter(state=args.state, sweep=args.sweep)
     if args.json:
         print(json.dumps(table.as_dicts(), indent=2))
     else:
@@ -56,13 +58,13 @@ def cmd_runs(args: argparse.Namespace) -> int:
 
 
 def cmd_show(args: argparse.Namespace) -> int:
-    print(catalog.describe(catalog.read_row(catalog.find_run(args.run, args.run_root))))
+    print(describe(read_row(find_run(args.run, args.run_root))))
     return 0
 
 
 def cmd_logs(args: argparse.Namespace) -> int:
-    run_dir = catalog.find_run(args.run, args.run_root)
-    world_size = catalog.read_row(run_dir).world_size
+    run_dir = find_run(args.run, args.run_root)
+    world_size = read_row(run_dir).world_size
     if world_size and args.rank >= world_size:  # a bad argument, as every other one: exit 2
         raise ConfigError(
             f"--rank {args.rank}: run {run_dir.name} has {world_size} rank{'s' if world_size > 1 else ''}"
@@ -70,7 +72,7 @@ def cmd_logs(args: argparse.Namespace) -> int:
         )
     if args.follow:
         return _follow_log(run_dir, args.rank)
-    path = catalog.rank_log(run_dir, args.rank)
+    path = rank_log(run_dir, args.rank)
     if path is None or not path.is_file():
         logs = sorted(p.name for p in (run_dir / "logs").glob("*.log"))
         why = f"rank {args.rank} has not registered" if path is None else f"{path} does not exist"
@@ -106,11 +108,11 @@ def _follow_log(run_dir: Path, rank: int, interval: float = 0.25) -> int:
     try:
         while True:
             # Whether it ended is decided before the last read, so that read sees everything.
-            ended = (run_dir / "result.json").exists() or catalog.read_row(run_dir).state == catalog.CRASHED
+            ended = (run_dir / "result.json").exists() or read_row(run_dir).state == CRASHED
             size = _size(run_dir / "events.jsonl")
             if size != events_size or current is None or ended:
                 events_size = size
-                path = catalog.rank_log(run_dir, rank)
+                path = rank_log(run_dir, rank)
                 if path is not None and path != current:
                     if current is not None:
                         flush(partial)

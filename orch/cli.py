@@ -20,7 +20,7 @@ from orch import _runs_cli, _sweep_cli, _worker_cli
 from orch._cli_common import Parser, positive, run_command, seconds, token_of, token_options
 from orch._text import printable
 from orch.errors import ConfigError, PortInUseError, RunFailed
-from orch.experiments import catalog
+from orch.experiments.run_row import read_row
 from orch.launchers.attached import open_run
 from orch.launchers.clusters import ClusterFlags, flags_given, kinds
 from orch.launchers.contract import exit_code
@@ -32,8 +32,9 @@ from orch.launchers.spec import LaunchSpec
 from orch.record.rundir import write_result
 from orch.record.store import RunStore
 from orch.runtime.nested import refuse_launch
-from orch.views.dashboard import Dashboard, show, summary
+from orch.views.dashboard import Dashboard, show
 from orch.views.output import OutputFollower, parse_ranks
+from orch.views.rendering import summary
 from orch.wire.auth import certificate_name, new_token, token_from_env
 from orch.wire.client import MasterClient, StateMirror
 from orch.wire.net import split_address
@@ -304,7 +305,7 @@ def cmd_stacks(args: argparse.Namespace) -> int:
     run = open_run(args.run, args.run_root, token=token, tls_ca=args.tls_ca, timeout=args.timeout)
     with run:
         if isinstance(run, LoadedRun):
-            row = catalog.read_row(run.run_dir)
+            row = read_row(run.run_dir)
             if row.state == RunState.RUNNING.value:
                 raise ConfigError(
                     f"run {run.run_id} is going, but its master's token is only in the process that "

@@ -14,13 +14,12 @@ A run dir whose JSON is half-written or hand-edited (:func:`orch.load_run` would
 DAMAGED, its row saying why; it never hides the other rows.
 
 This module holds what concerns the runs of this process (:func:`close_all`,
-:func:`live_notice`); the catalog's parts live beside it, and every name others import from
-here stays importable from here:
+:func:`live_notice`); the catalog's parts live beside it, each imported from its own module:
 
-- :mod:`orch.experiments.run_row`: one run dir read as a row (:class:`RunRow`, :func:`read_row`);
-- :mod:`orch.experiments.run_table`: the table of a run root (:func:`runs`, :class:`RunTable`);
+- :mod:`orch.experiments.run_row`: one run dir read as a row (``RunRow``, ``read_row``);
+- :mod:`orch.experiments.run_table`: the table of a run root (``runs``, ``RunTable``);
 - :mod:`orch.experiments.run_detail`: one run for ``orch show`` and ``orch logs``
-  (:func:`find_run`, :func:`rank_log`, :func:`describe`).
+  (``find_run``, ``rank_log``, ``describe``).
 """
 
 from __future__ import annotations
@@ -30,42 +29,11 @@ import time
 
 from orch._text import printable
 from orch.errors import OrchError
-from orch.experiments.run_detail import describe, find_run, rank_log, worker_of
-from orch.experiments.run_row import (
-    COLUMNS,
-    CRASHED,
-    DAMAGED,
-    STATES,
-    UNKNOWN,
-    RunRow,
-    format_seconds,
-    read_row,
-)
-from orch.experiments.run_table import RunTable, runs
 from orch.experiments.sweep import close_all_sweeps
 from orch.launchers.apart.client import ApartRun, close_all_apart, live_apart_runs
 from orch.launchers.gang import close_all_gangs
 from orch.launchers.run import Run, close_all_runs, live_runs
 from orch.record.rundir import read_json
-
-__all__ = [
-    "COLUMNS",
-    "CRASHED",
-    "DAMAGED",
-    "STATES",
-    "UNKNOWN",
-    "RunRow",
-    "RunTable",
-    "close_all",
-    "describe",
-    "find_run",
-    "format_seconds",
-    "live_notice",
-    "rank_log",
-    "read_row",
-    "runs",
-    "worker_of",
-]
 
 
 # -- runs of this process ----------------------------------------------------------------------

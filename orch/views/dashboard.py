@@ -5,7 +5,7 @@ What they show is :mod:`orch.views.rendering`'s (plain text and ``rich`` rendera
 functions); this module draws it. :class:`Dashboard` polls a master and
 :class:`SweepDashboard` a caller's ``rows()``: on a terminal they redraw the rich view in
 place (``rich.live.Live``), to a file or a pipe they print a plain line now and then, with
-no escape codes. :func:`show` prints a run once. The renderers stay importable from here.
+no escape codes. :func:`show` prints a run once.
 """
 
 from __future__ import annotations
@@ -25,45 +25,10 @@ from rich.live_render import LiveRender
 from rich.segment import ControlType, Segment
 from rich.text import Text
 
-from orch._text import printable
+from orch._text import number_text, printable
 from orch.errors import MasterUnavailable
-from orch.views.rendering import (
-    PARTS,
-    SPLIT_HEADER,
-    SPLIT_WIDTH,
-    STATE_STYLES,
-    TRACEBACK_LINES,
-    number_text,
-    render,
-    render_sweep_plain,
-    run_table,
-    split_bar,
-    split_text,
-    state_counts,
-    stragglers,
-    summary,
-    sweep_table,
-)
+from orch.views.rendering import render, render_sweep_plain, run_table, state_counts, sweep_table
 from orch.wire.client import MasterClient, StateMirror
-
-__all__ = [
-    "PARTS",
-    "SPLIT_HEADER",
-    "SPLIT_WIDTH",
-    "STATE_STYLES",
-    "TRACEBACK_LINES",
-    "Dashboard",
-    "SweepDashboard",
-    "render",
-    "render_sweep_plain",
-    "run_table",
-    "show",
-    "split_bar",
-    "split_text",
-    "stragglers",
-    "summary",
-    "sweep_table",
-]
 
 
 def _is_terminal(out: TextIO) -> bool:

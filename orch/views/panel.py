@@ -9,7 +9,7 @@ cell blocked in ``run.wait()``), under ipykernel 7 too; the thread never calls
 widgets show is built elsewhere: the curves by :class:`~orch.views.rank_plot.RankPlot` (a
 PNG in an ``Image`` widget, swapped in place, no flicker), the header, rank table and root
 cause by :mod:`orch.views.run_html`; a click on Stop while a cell waits is routed by
-:mod:`orch.views.waiting`, whose :func:`wait_for` stays importable from here.
+:mod:`orch.views.waiting` (:func:`~orch.views.waiting.wait_for`).
 
 When the run ends, the panel's output becomes a static record of its final state (the
 curves as a PNG, the run's header, the rank table and, for a failed run, the root cause
@@ -34,27 +34,15 @@ from orch.record.source import RunSource
 from orch.record.store import tail
 from orch.views._pollers import track
 from orch.views._static import IMAGE, Record
-from orch.views.rank_plot import RankPlot, downsample
+from orch.views.rank_plot import RankPlot
 from orch.views.rendering import summary
-from orch.views.run_html import STATE_COLORS, failure_html, header_html, progress_html, table_html
-from orch.views.waiting import answer_while_waiting, wait_for
+from orch.views.run_html import failure_html, header_html, progress_html, table_html
+from orch.views.waiting import answer_while_waiting
 from orch.wire.client import MasterClient, StateMirror
 from orch.wire.limits import OWN_METRICS
 from orch.wire.ranks import loss_name
 from orch.wire.stacks import stacks_of
 from orch.wire.states import RunState
-
-# What was defined here before the panel's parts got modules of their own stays importable.
-__all__ = [
-    "FINISH_WAIT",
-    "STATE_COLORS",
-    "Panel",
-    "choose",
-    "default_metric",
-    "downsample",
-    "metric_choices",
-    "wait_for",
-]
 
 log = logging.getLogger(__name__)
 

@@ -5,7 +5,8 @@ for files, pipes and logs, :func:`run_table` its rich view, :func:`summary` the 
 a run ends with. A sweep: :func:`render_sweep_plain` and :func:`sweep_table`. They are pure
 functions of a :class:`~orch.wire.client.StateMirror` or a sweep's rows, tested without a
 terminal; :mod:`orch.views.dashboard` draws them live, and the notebook panel shares
-:func:`stragglers` and :func:`summary`.
+:func:`summary`. The rank table's rows and their marks are decided in
+:mod:`orch.views.rank_rows`, the same for the notebook's table: here they are only drawn.
 
 What a worker or a remote host says (host names, errors, tracebacks) goes through
 :func:`printable` and into a ``rich.text.Text``, never through rich markup: it is shown,
@@ -14,7 +15,6 @@ never obeyed, whether it holds a terminal escape or a ``[bold red]`` tag.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
 from typing import Any
 
 from rich import box
@@ -24,13 +24,12 @@ from rich.spinner import Spinner
 from rich.table import Table
 from rich.text import Text
 
-from orch._text import number_text as number_text  # the sweep's views import it from here
-from orch._text import printable, rate_text, size_text, value_text
+from orch._text import number_text, printable, size_text, value_text
 from orch.experiments.results import nonfinite_text
 from orch.master.control.stragglers import too_short
+from orch.views.rank_rows import MarkKind, nonfinite_marks, rank_table
 from orch.wire.client import StateMirror
 from orch.wire.ranks import RankView
-from orch.wire.states import RankState
 
 TRACEBACK_LINES = 8  # of the root cause's traceback, the live view shows the last lines
 STACK_LINES = 24  # of a stalled run's grouped stacks, the live view shows the first lines
@@ -51,64 +50,12 @@ STATE_STYLES = {
 }
 
 
-def _fmt_age(age: float) -> str:
-    return "-" if age < 0 else f"{age:.1f}s"
-
-
 def _bar(done: int, total: int, width: int = 30) -> str:
     if total <= 0:
         return f"step {done}"
     frac = min(1.0, done / total)
     fill = round(frac * width)
     return f"[{'#' * fill}{'.' * (width - fill)}] {done}/{total} ({frac:.0%})"
-
-
-STILL_AFTER = 5.0  # seconds without a step after which a rank of a stalled run is marked
-
-
-def still(mirror: StateMirror, r: RankView) -> bool:
-    """``r`` is a running rank of a run that is not progressing, and its step stands still."""
-    return mirror.stalled_for > 0 and r.state is RankState.RUNNING and r.progress_age >= STILL_AFTER
-
-
-def odd_ranks(mirror: StateMirror) -> set[int]:
-    """The ranks of a stalled run (live, or that ended stalled) whose last stack differs from the
-    one most ranks share: the hung rank the others wait on in a collective (none when no stack
-    is shared by more ranks than any other)."""
-    if mirror.stalled_for <= 0:
-        return set()
-    by_stack: dict[str, list[int]] = {}
-    for r in mirror.ranks:
-        if r.stack:
-            by_stack.setdefault(r.stack, []).append(r.rank)
-    groups = sorted(by_stack.values(), key=len, reverse=True)
-    if len(groups) < 2 or len(groups[0]) == len(groups[1]):
-        return set()
-    return {rank for ranks in groups[1:] for rank in ranks}
-
-
-def nonfinite_marks(mirror: StateMirror) -> dict[int, str]:
-    """Each rank whose metric went NaN or inf, and the words its row is marked with: ``loss nan
-    from step 45 (last finite 6.433e+35 at step 44)``; a rank whose last loss is not finite but
-    whose points are not here (a poll without series) is marked ``NaN/inf loss``."""
-    marks: dict[int, list[str]] = {}
-    for d in mirror.nonfinite():
-        marks.setdefault(d.rank, []).append(d.text())
-    out = {rank: "; ".join(texts) for rank, texts in marks.items()}
-    for r in mirror.ranks:
-        if r.diverged and r.rank not in out:
-            out[r.rank] = "NaN/inf loss"
-    return out
-
-
-def rate_of(r: RankView) -> str:
-    """A rank's steps/s: its rate while it runs, its mean over the run once it ended."""
-    return rate_text(r.steps_per_sec) + (" mean" if r.state.done and r.steps_per_sec else "")
-
-
-def stragglers(mirror: StateMirror) -> set[int]:
-    """The rank the master judged to hold the others back (see orch.master.control.stragglers)."""
-    return {mirror.straggler_rank} if mirror.straggler_rank >= 0 else set()
 
 
 def straggler_note(mirror: StateMirror) -> str:
@@ -179,45 +126,21 @@ def sections_legend(sections: dict[str, str]) -> Text:
     return legend
 
 
-def memory_text(r: RankView) -> str:
-    """``1.2 GB 97%``: a rank's resident memory and CPU share at its last beat (``-``: not
-    read), and with CUDA the memory torch allocated on its GPU (``gpu 3.1 GB``)."""
-    if not r.rss_bytes:
-        return "-"
-    text = f"{size_text(r.rss_bytes)} {r.cpu_percent:.0f}%"
-    return text + (f" gpu {size_text(r.cuda_allocated)}" if r.cuda_total else "")
-
-
 MEMORY_WIDTH = len("999 MB 100%")
 
 
 # -- one run: plain text ----------------------------------------------------------------------
-def dropped_text(r: RankView) -> str:
-    """How many of the rank's logged points never reached the master, and why."""
-    text = f"{r.dropped_points:,} points dropped"
-    return f"{text}: {printable(r.dropped_reason, one_line=True)}" if r.dropped_reason else text
-
-
 def startup_text(m: StateMirror) -> str:
     """What the run does before its first step: "3/4 registered" (how long: the run's one clock,
     its elapsed time, counts from the launch)."""
     return printable(m.startup_note, one_line=True)
 
 
-def stall_mark(m: StateMirror, r: RankView, odd: set[int]) -> str:
-    """A stalled run's rank: the odd one out, or waiting on it ("" for a rank that moves)."""
-    if r.rank in odd:
-        return f"the odd one out: no step for {r.progress_age:.0f}s" if still(m, r) else "the odd one out"
-    if still(m, r):
-        waiting = f"waiting on rank {min(odd)}" if len(odd) == 1 else "no step"
-        return f"{waiting} for {r.progress_age:.0f}s"
-    return ""
-
-
 def render(mirror: StateMirror, *, address: str = "") -> str:
     """The run as plain text, no escape codes: for files, pipes and ``orch status``."""
     done, total = mirror.progress()
-    rate_w = max([8, *(len(rate_of(r)) for r in mirror.ranks)])  # "0.0412 mean" is wider than 8
+    table = rank_table(mirror, max_rows=None)  # a file or a pipe keeps every rank
+    rate_w = max([8, *(len(row.rate) for row in table.rows)])  # "0.0412 mean" is wider than 8
     lines = [
         f"orch run {printable(mirror.run_id, one_line=True) or '?'}  {mirror.state.value:<9}  "
         f"{mirror.registered}/{mirror.world_size} ranks  elapsed {mirror.elapsed:6.1f}s"
@@ -230,29 +153,13 @@ def render(mirror: StateMirror, *, address: str = "") -> str:
         f"{'rank':>4}  {'state':<10} {'step':>7} {'loss':>10} {'steps/s':>{rate_w}} {'heartbeat':>9}  "
         f"{'memory cpu':<{MEMORY_WIDTH}}  {SPLIT_HEADER:<{SPLIT_WIDTH}}  host/pid",
     ]
-    slow = stragglers(mirror)
-    bad = nonfinite_marks(mirror)
-    odd = odd_ranks(mirror)
-    for r in mirror.ranks:
-        marks = []
-        if r.rank in slow:
-            marks.append(f"straggler: {printable(mirror.straggler_section, one_line=True)}")
-        if r.rank in bad:
-            marks.append(bad[r.rank])
-        if r.dropped_points:
-            marks.append(dropped_text(r))
-        if stall := stall_mark(mirror, r, odd):
-            marks.append(stall)
-        if r.memory_note:
-            marks.append(printable(r.memory_note, one_line=True))
-        if r.note:
-            marks.append(printable(r.note, one_line=True))
-        host = printable(r.host, one_line=True)  # what the worker says its host is called
+    for row in table.rows:
+        r = row.view
         lines.append(
-            f"{r.rank:>4}  {r.state.value:<10} {r.step:>7} {r.loss_text():>10} "
-            f"{rate_of(r):>{rate_w}} {_fmt_age(r.heartbeat_age):>9}  "
-            f"{memory_text(r):<{MEMORY_WIDTH}}  {split_text(r):<{SPLIT_WIDTH}}  {host}/{r.pid}"
-            + (f"  <- {', '.join(marks)}" if marks else "")
+            f"{row.rank:>4}  {row.state.value:<10} {row.step:>7} {row.loss:>10} "
+            f"{row.rate:>{rate_w}} {row.heartbeat:>9}  "
+            f"{row.memory:<{MEMORY_WIDTH}}  {split_text(r):<{SPLIT_WIDTH}}  {row.host}/{row.pid}"
+            + (f"  <- {', '.join(mark.text for mark in row.marks)}" if row.marks else "")
         )
     if mirror.startup_note:
         lines += ["", f"starting: {startup_text(mirror)}"]
@@ -312,8 +219,18 @@ def _progress(done: int, total: int, state: str) -> RenderableType:
     return grid
 
 
-def _marks(items: Iterable[tuple[str, str]]) -> Text:
-    return Text(", ").join(Text(text, style=style) for text, style in items)
+# How each mark on a rank's row looks (see orch.views.rank_rows: which rank has which).
+MARK_STYLES = {
+    MarkKind.ROOT_CAUSE: "bold red",
+    MarkKind.STRAGGLER: "bold yellow",
+    MarkKind.NONFINITE: "bold red",
+    MarkKind.DROPPED: "yellow",
+    MarkKind.ODD: "bold red",
+    MarkKind.STILL: "bold yellow",
+    MarkKind.MEMORY: "bold yellow",
+    MarkKind.NOTE: "bold yellow",
+    MarkKind.STOPPED_BY: "dim",
+}
 
 
 def run_table(mirror: StateMirror, *, address: str = "") -> RenderableType:
@@ -341,7 +258,14 @@ def run_table(mirror: StateMirror, *, address: str = "") -> RenderableType:
 
     # No header style, and only the right padding: the header reads "rank  state ..." as
     # plain text, which is what a test of the terminal (and a reader of a log of it) finds.
-    table = Table(box=box.SIMPLE_HEAD, show_edge=False, header_style="", padding=(0, 1, 0, 0), pad_edge=False)
+    table = Table(
+        box=box.SIMPLE_HEAD,
+        show_edge=False,
+        header_style="",
+        padding=(0, 1, 0, 0),
+        pad_edge=False,
+        expand=True,
+    )
     table.add_column("rank", justify="right")
     table.add_column("state")
     table.add_column("step", justify="right")
@@ -351,42 +275,28 @@ def run_table(mirror: StateMirror, *, address: str = "") -> RenderableType:
     table.add_column("mem", justify="right", no_wrap=True, overflow="ellipsis")  # narrow: 80 columns
     table.add_column("d/c/w/o ms", no_wrap=True, overflow="ellipsis")
     table.add_column("host/pid", no_wrap=True, overflow="ellipsis")
-    table.add_column("marks", no_wrap=True, overflow="ellipsis")
-    slow = stragglers(m)
-    bad = nonfinite_marks(m)
+    table.add_column("marks", no_wrap=True, overflow="ellipsis", ratio=1)
+    rows = rank_table(m)
     longest = max((r.step_ms for r in m.ranks if r.timed), default=0.0)
     sections = section_styles(m)
-    odd = odd_ranks(m)
-    for r in m.ranks:
-        marks = []
-        if m.failure and r.rank == m.root_cause_rank:
-            marks.append(("root cause", "bold red"))
-        if r.rank in slow:
-            marks.append((f"straggler: {printable(m.straggler_section, one_line=True)}", "bold yellow"))
-        if r.rank in bad:
-            marks.append((bad[r.rank], "bold red"))
-        if r.dropped_points:
-            marks.append((dropped_text(r), "yellow"))
-        if stall := stall_mark(m, r, odd):
-            marks.append((stall, "bold red" if r.rank in odd else "bold yellow"))
-        if r.memory_note:
-            marks.append((printable(r.memory_note, one_line=True), "bold yellow"))
-        if r.note:
-            marks.append((printable(r.note, one_line=True), "bold yellow"))
-        mem_style = "yellow" if r.memory_note else ""
+    for row in rows.rows:
+        r = row.view
+        mem = size_text(r.rss_bytes).replace(" ", "") if r.rss_bytes else "-"  # narrow: 80 columns
         table.add_row(
-            Text(str(r.rank)),
-            _state(r.state.value),
-            Text(str(r.step)),
-            Text(r.loss_text(), style="red" if r.diverged else ""),
-            Text(rate_of(r)),
-            Text(_fmt_age(r.heartbeat_age)),
-            Text(size_text(r.rss_bytes).replace(" ", "") if r.rss_bytes else "-", style=mem_style),
+            Text(str(row.rank)),
+            _state(row.state.value),
+            Text(str(row.step)),
+            Text(row.loss, style="red" if row.diverged else ""),
+            Text(row.rate),
+            Text(row.heartbeat),
+            Text(mem, style="yellow" if row.mark(MarkKind.MEMORY) else ""),
             split_bar(r, scale_ms=longest, sections=sections),
-            Text(f"{printable(r.host, one_line=True)}/{r.pid}"),  # what the worker says its host is
-            _marks(marks),
+            Text(f"{row.host}/{row.pid}"),  # what the worker says its host is
+            Text(", ").join(Text(mark.text, style=MARK_STYLES[mark.kind]) for mark in row.marks),
         )
     parts: list[RenderableType] = [head, _progress(*m.progress(), m.state.value), table]
+    if rows.more:  # past MAX_TABLE_ROWS ranks: the rows with a mark first, a line counts the rest
+        parts.append(Text(rows.more, style="dim"))
     if sections:
         parts.append(sections_legend(sections))
     if m.startup_note:

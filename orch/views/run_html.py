@@ -11,16 +11,8 @@ view (the comparison and the sweep panel too).
 from __future__ import annotations
 
 from orch._text import escape_html
-from orch.views.rendering import (
-    dropped_text,
-    memory_text,
-    nonfinite_marks,
-    odd_ranks,
-    rate_of,
-    stall_mark,
-    straggler_note,
-    stragglers,
-)
+from orch.views.rank_rows import Mark, MarkKind, RankRow, nonfinite_marks, rank_table
+from orch.views.rendering import straggler_note
 from orch.wire.client import StateMirror
 from orch.wire.ranks import RankView
 from orch.wire.states import RankState, RunState
@@ -167,28 +159,6 @@ def _startup_html(m: StateMirror) -> str:
     return f'<div class="orch-startup" style="color:#57606a">{escape_html(m.startup_note)}</div>'
 
 
-# Rows of the rank table at most: past it the ranks with something to say come first, then
-# the others in order, and one row counts the rest (4,096 rows cost the panel more than its
-# plot, and no one reads them there: `orch status --json` and run.state() have every rank).
-MAX_TABLE_ROWS = 64
-
-
-def _shown(m: StateMirror, marked: set[int]) -> tuple[list[RankView], str]:
-    """The ranks the table shows, and its last row's words for the others ("" when all show)."""
-    if len(m.ranks) <= MAX_TABLE_ROWS:
-        return m.ranks, ""
-    first = [r for r in m.ranks if r.rank in marked][:MAX_TABLE_ROWS]
-    rest = [r for r in m.ranks if r.rank not in marked][: MAX_TABLE_ROWS - len(first)]
-    shown = sorted(first + rest, key=lambda r: r.rank)
-    seen = {r.rank for r in shown}
-    states: dict[str, int] = {}
-    for r in m.ranks:
-        if r.rank not in seen:
-            states[r.state.value] = states.get(r.state.value, 0) + 1
-    counts = ", ".join(f"{n:,} {state}" for state, n in sorted(states.items(), key=lambda kv: -kv[1]))
-    return shown, f"and {len(m.ranks) - len(shown):,} more ranks: {counts}"
-
-
 def said_nothing(m: StateMirror) -> bool:
     """The run ended and its ranks have nothing for a table but their state: no step, loss,
     rate, step time or mark (a cell that only builds a model, a script that failed at import)."""
@@ -228,87 +198,76 @@ def _rank_list(ranks: list[int]) -> str:
     return f"rank{'s' if len(ranks) > 1 else ''} {listed}{more}"
 
 
+# How each mark on a rank's row looks (see orch.views.rank_rows: which rank has which): its
+# class, its style and what its tooltip says of it.
+BOLD_RED, BOLD_AMBER = "color:#cf222e;font-weight:bold", "color:#9a6700;font-weight:bold"
+MARK_LOOKS = {
+    MarkKind.ROOT_CAUSE: ("orch-root-cause", BOLD_RED, "its failure ended the run (the root cause below)"),
+    MarkKind.STRAGGLER: ("orch-slow", BOLD_AMBER, ""),  # its tooltip: the straggler note
+    MarkKind.NONFINITE: ("orch-nan", BOLD_RED, "a logged value is NaN or infinite"),
+    MarkKind.DROPPED: ("orch-dropped", "", ""),
+    MarkKind.ODD: (
+        "orch-odd",
+        BOLD_RED,
+        "its stack differs from the one the other ranks share: they wait on it (the stacks below)",
+    ),
+    MarkKind.STILL: (
+        "orch-still",
+        BOLD_AMBER,
+        "its step has not advanced; its heartbeats only show its process lives",
+    ),
+    MarkKind.MEMORY: ("orch-memory", BOLD_AMBER, ""),
+    MarkKind.NOTE: ("orch-note", BOLD_AMBER, ""),
+    MarkKind.STOPPED_BY: ("orch-stopped-by", "", ""),
+}
+
+
+def _mark_html(mark: Mark) -> str:
+    kind, style, title = MARK_LOOKS[mark.kind]
+    title = mark.detail or title
+    return (
+        f'<span class="{kind}"'
+        + (f' title="{escape_html(title)}"' if title else "")
+        + (f' style="{style}"' if style else "")
+        + f">{escape_html(mark.text)}</span>"
+    )
+
+
+def _row_html(row: RankRow, longest: float, sections: dict[str, str]) -> str:
+    r = row.view
+    color = "#cf222e" if row.state in (RankState.FAILED, RankState.LOST) else "inherit"
+    where = escape_html(f"{r.host or '?'}, pid {r.pid}" + (f", {r.worker_id}" if r.worker_id else ""))
+    beat = "no heartbeat yet" if r.heartbeat_age < 0 else f"last heartbeat {r.heartbeat_age:.1f}s ago"
+    return (
+        f'<tr class="orch-rank" data-rank="{row.rank}" style="color:{color}">'
+        f'<td class="orch-where" title="{where}">{row.rank}</td><td title="{beat}">{row.state.value}</td>'
+        f"<td>{row.step}</td><td>{row.loss}</td>"
+        f'<td>{row.rate}</td><td class="orch-wide">{row.heartbeat}</td>'
+        f'<td class="orch-mem">{escape_html(row.memory)}</td>'
+        f'<td class="orch-step-time" title="{escape_html(_scores_title(r))}">'
+        f"{_split_html(r, longest, sections)}</td>"
+        f'<td class="orch-roomy">{_scores_html(r)}</td>'
+        f'<td class="orch-wide">{escape_html(row.host)}/{row.pid}</td>'
+        f'<td class="orch-marks">{" ".join(_mark_html(mark) for mark in row.marks)}</td></tr>'
+    )
+
+
 def table_html(m: StateMirror) -> str:
     """A row per rank (state, step, loss, rate, heartbeat, step split, scores, host, marks),
     the split's legend and the straggler note. In a narrow output the heartbeat, the scores
     and host/pid leave the table for tooltips (on the state, the step time and the rank).
-    Past :data:`MAX_TABLE_ROWS` ranks, the ranks with a mark come first and a row counts the rest.
+    Past :data:`~orch.views.rank_rows.MAX_TABLE_ROWS` ranks, the ranks with a mark come first
+    and a row counts the rest (the rows and their marks: :func:`~orch.views.rank_rows.rank_table`).
     A run that ended with nothing in its table but the ranks' states has their states in a
     line instead (:func:`said_nothing`)."""
     if said_nothing(m):
         return ranks_line_html(m)
-    slow = stragglers(m)
-    bad = nonfinite_marks(m)
-    odd = odd_ranks(m)
     longest = max((r.step_ms for r in m.ranks if r.timed), default=0.0)
     sections = section_colors(m)
-    marked = set(slow) | set(bad) | set(odd)
-    if len(m.ranks) > MAX_TABLE_ROWS:
-        ended_badly = (RankState.FAILED, RankState.LOST, RankState.STOPPED)
-        marked |= {
-            r.rank
-            for r in m.ranks
-            if r.dropped_points or r.memory_note or r.note or r.state in ended_badly or stall_mark(m, r, odd)
-        }
-    shown, others = _shown(m, marked)
-    rows = []
-    for r in shown:
-        marks = []
-        if r.rank in slow:
-            section = escape_html(m.straggler_section)
-            marks.append(
-                f'<span class="orch-slow" title="{escape_html(m.straggler_note)}" '
-                f'style="color:#9a6700;font-weight:bold">straggler: {section}</span>'
-            )
-        if r.rank in bad:
-            marks.append(
-                '<span class="orch-nan" style="color:#cf222e;font-weight:bold" title="a logged value '
-                f'is NaN or infinite">{escape_html(bad[r.rank])}</span>'
-            )
-        if r.dropped_points:
-            marks.append(f'<span class="orch-dropped">{escape_html(dropped_text(r))}</span>')
-        stall = stall_mark(m, r, odd)
-        if r.rank in odd:
-            marks.append(
-                '<span class="orch-odd" style="color:#cf222e;font-weight:bold" title="its stack differs '
-                'from the one the other ranks share: they wait on it (the stacks below)">'
-                f"{escape_html(stall)}</span>"
-            )
-        elif stall:
-            marks.append(
-                '<span class="orch-still" style="color:#9a6700;font-weight:bold" title="its step has '
-                'not advanced; its heartbeats only show its process lives">'
-                f"{escape_html(stall)}</span>"
-            )
-        if r.memory_note:
-            marks.append(
-                '<span class="orch-memory" style="color:#9a6700;font-weight:bold">'
-                f"{escape_html(r.memory_note)}</span>"
-            )
-        if r.note:
-            marks.append(
-                f'<span class="orch-note" style="color:#9a6700;font-weight:bold">{escape_html(r.note)}</span>'
-            )
-        if r.state is RankState.STOPPED and r.error.startswith("stopped: "):  # ended by another's failure
-            marks.append(f'<span class="orch-stopped-by">{escape_html(r.error.splitlines()[0])}</span>')
-        color = "#cf222e" if r.state in (RankState.FAILED, RankState.LOST) else "inherit"
-        age = "-" if r.heartbeat_age < 0 else f"{r.heartbeat_age:.1f}s"
-        where = escape_html(f"{r.host or '?'}, pid {r.pid}" + (f", {r.worker_id}" if r.worker_id else ""))
-        beat = "no heartbeat yet" if r.heartbeat_age < 0 else f"last heartbeat {r.heartbeat_age:.1f}s ago"
-        rows.append(
-            f'<tr class="orch-rank" data-rank="{r.rank}" style="color:{color}">'
-            f'<td class="orch-where" title="{where}">{r.rank}</td><td title="{beat}">{r.state.value}</td>'
-            f"<td>{r.step}</td><td>{r.loss_text()}</td>"
-            f'<td>{rate_of(r)}</td><td class="orch-wide">{age}</td>'
-            f'<td class="orch-mem">{escape_html(memory_text(r))}</td>'
-            f'<td class="orch-step-time" title="{escape_html(_scores_title(r))}">'
-            f"{_split_html(r, longest, sections)}</td>"
-            f'<td class="orch-roomy">{_scores_html(r)}</td>'
-            f'<td class="orch-wide">{escape_html(r.host)}/{r.pid}</td>'
-            f'<td class="orch-marks">{" ".join(marks)}</td></tr>'
-        )
-    if others:
-        rows.append(f'<tr class="orch-more-ranks"><td colspan="11">{escape_html(others)}</td></tr>')
+    table = rank_table(m)
+    rows = [_row_html(row, longest, sections) for row in table.rows]
+    if table.more:
+        rows.append(f'<tr class="orch-more-ranks"><td colspan="11">{escape_html(table.more)}</td></tr>')
     head = "".join(
         f"<th{f' class={kind!r}' if kind else ''}>{h}</th>"
         for h, kind in (

@@ -1,4 +1,4 @@
-"""The run catalog: ``orch.experiments.catalog.runs()`` and ``orch runs / show / logs`` over real run dirs.
+"""The run catalog: ``orch.experiments.runs()`` and ``orch runs / show / logs`` over real run dirs.
 
 One run root is made once for the module with real runs (succeeded, failed, stopped) and run
 dirs made from copies of them as a crash or a hand edit leaves them; the tests that need a
@@ -24,7 +24,9 @@ import orch
 import orch.record.rundir
 import orch.record.store
 from conftest import ORCH, orch_cli, until
-from orch.experiments import catalog
+from orch.experiments.catalog import close_all, live_notice
+from orch.experiments.run_detail import worker_of
+from orch.experiments.run_table import RunTable, runs
 from orch.launchers.run import Run
 from orch.launchers.spec import LaunchSpec
 from orch.wire.states import RunState
@@ -156,7 +158,7 @@ def test_the_table_has_every_run_in_its_state_without_reading_metrics(
         with monkeypatch.context() as m:
             m.setattr(orch.record.store, "read_metrics", no_metrics)
             m.setattr(orch.record.rundir, "read_metrics", no_metrics)
-            table = catalog.runs(run_root)
+            table = runs(run_root)
         states = {row.run_id: row.state for row in table}
         assert states == {**root.states, live.run_id: "RUNNING"}
         assert table[0].run_id == live.run_id, "newest first"
@@ -208,20 +210,20 @@ def test_the_table_has_every_run_in_its_state_without_reading_metrics(
         )
         assert [r["run_id"] for r in json.loads(of_sweep.stdout)] == [root.ok]
 
-        notice = catalog.live_notice()
+        notice = live_notice()
         assert notice is not None and "\n" not in notice
         assert live.run_id in notice and "RUNNING" in notice and "launched" in notice
         assert "orch.close_all()" in notice
-        assert catalog.close_all() == 1
+        assert close_all() == 1
     finally:
         live.close()
-    assert live.done and catalog.live_notice() is None and catalog.close_all() == 0
-    after = catalog.runs(run_root)[live.run_id]
+    assert live.done and live_notice() is None and close_all() == 0
+    after = runs(run_root)[live.run_id]
     assert after.state == "FAILED" and "closed while it was running" in after.note and not after.live_here
 
 
 def test_filter_and_load(root: Root) -> None:
-    table = catalog.runs(root.path)
+    table = runs(root.path)
     ids = lambda t: {r.run_id for r in t}  # noqa: E731
     assert ids(table.filter(state="FAILED")) == {root.failed}
     assert ids(table.filter(state=["FAILED", "CRASHED"])) == {root.failed, CRASHED_ID}
@@ -244,11 +246,11 @@ def test_filter_and_load(root: Root) -> None:
         table[HALF_WRITTEN_ID].load()
     with pytest.raises(KeyError):
         table["nope"]
-    assert isinstance(table[1:3], catalog.RunTable) and len(table[1:3]) == 2
+    assert isinstance(table[1:3], RunTable) and len(table[1:3]) == 2
 
 
 def test_html_and_text_show_what_was_edited_by_hand_harmlessly(root: Root) -> None:
-    table = catalog.runs(root.path)
+    table = runs(root.path)
     page = table._repr_html_()
     assert page.startswith("<table") and page.count("<tr>") == len(table) + 1
     for run_id, state in root.states.items():
@@ -283,14 +285,14 @@ def test_show_names_the_root_cause_with_its_traceback(root: Root, subprocess_env
 
     unknown = orch_cli("show", "nosuchrun", "--run-root", str(root.path), env=subprocess_env, timeout=120)
     assert unknown.returncode == 2 and "no run 'nosuchrun'" in unknown.stderr
-    newest = [r.run_id for r in catalog.runs(root.path)[:5]]
+    newest = [r.run_id for r in runs(root.path)[:5]]
     assert all(run_id in unknown.stderr for run_id in newest)
 
 
 def test_logs_of_one_rank(root: Root, tmp_path: Path, subprocess_env: dict[str, str]) -> None:
     run_dir = tmp_path / root.failed
     shutil.copytree(root.path / root.failed, run_dir)
-    worker = catalog.worker_of(run_dir, 1)
+    worker = worker_of(run_dir, 1)
     assert worker is not None
     with open(run_dir / "logs" / f"{worker}.log", "a") as f:
         f.write("hand-edited \x1b]0;pwned\x07\x1b[2Jline\n")

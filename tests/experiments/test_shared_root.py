@@ -19,8 +19,8 @@ import pytest
 
 import orch
 from conftest import NOBODY, needs_second_uid, orch_cli
-from orch.experiments import catalog
 from orch.experiments.reuse import reuse_earlier
+from orch.experiments.run_table import runs
 from orch.experiments.trial import Trial
 from orch.record.owned import MAX_LINE_BYTES
 from orch.record.rundir import read_json
@@ -102,7 +102,7 @@ def _fill(root: Path) -> Path:
 def test_runs_lists_only_this_users_run_dirs_and_never_hangs(
     shared_root: Path, subprocess_env: dict[str, str]
 ) -> None:
-    table = catalog.runs(shared_root)
+    table = runs(shared_root)
     assert [row.run_id for row in table] == ["mine"]
     out = orch_cli("runs", "--run-root", str(shared_root), "--json", env=subprocess_env, timeout=120)
     assert out.returncode == 0, out.stderr

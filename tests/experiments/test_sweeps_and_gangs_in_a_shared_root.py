@@ -20,7 +20,7 @@ import pytest
 import jobs
 import orch
 from conftest import NOBODY, ROOT, TESTS, needs_second_uid
-from orch.experiments import catalog
+from orch.experiments.run_table import runs
 from orch.record.user_folders import user_folder
 from orch.record.writes import UnsafePath
 
@@ -127,7 +127,7 @@ def test_root_s_gang_and_sweep_pass_over_what_the_stranger_planted(shared_root: 
         link = shared_root / name
         assert os.readlink(link) == str(theirs) and link.lstat().st_uid == NOBODY
     # The listing holds the runs only: the gang's call and the sweep's trial, no folder of orch's.
-    listed = {row.run_id for row in catalog.runs(shared_root)}
+    listed = {row.run_id for row in runs(shared_root)}
     assert listed == {p.name for p in shared_root.iterdir() if not p.name.startswith(".")}
     assert len(listed) == 2 and sweep.trials[0].run_id in listed
 
@@ -153,7 +153,7 @@ def test_the_stranger_s_sweep_and_gang_run_after_root_s_in_the_same_root(shared_
     assert (theirs / "sweeps" / "train" / "sweep.json").lstat().st_uid == NOBODY
     assert (sweep.folder / "sweep.json").read_bytes() == record  # root's own sweep as it was
     # Each user's listing holds their own runs only.
-    listed = catalog.runs(shared_root)
+    listed = runs(shared_root)
     assert len(listed) == 2 and all(row.path.lstat().st_uid == ME for row in listed)
 
 

@@ -85,7 +85,7 @@ HOLDS = """
 import json, os, sys, time
 sys.path.insert(0, {tests!r})
 import orch
-from orch.views.panel import wait_for
+from orch.views.waiting import wait_for
 
 def hold_gil(seconds):
     # one C call that keeps the GIL throughout, as a C extension that never lets it go does:
@@ -125,7 +125,7 @@ KILLED = """
 import json, sys
 sys.path.insert(0, {tests!r})
 import orch
-from orch.views.panel import wait_for
+from orch.views.waiting import wait_for
 run = orch.launch("jobs:allreduce_steps", world_size=2, run_root={root!r}, apart=True,
                   config={{"steps": 100000, "sleep": 0.05}})
 assert wait_for(lambda: run.state().state.value == "RUNNING" and all(r.pid for r in run.state().ranks), 120)
@@ -196,7 +196,7 @@ def test_a_failure_apart_names_its_rank_exit_code_and_traceback_as_in_process(tm
 def test_the_host_killed_fails_the_run_naming_its_master_and_the_next_launch_starts_another(
     tmp_path: Path,
 ) -> None:
-    from orch.views.panel import wait_for
+    from orch.views.waiting import wait_for
 
     run = orch.launch(
         "jobs:allreduce_steps",

@@ -134,7 +134,7 @@ def test_a_kernel_restarted_mid_run_ends_it_as_its_launcher_s_exit(tmp_path: Pat
     with notebook_kernel(tmp_path) as (km, kc):
         cell = (
             f"import sys; sys.path.insert(0, {str(TESTS)!r})\n"
-            "import orch\nfrom orch.views.panel import wait_for\n"
+            "import orch\nfrom orch.views.waiting import wait_for\n"
             f"run = orch.launch('jobs:long_barriers', world_size=2, run_root={str(tmp_path)!r})\n"
             "assert wait_for(lambda: run.state().state.value == 'RUNNING', 90)\n"
             "print(run.run_id, [r.pid for r in run.state().ranks])\n"

@@ -116,7 +116,7 @@ LONG = """
 import json, sys
 sys.path.insert(0, {tests!r})
 import orch
-from orch.views.panel import wait_for
+from orch.views.waiting import wait_for
 run = orch.launch("jobs:allreduce_steps", world_size=4, run_root={root!r},
                   config={{"steps": 100000, "sleep": 0.05}},
                   cluster=orch.Ray(address={address!r}, nodes=2, ranks_per_node=2))
@@ -215,7 +215,7 @@ NODE_LOST = """
 import json, sys
 sys.path.insert(0, {tests!r})
 import orch
-from orch.views.panel import wait_for
+from orch.views.waiting import wait_for
 run = orch.launch("jobs:landscape_job", world_size=4, run_root={root!r}, max_restarts={restarts},
                   min_world_size={floor}, heartbeat_timeout=20,
                   config={{"x": 0, "steps": 40, "every": 5, "sleep": 0.2, "trace": {trace!r}}},
@@ -308,7 +308,7 @@ HANG = """
 import json, sys
 sys.path.insert(0, {tests!r})
 import orch
-from orch.views.panel import wait_for
+from orch.views.waiting import wait_for
 run = orch.launch("jobs:hang_rank1", world_size=4, run_root={root!r}, config={{"at": 10}}, hang_timeout=5,
                   cluster=orch.Ray(address={address!r}, nodes=2, ranks_per_node=2))
 assert wait_for(lambda: run.state().stacks, 120)

@@ -266,7 +266,7 @@ def test_a_rank_killed_on_node2_restarts_the_group_on_both_nodes(
 
 KERNEL_CELL = """
 import orch
-from orch.views.panel import wait_for
+from orch.views.waiting import wait_for
 run = orch.launch('jobs:long_barriers', world_size=4, cluster=orch.Slurm(nodes=2, tasks_per_node=2),
                   run_root={root!r}, heartbeat_timeout={timeout})
 assert wait_for(lambda: run.state().state.value == 'RUNNING', 120)

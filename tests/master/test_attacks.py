@@ -29,7 +29,7 @@ from orch.master.control.plan import RunPlan
 from orch.master.control.series import MAX_POINTS_IN_MEMORY
 from orch.master.coordinator import Coordinator
 from orch.master.server import MAX_MESSAGE_BYTES, SERVICE_NAME, MasterServer
-from orch.views.panel import wait_for
+from orch.views.waiting import wait_for
 from orch.wire._proto import orchestrator_pb2 as pb
 from orch.wire._proto import orchestrator_pb2_grpc as pb_grpc
 from orch.wire.auth import MAX_AUTH_HEADER_BYTES, open_channel

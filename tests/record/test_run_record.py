@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 import orch
-from orch.views.panel import wait_for
+from orch.views.waiting import wait_for
 from orch.wire.states import RunState
 
 pytestmark = pytest.mark.timeout(240)

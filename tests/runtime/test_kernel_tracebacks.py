@@ -99,7 +99,7 @@ def test_interrupting_wait_returns_and_says_the_run_goes_on(tmp_path: Path) -> N
     with notebook_kernel(tmp_path) as (km, kc):
         setup = (
             f"import sys; sys.path.insert(0, {str(TESTS)!r})\n"
-            "import orch\nfrom orch.views.panel import wait_for\n"
+            "import orch\nfrom orch.views.waiting import wait_for\n"
             f"run = orch.launch('jobs:long_barriers', world_size=2, run_root={str(tmp_path)!r})\n"
             "assert wait_for(lambda: run.state().state.value == 'RUNNING', 90)\n"
         )

@@ -16,7 +16,7 @@ from conftest import ROOT
 from orch.errors import StopTraining
 from orch.runtime._sender import HeartbeatSender
 from orch.runtime.context import Context
-from orch.views.panel import wait_for
+from orch.views.waiting import wait_for
 from orch.wire._proto import orchestrator_pb2 as pb
 from orch.wire.states import RunState
 

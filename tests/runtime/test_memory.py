@@ -20,7 +20,7 @@ import pytest
 
 import orch
 from conftest import ORCH, orch_cli, until
-from orch.experiments import catalog
+from orch.experiments.run_row import read_row
 from orch.record.store import read_events
 from orch.runtime.memory import find_cgroup
 from orch.wire.states import RunState
@@ -157,6 +157,6 @@ def test_a_rank_the_oom_killer_ends_is_reported_as_killed_by_it(
     said = r"root cause: rank 1 .*signal SIGKILL: killed by the out-of-memory killer \(RSS "
     assert re.search(said, proc.stdout), proc.stdout
     [run_dir] = [p for p in tmp_path.iterdir() if (p / "result.json").is_file()]
-    row = catalog.read_row(run_dir)
+    row = read_row(run_dir)
     assert row.root_cause_rank == 1 and "killed by the out-of-memory killer" in row.note, row.note
     assert "cgroup limit 1.5 GB" in row.note and "its cgroup counted the kill" in row.note, row.note

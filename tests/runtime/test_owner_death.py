@@ -77,7 +77,7 @@ def test_a_kernel_killed_alone_leaves_nothing(tmp_path: Path) -> None:
         code = (
             f"import sys; sys.path.insert(0, {str(TESTS)!r})\n"
             "import orch\n"
-            "from orch.views.panel import wait_for\n"
+            "from orch.views.waiting import wait_for\n"
             f"run = orch.launch('jobs:long_barriers', world_size=2, run_root={str(tmp_path)!r},\n"
             f"                  heartbeat_timeout={HEARTBEAT_TIMEOUT})\n"
             "assert wait_for(lambda: run.state().state.value == 'RUNNING', 90)\n"

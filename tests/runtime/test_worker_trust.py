@@ -35,7 +35,7 @@ from orch.master.server import MasterServer
 from orch.runtime.context import Context
 from orch.runtime.spec import WorkerSpec
 from orch.runtime.worker import run_worker
-from orch.views.dashboard import render, summary
+from orch.views.rendering import render, summary
 from orch.wire._proto import orchestrator_pb2 as pb
 from orch.wire._proto import orchestrator_pb2_grpc as pb_grpc
 from orch.wire.states import RunState

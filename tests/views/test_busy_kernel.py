@@ -29,7 +29,7 @@ LAUNCH = """\
 import json, os, sys, time
 sys.path.insert(0, {tests!r})
 import orch
-from orch.views.panel import wait_for
+from orch.views.waiting import wait_for
 run = orch.launch("jobs:allreduce_steps", world_size=2, config={{"steps": {steps}, "sleep": 0.05}},
                   run_root={run_root!r})
 panel = run.panel(interval=0.3)

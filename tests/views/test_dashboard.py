@@ -21,16 +21,9 @@ from conftest import ORCH
 from coordinator_calls import heartbeat
 from orch.master.control.plan import RunPlan
 from orch.master.coordinator import Coordinator
-from orch.views.dashboard import (
-    Dashboard,
-    SweepDashboard,
-    render,
-    render_sweep_plain,
-    run_table,
-    show,
-    summary,
-    sweep_table,
-)
+from orch.views.dashboard import Dashboard, SweepDashboard, show
+from orch.views.rank_rows import MAX_TABLE_ROWS
+from orch.views.rendering import render, render_sweep_plain, run_table, summary, sweep_table
 from orch.views.run_html import header_html, progress_html, table_html
 from orch.wire._proto import orchestrator_pb2 as pb
 from orch.wire.client import StateMirror
@@ -510,7 +503,6 @@ def test_a_stopping_run_says_how_long_each_kind_of_loop_takes_to_stop() -> None:
 
 
 def test_a_big_runs_rank_table_shows_the_ranks_with_marks_first_and_counts_the_rest() -> None:
-    from orch.views.run_html import MAX_TABLE_ROWS
     from orch.wire.ranks import RankView
 
     n = 4 * MAX_TABLE_ROWS

@@ -21,7 +21,9 @@ from orch.master.control.plan import RunPlan
 from orch.master.coordinator import Coordinator
 from orch.master.server import MasterServer
 from orch.views._static import WIDGET_VIEW
-from orch.views.panel import Panel, downsample, wait_for
+from orch.views.panel import Panel
+from orch.views.rank_plot import downsample
+from orch.views.waiting import wait_for
 from orch.wire._proto import orchestrator_pb2 as pb
 from orch.wire._proto import orchestrator_pb2_grpc as pb_grpc
 from orch.wire.client import StateMirror
@@ -433,7 +435,7 @@ def test_live_runs_are_torn_down_when_the_interpreter_exits(tmp_path: Path) -> N
         f"sys.path.insert(0, {str(TESTS)!r})\n"
         f"run = orch.launch('jobs:allreduce_steps', world_size=2, run_root={str(tmp_path)!r},\n"
         "                  config={'steps': 100000, 'sleep': 0.02})\n"
-        "from orch.views.panel import wait_for\n"
+        "from orch.views.waiting import wait_for\n"
         "assert wait_for(lambda: run.state().state.value == 'RUNNING', 60)\n"
         "print('pids', *[p.pid for p in run.procs], flush=True)\n"
         # the interpreter exits here without closing the run

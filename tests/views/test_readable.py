@@ -20,7 +20,8 @@ from orch.experiments.results import SweepResults, nonfinite_text, wall_time_tex
 from orch.views.comparison import _RunsPlot
 from orch.views.followers import Curve, Mirrored, config_label, followers
 from orch.views.rank_plot import RankPlot, robust_range
-from orch.views.rendering import rate_of, render, summary
+from orch.views.rank_rows import rate_of
+from orch.views.rendering import render, summary
 from orch.views.run_html import table_html
 from orch.wire.client import NonFinite, SeriesBuffer, StateMirror
 from orch.wire.ranks import RankView

@@ -22,7 +22,7 @@ LAUNCH = """\
 import sys
 sys.path.insert(0, {tests!r})
 import orch
-from orch.views.panel import wait_for
+from orch.views.waiting import wait_for
 run = orch.launch("jobs:allreduce_steps", world_size=2, config={{"steps": 100000, "sleep": 0.05}},
                   run_root={run_root!r})
 panel = run.panel(interval=0.3)
@@ -136,7 +136,7 @@ SWEEP = """\
 import sys
 sys.path.insert(0, {tests!r})
 import orch
-from orch.views.panel import wait_for
+from orch.views.waiting import wait_for
 configs = [{{"lr": 0.01, "steps": 100000, "sleep": 0.05}}, {{"lr": 0.1, "steps": 100000, "sleep": 0.05}}]
 sweep = orch.sweep("jobs:lr_job", configs, world_size=1, run_root={run_root!r})
 panel = sweep.panel(interval=0.3)

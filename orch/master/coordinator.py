@@ -48,6 +48,7 @@ from orch.master.control.validate import (
 )
 from orch.wire._proto import orchestrator_pb2 as pb
 from orch.wire.limits import MAX_SECTIONS, MORE_SECTIONS
+from orch.wire.model import Event, JobView
 from orch.wire.states import BARRIER_CLOSED, RUN_STATE_PB, RankState, RunState
 
 if TYPE_CHECKING:
@@ -174,7 +175,7 @@ class Coordinator:
         return self.intake.points
 
     @property
-    def events(self) -> list[pb.Event]:
+    def events(self) -> list[Event]:
         return self.event_log.events
 
     @property
@@ -564,7 +565,7 @@ class Coordinator:
             self._changed.notify_all()
             return True
 
-    def set_job(self, job: pb.ClusterJob) -> None:
+    def set_job(self, job: JobView) -> None:
         """What the scheduler last said of the run's job; a change is an event."""
         with self._lock:
             news = self.cluster_job.update(job)
@@ -701,7 +702,7 @@ class Coordinator:
 
     # -- internals (lock held) -------------------------------------------------------------
     def _event(self, kind: str, rank: int, message: str) -> None:
-        event = pb.Event(time=self._wall(), kind=kind, rank=rank, message=message)
+        event = Event(time=self._wall(), kind=kind, rank=rank, message=message)
         self.event_log.append(event)
         if self.store is not None:
             self.store.append_event(event)

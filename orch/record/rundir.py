@@ -16,7 +16,7 @@ import io
 import logging
 import math
 from array import array
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from enum import Enum
 from itertools import repeat
 from pathlib import Path
@@ -38,6 +38,7 @@ from orch.record.tensorboard import export_runs
 from orch.record.writes import OwnDir, export_file
 from orch.wire._proto import orchestrator_pb2 as pb
 from orch.wire.client import NonFinite, SeriesBuffer, Snapshots, StateMirror
+from orch.wire.model import STATUS_FIELDS, JobView, RunStatus
 from orch.wire.ranks import RankView
 from orch.wire.states import RankState, RunState
 
@@ -129,32 +130,12 @@ class RunRecord(RunSource):
         m.run_id = result.text("run_id") or launched_id or self.run_dir.name
         m.world_size = result.integer("world_size") or launched_size
         if self.result:
-            m.state = result.choice("state", RunState)
-            m.failure = result.text("failure")
-            m.elapsed = result.number("elapsed")
-            m.root_cause_rank = result.integer("root_cause_rank", -1)
-            m.root_cause_error = result.text("root_cause_error")
-            m.root_cause_exit_code = result.integer("root_cause_exit_code")
-            m.attempt = result.integer("attempt", 1)
-            m.max_attempts = result.integer("max_attempts", 1)
-            m.total_steps = result.integer("total_steps")
+            m.take(_status(result, m.status()))
             m.ranks = [
                 RankView.from_fields(r, r.choice("state", RankState, RankState.REGISTERED))
                 for r in result.objects("ranks")
             ]
             m.registered = len(m.ranks)
-            stragglers = result.object("stragglers")
-            if stragglers is not None:  # the judgement as the run ended: the panel's record shows it
-                m.stragglers_judged, m.straggler_note = stragglers.flag("judged"), stragglers.text("note")
-                m.straggler_rank = stragglers.integer("rank", -1) if m.stragglers_judged else -1
-                m.straggler_section = stragglers.text("section") if m.straggler_rank >= 0 else ""
-            progress = result.object("progress")
-            if progress is not None:
-                m.progress_note, m.stacks = progress.text("note"), progress.text("stacks")
-                m.stalled_for, m.stacks_taken = (
-                    progress.number("stalled_for"),
-                    progress.number("stacks_taken"),
-                )
         else:
             m.state = RunState.FAILED
             m.failure = "the run did not finish: its master stopped without writing result.json"
@@ -391,6 +372,38 @@ class _Fields:
         if key not in self.value:
             return OrchError(f"{self.where}: {key!r} is missing")
         return OrchError(f"{self.where}: {key!r} should be {want}, not {_kind(value)}")
+
+
+def _status(result: _Fields, status: RunStatus) -> RunStatus:
+    """``status`` with every field of :class:`RunStatus` that ``result.json`` holds, each read
+    where the model places it (an older record lacks some: they keep ``status``'s); its state
+    is required."""
+    for f in STATUS_FIELDS:
+        group, _, key = f.metadata["json"].rpartition(".")
+        fields = result.object(group) if group else result
+        if fields is None or (key not in fields.value and f.name != "state"):
+            continue
+        setattr(status, f.name, _READS[f.type](fields, key))
+    return status.settled()
+
+
+def _job(fields: _Fields, key: str) -> JobView | None:
+    job = fields.object(key)
+    if job is None:
+        return None
+    names = ("scheduler", "job_id", "state", "reason", "nodes")
+    return JobView(*(job.text(n) for n in names))
+
+
+# How each type of RunStatus field is read (the annotations, as text).
+_READS: dict[Any, Callable[[_Fields, str], Any]] = {
+    "str": _Fields.text,
+    "int": _Fields.integer,
+    "float": _Fields.number,
+    "bool": _Fields.flag,
+    "RunState": lambda fields, key: fields.choice(key, RunState),
+    "JobView | None": _job,
+}
 
 
 def _kind(value: Any) -> str:

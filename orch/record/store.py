@@ -12,6 +12,7 @@ one JSON event per line; ``run.json`` what was launched.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import logging
 import mmap
@@ -32,6 +33,7 @@ from orch.record.owned import open_own, read_line
 from orch.record.writes import own_dir, write_json
 from orch.wire._proto import orchestrator_pb2 as pb
 from orch.wire.codec import field_key
+from orch.wire.model import Event
 
 log = logging.getLogger(__name__)
 
@@ -83,10 +85,8 @@ class RunStore:
             self._metrics.write(record)
             self._dirty = True
 
-    def append_event(self, event: pb.Event) -> None:
-        line = json.dumps(
-            {"time": event.time, "kind": event.kind, "rank": event.rank, "message": event.message}
-        )
+    def append_event(self, event: Event) -> None:
+        line = json.dumps(dataclasses.asdict(event))
         with self._lock:
             if not self._closed.is_set():
                 self._events.write(line.encode() + b"\n")

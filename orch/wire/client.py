@@ -24,6 +24,8 @@ from orch.errors import MasterUnavailable
 from orch.wire._proto import orchestrator_pb2 as pb
 from orch.wire._proto import orchestrator_pb2_grpc as pb_grpc
 from orch.wire.auth import open_channel, token_from_env
+from orch.wire.codec import take_status
+from orch.wire.model import RunStatus
 from orch.wire.ranks import RankView
 from orch.wire.rpc import rpc_error
 from orch.wire.states import SERVICE_NAME, RunState
@@ -219,65 +221,11 @@ class NonFinite:
         )
 
 
-@dataclass(frozen=True)
-class JobView:
-    """The scheduler's job a run's ranks run in, as the scheduler last reported it."""
-
-    scheduler: str
-    job_id: str
-    state: str
-    reason: str = ""
-    nodes: str = ""
-
-    def describe(self) -> str:
-        """``slurm job 41: PENDING in the queue: Resources`` or ``slurm job 41: RUNNING on node[1-2]``."""
-        head = f"{self.scheduler} job {self.job_id}: {self.state or 'submitted'}"
-        if self.state == "PENDING":
-            why = self.reason if self.reason not in ("", "None") else ""
-            return head + " in the queue" + (f": {why}" if why else "")
-        return head + (f" on {self.nodes}" if self.nodes else "")
-
-    def as_dict(self) -> dict[str, str]:
-        return {
-            "scheduler": self.scheduler,
-            "job_id": self.job_id,
-            "state": self.state,
-            "reason": self.reason,
-            "nodes": self.nodes,
-        }
-
-
 @dataclass
-class StateMirror:
-    """The full state of a run, rebuilt from incremental ``GetState`` replies."""
+class StateMirror(RunStatus):
+    """The full state of a run, rebuilt from incremental ``GetState`` replies: its status (the
+    fields of :class:`~orch.wire.model.RunStatus`), ranks, points and events."""
 
-    run_id: str = ""
-    state: RunState = RunState.PENDING
-    world_size: int = 0
-    registered: int = 0
-    total_steps: int = 0
-    elapsed: float = 0.0
-    failure: str = ""
-    root_cause_rank: int = -1
-    root_cause_error: str = ""
-    root_cause_exit_code: int = 0
-    attempt: int = 1
-    max_attempts: int = 1
-    rendezvous: str = ""
-    job: JobView | None = None  # the scheduler's job (a Slurm run)
-    stragglers_judged: bool = False  # False: the note says why stragglers cannot be judged
-    straggler_rank: int = -1
-    straggler_section: str = ""
-    straggler_note: str = ""
-    # Whether the ranks progress: seconds the stalled ranks stood still (0: the run moves),
-    # the note in words, and the ranks' last stacks grouped by frame.
-    stalled_for: float = 0.0
-    progress_note: str = ""
-    stacks: str = ""
-    stacks_taken: float = 0.0
-    # Before the first step: what the run does, in words, and the seconds its start-up took so far.
-    startup_note: str = ""
-    startup_seconds: float = 0.0
     ranks: list[RankView] = field(default_factory=list)
     series: dict[tuple[int, str], SeriesBuffer] = field(default_factory=dict)
     events: list[tuple[float, str, int, str]] = field(default_factory=list)
@@ -289,34 +237,12 @@ class StateMirror:
         if reply.full:
             self.series.clear()
             self.events.clear()
-        self.run_id = reply.run_id
-        self.state = RunState(pb.RunState.Name(reply.state))
-        self.world_size = reply.world_size
-        self.registered = reply.registered
-        self.total_steps = reply.total_steps
-        self.elapsed = reply.elapsed
-        self.failure = reply.failure
-        self.root_cause_rank = reply.root_cause_rank
-        self.root_cause_error = reply.root_cause_error
-        self.root_cause_exit_code = reply.root_cause_exit_code
-        self.rendezvous = reply.rendezvous
-        self.attempt = reply.attempt or 1
-        self.max_attempts = reply.max_attempts or 1
-        j = reply.job
-        has_job = reply.HasField("job")
-        self.job = JobView(j.scheduler, j.job_id, j.state, j.reason, j.nodes) if has_job else None
+        self.take(take_status(reply))
         if reply.ranks_changed_only:
             self._merge_ranks(reply)
         else:
             self.ranks = [RankView.from_pb(r) for r in reply.ranks]
         self.clock = reply.clock
-        self.stragglers_judged, self.straggler_note = reply.stragglers_judged, reply.straggler_note
-        # A master without the judgement leaves these unset: no rank is marked.
-        self.straggler_rank = reply.straggler_rank if reply.stragglers_judged else -1
-        self.straggler_section = reply.straggler_section if self.straggler_rank >= 0 else ""
-        self.stalled_for, self.progress_note = reply.stalled_for, reply.progress_note
-        self.stacks, self.stacks_taken = reply.stacks, reply.stacks_taken
-        self.startup_note, self.startup_seconds = reply.startup_note, reply.startup_seconds
         self.last_points = 0
         for s in reply.series:
             buf = self.series.get((s.rank, s.name))
@@ -417,33 +343,9 @@ class StateMirror:
         return done, self.total_steps
 
     def as_dict(self) -> dict[str, Any]:
+        """The run as ``result.json`` and ``orch status --json`` write it."""
         return {
-            "run_id": self.run_id,
-            "state": self.state.value,
-            "world_size": self.world_size,
-            "registered": self.registered,
-            "total_steps": self.total_steps,
-            "elapsed": round(self.elapsed, 3),
-            "failure": self.failure,
-            "root_cause_rank": self.root_cause_rank,
-            "root_cause_error": self.root_cause_error,
-            "root_cause_exit_code": self.root_cause_exit_code,
-            "rendezvous": self.rendezvous,
-            "attempt": self.attempt,
-            "max_attempts": self.max_attempts,
-            "job": self.job.as_dict() if self.job is not None else None,
-            "stragglers": {
-                "judged": self.stragglers_judged,
-                "rank": self.straggler_rank,
-                "section": self.straggler_section,
-                "note": self.straggler_note,
-            },
-            "progress": {
-                "stalled_for": round(self.stalled_for, 3),
-                "note": self.progress_note,
-                "stacks": self.stacks,
-                "stacks_taken": self.stacks_taken,
-            },
+            **self.status_json(),
             "ranks": [r.as_dict() for r in self.ranks],
             "nonfinite": [d.as_dict() for d in self.nonfinite()],
             "points": {f"{rank}/{name}": len(s) for (rank, name), s in sorted(self.series.items())},

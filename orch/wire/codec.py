@@ -1,4 +1,5 @@
-"""The protocol's bytes where the master writes them itself: field keys and varints.
+"""Where plain values (:mod:`.model`) become protocol messages and back, and the protocol's
+bytes where the master writes them itself: field keys and varints.
 
 The master serializes a reply's bulk (a catch-up's points, a thousand ranks' records) in pieces
 it joins, and the run dir's metrics log is scanned for records after damage: both need a
@@ -13,6 +14,10 @@ from typing import Any
 
 from google.protobuf.descriptor import FieldDescriptor
 from google.protobuf.message import Message
+
+from orch.wire._proto import orchestrator_pb2 as pb
+from orch.wire.model import STATUS_FIELDS, Event, JobView, RunStatus
+from orch.wire.states import RUN_STATE_PB, RunState
 
 # The wire types (protobuf's encoding guide): how the bytes after a key are laid out.
 VARINT, FIXED64, LENGTH_DELIMITED, FIXED32 = 0, 1, 2, 5
@@ -52,3 +57,32 @@ def field_key(message: type[Message], name: str) -> bytes:
     """The key that starts field ``name`` of ``message`` on the wire."""
     field = message.DESCRIPTOR.fields_by_name[name]
     return varint(field.number << 3 | wire_type(field))
+
+
+# -- a run's status, on and off the wire (field by field, by name, for every field of RunStatus) --
+_SPECIAL = {"state", "job"}
+_PLAIN = [f.name for f in STATUS_FIELDS if f.name not in _SPECIAL]
+_RUN_STATES = {number: RunState(name) for name, number in RUN_STATE_PB.items()}
+
+
+def put_status(status: RunStatus, reply: pb.GetStateResponse) -> None:
+    """Set ``reply``'s run-level fields from ``status``."""
+    for name in _PLAIN:
+        setattr(reply, name, getattr(status, name))
+    reply.state = RUN_STATE_PB[status.state.value]
+    if status.job is not None:
+        reply.job.CopyFrom(pb.ClusterJob(**status.job.as_dict()))
+
+
+def take_status(reply: pb.GetStateResponse) -> RunStatus:
+    """The run-level fields of ``reply``, as a master of any version sends them."""
+    status = RunStatus(**{name: getattr(reply, name) for name in _PLAIN})
+    status.state = _RUN_STATES[reply.state]
+    if reply.HasField("job"):
+        j = reply.job
+        status.job = JobView(j.scheduler, j.job_id, j.state, j.reason, j.nodes)
+    return status.settled()
+
+
+def put_event(event: Event, reply: pb.GetStateResponse) -> None:
+    reply.events.append(pb.Event(time=event.time, kind=event.kind, rank=event.rank, message=event.message))

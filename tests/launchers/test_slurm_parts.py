@@ -205,7 +205,7 @@ def test_sbatch_refusals_say_what_to_do(stderr: str, says: str) -> None:
 
 
 def test_the_job_state_reads_as_people_say_it() -> None:
-    from orch.wire.client import JobView
+    from orch.wire.model import JobView
 
     assert (
         JobView("slurm", "41", "PENDING", "Resources").describe()

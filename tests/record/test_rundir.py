@@ -23,6 +23,7 @@ from orch.errors import OrchError
 from orch.master.control.series import Series
 from orch.record.store import RunStore, read_metrics, write_json_atomic
 from orch.wire._proto import orchestrator_pb2 as pb
+from orch.wire.model import Event
 from orch.wire.states import RunState
 
 Frames = list[tuple[int, int]]  # (offset, end) of each record of a metrics log
@@ -51,7 +52,7 @@ def _write_run(run_dir: Path) -> tuple[bytes, Frames]:
     for i in range(RECORDS):
         rank, series = _record_batches(i)
         store.append_points(rank, 1, series)
-    store.append_event(pb.Event(time=1.0, kind="start", rank=-1, message="go"))
+    store.append_event(Event(time=1.0, kind="start", rank=-1, message="go"))
     store.close()
     write_json_atomic(run_dir / "result.json", {"run_id": "r1", "state": "SUCCEEDED", "world_size": 2})
     data = (run_dir / "metrics.pb").read_bytes()

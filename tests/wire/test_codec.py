@@ -3,7 +3,10 @@ for every field of every message, and what it joins by hand parses back to what 
 
 from __future__ import annotations
 
+import dataclasses
+import json
 from array import array
+from typing import Any
 
 from google.protobuf.descriptor import FieldDescriptor
 from google.protobuf.internal.decoder import _DecodeVarint  # type: ignore[attr-defined]
@@ -12,8 +15,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from orch.master.control.series import Series
+from orch.record.rundir import RunRecord
 from orch.wire._proto import orchestrator_pb2 as pb
-from orch.wire.codec import field_key, varint
+from orch.wire.client import StateMirror
+from orch.wire.codec import field_key, put_status, take_status, varint
+from orch.wire.model import STATUS_FIELDS, JobView, RunStatus
+from orch.wire.states import RunState
 
 MESSAGES = [getattr(pb, name) for name in pb.DESCRIPTOR.message_types_by_name]
 
@@ -104,3 +111,47 @@ def test_a_series_encoded_by_hand_parses_back_as_the_points_held(
     held = s.copy(rank, name, 0, first, last)
     assert parsed.SerializeToString(deterministic=True) == held.SerializeToString(deterministic=True)
     assert (parsed.rank, parsed.name, list(parsed.steps)) == (rank, name, [p[0] for p in points[first:last]])
+
+
+# -- a run's status: the wire and result.json carry every field of RunStatus, and give it back --
+_TEXT = st.text(alphabet=st.characters(exclude_categories=("Cs",)), max_size=30)
+_BY_TYPE: dict[str, st.SearchStrategy[Any]] = {
+    "str": _TEXT,
+    "int": st.integers(-(2**31), 2**31 - 1),  # int32 on the wire, the narrowest of them
+    "float": st.floats(allow_nan=False),
+    "bool": st.booleans(),
+    "RunState": st.sampled_from(list(RunState)),
+    "JobView | None": st.none() | st.builds(JobView, _TEXT, _TEXT, _TEXT, _TEXT, _TEXT),
+}
+statuses = st.builds(RunStatus, **{f.name: _BY_TYPE[str(f.type)] for f in STATUS_FIELDS})
+
+
+@settings(max_examples=300, deadline=None)
+@given(statuses)
+def test_a_status_crosses_the_wire_whole(status: RunStatus) -> None:
+    reply = pb.GetStateResponse()
+    put_status(status, reply)
+    wired = pb.GetStateResponse.FromString(reply.SerializeToString())
+    assert take_status(wired) == dataclasses.replace(status).settled()
+
+
+@settings(max_examples=300, deadline=None)
+@given(status=statuses)
+def test_a_status_kept_in_result_json_loads_back(status: RunStatus, tmp_path_factory: Any) -> None:
+    mirror = StateMirror()
+    mirror.take(status)
+    run_dir = tmp_path_factory.mktemp("run")
+    (run_dir / "run.json").write_text("{}")
+    (run_dir / "result.json").write_text(json.dumps(mirror.as_dict()))
+    loaded = RunRecord(run_dir).state()
+    expected = dataclasses.replace(status).settled()
+    for f in STATUS_FIELDS:  # result.json keeps some seconds to the millisecond
+        if f.metadata["digits"] is not None:
+            setattr(expected, f.name, round(getattr(expected, f.name), f.metadata["digits"]))
+    expected.registered = 0  # counted from the ranks the record holds: none here
+    assert loaded.status() == expected
+
+
+def test_every_field_of_a_status_is_one_of_the_replys() -> None:
+    names = {f.name for f in pb.GetStateResponse.DESCRIPTOR.fields}
+    assert {f.name for f in STATUS_FIELDS} <= names

@@ -34,8 +34,8 @@ from orch.launchers.spec import LaunchSpec
 from orch.master.coordinator import Coordinator
 from orch.record.store import private_dir
 from orch.runtime.function_file import write_function
-from orch.wire._proto import orchestrator_pb2 as pb
 from orch.wire.auth import TOKEN_ENV
+from orch.wire.model import JobView
 
 log = logging.getLogger(__name__)
 
@@ -188,11 +188,10 @@ class RayJob:
     def all_ended(self) -> bool:
         return bool(self._waits) and len(self.exits) == len(self._waits)
 
-    def as_pb(self) -> pb.ClusterJob:
+    def view(self) -> JobView:
+        """What the run's master is told of this job: its state and its nodes (address/id)."""
         where = ",".join(f"{n['address']}/{str(n['node_id'])[:8]}" for n in self.nodes)
-        return pb.ClusterJob(
-            scheduler=SCHEDULER, job_id=self.job_id, state=self.state, reason=self.reason, nodes=where
-        )
+        return JobView(SCHEDULER, self.job_id, self.state, self.reason, where)
 
     def end(self) -> None:
         """Kill the actors (their agents, and so the ranks, go with them) and remove the group."""
@@ -232,9 +231,9 @@ class RayLauncher(Launcher):
         """Connect, place the run's bundles (or fail the launch naming what is missing)."""
         job = self.job = RayJob(self.cluster, parts.run_id)
         job.connect()
-        self.coordinator.set_job(job.as_pb())
+        self.coordinator.set_job(job.view())
         job.place(self.spec.startup_timeout)
-        self.coordinator.set_job(job.as_pb())
+        self.coordinator.set_job(job.view())
         parts.meta["ray_placement_group"] = job.job_id
         parts.store.write_meta(parts.meta)
         log.info(
@@ -246,7 +245,7 @@ class RayLauncher(Launcher):
         assert job is not None  # submit() ran before the monitor started
         try:
             self._start_agents(parts, job)
-            self.coordinator.set_job(job.as_pb())
+            self.coordinator.set_job(job.view())
             while not parts.closing.is_set() and not self.coordinator.state.done:
                 ended = job.poll(0.0)
                 if ended:
@@ -265,7 +264,7 @@ class RayLauncher(Launcher):
             )
         finally:
             job.end()
-            self.coordinator.set_job(job.as_pb())
+            self.coordinator.set_job(job.view())
 
     def _start_agents(self, parts: RunParts, job: RayJob) -> None:
         spec = self.spec
@@ -302,7 +301,7 @@ class RayLauncher(Launcher):
         heartbeat timeout later); a run none of whose nodes is left fails."""
         for i, how in sorted(ended.items()):
             log.warning("run %s: Ray node %d: %s", job.run_id, i, how)
-            self.coordinator.set_job(job.as_pb())
+            self.coordinator.set_job(job.view())
             if i < len(job.nodes) and not self.coordinator.state.done:
                 node = job.nodes[i]
                 self.coordinator.host_lost(

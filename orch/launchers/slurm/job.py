@@ -54,8 +54,8 @@ from orch.master.control.pace import HEARTBEAT_TIMEOUT
 from orch.record.store import tail
 from orch.record.writes import own_dir
 from orch.runtime.owner import process_alive
-from orch.wire._proto import orchestrator_pb2 as pb
 from orch.wire.auth import TOKEN_ENV
+from orch.wire.model import JobView
 
 if TYPE_CHECKING:
     from orch.master.coordinator import Coordinator
@@ -321,9 +321,9 @@ class SlurmJob:
     def output_tail(self, lines: int = 20) -> str:
         return tail(self.output, lines) if self.output is not None else ""
 
-    def as_pb(self, status: JobStatus) -> pb.ClusterJob:
-        said = {"state": status.state, "reason": status.reason, "nodes": status.nodes}
-        return pb.ClusterJob(scheduler=SCHEDULER, job_id=self.job_id, **said)
+    def view(self, status: JobStatus) -> JobView:
+        """What the run's master is told of this job, as ``squeue`` said it (``status``)."""
+        return JobView(SCHEDULER, self.job_id, status.state, status.reason, status.nodes)
 
 
 def _cancel_when_orphaned(launcher: int, name: str, stdin: IO[bytes]) -> int:
@@ -416,9 +416,9 @@ def follow_job(job: SlurmJob, coordinator: Coordinator, closing: threading.Event
             if now >= next_poll:
                 status = job.status()
                 if status.state != "UNKNOWN":
-                    coordinator.set_job(job.as_pb(status))
+                    coordinator.set_job(job.view(status))
                 elif job.unknown_since is not None and now - job.unknown_since > 5 * poll:
-                    coordinator.set_job(job.as_pb(status))  # squeue keeps failing: say so
+                    coordinator.set_job(job.view(status))  # squeue keeps failing: say so
                     if now - job.unknown_since > UNKNOWN_LIMIT and coordinator.state.value == "PENDING":
                         coordinator.fail(f"Slurm job {job.job_id}: {job.last_error} for {UNKNOWN_LIMIT:g}s")
                         break
@@ -456,7 +456,7 @@ def follow_job(job: SlurmJob, coordinator: Coordinator, closing: threading.Event
         job.cancel()
         status = wait_gone(job, JOB_END_GRACE)  # the state it ended in, for the panel and the record
         if status.state != "UNKNOWN":
-            coordinator.set_job(job.as_pb(status))
+            coordinator.set_job(job.view(status))
 
 
 def wait_gone(job: SlurmJob, timeout: float, interval: float = 0.25) -> JobStatus:

@@ -64,7 +64,7 @@ class SlurmLauncher(Launcher):
             elastic=spec.min_world_size is not None,
         )
         job.submit(script, self.run_dir)
-        self.coordinator.set_job(job.as_pb(JobStatus("PENDING")))
+        self.coordinator.set_job(job.view(JobStatus("PENDING")))
         parts.meta["slurm_job"] = job.job_id
         parts.store.write_meta(parts.meta)
         log.info("run %s: Slurm job %s submitted (%s)", parts.run_id, job.job_id, cluster.describe())

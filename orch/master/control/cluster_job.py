@@ -8,21 +8,16 @@ hour is a handful of events, not thousands.
 
 from __future__ import annotations
 
-from orch.wire._proto import orchestrator_pb2 as pb
+from orch.wire.model import JobView
 
 
 class JobWatch:
     """The last word on the run's job (None: the run is not a scheduler's job)."""
 
     def __init__(self) -> None:
-        self.job: pb.ClusterJob | None = None
+        self.job: JobView | None = None
 
-    def update(self, job: pb.ClusterJob) -> str | None:
+    def update(self, job: JobView) -> str | None:
         """Keep the scheduler's latest word; return the event it makes (None: nothing changed)."""
         before, self.job = self.job, job
-        said = (job.state, job.reason, job.nodes)
-        if before is not None and (before.state, before.reason, before.nodes) == said:
-            return None
-        where = f" on {job.nodes}" if job.nodes else ""
-        why = f" ({job.reason})" if job.reason and job.reason != "None" else ""  # squeue's "no reason"
-        return f"{job.scheduler} job {job.job_id} {job.state}{why}{where}"
+        return job.news(before)

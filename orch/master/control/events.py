@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from orch.wire._proto import orchestrator_pb2 as pb
+from orch.wire.model import Event
 
 # Events held in memory (past either bound the oldest quarter leaves) and sent in one
 # GetState reply (the caller asks again for the rest).
@@ -16,11 +16,11 @@ class EventLog:
     """Events by absolute index; ``dropped`` counts the oldest ones that left memory."""
 
     def __init__(self) -> None:
-        self.events: list[pb.Event] = []
+        self.events: list[Event] = []
         self.dropped = 0
         self._bytes = 0
 
-    def append(self, event: pb.Event) -> None:
+    def append(self, event: Event) -> None:
         self.events.append(event)
         self._bytes += len(event.message) + EVENT_OVERHEAD
         if len(self.events) > MAX_EVENTS_IN_MEMORY or self._bytes > MAX_EVENT_BYTES_IN_MEMORY:
@@ -39,14 +39,15 @@ class EventLog:
         self._bytes = size
         self.dropped += drop
 
-    def since(self, cursor: int, reply: pb.GetStateResponse, now: float) -> int:
-        """Put the events from absolute index ``cursor`` on in ``reply`` (as many as one reply
-        takes; ``more`` says to ask again); return the cursor after them. Events that left
-        memory before the caller saw them are named by one ``events_dropped`` event."""
+    def since(self, cursor: int, now: float) -> tuple[list[Event], int, bool]:
+        """The events from absolute index ``cursor`` on, as many as one reply takes; the cursor
+        after them; whether more wait (ask again). Events that left memory before the caller
+        saw them are named by one ``events_dropped`` event."""
+        out = []
         if cursor < self.dropped:
             missed = self.dropped - cursor
-            reply.events.append(
-                pb.Event(
+            out.append(
+                Event(
                     time=self.events[0].time if self.events else now,
                     kind="events_dropped",
                     rank=-1,
@@ -58,9 +59,8 @@ class EventLog:
         size = 0
         for event in self.events[cursor - self.dropped :]:
             size += len(event.message) + EVENT_OVERHEAD
-            if size > MAX_EVENT_BYTES_PER_REPLY and reply.events:
-                reply.more = True
-                break
-            reply.events.append(event)
+            if size > MAX_EVENT_BYTES_PER_REPLY and out:
+                return out, cursor, True
+            out.append(event)
             cursor += 1
-        return cursor
+        return out, cursor, False

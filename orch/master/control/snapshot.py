@@ -26,8 +26,9 @@ from orch.master.control.series import MAX_POINTS_PER_REPLY, SeriesLog, Slice, y
 from orch.master.control.startup import StartupWatch
 from orch.master.control.straggler_watch import StragglerWatch
 from orch.wire._proto import orchestrator_pb2 as pb
-from orch.wire.codec import field_key, varint
-from orch.wire.states import RUN_STATE_PB, RunState
+from orch.wire.codec import field_key, put_event, put_status, varint
+from orch.wire.model import RunStatus
+from orch.wire.states import RunState
 
 
 @dataclass
@@ -139,58 +140,70 @@ def draft_reply(
     # from before a restart rewound a series (another epoch): its offsets count other points.
     full = not cursor or prev.run_id != run.run_id or prev.epoch != run.intake.points.epoch
     sent = {} if full else dict(zip(prev.keys, prev.offsets, strict=True))
-    fate, ranks = run.fate, run.intake.registry.ranks
-    cause = fate.judge.cause
-    root = cause.record if cause is not None else None
-    lifecycle = fate.lifecycle
-    port = run.active_rendezvous_port()
-    reply = pb.GetStateResponse(
-        run_id=run.run_id,
-        state=RUN_STATE_PB[lifecycle.state.value],
-        world_size=run.world_size,
-        registered=len(ranks),
-        total_steps=run.plan.total_steps or max((r.total_steps for r in ranks), default=0),
-        elapsed=lifecycle.elapsed(now),
-        failure=fate.failure,
-        full=full,
-        root_cause_rank=root.rank if root is not None else -1,
-        attempt=lifecycle.attempt,
-        max_attempts=lifecycle.max_attempts,
-        root_cause_error=cause.error if cause is not None else "",
-        root_cause_exit_code=root.exit_code if root is not None else 0,
-        rendezvous=f"{rank0.address}:{port}" if (rank0 := run.intake.registry.rank0) and port else "",
-    )
-    if run.cluster_job.job is not None:
-        reply.job.CopyFrom(run.cluster_job.job)
-    v = run.stragglers.verdict
-    reply.stragglers_judged, reply.straggler_rank = v.judged, v.rank
-    # A run that ended before it could be judged says so, not "yet".
-    reply.straggler_section, reply.straggler_note = v.section, v.shown(lifecycle.state.done)
-    reply.startup_note, reply.startup_seconds = run.startup.note(lifecycle.state, ranks, run.world_size, now)
-    live = lifecycle.state in (RunState.RUNNING, RunState.STOPPING)
-    # A run that ended while its ranks stood still keeps the stall as evidence (how long, which
-    # ranks, and below, their grouped stacks with the odd one out), beside how it ended.
-    stall_at = now if live or lifecycle.ended_at is None else lifecycle.ended_at
-    stalled = run.progress.stalled_for(stall_at) if live or lifecycle.state.done else 0.0
-    reply.stalled_for = stalled
-    note = run.progress.note(stall_at) if stalled else ""
-    if note and not live:
-        note += ", when the run ended"
-    reply.progress_note = "; ".join(n for n in (note, fate.stop.note) if n)
-    # The stacks as last told (a stall's, once every rank answered or the wait was over; or
-    # the last ones asked for): never a half-answered picture while the ranks' answers come.
-    grouped = run.progress.stacks
-    if grouped is not None:
-        reply.stacks, reply.stacks_taken = str(grouped), run.progress.stacks_taken
+    reply = pb.GetStateResponse(full=full)
+    put_status(status_of(run, now), reply)
+    lifecycle, ranks = run.fate.lifecycle, run.intake.registry.ranks
     # An ended run's ages stand still at its end (a finished rank beats no more). The ranks'
     # records are turned into the reply's after the lock (see StateDraft.publish).
     at = lifecycle.ended_at if lifecycle.ended_at is not None else now
     nxt = pb.StateCursor(run_id=run.run_id, epoch=run.intake.points.epoch)
     plan, more = ([], False) if skip_series else run.intake.points.plan(sent, budget, nxt)
-    nxt.events = run.event_log.since(0 if full else max(0, prev.events), reply, wall)
-    reply.more = reply.more or more
+    events, nxt.events, more_events = run.event_log.since(0 if full else max(0, prev.events), wall)
+    for event in events:
+        put_event(event, reply)
+    reply.more = more or more_events
     since = prev.ranks_seen if changed_ranks and not full else 0
     return StateDraft(reply, nxt, plan, list(ranks), at, run.published, since)
+
+
+def status_of(run: Run, now: float) -> RunStatus:
+    """What the run's parts say of it, at ``now`` on the master's clock (its elapsed time, the
+    stall, the start-up)."""
+    fate, ranks = run.fate, run.intake.registry.ranks
+    cause = fate.judge.cause
+    root = cause.record if cause is not None else None
+    lifecycle = fate.lifecycle
+    port = run.active_rendezvous_port()
+    rank0 = run.intake.registry.rank0
+    v = run.stragglers.verdict
+    live = lifecycle.state in (RunState.RUNNING, RunState.STOPPING)
+    # A run that ended while its ranks stood still keeps the stall as evidence (how long, which
+    # ranks, and, in its stacks, the odd one out), beside how it ended.
+    stall_at = now if live or lifecycle.ended_at is None else lifecycle.ended_at
+    stalled = run.progress.stalled_for(stall_at) if live or lifecycle.state.done else 0.0
+    note = run.progress.note(stall_at) if stalled else ""
+    if note and not live:
+        note += ", when the run ended"
+    # The stacks as last told (a stall's, once every rank answered or the wait was over; or
+    # the last ones asked for): never a half-answered picture while the ranks' answers come.
+    grouped = run.progress.stacks
+    startup_note, startup_seconds = run.startup.note(lifecycle.state, ranks, run.world_size, now)
+    return RunStatus(
+        run_id=run.run_id,
+        state=lifecycle.state,
+        world_size=run.world_size,
+        registered=len(ranks),
+        total_steps=run.plan.total_steps or max((r.total_steps for r in ranks), default=0),
+        elapsed=lifecycle.elapsed(now),
+        failure=fate.failure,
+        root_cause_rank=root.rank if root is not None else -1,
+        root_cause_error=cause.error if cause is not None else "",
+        root_cause_exit_code=root.exit_code if root is not None else 0,
+        attempt=lifecycle.attempt,
+        max_attempts=lifecycle.max_attempts,
+        rendezvous=f"{rank0.address}:{port}" if rank0 is not None and port else "",
+        job=run.cluster_job.job,
+        stragglers_judged=v.judged,
+        straggler_rank=v.rank,
+        straggler_section=v.section,
+        straggler_note=v.shown(lifecycle.state.done),  # an ended run not judged says so, not "yet"
+        stalled_for=stalled,
+        progress_note="; ".join(n for n in (note, fate.stop.note) if n),
+        stacks=str(grouped) if grouped is not None else "",
+        stacks_taken=run.progress.stacks_taken if grouped is not None else 0.0,
+        startup_note=startup_note,
+        startup_seconds=startup_seconds,
+    )
 
 
 SERIES_TAG = field_key(pb.GetStateResponse, "series")

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 from orch.master.control.cluster_job import JobWatch
-from orch.wire._proto import orchestrator_pb2 as pb
+from orch.wire.model import JobView
 
 
-def job(state: str, reason: str = "", nodes: str = "") -> pb.ClusterJob:
-    return pb.ClusterJob(scheduler="slurm", job_id="42", state=state, reason=reason, nodes=nodes)
+def job(state: str, reason: str = "", nodes: str = "") -> JobView:
+    return JobView("slurm", "42", state, reason, nodes)
 
 
 def test_no_job_until_the_scheduler_says_one() -> None:

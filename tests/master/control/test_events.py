@@ -5,16 +5,32 @@ The bounds are module constants; the tests shrink them with ``monkeypatch``.
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+
 import pytest
 
 from orch.master.control import events
 from orch.master.control.events import EVENT_OVERHEAD, EventLog
-from orch.wire._proto import orchestrator_pb2 as pb
+from orch.wire.model import Event
 
 
-def event(i: int, size: int = 10) -> pb.Event:
+@dataclass
+class Reply:
+    """What one GetState reply carries of the events."""
+
+    events: list[Event] = field(default_factory=list)
+    more: bool = False
+
+
+def since(log: EventLog, cursor: int, reply: Reply, now: float) -> int:
+    events, cursor, reply.more = log.since(cursor, now)
+    reply.events += events
+    return cursor
+
+
+def event(i: int, size: int = 10) -> Event:
     """Event ``i``: its time is ``i`` and its message is ``size`` characters naming it."""
-    return pb.Event(time=float(i), kind="k", rank=i % 3, message=f"e{i}".ljust(size, "."))
+    return Event(time=float(i), kind="k", rank=i % 3, message=f"e{i}".ljust(size, "."))
 
 
 def filled(n: int, size: int = 10) -> EventLog:
@@ -24,7 +40,7 @@ def filled(n: int, size: int = 10) -> EventLog:
     return log
 
 
-def numbers(evs: list[pb.Event]) -> list[int]:
+def numbers(evs: list[Event]) -> list[int]:
     return [int(e.time) for e in evs]
 
 
@@ -85,22 +101,22 @@ def test_an_event_bigger_than_the_bound_is_kept_alone(small: None) -> None:
 
 def test_since_returns_the_events_after_the_cursor() -> None:
     log = filled(5)
-    reply = pb.GetStateResponse()
-    assert log.since(0, reply, now=99.0) == 5
+    reply = Reply()
+    assert since(log, 0, reply, 99.0) == 5
     assert numbers(list(reply.events)) == [0, 1, 2, 3, 4] and not reply.more
-    reply = pb.GetStateResponse()
-    assert log.since(3, reply, now=99.0) == 5
+    reply = Reply()
+    assert since(log, 3, reply, 99.0) == 5
     assert numbers(list(reply.events)) == [3, 4]
-    reply = pb.GetStateResponse()
-    assert log.since(5, reply, now=99.0) == 5
+    reply = Reply()
+    assert since(log, 5, reply, 99.0) == 5
     assert list(reply.events) == []
 
 
 def test_since_names_the_events_that_left_memory_in_one_event(small: None) -> None:
     log = filled(12)  # events 6..11 held, 6 dropped
     assert log.dropped == 6
-    reply = pb.GetStateResponse()
-    assert log.since(2, reply, now=99.0) == 12
+    reply = Reply()
+    assert since(log, 2, reply, 99.0) == 12
     first, *rest = reply.events
     assert first.kind == "events_dropped" and first.rank == -1
     assert first.message.startswith("4 earlier events are no longer in the master's memory")
@@ -112,8 +128,8 @@ def test_since_names_the_events_that_left_memory_in_one_event(small: None) -> No
 
 def test_since_from_the_first_held_event_misses_nothing(small: None) -> None:
     log = filled(12)
-    reply = pb.GetStateResponse()
-    assert log.since(log.dropped, reply, now=99.0) == 12
+    reply = Reply()
+    assert since(log, log.dropped, reply, 99.0) == 12
     assert "events_dropped" not in [e.kind for e in reply.events]
     assert numbers(list(reply.events)) == list(range(6, 12))
 
@@ -121,8 +137,8 @@ def test_since_from_the_first_held_event_misses_nothing(small: None) -> None:
 def test_since_with_nothing_held_stamps_the_dropped_event_now() -> None:
     log = EventLog()
     log.dropped = 3
-    reply = pb.GetStateResponse()
-    assert log.since(0, reply, now=42.0) == 3
+    reply = Reply()
+    assert since(log, 0, reply, 42.0) == 3
     assert [(e.kind, e.time) for e in reply.events] == [("events_dropped", 42.0)]
     assert reply.events[0].message.startswith("3 earlier events")
 
@@ -136,8 +152,8 @@ def test_one_reply_takes_a_bounded_number_of_bytes(small: None) -> None:
     cursor = 0
     replies = 0
     while True:
-        reply = pb.GetStateResponse()
-        cursor = log.since(cursor, reply, now=0.0)
+        reply = Reply()
+        cursor = since(log, cursor, reply, 0.0)
         replies += 1
         assert len(reply.events) <= 2
         got += numbers(list(reply.events))
@@ -151,9 +167,9 @@ def test_an_event_bigger_than_a_reply_still_goes_alone(small: None) -> None:
     log = EventLog()
     log.append(event(0, 800))
     log.append(event(1))
-    reply = pb.GetStateResponse()
-    assert log.since(0, reply, now=0.0) == 1
+    reply = Reply()
+    assert since(log, 0, reply, 0.0) == 1
     assert numbers(list(reply.events)) == [0] and reply.more
-    reply = pb.GetStateResponse()
-    assert log.since(1, reply, now=0.0) == 2
+    reply = Reply()
+    assert since(log, 1, reply, 0.0) == 2
     assert numbers(list(reply.events)) == [1] and not reply.more

@@ -18,6 +18,7 @@ from orch.master.control.validate import parse_cursor
 from orch.master.coordinator import Coordinator
 from orch.wire._proto import orchestrator_pb2 as pb
 from orch.wire.client import StateMirror
+from orch.wire.model import JobView
 from orch.wire.states import RankState
 
 
@@ -96,7 +97,7 @@ def test_the_root_cause_the_job_and_the_verdict_are_carried() -> None:
     run.fate.end_rank(
         rec, RankState.FAILED, run.registry, 104.0, error="Traceback\nKilled", kind=CauseKind.EXITED
     )
-    run.cluster_job.update(pb.ClusterJob(scheduler="slurm", job_id="7", state="RUNNING", nodes="n1"))
+    run.cluster_job.update(JobView("slurm", "7", "RUNNING", nodes="n1"))
     run.stragglers.verdict = Verdict(True, 0, "data", "rank 0 is the straggler")
     r = reply(run)
     assert r.state == pb.FAILED and r.failure == run.failure and "rank 1" in r.failure
@@ -188,7 +189,6 @@ def test_the_serialized_reply_carries_the_same_points_in_pieces() -> None:
     # lock, points outside whole chunks encoded in pieces of PIECE_POINTS, the pieces appended
     # to the reply's own fields. A reader gets the same run, in order.
     from orch.master.control.series import PIECE_POINTS, Chunks
-    from orch.wire.client import StateMirror
 
     run = Run(2, max_points=10 * PIECE_POINTS).started()
     n = 2 * PIECE_POINTS + 17

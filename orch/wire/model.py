@@ -1,0 +1,136 @@
+"""A run as plain values: what the master says of it, apart from the protocol that carries it.
+
+:class:`RunStatus` is a run's own fields (not its ranks, points or events): the master's
+reply builds it, :mod:`.codec` puts it on the wire and takes it off, the client's mirror holds
+it, ``result.json`` keeps it and a run dir's loader reads it back, each by walking its fields.
+A new run-level field is declared here once (with where it goes in ``result.json``), set where
+the master decides it, and shown by a view; nothing in between copies it by name.
+:class:`JobView` is the scheduler's job and :class:`Event` one entry of the run's event log.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+from orch.wire.states import RunState
+
+
+@dataclass(frozen=True)
+class JobView:
+    """The scheduler's job a run's ranks run in, as the scheduler last reported it."""
+
+    scheduler: str
+    job_id: str
+    state: str
+    reason: str = ""
+    nodes: str = ""
+
+    def describe(self) -> str:
+        """``slurm job 41: PENDING in the queue: Resources`` or ``slurm job 41: RUNNING on node[1-2]``."""
+        head = f"{self.scheduler} job {self.job_id}: {self.state or 'submitted'}"
+        if self.state == "PENDING":
+            why = self.reason if self.reason not in ("", "None") else ""
+            return head + " in the queue" + (f": {why}" if why else "")
+        return head + (f" on {self.nodes}" if self.nodes else "")
+
+    def news(self, before: JobView | None) -> str | None:
+        """What this word of the scheduler's tells after ``before`` (None: nothing new)."""
+        said = (self.state, self.reason, self.nodes)
+        if before is not None and (before.state, before.reason, before.nodes) == said:
+            return None
+        where = f" on {self.nodes}" if self.nodes else ""
+        why = f" ({self.reason})" if self.reason and self.reason != "None" else ""  # squeue's "no reason"
+        return f"{self.scheduler} job {self.job_id} {self.state}{why}{where}"
+
+    def as_dict(self) -> dict[str, str]:
+        return dataclasses.asdict(self)
+
+
+@dataclass(frozen=True)
+class Event:
+    """One entry of a run's event log: when (time of day), what kind, which rank (-1: the run)."""
+
+    time: float
+    kind: str
+    rank: int
+    message: str
+
+
+def _at(place: str, digits: int | None = None) -> dict[str, Any]:
+    """A field kept in ``result.json`` under ``place`` ("group.key" for a nested one), rounded
+    to ``digits`` there."""
+    return {"json": place, "digits": digits}
+
+
+@dataclass
+class RunStatus:
+    """A run's own state, as the master last told it."""
+
+    run_id: str = field(default="", metadata=_at("run_id"))
+    state: RunState = field(default=RunState.PENDING, metadata=_at("state"))
+    world_size: int = field(default=0, metadata=_at("world_size"))
+    registered: int = field(default=0, metadata=_at("registered"))
+    total_steps: int = field(default=0, metadata=_at("total_steps"))
+    elapsed: float = field(default=0.0, metadata=_at("elapsed", digits=3))
+    failure: str = field(default="", metadata=_at("failure"))
+    root_cause_rank: int = field(default=-1, metadata=_at("root_cause_rank"))
+    root_cause_error: str = field(default="", metadata=_at("root_cause_error"))
+    root_cause_exit_code: int = field(default=0, metadata=_at("root_cause_exit_code"))
+    attempt: int = field(default=1, metadata=_at("attempt"))
+    max_attempts: int = field(default=1, metadata=_at("max_attempts"))
+    rendezvous: str = field(default="", metadata=_at("rendezvous"))
+    job: JobView | None = field(default=None, metadata=_at("job"))  # the scheduler's job (a Slurm or Ray run)
+    stragglers_judged: bool = field(
+        default=False, metadata=_at("stragglers.judged")
+    )  # False: the note says why not
+    straggler_rank: int = field(default=-1, metadata=_at("stragglers.rank"))
+    straggler_section: str = field(default="", metadata=_at("stragglers.section"))
+    straggler_note: str = field(default="", metadata=_at("stragglers.note"))
+    # Whether the ranks progress: seconds the stalled ranks stood still (0: the run moves),
+    # the note in words, and the ranks' last stacks grouped by frame.
+    stalled_for: float = field(default=0.0, metadata=_at("progress.stalled_for", digits=3))
+    progress_note: str = field(default="", metadata=_at("progress.note"))
+    stacks: str = field(default="", metadata=_at("progress.stacks"))
+    stacks_taken: float = field(default=0.0, metadata=_at("progress.stacks_taken"))
+    # Before the first step: what the run does, in words, and the seconds its start-up took so far.
+    startup_note: str = field(default="", metadata=_at("startup.note"))
+    startup_seconds: float = field(default=0.0, metadata=_at("startup.seconds", digits=3))
+
+    def settled(self) -> RunStatus:
+        """This status, as a master of any version meant it: a master without the straggler
+        judgement leaves its fields unset (no rank is marked), an old one the attempts."""
+        self.attempt, self.max_attempts = self.attempt or 1, self.max_attempts or 1
+        if not self.stragglers_judged:
+            self.straggler_rank = -1
+        if self.straggler_rank < 0:
+            self.straggler_section = ""
+        return self
+
+    def status(self) -> RunStatus:
+        """These fields alone, as a :class:`RunStatus` (of a mirror that holds more)."""
+        return RunStatus(**{f.name: getattr(self, f.name) for f in STATUS_FIELDS})
+
+    def take(self, status: RunStatus) -> None:
+        """Hold ``status``'s fields."""
+        for f in STATUS_FIELDS:
+            setattr(self, f.name, getattr(status, f.name))
+
+    def status_json(self) -> dict[str, Any]:
+        """The fields as ``result.json`` keeps them (nested where their place says so)."""
+        out: dict[str, Any] = {}
+        for f in STATUS_FIELDS:
+            value = getattr(self, f.name)
+            if isinstance(value, RunState):
+                value = value.value
+            elif isinstance(value, JobView):
+                value = value.as_dict()
+            elif f.metadata["digits"] is not None:
+                value = round(value, f.metadata["digits"])
+            group, _, key = f.metadata["json"].rpartition(".")
+            (out.setdefault(group, {}) if group else out)[key] = value
+        return out
+
+
+STATUS_FIELDS = dataclasses.fields(RunStatus)

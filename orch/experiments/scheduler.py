@@ -32,8 +32,7 @@ from orch.experiments.trial import CANCELLED, PAUSED, QUEUED, Trial
 from orch.launchers.run import Run
 from orch.launchers.spec import LaunchSpec
 from orch.record.owned import open_own
-from orch.record.store import private_dir
-from orch.record.writes import own_dir
+from orch.record.writes import own_dir, private_dir
 from orch.wire.states import RunState
 
 log = logging.getLogger("orch.experiments.sweep")  # the sweep's messages, under the one name

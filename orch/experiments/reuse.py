@@ -25,8 +25,7 @@ from orch.experiments.trial import Trial
 from orch.launchers.loaded import load_run
 from orch.record.owned import is_own_dir
 from orch.record.rundir import read_json
-from orch.record.store import private_dir, write_json_atomic
-from orch.record.writes import own_dir
+from orch.record.writes import own_dir, private_dir, write_json
 from orch.runtime.script import Script
 from orch.runtime.target import resolve_fn
 from orch.wire.states import RunState
@@ -160,7 +159,7 @@ def write_record(folder: Path, record: dict[str, Any]) -> None:
     """Write ``sweep.json`` (how each trial stands, the pruner's rungs) into the sweep's folder."""
     private_dir(folder.parent)
     private_dir(folder)
-    write_json_atomic(folder / "sweep.json", record)
+    write_json(folder / "sweep.json", record)
 
 
 def signature(

@@ -1,5 +1,5 @@
-"""A sweep's trials at the pruner's rungs: the part of the sweep's
-:class:`~orch.experiments.scheduler.Scheduler` that judges them.
+"""A sweep's trials at the pruner's rungs: :class:`Rungs`, the part the sweep's
+:class:`~orch.experiments.scheduler.Scheduler` owns to judge them.
 
 Each turn, a running trial's metric (the mean over its ranks, at the steps the pruner asks
 for) goes to the pruner; a trial it prunes is stopped through its master, so every rank ends
@@ -16,16 +16,14 @@ step 0 without one), past the rungs it passed.
 from __future__ import annotations
 
 import bisect
-import contextlib
 import logging
 import math
 import threading
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING
 
 from orch.experiments.pruning import Pruner
-from orch.experiments.trial import PAUSED, QUEUED, Trial
+from orch.experiments.trial import QUEUED, Trial
 from orch.launchers.run import Run
 from orch.wire.states import RunState
 
@@ -35,29 +33,43 @@ HOLD = 6.0  # seconds a trial waits at a rung, holding its slot, for a synchrono
 
 
 class Rungs:
-    """The pruner's side of a sweep's scheduler (a part of :class:`~orch.experiments.scheduler.Scheduler`)."""
+    """The pruner's side of a sweep's scheduler (owned by its
+    :class:`~orch.experiments.scheduler.Scheduler`): feeds the pruner the running trials'
+    metric, stops the trials it prunes, and holds or pauses the trials at a synchronous pruner's
+    rungs. It is called under the scheduler's lock, from its turns."""
 
-    name: str
-    trials: list[Trial]
-    parallel: int
-    size: int | None
-    more: Callable[[], bool] | None
-    wake: threading.Event
-    stopping: threading.Event
+    def __init__(
+        self,
+        name: str,
+        trials: list[Trial],
+        pruner: Pruner,
+        *,
+        size: int | None,
+        draws: bool,
+        running: Callable[[], list[Trial]],
+        full: Callable[[], bool],
+        tell_ended: Callable[[Trial], None],
+        wake: threading.Event,
+    ) -> None:
+        """``trials``: the sweep's (the scheduler's list, which a search adds to); ``size``: the
+        trials the sweep will have; ``draws``: a search draws them as slots free. ``running``:
+        the trials whose runs go on; ``full``: every slot is in use; ``tell_ended``: tell that
+        a trial ended (pruned while it waited without a run); ``wake``: the scheduler's next
+        turn comes at once."""
+        self.name = name
+        self.trials = trials
+        self.pruner = pruner
+        self.size = size
+        self.draws = draws
+        self._running = running
+        self._full = full
+        self._tell_ended = tell_ended
+        self._wake = wake
 
-    if TYPE_CHECKING:  # the scheduler's own (declared here for the type checker only)
-
-        def _running(self) -> list[Trial]: ...
-
-        def _busy(self) -> int: ...
-
-        def _ended(self, trial: Trial, error: str = "") -> None: ...
-
-        def _tell_ended(self, trial: Trial) -> None: ...
-
-    def _judge(self, trial: Trial, run: Run, pruner: Pruner) -> None:
+    def judge(self, trial: Trial, run: Run) -> None:
         """Feed the pruner the trial's metric at the steps it asks for (the mean over ranks of
         each rank's value there, or its last one before); stop the trial where it says so."""
+        pruner = self.pruner
         metric = pruner.metric or "loss"
         points = run.coordinator.points
         ranks = [points.get(r, metric) for r in range(run.coordinator.world_size)]
@@ -74,21 +86,22 @@ class Rungs:
             value = sum(values) / len(values)
             trial.reported[step] = value
             verdict = pruner.report(trial.index, step, value)
-            if verdict is None:  # a synchronous pruner: the trial waits at the rung (see _settle)
+            if verdict is None:  # a synchronous pruner: the trial waits at the rung (see settle)
                 trial.held_at, trial.held_since = step, time.monotonic()
-                self.wake.set()
+                self._wake.set()
                 return
             if not verdict:
                 run.coordinator.pass_gate(step)
             else:
-                self._prune(trial, run, step, pruner)
+                self._prune(trial, run, step)
                 return
 
-    def _settle(self, pruner: Pruner) -> None:
+    def settle(self) -> None:
         """A synchronous pruner decides the rungs every trial still in the sweep reached; the
         trials waiting at a decided rung go on (past the gate, or queued again) or end PRUNED."""
+        pruner = self.pruner
         alive = {t.index for t in self.trials if not t.done and t.pruned_at is None}
-        size = max(self.size or 0, len(self.trials)) if self.more is not None else len(self.trials)
+        size = max(self.size or 0, len(self.trials)) if self.draws else len(self.trials)
         alive |= set(range(len(self.trials), size))  # not drawn yet: the search will draw them
         pruner.settle(alive, size)
         moved = False
@@ -104,7 +117,7 @@ class Rungs:
             if run is not None and not pruned:
                 run.coordinator.pass_gate(step)
             elif run is not None:
-                self._prune(trial, run, step, pruner)
+                self._prune(trial, run, step)
             elif pruned:
                 trial.state, trial.pruned_at, trial.pruned_time = RunState.PRUNED.value, step, time.time()
                 trial.ended = True
@@ -113,19 +126,19 @@ class Rungs:
                 trial.state = QUEUED  # it goes on: run again, past the rungs it passed
                 log.info("sweep %s: config %d goes on past step %d", self.name, trial.index, step)
         if moved:  # a freed slot or a queued trial: the next turn at once
-            self.wake.set()
+            self._wake.set()
 
-    def _pause_held(self) -> None:
+    def pause_held(self) -> None:
         """Trials waiting at a rung give their slots up while queued trials want them, or once
         they waited ``HOLD`` s (their ranks wait at most ``GATE_WAIT``)."""
         queued = sum(t.state == QUEUED for t in self.trials)
-        if self.more is not None and len(self.trials) < (self.size or 0):
+        if self.draws and len(self.trials) < (self.size or 0):
             queued += 1  # a search draws the next trial when a slot frees
         now = time.monotonic()
         for trial in self._running():
             if trial.held_at is None or trial.pausing or trial.pruned_at is not None:
                 continue
-            wanted = queued > 0 and self._busy() >= self.parallel  # a queued trial waits for its slot
+            wanted = queued > 0 and self._full()  # a queued trial waits for its slot
             if not wanted and now - trial.held_since < HOLD:
                 continue
             assert trial.run is not None
@@ -136,38 +149,12 @@ class Rungs:
                 "it; it runs again if it goes on (orch.SHA)"
             )
 
-    def _paused(self, trial: Trial) -> None:
-        """A trial's run stopped at its rung: the trial waits, without a slot, for the decision."""
-        run = trial.run
-        assert run is not None
-        with contextlib.suppress(Exception):
-            run.close()
-        trial.paused_steps = _steps_run(run)
-        trial.run, trial.pausing, trial.state = None, False, PAUSED
-        if run.coordinator.state is not RunState.STOPPED:  # it failed or ended on its own meanwhile
-            trial.run, trial.held_at = run, None
-            self._ended(trial)
-        elif self.stopping.is_set():
-            self._end_paused(trial, "the sweep was stopped")
-
-    def _end_paused(self, trial: Trial, reason: str) -> None:
-        """A trial waiting without a run at its rung ends as its last run did: STOPPED."""
-        trial.state, trial.failure, trial.ended, trial.held_at = RunState.STOPPED.value, reason, True, None
-        self._tell_ended(trial)
-
-    def _prune(self, trial: Trial, run: Run, step: int, pruner: Pruner) -> None:
-        metric = pruner.metric or "loss"
+    def _prune(self, trial: Trial, run: Run, step: int) -> None:
+        metric = self.pruner.metric or "loss"
         value = trial.reported.get(step, math.nan)
         trial.pruned_at, trial.pruned_time = step, time.time()
         log.info(
             "sweep %s: config %d pruned at step %d (%s %.4g)", self.name, trial.index, step, metric, value
         )
         run.stop(f"pruned by the sweep at step {step}: {metric} {value:.4g}", prune=True)
-        self.wake.set()
-
-
-def _steps_run(run: Run) -> int:
-    """The steps the run's slowest rank finished (its record's step count)."""
-    with contextlib.suppress(Exception):
-        return min((r.step for r in run.coordinator.ranks), default=0)
-    return 0
+        self._wake.set()

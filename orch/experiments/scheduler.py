@@ -32,14 +32,13 @@ from orch.experiments.trial import CANCELLED, PAUSED, QUEUED, Trial
 from orch.launchers.run import Run
 from orch.launchers.spec import LaunchSpec
 from orch.record.owned import open_own
-from orch.record.store import private_dir
-from orch.record.writes import own_dir
+from orch.record.writes import own_dir, private_dir
 from orch.wire.states import RunState
 
 log = logging.getLogger("orch.experiments.sweep")  # the sweep's messages, under the one name
 
 
-class Scheduler(Rungs):
+class Scheduler:
     """Starts the trials of sweep ``name`` (``specs[i]`` launches ``trials[i]``) from a thread."""
 
     def __init__(
@@ -73,6 +72,22 @@ class Scheduler(Rungs):
         self.stopping = threading.Event()
         self.finished = threading.Event()
         self.thread: threading.Thread | None = None
+        # The pruner's side: what it reads and decides at the rungs, and the trials held there.
+        self._rungs = (
+            None
+            if pruner is None
+            else Rungs(
+                name,
+                trials,
+                pruner,
+                size=size,
+                draws=more is not None,
+                running=self._running,
+                full=lambda: self._busy() >= self.parallel,
+                tell_ended=self._tell_ended,
+                wake=self.wake,
+            )
+        )
 
     def start(self) -> None:
         self.thread = threading.Thread(target=self._schedule, name=f"orch-sweep-{self.name}", daemon=True)
@@ -97,8 +112,8 @@ class Scheduler(Rungs):
             while True:
                 with self.lock:
                     self._collect()
-                    if self.pruner is not None and self.pruner.synchronous:
-                        self._settle(self.pruner)
+                    if self._rungs is not None and self._rungs.pruner.synchronous:
+                        self._rungs.settle()
                     if not self.stopping.is_set():
                         self._start_next()
                     if self.on_turn is not None:
@@ -135,7 +150,8 @@ class Scheduler(Rungs):
                 f"(max_failures={self.max_failures})"
             )
             return
-        self._pause_held()
+        if self._rungs is not None:
+            self._rungs.pause_held()
         while self._busy() < self.parallel:
             queue = (self.trials[i] for i in self.order) if self.order is not None else iter(self.trials)
             trial = next((t for t in queue if t.state == QUEUED), None)
@@ -182,9 +198,10 @@ class Scheduler(Rungs):
                     self._ended(trial)
             else:
                 trial.state = run.coordinator.state.value
-                judged = self.pruner is not None and trial.pruned_at is None and trial.held_at is None
-                if judged and self.pruner is not None and trial.state == RunState.RUNNING.value:
-                    self._judge(trial, run, self.pruner)
+                rungs = self._rungs
+                judged = trial.pruned_at is None and trial.held_at is None
+                if rungs is not None and judged and trial.state == RunState.RUNNING.value:
+                    rungs.judge(trial, run)
 
     def _tell_ended(self, trial: Trial) -> None:
         if self.on_ended is not None:
@@ -212,6 +229,25 @@ class Scheduler(Rungs):
             log.warning(
                 "sweep %s: config %d %s failed: %s", self.name, trial.index, trial.config, trial.failure
             )
+        self._tell_ended(trial)
+
+    def _paused(self, trial: Trial) -> None:
+        """A trial's run stopped at its rung: the trial waits, without a slot, for the decision."""
+        run = trial.run
+        assert run is not None
+        with contextlib.suppress(Exception):
+            run.close()
+        trial.paused_steps = _steps_run(run)
+        trial.run, trial.pausing, trial.state = None, False, PAUSED
+        if run.coordinator.state is not RunState.STOPPED:  # it failed or ended on its own meanwhile
+            trial.run, trial.held_at = run, None
+            self._ended(trial)
+        elif self.stopping.is_set():
+            self._end_paused(trial, "the sweep was stopped")
+
+    def _end_paused(self, trial: Trial, reason: str) -> None:
+        """A trial waiting without a run at its rung ends as its last run did: STOPPED."""
+        trial.state, trial.failure, trial.ended, trial.held_at = RunState.STOPPED.value, reason, True, None
         self._tell_ended(trial)
 
     def _cancel_queued(self, why: str) -> None:
@@ -261,6 +297,13 @@ class Scheduler(Rungs):
         if self.thread is not None and self.thread is not threading.current_thread():
             self.thread.join(60.0)
         self.finished.set()
+
+
+def _steps_run(run: Run) -> int:
+    """The steps the run's slowest rank finished (its record's step count)."""
+    with contextlib.suppress(Exception):
+        return min((r.step for r in run.coordinator.ranks), default=0)
+    return 0
 
 
 def _carry_checkpoints(src: Path, dst: Path) -> None:

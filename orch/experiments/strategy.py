@@ -11,7 +11,7 @@ from orch.errors import ConfigError
 from orch.experiments.pruning import ASHA, SHA, Pruner
 from orch.experiments.space import RandomSearch, Search
 from orch.experiments.study import OptunaPruner, OptunaSearch, OptunaStudy, is_optuna
-from orch.record.store import private_dir
+from orch.record.writes import private_dir
 
 
 def study_of(

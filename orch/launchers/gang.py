@@ -46,9 +46,9 @@ from orch.launchers.local.launcher import LocalLauncher
 from orch.launchers.run import Run, register_exit_hook
 from orch.launchers.spec import LaunchSpec
 from orch.master.coordinator import Coordinator
-from orch.record.store import private_dir, tail
+from orch.record.store import tail
 from orch.record.user_folders import user_folder
-from orch.record.writes import own_dir
+from orch.record.writes import own_dir, private_dir
 from orch.runtime import gang as rank_side
 from orch.runtime._children import kill_tree, tree
 from orch.runtime.owner import Owner

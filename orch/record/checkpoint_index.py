@@ -30,7 +30,7 @@ from typing import Any, Literal
 
 from orch.errors import OrchError
 from orch.record.owned import read_own
-from orch.record.store import write_json_atomic
+from orch.record.writes import write_json
 
 log = logging.getLogger(__name__)
 
@@ -82,7 +82,7 @@ def write_index(checkpoint_dir: Path, kept: list[Checkpoint], mode: Mode) -> Non
         }
         for c in kept
     ]
-    write_json_atomic(checkpoint_dir / INDEX, {"mode": mode, "checkpoints": entries})
+    write_json(checkpoint_dir / INDEX, {"mode": mode, "checkpoints": entries})
 
 
 def keep_best(checkpoints: list[Checkpoint], keep: int, mode: Mode) -> list[Checkpoint]:

@@ -29,13 +29,11 @@ from orch.record.source import RunSource
 from orch.record.store import (
     MetricsDamage,
     json_object,
-    private_dir,
     read_events,
     read_metrics,
-    write_json_atomic,
 )
 from orch.record.tensorboard import export_runs
-from orch.record.writes import OwnDir, export_file
+from orch.record.writes import OwnDir, export_file, private_dir, write_json
 from orch.wire._proto import orchestrator_pb2 as pb
 from orch.wire.client import NonFinite, SeriesBuffer, Snapshots, StateMirror
 from orch.wire.model import STATUS_FIELDS, JobView, RunStatus
@@ -61,7 +59,7 @@ def write_result(coordinator: Snapshots, run_dir: Path, folder: OwnDir | None = 
         return run_dir / "result.json"
     private_dir(run_dir)
     path = run_dir / "result.json"
-    write_json_atomic(path, record)
+    write_json(path, record)
     return path
 
 

@@ -30,7 +30,7 @@ from google.protobuf.message import DecodeError
 
 from orch.errors import OrchError
 from orch.record.owned import open_own, read_line
-from orch.record.writes import own_dir, write_json
+from orch.record.writes import own_dir
 from orch.wire._proto import orchestrator_pb2 as pb
 from orch.wire.codec import field_key
 from orch.wire.model import Event
@@ -39,20 +39,6 @@ log = logging.getLogger(__name__)
 
 HEADER = struct.Struct("<II")
 MAX_RECORD = 64 * 1024 * 1024
-
-
-def private_dir(path: Path) -> Path:
-    """Make the folder ``path`` for this user alone (0700), checked as :func:`.writes.own_dir`
-    checks it (no link, no folder of someone else's, nothing above it others could move);
-    folders above it get the usual mode. A run dir holds tracebacks, logs and checkpoints:
-    other users of the host have no business reading them."""
-    own_dir(path).close()
-    return path
-
-
-def write_json_atomic(path: Path, value: Any) -> None:
-    """``path`` holds ``value`` as JSON, whole or not at all, 0600 (see :mod:`.writes`)."""
-    write_json(path, value)
 
 
 class RunStore:

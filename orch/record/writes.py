@@ -372,6 +372,15 @@ def own_dir(path: str | Path) -> OwnDir:
     return OwnDir(fd, path)
 
 
+def private_dir(path: Path) -> Path:
+    """Make the folder ``path`` for this user alone (0700), checked as :func:`own_dir` checks
+    it (no link, no folder of someone else's, nothing above it others could move); folders
+    above it get the usual mode. A run dir holds tracebacks, logs and checkpoints: other
+    users of the host have no business reading them."""
+    own_dir(path).close()
+    return path
+
+
 def others_may_write(path: str | Path) -> bool:
     """Users other than this one may make names in the folder ``path`` (it is another user's,
     every user may write in it, sticky or not, or a group beyond this user's own may): a shared

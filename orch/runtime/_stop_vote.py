@@ -107,38 +107,49 @@ class StopVote:
             pending.wait()
 
 
+class StopRequest:
+    """The run's request to stop, as this rank heard it (with its heartbeat's reply, on the
+    sender's thread): whether it came, and the step count a loop without ``ctx.steps`` ends at
+    (``at``; 0: none named). Every part of the rank's context reads the one request."""
+
+    def __init__(self) -> None:
+        self._heard = threading.Event()
+        self.at = 0
+
+    def request(self, at_step: int = 0) -> None:
+        """Stop; ``at_step``: where a loop without ``ctx.steps`` ends (the first one named holds)."""
+        if at_step > 0 and not self.at:
+            self.at = at_step
+        self._heard.set()
+
+    def is_set(self) -> bool:
+        return self._heard.is_set()
+
+
 class LibraryStop:
     """A library's loop's stop (a part of :class:`~orch.runtime.context.Context`): its step-end
-    hook asks :meth:`stop_due` once a step on every rank."""
+    hook asks :meth:`due` once a step on every rank; with several ranks the answer is their
+    vote, on ``control_group`` (orch's own group, made at the first call where there is none)."""
 
-    stopped: bool
-    _vote: StopVote | None
-    _control_group: Any
-    _stop: threading.Event
-    _stop_at: int
+    def __init__(self, stop: StopRequest, control_group: Any) -> None:
+        self.vote: StopVote | None = None
+        self._stop = stop
+        self._control_group = control_group
 
-    def stop_due(self, step: int) -> bool:
-        """True when the run was asked to stop and every rank leaves its loop after this
-        step: for a library's loop (``ctx.steps`` has its own). Every rank calls it once a step,
-        from the library's step-end hook: with several ranks the decision is a vote of all of
-        them (see :class:`StopVote`), so each learns of the stop at the same step however late
-        its own heartbeat brought it. The vote runs on orch's group, made here the first time
-        where the rank has none (a script made its own training group)."""
-        if self._vote is None and dist.is_initialized() and dist.get_world_size() > 1:
+    def due(self, step: int) -> bool:
+        """True when every rank leaves the library's loop after ``step`` (see
+        :meth:`Context.stop_due <orch.runtime.context.Context.stop_due>`)."""
+        if self.vote is None and dist.is_initialized() and dist.get_world_size() > 1:
             group = self._control_group or dist.new_group(backend="gloo")
-            self._vote = StopVote(group)
-        if self._vote is not None:
-            due = self._vote.cast(self._stop.is_set())
-        else:
-            due = self._stop.is_set() or (bool(self._stop_at) and step + 1 >= self._stop_at)
-        if due:
-            self.stopped = True  # the library leaves its loop there: the rank ends STOPPED
-        return due
+            self.vote = StopVote(group)
+        if self.vote is not None:
+            return self.vote.cast(self._stop.is_set())
+        return self._stop.is_set() or (bool(self._stop.at) and step + 1 >= self._stop.at)
 
-    def settle_stop_vote(self) -> None:
+    def settle(self) -> None:
         """The library's loop ended: wait for the stop vote still in flight, if any."""
-        if self._vote is not None:
-            self._vote.settle()
+        if self.vote is not None:
+            self.vote.settle()
 
 
 class Collectives:

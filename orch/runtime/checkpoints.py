@@ -34,8 +34,7 @@ from orch.record.checkpoint_index import (
     read_index,
     write_index,
 )
-from orch.record.store import private_dir
-from orch.record.writes import own_dir
+from orch.record.writes import own_dir, private_dir
 
 __all__ = ["CHECKPOINT_NAME", "read_checkpoint", "write_checkpoint"]
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import logging
-import threading
 import types
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
@@ -19,7 +18,7 @@ from orch.errors import CallInterrupted, StopTraining
 from orch.record.checkpoint_index import Mode, check_keep
 from orch.runtime._ddp_steps import Iterations
 from orch.runtime._sender import HeartbeatSender
-from orch.runtime._stop_vote import Collectives, LibraryStop, StopVote, sharded
+from orch.runtime._stop_vote import Collectives, LibraryStop, StopRequest, StopVote, sharded
 from orch.runtime._timing import (
     BY_DATA,
     BY_STEPS,
@@ -30,14 +29,14 @@ from orch.runtime._timing import (
     clock,
     enabled,
 )
-from orch.runtime.context_checkpoints import Checkpoints
-from orch.runtime.context_log import GATE_WAIT, Logging
+from orch.runtime.context_checkpoints import RankCheckpoints
+from orch.runtime.context_log import GATE_WAIT, RankLog
 
 T = TypeVar("T")
 log = logging.getLogger(__name__)
 
 
-class Context(Checkpoints, Logging, LibraryStop):
+class Context:
     """Passed to the training function as ``ctx``.
 
     ``ctx.rank``, ``ctx.world_size``, ``ctx.local_rank``, ``ctx.device`` and
@@ -76,7 +75,7 @@ class Context(Checkpoints, Logging, LibraryStop):
         self.run_id = run_id
         self._sender = sender
         self._control_group = control_group
-        self._stop = threading.Event()
+        self._stop = StopRequest()  # the run's, as this rank heard it (see request_stop)
         self._kept = kept
         self._models: list[nn.Module] = kept.live(kept.models) if kept is not None else []
         self.stopped = False  # True once ctx.steps() ended early because of a stop request
@@ -86,26 +85,35 @@ class Context(Checkpoints, Logging, LibraryStop):
         self.checkpoint_dir = checkpoint_dir
         self.resume_step = 0  # the first step ctx.steps() yields (after a loaded checkpoint)
         self._step = -1
-        self._stop_at = 0  # with a stop: the step count a loop without ctx.steps ends at
-        self._uses_steps = False  # ctx.steps() drives the loop: it handles stops itself
-        self._heard = False  # ctx.log asked the master once (a sweep's first rung) before a step
-        self._vote: StopVote | None = None  # a library's loop's stop decision (see stop_due)
         self._batches = 0  # batches ctx.data yielded and the loop was done with: its steps (see data)
+        # A library's loop's stop decision (see stop_due)
+        self._library_stop = LibraryStop(self._stop, control_group)
         # The code's collectives of every rank (orch's own votes aside): a loop that holds one is
         # every rank's (see data)
         self._collectives = Collectives(world_size, self._own_groups)
-        self._names: set[str] = set()  # the metric names ctx.log took (see MAX_METRICS_PER_RANK)
-        self._watched: str | None = None  # ctx.steps(metric=...): the metric its checkpoints carry
-        self._watched_value: float | None = None  # this rank's last logged value of it
         # Where each step's time goes (data, collectives, sections): see orch.runtime._timing.
         self.times: StepTimes | None = StepTimes() if enabled() else None
         self._ddp_models: list[nn.Module] = kept.live(kept.timed) if kept is not None else []
         self._waits = CollectiveWait(self._ddp_models)
-        self._logged_step, self._logged_at = -1, 0.0  # ctx.log's last new step, and when (BY_LOG)
-        self._log_steps = 0  # steps ctx.log counted since _logged_at, not handed to self.times yet
-        self._log_fast = False  # ctx.log may count the next step itself (see _log_step)
-        self._log_timed = self.times is not None  # ctx.log marks the steps: nothing stronger did yet
-        self._warned = ""  # the last warning told (see warn)
+        # What ctx.log and its kin report (see orch.runtime.context_log)
+        self._log = RankLog(
+            sender=sender,
+            times=self.times,
+            stop=self._stop,
+            ddp_models=self._ddp_models,
+            waits=self._waits,
+            step_done=self._step_done,
+            end=self._end_stopped,
+        )
+        # ctx.save_checkpoint, ctx.load_checkpoint and ctx.steps' own (see orch.runtime.context_checkpoints)
+        self._checkpoints = RankCheckpoints(
+            rank=rank,
+            attempt=attempt,
+            device=device,
+            folder=checkpoint_dir,
+            sender=sender,
+            control_group=control_group,
+        )
         if sender is not None:
             # The master is told when this rank does not time its steps: never "not yet" for that.
             sender.timing = self.times.take if self.times is not None else lambda: OFF
@@ -114,7 +122,7 @@ class Context(Checkpoints, Logging, LibraryStop):
 
     def _own_groups(self) -> tuple[Any, ...]:
         """orch's own process groups, whose collectives (the stop votes) are not the code's."""
-        vote = self._vote
+        vote = self._library_stop.vote
         return (self._control_group, vote.group if vote is not None else None)
 
     @property
@@ -131,12 +139,15 @@ class Context(Checkpoints, Logging, LibraryStop):
         kind = CallInterrupted if self.interrupt_on_stop else StopTraining
         raise kind(f"the run was asked to stop; {where}")
 
+    def _end_stopped(self, where: str) -> NoReturn:
+        """A loop without ctx.steps ends here on a stop, every rank at one point: the rank is STOPPED."""
+        self.stopped = True
+        self._stop_here(where)
+
     def request_stop(self, at_step: int = 0) -> None:
         """Stop: ``ctx.steps`` ends at the next step on every rank; a loop without it ends when
         ``ctx.log`` is given step ``at_step - 1`` (the same on every rank; 0: unknown)."""
-        if at_step > 0 and not self._stop_at:
-            self._stop_at = at_step
-        self._stop.set()
+        self._stop.request(at_step)
 
     def ddp(self, model: nn.Module, **kwargs: Any) -> nn.Module:
         """Move ``model`` to this rank's device and wrap it in DistributedDataParallel.
@@ -169,7 +180,7 @@ class Context(Checkpoints, Logging, LibraryStop):
             and CollectiveWait.watch(model)
         ):
             self._ddp_models.append(model)
-            self._log_fast = False  # each step's wait is read: ctx.log no longer counts alone
+            self._log.fast = False  # each step's wait is read: ctx.log no longer counts alone
 
     def data(self, batches: Iterable[T]) -> Iterator[T]:
         """Iterate ``batches`` (a DataLoader, any iterable), timing the wait for each one:
@@ -205,11 +216,11 @@ class Context(Checkpoints, Logging, LibraryStop):
         try:
             while True:
                 start = clock()
-                if times is not None and self._log_timed:
-                    self._stop_log_count(times)
+                if times is not None and self._log.timed:
+                    self._log.hand_over(times)
                 if times is not None and times.marks(BY_DATA) and started:
                     self._step_done(times, start - started)
-                if not self._uses_steps:
+                if not self._log.uses_steps:
                     if index:
                         self._batches += 1  # the batch before was done with: a step
                     vote = self._data_step(vote, before, index)
@@ -243,9 +254,9 @@ class Context(Checkpoints, Logging, LibraryStop):
                 vote = StopVote(self._control_group)
         if vote is not None:
             if vote.cast(self._stop.is_set()):
-                self._stop_data_loop()
+                self._end_stopped("every rank stops before this batch")
         elif self._stop.is_set() and self._data_stop_due(first=index == 0):
-            self._stop_data_loop()
+            self._end_stopped("every rank stops before this batch")
         return vote
 
     def _data_stop_due(self, first: bool) -> bool:
@@ -257,11 +268,7 @@ class Context(Checkpoints, Logging, LibraryStop):
             return True
         if first:
             return False
-        return bool(self._stop_at and self._batches >= self._stop_at) or self._collectives.none_yet()
-
-    def _stop_data_loop(self) -> NoReturn:
-        self.stopped = True
-        self._stop_here("every rank stops before this batch")
+        return bool(self._stop.at and self._batches >= self._stop.at) or self._collectives.none_yet()
 
     def _step_done(self, times: StepTimes, seconds: float, own: float = 0.0, count: int = 1) -> None:
         """``count`` steps ended, ``seconds`` long in all (``own`` of it orch's): with the wait
@@ -322,11 +329,10 @@ class Context(Checkpoints, Logging, LibraryStop):
                 f"ctx.steps(metric=...) names a metric this loop logs, for its checkpoints: a non-empty "
                 f"name, with checkpoint=; got metric={metric!r}"
             )
-        if metric != self._watched:
-            self._watched, self._watched_value = metric, None
-        self._uses_steps = True
+        self._log.watch(metric)
+        self._log.uses_steps = True
         if self.times is not None:
-            self._stop_log_count(self.times)
+            self._log.hand_over(self.times)
             self.times.marks(BY_STEPS)
         if self._sender is not None:
             self._sender.total_steps = n
@@ -397,3 +403,116 @@ class Context(Checkpoints, Logging, LibraryStop):
             for p in model.parameters():
                 h.update(p.detach().to("cpu", torch.float64).contiguous().numpy().tobytes())
         return h.hexdigest() if self._models else ""
+
+    def log(self, step: int, loss: float | None = None, **scalars: Any) -> None:
+        """Record ``loss`` and any other scalars at ``step``; returns at once.
+
+        ``step`` is an integer >= 0 (a counter of optimizer steps: with a DataLoader,
+        ``epoch * len(loader) + i``). Values are real numbers: ``float``, ``int``, ``bool``,
+        numpy scalars and one-element tensors (``.item()`` is taken: on a GPU that waits
+        for the value). ``None`` logs nothing for that key. Anything else raises
+        ``TypeError`` here, naming the key, so one bad value never costs the other points.
+        A name is 1 to 256 characters, and a rank logs at most 2,046 different names (with
+        orch's own ``rank/memory`` and ``rank/cuda_memory``, the 2,048 the master keeps per
+        rank): past either cap this call raises ``ValueError`` naming the cap and the name,
+        and logs nothing.
+
+        In a loop without ``ctx.steps``, once the run is asked to stop, the call that logs
+        the step every rank agreed to stop at raises :class:`orch.errors.StopTraining` after
+        recording it: the function ends there, on every rank, and the rank is STOPPED.
+        """
+        self._log.log(step, loss, scalars)
+
+    def warn(self, text: str) -> None:
+        """A warning about the run, from the rank's code (a library that sees another world
+        size): in the rank's log, its row of the panel and the run's events."""
+        self._log.warn(text)
+
+    def progress_to(self, done: int) -> None:
+        """This rank has done ``done`` steps (a library's own loop: the HF Trainer's global step)."""
+        self._log.progress_to(done)
+
+    @property
+    def total_steps(self) -> int:
+        """The run's length in steps, for its progress bar (0: unknown)."""
+        return self._log.total_steps
+
+    @total_steps.setter
+    def total_steps(self, n: int) -> None:
+        """Say how many steps the run takes when the loop is not ``ctx.steps(n)``."""
+        self._log.total_steps = n
+
+    @property
+    def logged_step(self) -> int:
+        """The furthest step this rank reached or logged (-1: none yet)."""
+        return self._log.logged_step
+
+    def _checkpoint_together(self, state: Any, *, keep: int, mode: Mode) -> Path | None:
+        """A checkpoint of ``ctx.steps`` at the current step, every rank at once (see
+        :meth:`RankCheckpoints.together`), carrying the watched metric's mean over ranks."""
+        watched, mine = self._log.watched, self._log.watched_value
+        return self._checkpoints.together(
+            state, step=self._step, metric=watched, mine=mine, keep=keep, mode=mode
+        )
+
+    def save_checkpoint(
+        self,
+        state: Any,
+        *,
+        step: int | None = None,
+        value: float | None = None,
+        metric: str = "",
+        keep: int = 2,
+        mode: Mode = "min",
+    ) -> Path | None:
+        """Save ``state`` (anything ``torch.save`` takes) as of ``step`` (default: the current one).
+
+        Rank 0 writes it, atomically, to the run dir's ``checkpoints/``; the other ranks
+        hold the same DDP state and write nothing. Every rank first hands the master all the
+        points it logged so far, so that a restart from this checkpoint finds the history
+        up to it complete. Returns the file on rank 0.
+
+        ``value`` (rank 0's; pass the same on every rank, such as an all-reduced validation
+        loss) is the metric this checkpoint is ranked by, ``metric`` its name. After the write
+        the ``keep`` best by value are kept (the least with ``mode="min"``, the greatest with
+        ``"max"``; a checkpoint without a value, or with NaN, ranks after those with one),
+        plus the newest: without values, the ``keep`` newest. ``run.best_checkpoint`` names the best.
+        """
+        step = self._step if step is None else step
+        return self._checkpoints.save(state, step=step, value=value, metric=metric, keep=keep, mode=mode)
+
+    def load_checkpoint(self, *, weights_only: bool = True) -> Any:
+        """The state of the newest checkpoint, or None; ``ctx.steps()`` then resumes after it.
+
+        The file is loaded with ``torch.load(weights_only=True)``: tensors, numbers, strings
+        and the lists, tuples and dicts of them (model and optimizer state dicts) load, and
+        nothing in the file can run code. A state that holds other objects needs
+        ``ctx.load_checkpoint(weights_only=False)``: only for checkpoint dirs nobody else can
+        write, since unpickling such a file runs whatever it names. ``checkpoints/latest``
+        must name a file :meth:`save_checkpoint` writes (``step-<9+ digits>.pt``), in that dir.
+
+        A newest checkpoint that is damaged (truncated, or not a whole archive) is skipped for
+        the newest one that loads; the rank's log names both (see :mod:`orch.runtime.checkpoints`).
+        """
+        loaded = self._checkpoints.load(weights_only=weights_only)
+        if loaded is None:
+            return None
+        step, state = loaded
+        self.resume_step, self._step = step + 1, step
+        return state
+
+    def stop_due(self, step: int) -> bool:
+        """True when the run was asked to stop and every rank leaves its loop after this
+        step: for a library's loop (``ctx.steps`` has its own). Every rank calls it once a step,
+        from the library's step-end hook: with several ranks the decision is a vote of all of
+        them (see :class:`StopVote`), so each learns of the stop at the same step however late
+        its own heartbeat brought it. The vote runs on orch's group, made here the first time
+        where the rank has none (a script made its own training group)."""
+        due = self._library_stop.due(step)
+        if due:
+            self.stopped = True  # the library leaves its loop there: the rank ends STOPPED
+        return due
+
+    def settle_stop_vote(self) -> None:
+        """The library's loop ended: wait for the stop vote still in flight, if any."""
+        self._library_stop.settle()

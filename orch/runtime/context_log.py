@@ -1,4 +1,4 @@
-"""``ctx.log`` and what it checks, counts and tells: the part of
+"""``ctx.log`` and what it checks, counts and tells: :class:`RankLog`, the part of
 :class:`~orch.runtime.context.Context` a training loop calls every step to report.
 
 A value is a real number (see :mod:`orch.runtime.scalars_in`), a name is within the master's
@@ -12,11 +12,13 @@ and the run's length reach the master through the rank's heartbeat sender.
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Any, NoReturn
+from collections.abc import Callable
+from typing import Any, NoReturn
 
 from torch import nn
 
 from orch.runtime._sender import HeartbeatSender
+from orch.runtime._stop_vote import StopRequest
 from orch.runtime._timing import BY_LOG, CollectiveWait, StepTimes, clock
 from orch.runtime.scalars_in import as_reals, as_step
 from orch.wire.limits import MAX_METRICS_PER_RANK, MAX_NAME_LEN
@@ -29,50 +31,54 @@ HANDOVER_S = 0.1  # ... or seconds: slow steps reach the timing as they end, not
 USER_METRICS = MAX_METRICS_PER_RANK - 2  # the names ctx.log takes: orch's own two fill the cap
 
 
-class Logging:
-    """What a rank reports (a part of :class:`~orch.runtime.context.Context`)."""
+class RankLog:
+    """What a rank reports (a part of :class:`~orch.runtime.context.Context`): ``ctx.log``,
+    ``ctx.warn``, the rank's progress and the run's length."""
 
-    stopped: bool
-    times: StepTimes | None
-    _sender: HeartbeatSender | None
-    _names: set[str]
-    _watched: str | None
-    _watched_value: float | None
-    _logged_step: int
-    _logged_at: float
-    _log_steps: int
-    _log_fast: bool
-    _log_timed: bool
-    _warned: str
-    _uses_steps: bool
-    _heard: bool
-    _stop_at: int
-    _ddp_models: list[nn.Module]
-    _waits: CollectiveWait
+    def __init__(
+        self,
+        *,
+        sender: HeartbeatSender | None,
+        times: StepTimes | None,
+        stop: StopRequest,
+        ddp_models: list[nn.Module],
+        waits: CollectiveWait,
+        step_done: Callable[[StepTimes, float, float, int], None],
+        end: Callable[[str], NoReturn],
+    ) -> None:
+        """``sender``: the rank's heartbeat sender (None outside a worker); ``times``: the rank's
+        step timing (None: off); ``stop``: the run's stop request; ``ddp_models`` and ``waits``:
+        the DDP models whose collective waits are read after each timed step, and their reader
+        (the context's, which adds to the list); ``step_done(times, seconds, own, count)``:
+        ``count`` steps ended (the context times them); ``end(where)``: end the function at a
+        stop's step, every rank alike (the context's: it raises)."""
+        self.sender = sender
+        self.times = times
+        self.uses_steps = False  # ctx.steps() drives the loop: it handles stops and rungs itself
+        self.watched: str | None = None  # ctx.steps(metric=...): the metric its checkpoints carry
+        self.watched_value: float | None = None  # this rank's last logged value of it
+        self.timed = times is not None  # ctx.log marks the steps: nothing stronger did yet
+        self.fast = False  # ctx.log may count the next step itself (see _log_step)
+        self._stop = stop
+        self._ddp_models = ddp_models
+        self._waits = waits
+        self._step_done = step_done
+        self._end = end
+        self._names: set[str] = set()  # the metric names ctx.log took (see MAX_METRICS_PER_RANK)
+        self._heard = False  # ctx.log asked the master once (a sweep's first rung) before a step
+        self._logged_step, self._logged_at = -1, 0.0  # ctx.log's last new step, and when (BY_LOG)
+        self._log_steps = 0  # steps ctx.log counted since _logged_at, not handed to self.times yet
+        self._warned = ""  # the last warning told (see warn)
 
-    if TYPE_CHECKING:  # the context's own (declared here for the type checker only)
+    def watch(self, metric: str | None) -> None:
+        """``ctx.steps(metric=...)``: keep this rank's last logged value of ``metric``."""
+        if metric != self.watched:
+            self.watched, self.watched_value = metric, None
 
-        def _step_done(self, times: StepTimes, seconds: float, own: float = 0.0, count: int = 1) -> None: ...
-
-        def _stop_here(self, where: str) -> NoReturn: ...
-
-    def log(self, step: int, loss: float | None = None, **scalars: Any) -> None:
-        """Record ``loss`` and any other scalars at ``step``; returns at once.
-
-        ``step`` is an integer >= 0 (a counter of optimizer steps: with a DataLoader,
-        ``epoch * len(loader) + i``). Values are real numbers: ``float``, ``int``, ``bool``,
-        numpy scalars and one-element tensors (``.item()`` is taken: on a GPU that waits
-        for the value). ``None`` logs nothing for that key. Anything else raises
-        ``TypeError`` here, naming the key, so one bad value never costs the other points.
-        A name is 1 to 256 characters, and a rank logs at most 2,046 different names (with
-        orch's own ``rank/memory`` and ``rank/cuda_memory``, the 2,048 the master keeps per
-        rank): past either cap this call raises ``ValueError`` naming the cap and the name,
-        and logs nothing.
-
-        In a loop without ``ctx.steps``, once the run is asked to stop, the call that logs
-        the step every rank agreed to stop at raises :class:`orch.errors.StopTraining` after
-        recording it: the function ends there, on every rank, and the rank is STOPPED.
-        """
+    def log(self, step: int, loss: float | None, scalars: dict[str, Any]) -> None:
+        """:meth:`Context.log <orch.runtime.context.Context.log>`: check the point, count and
+        time the step, hand the point to the sender; end the function at a stop's step.
+        ``scalars``: the call's own keyword arguments (taken as they are, not copied)."""
         if type(step) is not int:
             step = as_step(step)
         if step < 0 or step > MAX_STEP:
@@ -86,20 +92,20 @@ class Logging:
                 break
         if not scalars.keys() <= self._names:
             self._take_names(scalars)
-        if self._watched is not None and self._watched in scalars:
-            self._watched_value = float(scalars[self._watched])
-        if step != self._logged_step and self._log_timed:
-            if step == self._logged_step + 1 and self._log_fast:  # the usual next step: no call, no lock
+        if self.watched is not None and self.watched in scalars:
+            self.watched_value = float(scalars[self.watched])
+        if step != self._logged_step and self.timed:
+            if step == self._logged_step + 1 and self.fast:  # the usual next step: no call, no lock
                 self._logged_step = step
                 self._log_steps += 1
                 if self._log_steps >= LOG_EVERY or clock() - self._logged_at >= HANDOVER_S:
                     self._log_step(step)
             else:
                 self._log_step(step)
-        sender = self._sender
+        sender = self.sender
         if sender is not None:
             sender.log(step, scalars)
-            if not self._uses_steps:
+            if not self.uses_steps:
                 if not self._heard:  # a sweep's first rung, known before the loop gets there
                     self._heard = True
                     sender.hear()
@@ -110,9 +116,8 @@ class Logging:
                     # (each knew of the rung and none is past it), so the check below ends
                     # the loop right here on every rank.
                     sender.wait_gate(step, GATE_WAIT)
-        if self._stop_at and step + 1 >= self._stop_at and not self._uses_steps:
-            self.stopped = True
-            self._stop_here(f"every rank stops after step {step}")
+        if self._stop.at and step + 1 >= self._stop.at and not self.uses_steps:
+            self._end(f"every rank stops after step {step}")
 
     def _log_step(self, step: int) -> None:
         """A new step logged: in a loop that neither ctx.steps nor ctx.data marks, the steps
@@ -129,20 +134,20 @@ class Logging:
         count = self._log_steps + (step - last if 0 <= last < step else 0)
         self._log_steps = 0
         if count and (times.timed_by == BY_LOG or times.marks(BY_LOG)):
-            self._step_done(times, now - self._logged_at, count=count)
+            self._step_done(times, now - self._logged_at, 0.0, count)
         elif self._ddp_models:
             self._waits.skip()  # the iterations before this step are not of a timed one
         self._logged_step, self._logged_at = step, now
         # The next steps one after another are counted without a call while nothing but ctx.log
         # marks them and no collective is to be read after each.
-        self._log_fast = times.timed_by == BY_LOG and not self._ddp_models
+        self.fast = times.timed_by == BY_LOG and not self._ddp_models
 
-    def _stop_log_count(self, times: StepTimes) -> None:
+    def hand_over(self, times: StepTimes) -> None:
         """ctx.steps or ctx.data marks the steps from now on: hand over the steps ctx.log
         counted, and count no more there."""
         if self._log_steps and times.timed_by == BY_LOG:
             self._log_step(self._logged_step)
-        self._log_timed = self._log_fast = False
+        self.timed = self.fast = False
 
     def _take_names(self, scalars: dict[str, Any]) -> None:
         """Check the names this rank logs for the first time against the master's caps: a
@@ -176,28 +181,28 @@ class Logging:
         if text and text != self._warned:
             self._warned = text
             log.warning("%s", text)
-            if self._sender is not None:
-                self._sender.note = text
+            if self.sender is not None:
+                self.sender.note = text
 
     def progress_to(self, done: int) -> None:
         """This rank has done ``done`` steps (a library's own loop: the HF Trainer's global step)."""
-        if self._sender is not None and done > self._sender.step:
-            self._sender.step = done
+        if self.sender is not None and done > self.sender.step:
+            self.sender.step = done
 
     @property
     def total_steps(self) -> int:
         """The run's length in steps, for its progress bar (0: unknown)."""
-        return self._sender.total_steps if self._sender is not None else 0
+        return self.sender.total_steps if self.sender is not None else 0
 
     @total_steps.setter
     def total_steps(self, n: int) -> None:
         """Say how many steps the run takes when the loop is not ``ctx.steps(n)``."""
         if type(n) is not int or n < 0:
             raise TypeError(f"ctx.total_steps must be an integer >= 0, got {n!r}")
-        if self._sender is not None:
-            self._sender.total_steps = n
+        if self.sender is not None:
+            self.sender.total_steps = n
 
     @property
     def logged_step(self) -> int:
         """The furthest step this rank reached or logged (-1: none yet)."""
-        return self._sender.progress - 1 if self._sender is not None else self._logged_step
+        return self.sender.progress - 1 if self.sender is not None else self._logged_step

@@ -26,9 +26,8 @@ from typing import Any
 
 import cloudpickle
 
-from orch.record.store import private_dir
 from orch.record.values import VALUE_CAP, VALUES_DIR, error_name, value_name, words
-from orch.record.writes import own_dir
+from orch.record.writes import own_dir, private_dir
 
 log = logging.getLogger(__name__)
 

@@ -27,8 +27,7 @@ import grpc
 
 from orch._tracebacks import format_from_user_code, format_stack_from_user_code
 from orch.errors import OrchError, StopTraining, WorkerError
-from orch.record.store import private_dir, write_json_atomic
-from orch.record.writes import own_dir
+from orch.record.writes import own_dir, private_dir, write_json
 from orch.runtime import _mend, _scalars, current, nested
 from orch.runtime._children import become_subreaper, end_descendants, end_with_sigterm, exit_now
 from orch.runtime._seeding import reseed
@@ -167,7 +166,7 @@ def _write_error(path: Path, spec: WorkerSpec, rank: int, code: int, error: str,
     }
     with contextlib.suppress(OSError, OrchError):  # a refused folder is in the log above
         private_dir(path.parent.parent)  # the run dir: 0700, as the launcher makes it
-        write_json_atomic(path, record)
+        write_json(path, record)
 
 
 def _report(

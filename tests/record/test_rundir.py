@@ -21,7 +21,8 @@ import pytest
 import orch
 from orch.errors import OrchError
 from orch.master.control.series import Series
-from orch.record.store import RunStore, read_metrics, write_json_atomic
+from orch.record.store import RunStore, read_metrics
+from orch.record.writes import write_json
 from orch.wire._proto import orchestrator_pb2 as pb
 from orch.wire.model import Event
 from orch.wire.states import RunState
@@ -54,7 +55,7 @@ def _write_run(run_dir: Path) -> tuple[bytes, Frames]:
         store.append_points(rank, 1, series)
     store.append_event(Event(time=1.0, kind="start", rank=-1, message="go"))
     store.close()
-    write_json_atomic(run_dir / "result.json", {"run_id": "r1", "state": "SUCCEEDED", "world_size": 2})
+    write_json(run_dir / "result.json", {"run_id": "r1", "state": "SUCCEEDED", "world_size": 2})
     data = (run_dir / "metrics.pb").read_bytes()
     frames, pos = [], 0
     while pos < len(data):
@@ -346,7 +347,7 @@ def test_a_missing_result_means_the_run_did_not_finish(tmp_path: Path) -> None:
 def test_a_full_result_reads_back(tmp_path: Path) -> None:
     _write_run(tmp_path)
     rank = {"rank": 1, "state": "FAILED", "loss": "nan", "has_loss": True, "exit_code": 3, "step": 9}
-    write_json_atomic(tmp_path / "result.json", {**RESULT, "state": "FAILED", "ranks": [rank]})
+    write_json(tmp_path / "result.json", {**RESULT, "state": "FAILED", "ranks": [rank]})
     (v,) = orch.load_run(tmp_path).state().ranks
     assert (v.rank, v.state.value, v.exit_code, v.step, v.diverged) == (1, "FAILED", 3, 9, True)
 

@@ -24,8 +24,9 @@ from tensorboard.util import tensor_util
 import orch
 from conftest import TESTS
 from orch.errors import ConfigError
-from orch.record.store import HEADER, MetricsDamage, RunStore, read_metrics, write_json_atomic
+from orch.record.store import HEADER, MetricsDamage, RunStore, read_metrics
 from orch.record.tensorboard import export_runs
+from orch.record.writes import write_json
 from orch.wire._proto import orchestrator_pb2 as pb
 from orch.wire.states import RunState
 
@@ -229,7 +230,7 @@ def write_run(
         store.append_points(rank, attempt, series)
     store.close()
     if state:
-        write_json_atomic(
+        write_json(
             run_dir / "result.json", {"run_id": run_dir.name, "world_size": 2, "state": state, "elapsed": 9.0}
         )
     return run_dir

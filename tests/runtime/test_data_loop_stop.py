@@ -116,7 +116,7 @@ def test_each_batch_is_a_step_across_epochs_and_a_stop_ends_a_lone_rank_at_once(
     ctx = Context(rank=0, world_size=1, local_rank=0, device=torch.device("cpu"), config={},
                   run_id="r", sender=None)  # fmt: skip
     sender = _Sender()
-    ctx._sender = sender  # type: ignore[assignment]
+    ctx._sender = ctx._log.sender = sender  # type: ignore[assignment]
     seen = []
     for _epoch in range(2):
         for x in ctx.data(range(5)):

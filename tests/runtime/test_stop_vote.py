@@ -107,7 +107,7 @@ def _pruned_rank(rank: int, store_path: str, heard_at: int, pruned: bool, out: s
     control = dist.new_group(backend="gloo")
     ctx = Context(rank=rank, world_size=2, local_rank=rank, device=torch.device("cpu"), config={},
                   run_id="r", sender=None, control_group=control)  # fmt: skip
-    ctx._sender = _RungSender(ctx, rung=6, heard_at=heard_at, pruned=pruned)  # type: ignore[assignment]
+    ctx._sender = ctx._log.sender = _RungSender(ctx, rung=6, heard_at=heard_at, pruned=pruned)  # type: ignore[assignment]
     model = ctx.ddp(torch.nn.Linear(4, 1))
     last = -1
     for step in ctx.steps(40):

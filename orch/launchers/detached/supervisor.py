@@ -27,8 +27,7 @@ from orch.launchers.attach_file import ATTACH_FILE, LOG_FILE
 from orch.launchers.contract import exit_code
 from orch.launchers.run import Run
 from orch.launchers.spec import LaunchSpec
-from orch.record.store import private_dir
-from orch.record.writes import own_dir
+from orch.record.writes import own_dir, private_dir
 
 log = logging.getLogger("orch.launchers.detached.supervisor")  # also when run as __main__
 

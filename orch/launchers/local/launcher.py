@@ -11,7 +11,7 @@ from orch.launchers.launcher import Launcher, RunParts
 from orch.launchers.local.group import LocalAgent, WorkerGroup, starting_phase
 from orch.launchers.spec import LaunchSpec
 from orch.master.coordinator import Coordinator
-from orch.record.store import private_dir
+from orch.record.writes import private_dir
 from orch.runtime.launcher_env import LaunchedAs
 from orch.runtime.owner import Owner
 from orch.runtime.spec import WorkerSpec

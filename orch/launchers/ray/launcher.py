@@ -32,7 +32,7 @@ from orch.launchers.ray.actor import NodeAgent
 from orch.launchers.ray.options import Ray, check_reachable, ray_master_host
 from orch.launchers.spec import LaunchSpec
 from orch.master.coordinator import Coordinator
-from orch.record.store import private_dir
+from orch.record.writes import private_dir
 from orch.runtime.function_file import write_function
 from orch.wire.auth import TOKEN_ENV
 from orch.wire.model import JobView

@@ -17,7 +17,7 @@ from orch.launchers.slurm.job import JobStatus, SlurmJob, follow_job, job_script
 from orch.launchers.slurm.options import Slurm, cluster_master_host
 from orch.launchers.spec import LaunchSpec
 from orch.master.coordinator import Coordinator
-from orch.record.store import private_dir
+from orch.record.writes import private_dir
 from orch.runtime.function_file import write_function
 from orch.wire.auth import TOKEN_ENV
 

@@ -47,6 +47,7 @@ from orch.master.control.validate import (
     parse_cursor,
 )
 from orch.wire._proto import orchestrator_pb2 as pb
+from orch.wire.codec import metric_record
 from orch.wire.limits import MAX_SECTIONS, MORE_SECTIONS
 from orch.wire.model import Event, JobView
 from orch.wire.states import BARRIER_CLOSED, RUN_STATE_PB, RankState, RunState
@@ -276,7 +277,7 @@ class Coordinator:
             )
         write = None
         if self.store is not None and req.series and not rec.resent:
-            write = functools.partial(self.store.append_points, rec.rank, self.attempt, req.series)
+            write = functools.partial(_append_points, self.store, rec.rank, self.attempt, req.series)
         self._changed.notify_all()
         command = self.fate.command(rec)
         reply = pb.HeartbeatResponse(command=command, send_stack=rec.stack_wanted)  # type: ignore[arg-type]
@@ -707,6 +708,11 @@ class Coordinator:
         if self.store is not None:
             self.store.append_event(event)
         log.debug("run %s: %s rank=%d %s", self.run_id, kind, rank, message)
+
+
+def _append_points(store: RunStore, rank: int, attempt: int, series: Sequence[pb.Series]) -> None:
+    """A beat's points into the run dir's metrics log (on the master's writer thread)."""
+    store.append_metrics(metric_record(rank, attempt, series))
 
 
 def _run_all(writes: list[Callable[[], None]]) -> None:

@@ -1,37 +1,14 @@
-"""Which of a metric log's points a restart replaced: the one rule the CSV and TensorBoard exports share."""
+"""Which of a metric log's points a restart replaced (by :class:`.metrics_log.Attempts`' rule),
+for the CSV and TensorBoard exports."""
 
 from __future__ import annotations
 
 import bisect
-from collections.abc import Sequence
 from pathlib import Path
 
-from orch.record.store import MetricsDamage, read_metrics
+from orch.record.metrics_log import Attempts, MetricsDamage, read_metrics
 
 SeriesKey = tuple[int, str]  # (rank, metric name)
-
-
-class Attempts:
-    """The restart rule of ``control.series.Series.add``, apart from the points it applies to.
-
-    A restarted group replays the steps after its last checkpoint: a newer attempt's points
-    replace those of the older one from its first step on, so no step is counted twice.
-    """
-
-    __slots__ = ("attempt", "last_step")
-
-    def __init__(self) -> None:
-        self.attempt = 0
-        self.last_step: int | None = None
-
-    def rewinds(self, steps: Sequence[int], attempt: int) -> bool:
-        """Take a batch: True when it replaces the points held from ``steps[0]`` on."""
-        if not steps:
-            return False  # an empty batch says nothing of where its attempt starts
-        rewound = attempt > self.attempt and self.last_step is not None and steps[0] <= self.last_step
-        self.attempt = max(self.attempt, attempt)
-        self.last_step = steps[-1]
-        return rewound
 
 
 class Replaced:

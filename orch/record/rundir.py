@@ -23,20 +23,15 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from orch.errors import ConfigError, OrchError
-from orch.record._replay import Attempts, Replaced, SeriesKey
+from orch.record._replay import Replaced, SeriesKey
+from orch.record.metrics_log import Attempts, MetricsDamage, read_metrics
 from orch.record.owned import check_own_dir, read_own
 from orch.record.source import RunSource
-from orch.record.store import (
-    MetricsDamage,
-    json_object,
-    read_events,
-    read_metrics,
-)
+from orch.record.store import json_object, read_events
 from orch.record.tensorboard import export_runs
 from orch.record.writes import OwnDir, export_file, private_dir, write_json
-from orch.wire._proto import orchestrator_pb2 as pb
 from orch.wire.client import NonFinite, SeriesBuffer, Snapshots, StateMirror
-from orch.wire.model import STATUS_FIELDS, JobView, RunStatus
+from orch.wire.model import STATUS_FIELDS, JobView, MetricBatch, RunStatus
 from orch.wire.ranks import RankView
 from orch.wire.states import RankState, RunState
 
@@ -271,7 +266,7 @@ class _Sampler:
         self.read = 0
         self.series: dict[SeriesKey, _Thinned] = {}
 
-    def add(self, record: pb.MetricRecord) -> None:
+    def add(self, record: MetricBatch) -> None:
         for s in record.series:
             target = self.series.get((record.rank, s.name))
             if target is None:

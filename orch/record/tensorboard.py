@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from orch.errors import ConfigError
 from orch.record._replay import Replaced, SeriesKey
-from orch.record.store import MetricsDamage, read_metrics
+from orch.record.metrics_log import MetricsDamage, read_metrics
 from orch.record.writes import OwnDir, own_dir
 from orch.wire.states import RunState
 

@@ -10,13 +10,14 @@ from the generated descriptors, never written by hand, so that a field renumbere
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
 from google.protobuf.descriptor import FieldDescriptor
-from google.protobuf.message import Message
+from google.protobuf.message import DecodeError, Message
 
 from orch.wire._proto import orchestrator_pb2 as pb
-from orch.wire.model import STATUS_FIELDS, Event, JobView, RunStatus
+from orch.wire.model import STATUS_FIELDS, Event, JobView, MetricBatch, Points, RunStatus
 from orch.wire.states import RUN_STATE_PB, RunState
 
 # The wire types (protobuf's encoding guide): how the bytes after a key are laid out.
@@ -86,3 +87,37 @@ def take_status(reply: pb.GetStateResponse) -> RunStatus:
 
 def put_event(event: Event, reply: pb.GetStateResponse) -> None:
     reply.events.append(pb.Event(time=event.time, kind=event.kind, rank=event.rank, message=event.message))
+
+
+# -- a metrics log's records (orch.record.metrics_log frames them) ---------------------------------
+# The keys of MetricRecord's fields rank, attempt and series: a scan after damage reads a key as
+# one byte (fields numbered below 16), which this checks where it is imported.
+RECORD_KEYS = b"".join(field_key(pb.MetricRecord, name) for name in ("rank", "attempt", "series"))
+if len(RECORD_KEYS) != 3:
+    raise ImportError("MetricRecord's rank, attempt and series must be numbered below 16 (one-byte keys)")
+
+
+def metric_record(rank: int, attempt: int, series: Iterable[Points] | Iterable[pb.Series]) -> bytes:
+    """One heartbeat's points of ``rank`` in ``attempt``, as a metrics log keeps them (a
+    beat's own ``Series`` messages go in as they came)."""
+    messages = [
+        s
+        if isinstance(s, pb.Series)
+        else pb.Series(name=s.name, steps=s.steps, values=s.values, times=s.times)
+        for s in series
+    ]
+    return pb.MetricRecord(rank=rank, attempt=attempt, series=messages).SerializeToString()
+
+
+def metric_batch(payload: bytes) -> MetricBatch | None:
+    """A metrics log record's points (None: not a record: it does not parse, or a series has
+    more steps than values). The steps, values and times are protobuf's own sequences."""
+    record = pb.MetricRecord()
+    try:
+        record.ParseFromString(payload)
+    except DecodeError:
+        return None
+    if any(len(s.steps) != len(s.values) for s in record.series):
+        return None
+    series = [Points(s.name, s.steps, s.values, s.times) for s in record.series]
+    return MetricBatch(record.rank, record.attempt, series)

@@ -11,6 +11,7 @@ the master decides it, and shown by a view; nothing in between copies it by name
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -134,3 +135,22 @@ class RunStatus:
 
 
 STATUS_FIELDS = dataclasses.fields(RunStatus)
+
+
+@dataclass(frozen=True)
+class Points:
+    """One metric's points from one heartbeat: steps, values and (unix) times, in order."""
+
+    name: str
+    steps: Sequence[int]
+    values: Sequence[float]
+    times: Sequence[float] = ()
+
+
+@dataclass(frozen=True)
+class MetricBatch:
+    """One record of a run's metrics log: a rank's points of one attempt, as one beat sent them."""
+
+    rank: int
+    attempt: int
+    series: list[Points]

@@ -21,6 +21,7 @@ from typing import Any
 import pytest
 
 import orch
+import orch.record.metrics_log
 import orch.record.rundir
 import orch.record.store
 from conftest import ORCH, orch_cli, until
@@ -156,7 +157,7 @@ def test_the_table_has_every_run_in_its_state_without_reading_metrics(
             raise AssertionError("the table read metrics.pb")
 
         with monkeypatch.context() as m:
-            m.setattr(orch.record.store, "read_metrics", no_metrics)
+            m.setattr(orch.record.metrics_log, "read_metrics", no_metrics)
             m.setattr(orch.record.rundir, "read_metrics", no_metrics)
             table = runs(run_root)
         states = {row.run_id: row.state for row in table}

@@ -24,10 +24,12 @@ import torch
 
 import orch
 from conftest import ORCH, TESTS, orch_cli, until
-from orch.record.store import RunStore, read_metrics
+from orch.record.metrics_log import read_metrics
+from orch.record.store import RunStore
 from orch.wire._proto import orchestrator_pb2 as pb
 from orch.wire._proto import orchestrator_pb2_grpc as pb_grpc
 from orch.wire.auth import open_channel
+from orch.wire.codec import metric_record
 from orch.wire.states import RankState, RunState
 
 pytestmark = pytest.mark.timeout(240)
@@ -431,7 +433,7 @@ def test_cli_max_restarts(tmp_path: Path, subprocess_env: dict[str, str]) -> Non
 def test_torn_records_are_ignored(tmp_path: Path) -> None:
     store = RunStore(tmp_path)
     for i in range(3):
-        store.append_points(0, 1, [pb.Series(name="loss", steps=[i], values=[float(i)])])
+        append_points(store, 0, 1, [pb.Series(name="loss", steps=[i], values=[float(i)])])
     store.close()
     log = tmp_path / "metrics.pb"
     whole = log.read_bytes()
@@ -462,3 +464,8 @@ def test_load_run_and_csv_export(tmp_path: Path) -> None:
     panel = loaded.panel()
     assert panel.wait_done(30)
     assert 'data-state="SUCCEEDED"' in panel.header.value
+
+
+def append_points(store: RunStore, rank: int, attempt: int, series: list[pb.Series]) -> None:
+    """A beat's points into the store's metrics log, as the master appends them."""
+    store.append_metrics(metric_record(rank, attempt, series))

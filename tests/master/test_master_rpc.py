@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import socket
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import grpc
@@ -16,7 +16,8 @@ from orch import PortInUseError
 from orch.master.control.plan import RunPlan
 from orch.master.coordinator import Coordinator
 from orch.master.server import SERVICE_NAME, MasterServer
-from orch.record.store import RunStore, read_metrics
+from orch.record.metrics_log import read_metrics
+from orch.record.store import RunStore
 from orch.wire._proto import orchestrator_pb2 as pb
 from orch.wire._proto import orchestrator_pb2_grpc as pb_grpc
 from orch.wire.client import MasterClient, StateMirror
@@ -214,9 +215,9 @@ def test_default_port_taken_between_the_look_and_the_bind_falls_back(
 class _SlowStore(RunStore):
     """A run dir whose metrics log takes half a second per append (a slow disk)."""
 
-    def append_points(self, rank: int, attempt: int, series: Iterable[pb.Series]) -> None:
+    def append_metrics(self, payload: bytes) -> None:
         time.sleep(0.5)
-        super().append_points(rank, attempt, series)
+        super().append_metrics(payload)
 
 
 def _points_on_disk(run_dir: Path) -> list[tuple[str, list[int]]]:

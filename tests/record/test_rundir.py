@@ -21,9 +21,11 @@ import pytest
 import orch
 from orch.errors import OrchError
 from orch.master.control.series import Series
-from orch.record.store import RunStore, read_metrics
+from orch.record.metrics_log import read_metrics
+from orch.record.store import RunStore
 from orch.record.writes import write_json
 from orch.wire._proto import orchestrator_pb2 as pb
+from orch.wire.codec import metric_record
 from orch.wire.model import Event
 from orch.wire.states import RunState
 
@@ -52,7 +54,7 @@ def _write_run(run_dir: Path) -> tuple[bytes, Frames]:
     store.write_meta({"run_id": "r1", "world_size": 2})
     for i in range(RECORDS):
         rank, series = _record_batches(i)
-        store.append_points(rank, 1, series)
+        append_points(store, rank, 1, series)
     store.append_event(Event(time=1.0, kind="start", rank=-1, message="go"))
     store.close()
     write_json(run_dir / "result.json", {"run_id": "r1", "state": "SUCCEEDED", "world_size": 2})
@@ -409,7 +411,7 @@ def _write_points(run_dir: Path, series: dict[tuple[int, str], int], per_record:
             steps = range(first, min(first + per_record, n))
             if steps:
                 values = [s / 2 for s in steps]
-                store.append_points(rank, 1, [pb.Series(name=name, steps=steps, values=values)])
+                append_points(store, rank, 1, [pb.Series(name=name, steps=steps, values=values)])
     store.close()
 
 
@@ -502,7 +504,8 @@ def _write_restarts(run_dir: Path, batches: list[tuple[int, int, int]]) -> Serie
         values = [attempt * 1000.0 + s for s in steps]
         oracle.add(steps, values, [0.0] * len(steps), attempt)
         for rank in (0, 1):
-            store.append_points(
+            append_points(
+                store,
                 rank,
                 attempt,
                 [pb.Series(name=name, steps=steps, values=values) for name in ("loss", "acc")],
@@ -548,3 +551,8 @@ def test_memory_stays_near_the_budget_whatever_the_log_size(tmp_path: Path) -> N
     assert peak < everything / 2, f"peak {peak / 1e6:.0f} MB, holding everything {everything / 1e6:.0f} MB"
     assert loaded.stride == 4
     assert sum(len(b) for b in loaded.state().series.values()) <= 1_000_000
+
+
+def append_points(store: RunStore, rank: int, attempt: int, series: list[pb.Series]) -> None:
+    """A beat's points into the store's metrics log, as the master appends them."""
+    store.append_metrics(metric_record(rank, attempt, series))

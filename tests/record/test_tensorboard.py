@@ -24,10 +24,12 @@ from tensorboard.util import tensor_util
 import orch
 from conftest import TESTS
 from orch.errors import ConfigError
-from orch.record.store import HEADER, MetricsDamage, RunStore, read_metrics
+from orch.record.metrics_log import HEADER, MetricsDamage, read_metrics
+from orch.record.store import RunStore
 from orch.record.tensorboard import export_runs
 from orch.record.writes import write_json
 from orch.wire._proto import orchestrator_pb2 as pb
+from orch.wire.codec import metric_record
 from orch.wire.states import RunState
 
 pytestmark = pytest.mark.timeout(240)
@@ -227,7 +229,7 @@ def write_run(
     meta = {"run_id": run_dir.name, "fn": "jobs:by_hand", "world_size": 2, "config": config, "started": 100.0}
     store.write_meta(meta)
     for rank, attempt, series in batches:
-        store.append_points(rank, attempt, series)
+        append_points(store, rank, attempt, series)
     store.close()
     if state:
         write_json(
@@ -357,3 +359,8 @@ def test_a_sweep_exports_a_folder_per_run_with_its_hparams(tmp_path: Path) -> No
     results = sweep.results()
     for name, trial in names.items():
         assert tab[name]["finals"]["final/loss"] == pytest.approx(results[trial.index]["final"]["loss"])
+
+
+def append_points(store: RunStore, rank: int, attempt: int, series: list[pb.Series]) -> None:
+    """A beat's points into the store's metrics log, as the master appends them."""
+    store.append_metrics(metric_record(rank, attempt, series))

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 import orch
-from orch.record.store import read_metrics
+from orch.record.metrics_log import read_metrics
 from orch.runtime._sender import HeartbeatSender
 from orch.runtime.agent import _batch
 from orch.runtime.context import Context

@@ -11,6 +11,7 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import NamedTuple
 
 from orch.master.control.validate import Reject
+from orch.record.metrics_log import Attempts
 from orch.wire._proto import orchestrator_pb2 as pb
 from orch.wire.codec import field_key, varint
 from orch.wire.limits import MAX_METRICS_PER_RANK
@@ -74,7 +75,7 @@ class Series:
     under the budget, and cursors, which count absolute points, stay valid.
     """
 
-    __slots__ = ("attempt", "base", "chunks", "key", "name", "rank", "steps", "times", "values")
+    __slots__ = ("attempts", "base", "chunks", "key", "name", "rank", "steps", "times", "values")
 
     def __init__(self, rank: int = 0, name: str = "") -> None:
         self.rank, self.name = rank, name
@@ -82,7 +83,7 @@ class Series:
         self.steps = array("q")
         self.values = array("d")
         self.times = array("d")
-        self.attempt = 0
+        self.attempts = Attempts()  # the restart rule, as the run dir's readers apply it
         self.base = 0
         self.chunks = Chunks(0)
 
@@ -106,17 +107,16 @@ class Series:
         points as a serialized ``Series`` message of this series (their chunk).
 
         A restarted group replays the steps after its last checkpoint: the new attempt's
-        points replace those of the old one from its first step on, so no step is counted twice.
+        points replace those of the old one from its first step on, so no step is counted twice
+        (:class:`~orch.record.metrics_log.Attempts`).
         """
         if not steps:
             return False  # an empty batch says nothing of where its attempt starts
-        rewound = False
-        if attempt > self.attempt and self.steps and steps[0] <= self.steps[-1]:
+        rewound = self.attempts.rewinds(steps, attempt)
+        if rewound:
             cut = bisect.bisect_left(self.steps, steps[0])
             del self.steps[cut:], self.values[cut:], self.times[cut:]
             self.chunks = Chunks(self.end)  # a rewind rewrites points: no chunk after it stands
-            rewound = True
-        self.attempt = max(self.attempt, attempt)
         at = self.end
         self.steps.extend(steps)
         self.values.extend(values)

@@ -41,7 +41,7 @@ def test_add_appends_in_compact_columns() -> None:
     assert not s.add([1, 2], [0.5, 0.25], [10.0, 11.0], attempt=1)
     assert not s.add([3], [0.125], [12.0], attempt=1)
     assert (held(s), list(s.values), list(s.times)) == ([1, 2, 3], [0.5, 0.25, 0.125], [10.0, 11.0, 12.0])
-    assert (len(s), s.base, s.end, s.attempt) == (3, 0, 3, 1)
+    assert (len(s), s.base, s.end, s.attempts.attempt) == (3, 0, 3, 1)
 
 
 def test_a_newer_attempt_replaying_steps_rewinds_the_series() -> None:
@@ -50,7 +50,7 @@ def test_a_newer_attempt_replaying_steps_rewinds_the_series() -> None:
     assert held(s) == [1, 2, 3, 4, 5, 6, 7]
     assert list(s.values)[-3:] == [0.5, 60.0, 70.0]
     assert list(s.times)[-3:] == [5.0, 600.0, 700.0]
-    assert s.attempt == 2
+    assert s.attempts.attempt == 2
     assert not s.add([8], [80.0], [800.0], attempt=2)  # the same attempt goes on: no rewind
     assert held(s) == [1, 2, 3, 4, 5, 6, 7, 8]
 
@@ -58,13 +58,13 @@ def test_a_newer_attempt_replaying_steps_rewinds_the_series() -> None:
 def test_a_rewind_to_before_every_held_point_replaces_them_all() -> None:
     s = series([5, 6, 7])
     assert s.add([1], [1.0], [1.0], attempt=3)
-    assert held(s) == [1] and s.attempt == 3
+    assert held(s) == [1] and s.attempts.attempt == 3
 
 
 def test_a_newer_attempt_after_the_last_step_appends() -> None:
     s = series([1, 2, 3])
     assert not s.add([4, 5], [0.4, 0.5], [4.0, 5.0], attempt=2)
-    assert held(s) == [1, 2, 3, 4, 5] and s.attempt == 2
+    assert held(s) == [1, 2, 3, 4, 5] and s.attempts.attempt == 2
 
 
 def test_the_same_attempt_never_rewinds() -> None:

@@ -18,7 +18,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 from orch.master.control.cluster_job import JobWatch
 from orch.master.control.events import EventLog
@@ -47,9 +47,9 @@ from orch.master.control.validate import (
     parse_cursor,
 )
 from orch.wire._proto import orchestrator_pb2 as pb
-from orch.wire.codec import metric_record
+from orch.wire.codec import COMMANDS, HOST_ACTIONS, decode, encode, metric_record
 from orch.wire.limits import MAX_SECTIONS, MORE_SECTIONS
-from orch.wire.model import Event, JobView
+from orch.wire.model import Command, Completion, Event, HostReport, JobView, Registration
 from orch.wire.states import BARRIER_CLOSED, RUN_STATE_PB, RankState, RunState
 
 if TYPE_CHECKING:
@@ -203,8 +203,9 @@ class Coordinator:
     # -- worker RPCs -------------------------------------------------------------------
     def register(self, req: pb.RegisterRequest) -> pb.RegisterResponse:
         check_register(req)
+        reg = decode(Registration, req)
         with self._lock:
-            rec, new = self.intake.register(req, self.run_id, self.state)
+            rec, new = self.intake.register(reg, self.run_id, self.state)
             if new:
                 self._event("registered", rec.rank, f"{req.worker_id} on {req.host} pid {req.pid}")
                 if self.registry.full:
@@ -228,7 +229,7 @@ class Coordinator:
             if self.state.done:
                 # A rank that failed before this one came to the barrier: it will never open.
                 raise Reject("failed_precondition", f"{BARRIER_CLOSED} ({self.state.value})")
-            return self.registry.barrier(
+            barrier = self.registry.barrier(
                 rec,
                 open_=self.state in (RunState.RUNNING, RunState.STOPPING),
                 fixed_port=self.rendezvous_port,
@@ -236,6 +237,7 @@ class Coordinator:
                 backend=self.plan.backend,
                 now=self._clock(),
             )
+        return cast(pb.CanStartTrainingResponse, encode(barrier))
 
     def accept_heartbeat(
         self, req: pb.HeartbeatRequest
@@ -280,22 +282,23 @@ class Coordinator:
             write = functools.partial(_append_points, self.store, rec.rank, self.attempt, req.series)
         self._changed.notify_all()
         command = self.fate.command(rec)
-        reply = pb.HeartbeatResponse(command=command, send_stack=rec.stack_wanted)  # type: ignore[arg-type]
+        reply = pb.HeartbeatResponse(command=COMMANDS[command], send_stack=rec.stack_wanted)
         if self.beat_interval > self.plan.heartbeat_interval:
             reply.interval = self.beat_interval
-        if command == pb.CONTINUE and self.gates:
+        if command is Command.CONTINUE and self.gates:
             reply.hold_after_step = next((g for g in self.gates if g > self.gate_passed), 0)
-        if command == pb.STOP:
+        if command is Command.STOP:
             reply.stop_at_step = self.stop_at_step
-        elif command == pb.ABORT:
+        elif command is Command.ABORT:
             reply.reason = self.fate.abort_reason(rec)
         return reply, write
 
     def complete(self, req: pb.CompletionRequest) -> None:
         outcome = check_completion(req)
+        done = decode(Completion, req)
         with self._lock:
-            rec = self.intake.known(req.run_id, req.worker_id, self.run_id)
-            self.fate.completed(rec, req, outcome, self.registry, self._clock())
+            rec = self.intake.known(done.run_id, done.worker_id, self.run_id)
+            self.fate.completed(rec, done, outcome, self.registry, self._clock())
 
     # -- launcher and tools --------------------------------------------------------------
     def rank_exited(
@@ -518,10 +521,11 @@ class Coordinator:
         run. The answer says to go on, to start the ranks of the current attempt, to wait (a
         restart is under way) or to exit (the run ended)."""
         check_host_sync(req, self.world_size)
+        report = decode(HostReport, req)
         with self._lock:
             now = self._clock()
-            rec = self.host_sync.join(req, self.attempt, self.world_size, now)
-            cause = self.host_sync.failure(req, rec, self.state, self.attempt)
+            rec = self.host_sync.join(report, self.attempt, self.world_size, now)
+            cause = self.host_sync.failure(report, rec, self.state, self.attempt)
             if cause is not None:
                 self.fate.fail(cause, self.registry, now)
             self._settle_hosts(now)
@@ -531,7 +535,7 @@ class Coordinator:
                 restarts=self.plan.restart_through_hosts and self.max_attempts > 1,
                 heartbeat_timeout=self.plan.heartbeat_timeout,
                 state=RUN_STATE_PB[self.state.value],
-                action=self.host_sync.action(req.host, rec, self.state, self.attempt),
+                action=HOST_ACTIONS[self.host_sync.action(report.host, rec, self.state, self.attempt)],
                 interval=sync_interval(len(self.hosts.hosts), self.plan.heartbeat_timeout),
             )
 

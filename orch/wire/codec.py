@@ -10,15 +10,29 @@ from the generated descriptors, never written by hand, so that a field renumbere
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterable
-from typing import Any
+from typing import Any, TypeVar
 
 from google.protobuf.descriptor import FieldDescriptor
 from google.protobuf.message import DecodeError, Message
 
 from orch.wire._proto import orchestrator_pb2 as pb
-from orch.wire.model import STATUS_FIELDS, Event, JobView, MetricBatch, Points, RunStatus
-from orch.wire.states import RUN_STATE_PB, RunState
+from orch.wire.model import (
+    STATUS_FIELDS,
+    Barrier,
+    Command,
+    Completion,
+    Event,
+    HostAction,
+    HostReport,
+    JobView,
+    MetricBatch,
+    Points,
+    Registration,
+    RunStatus,
+)
+from orch.wire.states import RANK_STATE_FROM_PB, RANK_STATE_PB, RUN_STATE_PB, RunState
 
 # The wire types (protobuf's encoding guide): how the bytes after a key are laid out.
 VARINT, FIXED64, LENGTH_DELIMITED, FIXED32 = 0, 1, 2, 5
@@ -121,3 +135,66 @@ def metric_batch(payload: bytes) -> MetricBatch | None:
         return None
     series = [Points(s.name, s.steps, s.values, s.times) for s in record.series]
     return MetricBatch(record.rank, record.attempt, series)
+
+
+# -- plain values of model.py that mirror one message field by field ------------------------------
+MESSAGES: dict[type[Any], type[Message]] = {
+    Registration: pb.RegisterRequest,
+    Barrier: pb.CanStartTrainingResponse,
+    Completion: pb.CompletionRequest,
+    HostReport: pb.HostSyncRequest,
+}
+T = TypeVar("T")
+
+
+def _plan(kind: type[Any]) -> list[tuple[str, str]]:
+    """Each field of ``kind`` and how it crosses: "value", "optional" (None when not sent),
+    "many" (a repeated field, as a tuple) or "rank_state"."""
+    message = MESSAGES[kind]
+    out = []
+    for f in dataclasses.fields(kind):
+        field = message.DESCRIPTOR.fields_by_name[f.name]  # a model field the message lacks fails here
+        if f.type == "RankState | None":
+            out.append((f.name, "rank_state"))
+        elif field.is_repeated:
+            out.append((f.name, "many"))
+        elif field.has_presence and field.message_type is None:
+            out.append((f.name, "optional"))
+        else:
+            out.append((f.name, "value"))
+    return out
+
+
+_PLANS = {kind: _plan(kind) for kind in MESSAGES}
+
+
+def decode(kind: type[T], message: Message) -> T:
+    """``message`` as the plain value ``kind`` that mirrors it."""
+    values: dict[str, Any] = {}
+    for name, how in _PLANS[kind]:
+        v = getattr(message, name)
+        if how == "many":
+            v = tuple(v)
+        elif how == "optional":
+            v = v if message.HasField(name) else None
+        elif how == "rank_state":
+            v = RANK_STATE_FROM_PB.get(v)
+        values[name] = v
+    return kind(**values)
+
+
+def encode(value: Any) -> Message:
+    """A plain value of :data:`MESSAGES`' as its message."""
+    kind = type(value)
+    fields: dict[str, Any] = {}
+    for name, how in _PLANS[kind]:
+        v = getattr(value, name)
+        if v is None:
+            continue
+        fields[name] = RANK_STATE_PB[v.value] if how == "rank_state" else v
+    return MESSAGES[kind](**fields)
+
+
+# The protocol's numbers of the model's commands and host actions.
+COMMANDS: dict[Command, Any] = {c: pb.Command.Value(c.value) for c in Command}
+HOST_ACTIONS: dict[HostAction, Any] = {a: pb.HostAction.Value("HOST_" + a.value) for a in HostAction}

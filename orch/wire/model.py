@@ -13,9 +13,10 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from enum import Enum
 from typing import Any
 
-from orch.wire.states import RunState
+from orch.wire.states import RankState, RunState
 
 
 @dataclass(frozen=True)
@@ -154,3 +155,79 @@ class MetricBatch:
     rank: int
     attempt: int
     series: list[Points]
+
+
+# -- what workers and host agents tell the master, and what it answers, as plain values ------------
+# Each mirrors one protocol message field by field (same names; see codec.MESSAGES): a field
+# the protocol marks optional is None when not sent.
+
+
+@dataclass(frozen=True)
+class Registration:
+    """A worker asks for its rank (``Register``)."""
+
+    worker_id: str
+    host: str = ""
+    pid: int = 0
+    address: str = ""  # where the other ranks reach it
+    rendezvous_port: int = 0  # rank 0 registers again with the port its store bound
+    local_rank: int = 0
+    backend: str = ""  # what it can run: "gloo" or "nccl"
+    run_id: str = ""  # the run it expects to join ("": any)
+    rank: int | None = None  # the rank its launcher gave it (torchrun, Slurm), if any
+    world_size: int = 0  # its launcher's world size (0: not said)
+    group: str = ""  # a host agent's workers: one block of ranks per group
+    local_world_size: int = 0
+
+
+@dataclass(frozen=True)
+class Barrier:
+    """The start barrier as one worker sees it (``CanStartTraining``'s answer)."""
+
+    ready: bool
+    registered: int
+    world_size: int
+    master_addr: str = ""  # the rendezvous, once ready
+    master_port: int = 0
+    backend: str = ""
+
+
+@dataclass(frozen=True)
+class Completion:
+    """A rank's end, as it reports it or its host agent saw it (``Complete``)."""
+
+    run_id: str = ""
+    worker_id: str = ""
+    outcome: RankState | None = None  # SUCCEEDED, FAILED or STOPPED
+    error: str = ""  # the traceback when it failed
+    param_checksum: str = ""
+    step: int = 0
+    exit_code: int = 0  # its host agent saw its process die with this (negative: a signal)
+
+
+@dataclass(frozen=True)
+class HostReport:
+    """A host agent's word on its ranks (``SyncHost``)."""
+
+    host: str  # "hostname:pid"
+    attempt: int = 0  # the attempt its ranks belong to (0: it started none yet)
+    worker_ids: tuple[str, ...] = ()
+    running: bool = False  # some of those ranks' processes still run
+    failure: str = ""  # ranks that died before they registered
+
+
+class Command(str, Enum):
+    """What a heartbeat's reply tells its rank to do."""
+
+    CONTINUE = "CONTINUE"
+    STOP = "STOP"  # at the stop step
+    ABORT = "ABORT"  # now: the run failed, or the stop's grace is over
+
+
+class HostAction(str, Enum):
+    """What a host agent does next."""
+
+    CONTINUE = "CONTINUE"
+    START = "START"  # start the ranks of the current attempt
+    WAIT = "WAIT"  # a restart is under way
+    EXIT = "EXIT"  # the run ended, or the host was left out

@@ -8,6 +8,7 @@ import json
 from array import array
 from typing import Any
 
+import pytest
 from google.protobuf.descriptor import FieldDescriptor
 from google.protobuf.internal.decoder import _DecodeVarint  # type: ignore[attr-defined]
 from google.protobuf.message import Message
@@ -18,11 +19,21 @@ from orch.master.control.series import Series
 from orch.record.rundir import RunRecord
 from orch.wire._proto import orchestrator_pb2 as pb
 from orch.wire.client import StateMirror
-from orch.wire.codec import field_key, put_status, take_status, varint
-from orch.wire.model import STATUS_FIELDS, JobView, RunStatus
-from orch.wire.states import RunState
+from orch.wire.codec import (
+    COMMANDS,
+    HOST_ACTIONS,
+    MESSAGES,
+    decode,
+    encode,
+    field_key,
+    put_status,
+    take_status,
+    varint,
+)
+from orch.wire.model import STATUS_FIELDS, JobView, Registration, RunStatus
+from orch.wire.states import RankState, RunState
 
-MESSAGES = [getattr(pb, name) for name in pb.DESCRIPTOR.message_types_by_name]
+PROTOCOL = [getattr(pb, name) for name in pb.DESCRIPTOR.message_types_by_name]
 
 # A value of each field type that protobuf writes out (not its default).
 SAMPLE: dict[int, object] = {
@@ -60,7 +71,7 @@ def only(message: type[Message], field: FieldDescriptor) -> bytes:
 
 def test_every_fields_key_is_the_one_protobuf_writes() -> None:
     checked = 0
-    for message in MESSAGES:
+    for message in PROTOCOL:
         for field in message.DESCRIPTOR.fields:
             if field.message_type is not None and field.message_type.GetOptions().map_entry:
                 continue  # a map's entries are messages of their own, keyed like one
@@ -71,7 +82,7 @@ def test_every_fields_key_is_the_one_protobuf_writes() -> None:
 
 
 def test_a_field_numbered_16_or_more_takes_a_two_byte_key() -> None:
-    wide = [(m, f) for m in MESSAGES for f in m.DESCRIPTOR.fields if f.number >= 16 and not f.is_repeated]
+    wide = [(m, f) for m in PROTOCOL for f in m.DESCRIPTOR.fields if f.number >= 16 and not f.is_repeated]
     assert wide, "the protocol has fields numbered 16 or more"
     message, field = wide[0]
     assert len(field_key(message, field.name)) == 2
@@ -155,3 +166,39 @@ def test_a_status_kept_in_result_json_loads_back(status: RunStatus, tmp_path_fac
 def test_every_field_of_a_status_is_one_of_the_replys() -> None:
     names = {f.name for f in pb.GetStateResponse.DESCRIPTOR.fields}
     assert {f.name for f in STATUS_FIELDS} <= names
+
+
+# -- the plain values that mirror a message: every one crosses and comes back whole ---------------
+_FIELD_VALUES: dict[str, st.SearchStrategy[Any]] = {
+    "str": _TEXT,
+    "int": st.integers(-(2**31), 2**31 - 1),
+    "bool": st.booleans(),
+    "int | None": st.none() | st.integers(-(2**31), 2**31 - 1),
+    "RankState | None": st.none() | st.sampled_from(list(RankState)),
+    "tuple[str, ...]": st.lists(_TEXT, max_size=5).map(tuple),
+}
+
+
+@pytest.mark.parametrize("kind", list(MESSAGES), ids=lambda k: k.__name__)
+def test_every_mirrored_message_round_trips(kind: type[Any]) -> None:
+    values = st.builds(kind, **{f.name: _FIELD_VALUES[str(f.type)] for f in dataclasses.fields(kind)})
+
+    @settings(max_examples=200, deadline=None)
+    @given(values)
+    def round_trip(value: Any) -> None:
+        message = encode(value)
+        assert type(message) is MESSAGES[kind]
+        wired = type(message).FromString(message.SerializeToString())
+        assert decode(kind, wired) == value
+
+    round_trip()
+
+
+def test_an_optional_field_not_sent_is_none_and_a_zero_sent_is_zero() -> None:
+    assert decode(Registration, pb.RegisterRequest(worker_id="w")).rank is None
+    assert decode(Registration, pb.RegisterRequest(worker_id="w", rank=0)).rank == 0
+
+
+def test_every_command_and_host_action_has_its_protocol_number() -> None:
+    assert {pb.Command.Name(n) for n in COMMANDS.values()} == {"CONTINUE", "STOP", "ABORT"}
+    assert {pb.HostAction.Name(n) for n in HOST_ACTIONS.values()} == set(pb.HostAction.keys())

@@ -25,8 +25,8 @@ from orch.master.control.memory import oom_cause
 from orch.master.control.policies import RestartPolicy
 from orch.master.control.registry import RankRecord, Registry
 from orch.master.control.stopping import StopOrder, stop_step
-from orch.wire._proto import orchestrator_pb2 as pb
 from orch.wire.limits import clip
+from orch.wire.model import Command, Completion
 from orch.wire.stacks import ranks_text
 from orch.wire.states import EXIT_ABORTED, RankState, RunState, describe_exit
 
@@ -55,13 +55,13 @@ class Fate:
         cause = self.judge.cause
         return cause.describe() if cause is not None else ""
 
-    def command(self, rec: RankRecord | None = None) -> int:
-        """What a heartbeat's reply tells its rank (``rec``) to do (a pb.Command)."""
+    def command(self, rec: RankRecord | None = None) -> Command:
+        """What a heartbeat's reply tells its rank (``rec``) to do."""
         if self.state.failing or (rec is not None and rec.forced):
-            return int(pb.ABORT)
+            return Command.ABORT
         if self.stop.requested or self.state in (RunState.STOPPING, RunState.STOPPED, RunState.PRUNED):
-            return int(pb.STOP)
-        return int(pb.CONTINUE)
+            return Command.STOP
+        return Command.CONTINUE
 
     def abort_reason(self, rec: RankRecord) -> str:
         """Why an ABORT ends ``rec`` now, in the words its log shows."""
@@ -80,7 +80,7 @@ class Fate:
 
     # -- the three ways a rank ends, and what its end does to the run ---------------------
     def completed(
-        self, rec: RankRecord, req: pb.CompletionRequest, outcome: RankState, registry: Registry, now: float
+        self, rec: RankRecord, req: Completion, outcome: RankState, registry: Registry, now: float
     ) -> None:
         """The rank reported its end (``outcome``, checked), or its host agent saw it die."""
         if req.exit_code:

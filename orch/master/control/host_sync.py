@@ -18,8 +18,8 @@ from orch.master.control.hosts import HostRecord, HostTable
 from orch.master.control.judge import CauseKind, RootCause
 from orch.master.control.registry import RankRecord
 from orch.master.control.validate import Reject
-from orch.wire._proto import orchestrator_pb2 as pb
 from orch.wire.limits import MAX_ERROR_LEN
+from orch.wire.model import HostAction, HostReport
 from orch.wire.states import RunState
 
 
@@ -47,7 +47,7 @@ class HostSync:
         # Elastic: a restart goes on without hosts that fell silent while this many ranks remain.
         self.min_world_size = min_world_size
 
-    def join(self, req: pb.HostSyncRequest, attempt: int, world_size: int, now: float) -> HostRecord:
+    def join(self, req: HostReport, attempt: int, world_size: int, now: float) -> HostRecord:
         """Take a host agent's call (checked by ``check_host_sync``); refuse one about an attempt
         the run has not reached, or a host beyond the ranks."""
         if req.attempt > attempt:
@@ -64,23 +64,23 @@ class HostSync:
         return self.hosts.seen(req.host, now, req.attempt, req.running, list(req.worker_ids))
 
     @staticmethod
-    def failure(req: pb.HostSyncRequest, rec: HostRecord, state: RunState, attempt: int) -> RootCause | None:
+    def failure(req: HostReport, rec: HostRecord, state: RunState, attempt: int) -> RootCause | None:
         """The failure a host reports (a rank that died before it registered), when it fails the
         live attempt: not one of an older attempt, nor of a run already failing or ended."""
         if req.failure and req.attempt == attempt and not state.done and not state.failing:
             return RootCause(CauseKind.OUTSIDE, f"host {rec.name}: {req.failure[:MAX_ERROR_LEN]}")
         return None
 
-    def action(self, host: str, rec: HostRecord, state: RunState, attempt: int) -> pb.HostAction:
+    def action(self, host: str, rec: HostRecord, state: RunState, attempt: int) -> HostAction:
         """What the host's agent does next: exit (the run ended, or the host was left out), wait
         (a restart is under way), start the ranks of ``attempt``, or go on."""
         if state.done or self.hosts.dropped(host):
-            return pb.HOST_EXIT
+            return HostAction.EXIT
         if state is RunState.RESTARTING:
-            return pb.HOST_WAIT
+            return HostAction.WAIT
         if rec.attempt < attempt and not rec.running:
-            return pb.HOST_START
-        return pb.HOST_CONTINUE
+            return HostAction.START
+        return HostAction.CONTINUE
 
     def settle(
         self,

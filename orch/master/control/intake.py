@@ -15,6 +15,7 @@ from orch.master.control.registry import RankRecord, Registry
 from orch.master.control.series import MAX_POINTS_IN_MEMORY, SeriesLog
 from orch.master.control.validate import Reject, check_id, check_run_id
 from orch.wire._proto import orchestrator_pb2 as pb
+from orch.wire.model import Registration
 from orch.wire.states import RankState, RunState
 
 
@@ -29,7 +30,7 @@ class Intake:
         """The next attempt's ranks register afresh, ``world_size`` of them; the series go on."""
         self.registry = Registry(world_size)
 
-    def register(self, req: pb.RegisterRequest, run_id: str, state: RunState) -> tuple[RankRecord, bool]:
+    def register(self, req: Registration, run_id: str, state: RunState) -> tuple[RankRecord, bool]:
         """The worker's record, and True when it is new (see :meth:`.registry.Registry.add`).
         A run that ended (``state``) takes no new worker; a known one may register again."""
         if req.run_id:  # rank 0 registering again to say where its store listens names its run

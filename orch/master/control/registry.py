@@ -10,6 +10,7 @@ from orch.master.control.memory import MemoryWindow
 from orch.master.control.stragglers import TimingWindow
 from orch.master.control.validate import Reject
 from orch.wire._proto import orchestrator_pb2 as pb
+from orch.wire.model import Barrier, Registration
 from orch.wire.ranks import RankView
 from orch.wire.stacks import format_stack
 from orch.wire.states import RankState
@@ -117,7 +118,7 @@ class Registry:
             raise Reject("not_found", f"no worker {worker_id!r} is registered in run {run_id}")
         return rec
 
-    def add(self, req: pb.RegisterRequest, run_id: str) -> tuple[RankRecord, bool]:
+    def add(self, req: Registration, run_id: str) -> tuple[RankRecord, bool]:
         """The worker's record, and True when it is new (a retried Register gets the same rank)."""
         rec = self._by_worker.get(req.worker_id)
         if rec is not None:
@@ -131,7 +132,7 @@ class Registry:
                 f"launcher) but run {run_id} has world size {self.world_size}: start as many tasks as "
                 "the master's --world-size, or start the master with the launcher's world size",
             )
-        if req.HasField("rank"):
+        if req.rank is not None:
             rank = self._requested(req, run_id)
         elif self.full:
             raise Reject(
@@ -159,7 +160,7 @@ class Registry:
         self._by_rank[rank] = rec
         return rec, True
 
-    def _in_block(self, req: pb.RegisterRequest) -> int | None:
+    def _in_block(self, req: Registration) -> int | None:
         """The rank of a host agent's worker: its group's block (the first whole free one, on a
         multiple of the group's size) at its local rank; None when it has no group or no block
         fits (then the lowest free rank)."""
@@ -183,9 +184,9 @@ class Registry:
         rank = block[req.local_rank]
         return rank if rank not in self._by_rank else None
 
-    def _requested(self, req: pb.RegisterRequest, run_id: str) -> int:
+    def _requested(self, req: Registration, run_id: str) -> int:
         """The rank the worker asked for, if it is free and in range."""
-        rank = req.rank
+        rank = req.rank or 0
         if rank >= self.world_size:
             raise Reject(
                 "invalid_argument",
@@ -221,23 +222,25 @@ class Registry:
         backend: str,
         now: float,
         file_store: bool = False,
-    ) -> pb.CanStartTrainingResponse:
+    ) -> Barrier:
         """The start barrier, as ``rec`` sees it: open once every rank registered, the run
         is RUNNING (``open_``) and rank 0 said where its store listens (or, with a
         ``file_store`` on one host, at once: the ranks know the file)."""
         port = 0 if file_store else self.rendezvous_port(fixed_port)
         ready = open_ and self.full and (port > 0 or file_store)
-        reply = pb.CanStartTrainingResponse(
-            ready=ready, registered=len(self.ranks), world_size=self.world_size
+        if not ready:
+            return Barrier(False, len(self.ranks), self.world_size)
+        if rec.state is RankState.REGISTERED:
+            rec.state = RankState.RUNNING
+            rec.last_heartbeat = rec.moved_at = now
+        return Barrier(
+            True,
+            len(self.ranks),
+            self.world_size,
+            master_addr=self.ranks[0].address,  # rank 0: the ranks are in rank order
+            master_port=port,
+            backend=backend or ("nccl" if all(r.backend == "nccl" for r in self.ranks) else "gloo"),
         )
-        if ready:
-            reply.master_addr = self.ranks[0].address  # rank 0: the ranks are in rank order
-            reply.master_port = port
-            reply.backend = backend or ("nccl" if all(r.backend == "nccl" for r in self.ranks) else "gloo")
-            if rec.state is RankState.REGISTERED:
-                rec.state = RankState.RUNNING
-                rec.last_heartbeat = rec.moved_at = now
-        return reply
 
     def silent(self, now: float, timeout: float) -> list[RankRecord]:
         """Running ranks whose last heartbeat is older than ``timeout``."""

@@ -12,7 +12,7 @@ from orch.master.control.fate import Fate
 from orch.master.control.host_sync import Settled
 from orch.master.control.judge import CauseKind, RootCause
 from orch.master.control.registry import Registry
-from orch.wire._proto import orchestrator_pb2 as pb
+from orch.wire.model import Command, Completion, Registration
 from orch.wire.states import EXIT_ABORTED, RankState, RunState
 
 S = RunState
@@ -41,7 +41,7 @@ def running(world: int = 2, *, max_attempts: int = 1, step: int = 5) -> tuple[Fa
     fate = Fate(max_attempts, told, told.wake)
     reg = Registry(world)
     for i in range(world):
-        rec, _ = reg.add(pb.RegisterRequest(worker_id=f"w{i}", host=f"h{i}", pid=10 + i), "r1")
+        rec, _ = reg.add(Registration(worker_id=f"w{i}", host=f"h{i}", pid=10 + i), "r1")
         rec.state, rec.step, rec.last_heartbeat = RankState.RUNNING, step, 100.0
     fate.start(reg.world_size, 100.0)
     return fate, reg, told
@@ -75,7 +75,7 @@ def test_ranks_that_succeed_after_a_stop_end_the_run_stopped() -> None:
 def test_a_run_not_fully_registered_does_not_end_with_its_ranks() -> None:
     told = Told()
     fate, reg = Fate(1, told, told.wake), Registry(2)
-    rec, _ = reg.add(pb.RegisterRequest(worker_id="w0"), "r1")
+    rec, _ = reg.add(Registration(worker_id="w0"), "r1")
     fate.end_rank(rec, RankState.SUCCEEDED, reg, 1.0, kind=CauseKind.ERROR)
     assert fate.state is S.PENDING
 
@@ -161,7 +161,7 @@ def test_a_reason_from_outside_replaces_a_peers_error_but_never_a_ranks_own() ->
 def test_a_completion_is_taken_once_with_its_step_checksum_and_kind() -> None:
     fate, reg, _ = running(max_attempts=2)
     rec = reg.ranks[0]
-    done = pb.CompletionRequest(step=9, param_checksum="abc", exit_code=EXIT_ABORTED, error="x" * 100_000)
+    done = Completion(step=9, param_checksum="abc", exit_code=EXIT_ABORTED, error="x" * 100_000)
     fate.completed(rec, done, RankState.FAILED, reg, 101.0)
     assert (rec.step, rec.param_checksum, rec.exit_code, len(rec.error)) == (
         9,
@@ -170,7 +170,7 @@ def test_a_completion_is_taken_once_with_its_step_checksum_and_kind() -> None:
         64 * 1024,
     )
     assert fate.judge.cause is not None and fate.judge.cause.kind is CauseKind.TORN_DOWN
-    fate.completed(rec, pb.CompletionRequest(step=20, param_checksum="new"), RankState.SUCCEEDED, reg, 102.0)
+    fate.completed(rec, Completion(step=20, param_checksum="new"), RankState.SUCCEEDED, reg, 102.0)
     assert (rec.state, rec.step, rec.param_checksum) == (RankState.FAILED, 9, "abc")  # the first stands
 
 
@@ -185,7 +185,7 @@ def test_a_completion_is_taken_once_with_its_step_checksum_and_kind() -> None:
 )
 def test_a_reported_failures_kind(exit_code: int, error: str, kind: CauseKind) -> None:
     fate, reg, _ = running()
-    req = pb.CompletionRequest(exit_code=exit_code, error=error)
+    req = Completion(exit_code=exit_code, error=error)
     fate.completed(reg.ranks[0], req, RankState.FAILED, reg, 101.0)
     assert fate.judge.cause is not None and fate.judge.cause.kind is kind
 
@@ -248,9 +248,9 @@ def test_a_stop_while_running_sets_one_stop_step_and_is_told_once() -> None:
     for rec in reg.ranks:
         rec.progress.extend([(0.0, 0), (1.0, 10)])
         rec.step = 10
-    assert fate.command() == pb.CONTINUE
+    assert fate.command() == Command.CONTINUE
     assert fate.request_stop("", reg, 101.0) is S.STOPPING
-    assert fate.stop.at_step == 10 + 20 and told.wakes == 1 and fate.command() == pb.STOP
+    assert fate.stop.at_step == 10 + 20 and told.wakes == 1 and fate.command() == Command.STOP
     assert fate.request_stop("again", reg, 102.0) is S.STOPPING
     assert fate.stop.at_step == 30 and fate.stop.requests == 2
     assert [e for e in told.events if e[0] == "stop_requested"] == [("stop_requested", -1, "stop requested")]
@@ -271,7 +271,7 @@ def test_a_failing_run_tells_its_ranks_to_abort() -> None:
     fate, reg, _ = running(max_attempts=2)
     fate.request_stop("", reg, 100.5)
     fate.end_rank(reg.ranks[0], RankState.FAILED, reg, 101.0, error="boom", kind=CauseKind.ERROR)
-    assert fate.command() == pb.ABORT  # ABORT wins over STOP
+    assert fate.command() == Command.ABORT  # ABORT wins over STOP
 
 
 def test_a_new_attempt_keeps_the_first_cause_and_the_stop_but_not_its_step() -> None:
@@ -382,7 +382,7 @@ def test_a_stop_the_ranks_never_reach_ends_them_after_the_grace_and_says_so() ->
     assert [r.state for r in reg.ranks] == [RankState.STOPPED] * 4
     assert [r.forced for r in reg.ranks] == [True, True, False, True]
     # The ranks left get ABORT with the reason; the launcher then terminates what does not go.
-    assert fate.command(reg.ranks[0]) == pb.ABORT and fate.command(reg.ranks[2]) == pb.STOP
+    assert fate.command(reg.ranks[0]) == Command.ABORT and fate.command(reg.ranks[2]) == Command.STOP
     why = fate.abort_reason(reg.ranks[0])
     assert "did not reach a step boundary within 10s of the stop: terminated" in why
     assert not reg.reported("w0") and reg.reported("w2")  # the launcher SIGTERMs w0, not w2

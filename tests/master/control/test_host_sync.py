@@ -11,8 +11,8 @@ from orch.master.control.hosts import HostRecord
 from orch.master.control.judge import CauseKind
 from orch.master.control.registry import RankRecord
 from orch.master.control.validate import Reject
-from orch.wire._proto import orchestrator_pb2 as pb
 from orch.wire.limits import MAX_ERROR_LEN
+from orch.wire.model import HostAction, HostReport
 from orch.wire.states import RunState
 
 S = RunState
@@ -24,7 +24,7 @@ def call(
 ) -> HostRecord:
     """Host ``host``'s agent calls a run of 4 ranks at attempt 1."""
     return sync.join(
-        pb.HostSyncRequest(host=host, attempt=attempt, running=running, worker_ids=workers), 1, 4, now
+        HostReport(host=host, attempt=attempt, running=running, worker_ids=tuple(workers)), 1, 4, now
     )
 
 
@@ -55,7 +55,7 @@ def test_a_call_is_kept_by_host_and_a_late_one_changes_nothing() -> None:
 
 def test_a_call_about_an_attempt_ahead_of_the_run_is_refused() -> None:
     with pytest.raises(Reject) as e:
-        HostSync().join(pb.HostSyncRequest(host="a:1", attempt=3), 2, 4, 0.0)
+        HostSync().join(HostReport(host="a:1", attempt=3), 2, 4, 0.0)
     assert e.value.kind == "failed_precondition"
     assert str(e.value) == "host a:1 speaks of attempt 3; the run is at 2"
 
@@ -63,16 +63,16 @@ def test_a_call_about_an_attempt_ahead_of_the_run_is_refused() -> None:
 def test_no_more_hosts_than_ranks_but_a_known_host_may_call_again() -> None:
     sync = HostSync()
     for h in ("a:1", "b:2"):
-        sync.join(pb.HostSyncRequest(host=h), 1, 2, 0.0)
+        sync.join(HostReport(host=h), 1, 2, 0.0)
     with pytest.raises(Reject) as e:
-        sync.join(pb.HostSyncRequest(host="c:3"), 1, 2, 0.0)
+        sync.join(HostReport(host="c:3"), 1, 2, 0.0)
     assert e.value.kind == "resource_exhausted" and str(e.value) == "2 hosts already joined a run of 2 ranks"
-    assert sync.join(pb.HostSyncRequest(host="a:1", attempt=1), 1, 2, 1.0).attempt == 1
+    assert sync.join(HostReport(host="a:1", attempt=1), 1, 2, 1.0).attempt == 1
 
 
 def test_a_hosts_failure_fails_only_the_live_attempt() -> None:
     sync = HostSync()
-    req = pb.HostSyncRequest(host="b:2", attempt=2, failure="worker b0 died\n" + "x" * (2 * MAX_ERROR_LEN))
+    req = HostReport(host="b:2", attempt=2, failure="worker b0 died\n" + "x" * (2 * MAX_ERROR_LEN))
     rec = sync.join(req, 2, 4, 0.0)
     cause = sync.failure(req, rec, S.RUNNING, 2)
     assert cause is not None and cause.kind is CauseKind.OUTSIDE and cause.record is None
@@ -83,21 +83,21 @@ def test_a_hosts_failure_fails_only_the_live_attempt() -> None:
     assert sync.failure(req, rec, S.RUNNING, 3) is None  # about an older attempt
     for state in (S.RESTARTING, S.FAILED, S.STOPPED):  # already failing, or ended
         assert sync.failure(req, rec, state, 2) is None
-    assert sync.failure(pb.HostSyncRequest(host="b:2", attempt=2), rec, S.RUNNING, 2) is None
+    assert sync.failure(HostReport(host="b:2", attempt=2), rec, S.RUNNING, 2) is None
 
 
 def test_what_each_host_is_told_to_do() -> None:
     sync, _ = two_hosts()
     a = sync.hosts.hosts["a:1"]
-    assert sync.action("a:1", a, S.RUNNING, 1) == pb.HOST_CONTINUE
-    assert sync.action("a:1", a, S.PENDING, 2) == pb.HOST_START  # its ranks ended, attempt 2 opened
+    assert sync.action("a:1", a, S.RUNNING, 1) == HostAction.CONTINUE
+    assert sync.action("a:1", a, S.PENDING, 2) == HostAction.START  # its ranks ended, attempt 2 opened
     a.running = True
-    assert sync.action("a:1", a, S.PENDING, 2) == pb.HOST_CONTINUE  # still tearing the old ones down
-    assert sync.action("a:1", a, S.RESTARTING, 1) == pb.HOST_WAIT
+    assert sync.action("a:1", a, S.PENDING, 2) == HostAction.CONTINUE  # still tearing the old ones down
+    assert sync.action("a:1", a, S.RESTARTING, 1) == HostAction.WAIT
     for done in (S.SUCCEEDED, S.FAILED, S.STOPPED):
-        assert sync.action("a:1", a, done, 1) == pb.HOST_EXIT
+        assert sync.action("a:1", a, done, 1) == HostAction.EXIT
     sync.hosts.drop([a])
-    assert sync.action("a:1", a, S.RUNNING, 1) == pb.HOST_EXIT  # left out of the run
+    assert sync.action("a:1", a, S.RUNNING, 1) == HostAction.EXIT  # left out of the run
 
 
 # -- settle ----------------------------------------------------------------------------------

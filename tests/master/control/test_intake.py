@@ -11,6 +11,7 @@ from orch.master.control.intake import Intake
 from orch.master.control.validate import Reject
 from orch.wire._proto import orchestrator_pb2 as pb
 from orch.wire.limits import MAX_METRICS_PER_RANK
+from orch.wire.model import Registration
 from orch.wire.states import RankState, RunState
 
 
@@ -18,7 +19,7 @@ def registered(world: int = 2) -> Intake:
     """Every rank of run r1 registered (w0, w1, ...) and let through the start barrier."""
     intake = Intake(world)
     for i in range(world):
-        intake.register(pb.RegisterRequest(worker_id=f"w{i}", host="h"), "r1", RunState.PENDING)
+        intake.register(Registration(worker_id=f"w{i}", host="h"), "r1", RunState.PENDING)
     for rec in intake.registry.ranks:
         rec.state = RankState.RUNNING
     return intake
@@ -41,21 +42,21 @@ def refusal(call: object, *args: object) -> Reject:
 
 def test_registration_is_idempotent_and_names_new_workers() -> None:
     intake = Intake(2)
-    a, new = intake.register(pb.RegisterRequest(worker_id="a"), "r1", RunState.PENDING)
-    again, new_again = intake.register(pb.RegisterRequest(worker_id="a"), "r1", RunState.PENDING)
+    a, new = intake.register(Registration(worker_id="a"), "r1", RunState.PENDING)
+    again, new_again = intake.register(Registration(worker_id="a"), "r1", RunState.PENDING)
     assert (a.rank, new) == (0, True) and again is a and not new_again
 
 
 def test_an_ended_run_takes_no_new_worker_but_a_known_one_may_register_again() -> None:
     intake = registered()
-    err = refusal(intake.register, pb.RegisterRequest(worker_id="late"), "r1", RunState.FAILED)
+    err = refusal(intake.register, Registration(worker_id="late"), "r1", RunState.FAILED)
     assert (err.kind, str(err)) == ("failed_precondition", "run r1 is already FAILED")
-    rec, new = intake.register(pb.RegisterRequest(worker_id="w0", run_id="r1"), "r1", RunState.FAILED)
+    rec, new = intake.register(Registration(worker_id="w0", run_id="r1"), "r1", RunState.FAILED)
     assert rec.rank == 0 and not new
 
 
 def test_a_registration_naming_another_run_is_refused() -> None:
-    err = refusal(Intake(2).register, pb.RegisterRequest(worker_id="a", run_id="r0"), "r1", RunState.PENDING)
+    err = refusal(Intake(2).register, Registration(worker_id="a", run_id="r0"), "r1", RunState.PENDING)
     assert err.kind == "failed_precondition" and "another run" in str(err)
 
 

@@ -9,6 +9,7 @@ from orch.master.control.judge import CauseKind
 from orch.master.control.progress import HANG_FACTOR, HANG_FLOOR, ProgressWatch
 from orch.master.control.registry import RankRecord, Registry
 from orch.wire._proto import orchestrator_pb2 as pb
+from orch.wire.model import Registration
 from orch.wire.states import RankState, RunState
 
 RUNNING = RunState.RUNNING
@@ -18,7 +19,7 @@ def ranks(world: int = 4, *, at: float = 100.0) -> list[RankRecord]:
     """``world`` ranks let through the barrier at ``at``."""
     reg = Registry(world)
     for i in range(world):
-        reg.add(pb.RegisterRequest(worker_id=f"w{i}", host="h", pid=10 + i), "r1")
+        reg.add(Registration(worker_id=f"w{i}", host="h", pid=10 + i), "r1")
     for rec in reg.ranks:
         reg.barrier(rec, open_=True, fixed_port=29500, backend="gloo", now=at)
     assert all(r.state is RankState.RUNNING for r in reg.ranks)

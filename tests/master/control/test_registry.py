@@ -11,14 +11,14 @@ import pytest
 
 from orch.master.control.registry import RankRecord, Registry
 from orch.master.control.validate import Reject
-from orch.wire._proto import orchestrator_pb2 as pb
+from orch.wire.model import Registration
 from orch.wire.states import RankState
 
 
-def req(worker_id: str, **fields: Any) -> pb.RegisterRequest:
+def req(worker_id: str, **fields: Any) -> Registration:
     values: dict[str, Any] = {"worker_id": worker_id, "host": f"host-{worker_id}", "pid": 100}
     values.update(fields)
-    return pb.RegisterRequest(**values)
+    return Registration(**values)
 
 
 def filled(world_size: int, **fields: Any) -> Registry:

@@ -18,7 +18,7 @@ from orch.master.control.validate import parse_cursor
 from orch.master.coordinator import Coordinator
 from orch.wire._proto import orchestrator_pb2 as pb
 from orch.wire.client import StateMirror
-from orch.wire.model import JobView
+from orch.wire.model import JobView, Registration
 from orch.wire.states import RankState
 
 
@@ -34,9 +34,7 @@ class Run(Coordinator):
 
     def started(self) -> Run:
         for i in range(self.world_size):
-            req = pb.RegisterRequest(
-                worker_id=f"w{i}", host=f"h{i}", address=f"10.0.0.{i}", rendezvous_port=29555
-            )
+            req = Registration(worker_id=f"w{i}", host=f"h{i}", address=f"10.0.0.{i}", rendezvous_port=29555)
             self.intake.register(req, self.run_id, self.state)
         self.fate.start(self.world_size, 100.0)
         for rec in self.ranks:
@@ -83,7 +81,7 @@ def test_the_header_says_the_runs_state() -> None:
 
 def test_no_rendezvous_is_shown_before_rank_0_says_where() -> None:
     run = Run(2)
-    run.intake.register(pb.RegisterRequest(worker_id="w0", address="10.0.0.0"), "r1", run.state)
+    run.intake.register(Registration(worker_id="w0", address="10.0.0.0"), "r1", run.state)
     assert reply(run).rendezvous == ""
     assert (reply(run).startup_note, reply(run).startup_seconds) == ("1/2 registered", 20.0)  # since 90
     run.rendezvous_port = 29999  # a fixed port: known at once

@@ -10,7 +10,7 @@ import pytest
 
 from orch.master.control.fate import Fate
 from orch.master.control.registry import Registry
-from orch.wire._proto import orchestrator_pb2 as pb
+from orch.wire.model import Completion, Registration
 from orch.wire.states import EXIT_ABORTED, RankState
 
 
@@ -19,7 +19,7 @@ def _running() -> tuple[Fate, Registry, list[tuple[str, int, str]]]:
     fate = Fate(1, lambda kind, rank, message: told.append((kind, rank, message)), lambda: None)
     reg = Registry(2)
     for i in range(2):
-        rec, _ = reg.add(pb.RegisterRequest(worker_id=f"w{i}", host="h", pid=10 + i), "r1")
+        rec, _ = reg.add(Registration(worker_id=f"w{i}", host="h", pid=10 + i), "r1")
         rec.state, rec.step, rec.last_heartbeat = RankState.RUNNING, 57, 100.0
     fate.start(2, 100.0)
     return fate, reg, told
@@ -53,7 +53,7 @@ def test_a_rank_that_said_its_last_words_has_nothing_missing(code: int) -> None:
 def test_a_rank_that_reported_its_end_has_nothing_missing() -> None:
     """Its own end sends its points before it reports; a signal while the process goes changes nothing."""
     fate, reg, _ = _running()
-    done = pb.CompletionRequest(run_id="r1", worker_id="w0", outcome=pb.RANK_SUCCEEDED, step=57)
+    done = Completion(run_id="r1", worker_id="w0", outcome=RankState.SUCCEEDED, step=57)
     fate.completed(reg.ranks[0], done, RankState.SUCCEEDED, reg, 100.2)
     fate.exited("w0", -signal.SIGABRT, "", False, reg, 100.3)
     assert not reg.ranks[0].note
@@ -61,8 +61,6 @@ def test_a_rank_that_reported_its_end_has_nothing_missing() -> None:
 
 def test_a_host_agent_that_saw_a_rank_killed_says_so() -> None:
     fate, reg, _ = _running()
-    died = pb.CompletionRequest(
-        run_id="r1", worker_id="w1", outcome=pb.RANK_FAILED, exit_code=-signal.SIGKILL
-    )
+    died = Completion(run_id="r1", worker_id="w1", outcome=RankState.FAILED, exit_code=-signal.SIGKILL)
     fate.completed(reg.ranks[1], died, RankState.FAILED, reg, 100.3)
     assert "points from step 57 may be missing" in reg.ranks[1].note

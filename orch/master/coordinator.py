@@ -49,7 +49,7 @@ from orch.master.control.validate import (
 from orch.wire._proto import orchestrator_pb2 as pb
 from orch.wire.codec import COMMANDS, HOST_ACTIONS, decode, encode, metric_record
 from orch.wire.limits import MAX_SECTIONS, MORE_SECTIONS
-from orch.wire.model import Command, Completion, Event, HostReport, JobView, Registration
+from orch.wire.model import Beat, Command, Completion, Event, HostReport, JobView, Registration
 from orch.wire.states import BARRIER_CLOSED, RUN_STATE_PB, RankState, RunState
 
 if TYPE_CHECKING:
@@ -252,24 +252,28 @@ class Coordinator:
             check_heartbeat(req)
         except Reject as e:
             with self._lock:
-                self.intake.refused(req, self.run_id, e, self._clock())
+                self.intake.refused((req.run_id, req.worker_id), self.run_id, e, self._clock())
             raise
+        beat = decode(Beat, req)
         with self._lock:
-            return self._accept(req)
+            return self._accept(beat, req.series)
 
-    def _accept(self, req: pb.HeartbeatRequest) -> tuple[pb.HeartbeatResponse, Callable[[], None] | None]:
+    def _accept(
+        self, beat: Beat, sent: Sequence[pb.Series]
+    ) -> tuple[pb.HeartbeatResponse, Callable[[], None] | None]:
+        """One beat, checked (``sent``: its series as they came, for the run dir's log)."""
         now = self._clock()
         try:
-            rec = self.intake.beat(req, self.run_id, self.attempt, now, self._wall())
+            rec = self.intake.beat(beat, self.run_id, self.attempt, now, self._wall())
         except Reject as e:
-            self.intake.refused(req, self.run_id, e, now)
+            self.intake.refused((beat.run_id, beat.worker_id), self.run_id, e, now)
             raise
-        if req.HasField("stack"):
-            rec.take_stack(req.stack, now)
-        if req.note and req.note != rec.note:
-            rec.note = req.note  # a warning of its code's (a library sees another world size)
-            self._event("warning", rec.rank, f"rank {rec.rank}: {req.note}")
-        if MORE_SECTIONS in req.timing.sections and not rec.many_sections:
+        if beat.stack is not None:
+            rec.take_stack(beat.stack, now)
+        if beat.note and beat.note != rec.note:
+            rec.note = beat.note  # a warning of its code's (a library sees another world size)
+            self._event("warning", rec.rank, f"rank {rec.rank}: {beat.note}")
+        if beat.timing is not None and MORE_SECTIONS in beat.timing.sections and not rec.many_sections:
             rec.many_sections = True  # told once per rank: the straggler note names the bucket
             self._event(
                 "sections",
@@ -278,8 +282,8 @@ class Coordinator:
                 f"timed together as {MORE_SECTIONS!r}",
             )
         write = None
-        if self.store is not None and req.series and not rec.resent:
-            write = functools.partial(_append_points, self.store, rec.rank, self.attempt, req.series)
+        if self.store is not None and sent and not rec.resent:
+            write = functools.partial(_append_points, self.store, rec.rank, self.attempt, sent)
         self._changed.notify_all()
         command = self.fate.command(rec)
         reply = pb.HeartbeatResponse(command=COMMANDS[command], send_stack=rec.stack_wanted)
@@ -498,16 +502,20 @@ class Coordinator:
         under one lock. A refused beat gets its refusal in its reply; the others go on. Returns the
         replies, in order, and one run dir write for all the batch's points."""
         checked = check_heartbeats(beats)
+        decoded = [  # off the lock
+            decode(Beat, req) if refused is None else None
+            for req, refused in zip(beats, checked, strict=True)
+        ]
         replies, writes = [], []
         with self._lock:
-            for req, refused in zip(beats, checked, strict=True):
-                if refused is None:
+            for req, beat, refused in zip(beats, decoded, checked, strict=True):
+                if beat is not None:
                     try:
-                        reply, write = self._accept(req)
+                        reply, write = self._accept(beat, req.series)
                     except Reject as e:
                         refused = e
-                else:
-                    self.intake.refused(req, self.run_id, refused, self._clock())
+                elif refused is not None:
+                    self.intake.refused((req.run_id, req.worker_id), self.run_id, refused, self._clock())
                 if refused is not None:
                     replies.append(pb.BeatReply(code=STATUS_CODE[refused.kind], error=str(refused)))
                     continue
@@ -628,8 +636,9 @@ class Coordinator:
             grouped = self.progress.grouped(self.ranks, self._clock())
             reply = pb.GetStacksResponse(grouped=str(grouped))
             for r in self.ranks:
-                if r.stack_pb is not None:
-                    reply.ranks.append(pb.RankStack(rank=r.rank, stack=r.stack_pb, text=r.stack))
+                if r.stack_sent is not None:
+                    stack = cast(pb.Stack, encode(r.stack_sent))
+                    reply.ranks.append(pb.RankStack(rank=r.rank, stack=stack, text=r.stack))
             return reply
 
     # -- the run's state, served (see control.snapshot) -------------------------------------------

@@ -11,6 +11,7 @@ from the generated descriptors, never written by hand, so that a field renumbere
 from __future__ import annotations
 
 import dataclasses
+import operator
 from collections.abc import Iterable
 from typing import Any, TypeVar
 
@@ -21,16 +22,21 @@ from orch.wire._proto import orchestrator_pb2 as pb
 from orch.wire.model import (
     STATUS_FIELDS,
     Barrier,
+    Beat,
     Command,
     Completion,
     Event,
+    Frame,
     HostAction,
     HostReport,
     JobView,
     MetricBatch,
     Points,
+    ProcessStats,
     Registration,
     RunStatus,
+    Stack,
+    StepTiming,
 )
 from orch.wire.states import RANK_STATE_FROM_PB, RANK_STATE_PB, RUN_STATE_PB, RunState
 
@@ -139,6 +145,12 @@ def metric_batch(payload: bytes) -> MetricBatch | None:
 
 # -- plain values of model.py that mirror one message field by field ------------------------------
 MESSAGES: dict[type[Any], type[Message]] = {
+    Beat: pb.HeartbeatRequest,
+    Points: pb.Series,
+    StepTiming: pb.StepTiming,
+    ProcessStats: pb.ProcessStats,
+    Stack: pb.Stack,
+    Frame: pb.Frame,
     Registration: pb.RegisterRequest,
     Barrier: pb.CanStartTrainingResponse,
     Completion: pb.CompletionRequest,
@@ -147,51 +159,77 @@ MESSAGES: dict[type[Any], type[Message]] = {
 T = TypeVar("T")
 
 
-def _plan(kind: type[Any]) -> list[tuple[str, str]]:
-    """Each field of ``kind`` and how it crosses: "value", "optional" (None when not sent),
-    "many" (a repeated field, as a tuple) or "rank_state"."""
+_BY_MESSAGE = {message.DESCRIPTOR.full_name: kind for kind, message in MESSAGES.items()}
+
+
+def _plan(kind: type[Any]) -> list[tuple[str, str, type[Any] | None]]:
+    """Each field of ``kind``, how it crosses and the plain type of its messages: "value",
+    "optional" (None when not sent), "many" (a repeated field), "map",
+    "message" (one plain value, None when not sent), "messages" (a tuple of them) or
+    "rank_state"."""
     message = MESSAGES[kind]
-    out = []
+    out: list[tuple[str, str, type[Any] | None]] = []
     for f in dataclasses.fields(kind):
         field = message.DESCRIPTOR.fields_by_name[f.name]  # a model field the message lacks fails here
+        sub = field.message_type
         if f.type == "RankState | None":
-            out.append((f.name, "rank_state"))
+            out.append((f.name, "rank_state", None))
+        elif sub is not None and sub.GetOptions().map_entry:
+            out.append((f.name, "map", None))
+        elif sub is not None:
+            out.append((f.name, "messages" if field.is_repeated else "message", _BY_MESSAGE[sub.full_name]))
         elif field.is_repeated:
-            out.append((f.name, "many"))
-        elif field.has_presence and field.message_type is None:
-            out.append((f.name, "optional"))
+            out.append((f.name, "many", None))
+        elif field.has_presence:
+            out.append((f.name, "optional", None))
         else:
-            out.append((f.name, "value"))
+            out.append((f.name, "value", None))
     return out
 
 
 _PLANS = {kind: _plan(kind) for kind in MESSAGES}
+# A heartbeat is decoded on the master's hot path: each kind's fields are read in one call, and
+# the value is made from them in field order. Repeated numbers and maps stay the message's own
+# sequences and mappings (read-only to the master), not copied.
+_AS_SENT = ("value", "many", "map")
+_READ = {kind: operator.attrgetter(*(name for name, _, _ in plan)) for kind, plan in _PLANS.items()}
+_CONVERT = {
+    kind: [(i, name, how, sub) for i, (name, how, sub) in enumerate(plan) if how not in _AS_SENT]
+    for kind, plan in _PLANS.items()
+}
 
 
 def decode(kind: type[T], message: Message) -> T:
     """``message`` as the plain value ``kind`` that mirrors it."""
-    values: dict[str, Any] = {}
-    for name, how in _PLANS[kind]:
-        v = getattr(message, name)
-        if how == "many":
-            v = tuple(v)
+    values = list(_READ[kind](message))
+    for i, name, how, sub in _CONVERT[kind]:
+        v = values[i]
+        if how == "messages":
+            values[i] = tuple([decode(sub, m) for m in v])  # type: ignore[arg-type]
+        elif how == "message":
+            values[i] = decode(sub, v) if message.HasField(name) else None  # type: ignore[arg-type]
         elif how == "optional":
-            v = v if message.HasField(name) else None
-        elif how == "rank_state":
-            v = RANK_STATE_FROM_PB.get(v)
-        values[name] = v
-    return kind(**values)
+            values[i] = v if message.HasField(name) else None
+        else:  # rank_state
+            values[i] = RANK_STATE_FROM_PB.get(v)
+    return kind(*values)
 
 
 def encode(value: Any) -> Message:
     """A plain value of :data:`MESSAGES`' as its message."""
     kind = type(value)
     fields: dict[str, Any] = {}
-    for name, how in _PLANS[kind]:
+    for name, how, _ in _PLANS[kind]:
         v = getattr(value, name)
         if v is None:
             continue
-        fields[name] = RANK_STATE_PB[v.value] if how == "rank_state" else v
+        if how == "rank_state":
+            v = RANK_STATE_PB[v.value]
+        elif how == "message":
+            v = encode(v)
+        elif how == "messages":
+            v = [encode(m) for m in v]
+        fields[name] = v
     return MESSAGES[kind](**fields)
 
 

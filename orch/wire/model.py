@@ -11,7 +11,7 @@ the master decides it, and shown by a view; nothing in between copies it by name
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
@@ -138,14 +138,15 @@ class RunStatus:
 STATUS_FIELDS = dataclasses.fields(RunStatus)
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class Points:
     """One metric's points from one heartbeat: steps, values and (unix) times, in order."""
 
     name: str
     steps: Sequence[int]
     values: Sequence[float]
-    times: Sequence[float] = ()
+    times: Sequence[float] = ()  # empty: the master stamps them with the beat's arrival
+    rank: int = 0  # in a reply: whose they are (a beat's are its rank's)
 
 
 @dataclass(frozen=True)
@@ -211,7 +212,7 @@ class HostReport:
 
     host: str  # "hostname:pid"
     attempt: int = 0  # the attempt its ranks belong to (0: it started none yet)
-    worker_ids: tuple[str, ...] = ()
+    worker_ids: Sequence[str] = ()
     running: bool = False  # some of those ranks' processes still run
     failure: str = ""  # ranks that died before they registered
 
@@ -231,3 +232,71 @@ class HostAction(str, Enum):
     START = "START"  # start the ranks of the current attempt
     WAIT = "WAIT"  # a restart is under way
     EXIT = "EXIT"  # the run ended, or the host was left out
+
+
+@dataclass(slots=True)
+class StepTiming:
+    """Where a rank's steps since its last beat spent their time."""
+
+    steps: int = 0  # steps timed (by what timed_by names)
+    step_seconds: float = 0.0  # their wall time, from one step's start to the next's
+    data_seconds: float = 0.0  # waiting for the next batch
+    collective_seconds: float = 0.0  # waiting for peers in gradient collectives
+    other_seconds: float = 0.0  # orch's own work between steps
+    sections: Mapping[str, float] = field(default_factory=dict)  # ctx.section's names
+    collectives: bool = False  # gradient collectives are timed
+    timed_by: str = ""  # "ctx.steps", "ctx.log", "off" ("": not said)
+
+
+@dataclass(slots=True)
+class ProcessStats:
+    """A rank's process, read at one beat: memory, CPU, the GPU's memory, the tightest limit."""
+
+    rss_bytes: int = 0
+    cpu_percent: float = 0.0
+    cuda_allocated: int = 0
+    cuda_reserved: int = 0
+    cuda_peak: int = 0
+    cuda_total: int = 0
+    memory_limit: int = 0  # 0: none known
+    limit_kind: str = ""  # "cgroup", "RLIMIT_AS" or "machine"
+    oom_kills: int = 0  # OOM kills its cgroup counted
+    limit_used: int = 0  # what the limit counts now
+
+
+@dataclass(slots=True)
+class Frame:
+    """One frame of a stack."""
+
+    file: str = ""  # a path, or "Cell In[3]"
+    line: int = 0
+    function: str = ""
+    code: str = ""  # the source line, stripped
+    user: bool = False  # the user's code, not Python's, torch's, orch's or a package's
+
+
+@dataclass(slots=True)
+class Stack:
+    """A rank's training thread's stack, outermost frame first."""
+
+    frames: Sequence[Frame] = ()
+    taken: float = 0.0  # unix seconds
+    step: int = 0  # the rank's progress when it was taken
+    note: str = ""  # where it came from when not the heartbeat thread (py-spy), or why none
+
+
+@dataclass(slots=True)
+class Beat:
+    """A rank's heartbeat: its progress, its points since the last one, and how it fares."""
+
+    run_id: str = ""
+    worker_id: str = ""
+    step: int = 0  # the last step it reached
+    total_steps: int = 0  # 0: not known
+    series: Sequence[Points] = ()
+    dropped_points: int = 0  # points it dropped so far
+    timing: StepTiming | None = None
+    process: ProcessStats | None = None
+    stack: Stack | None = None  # when the master asked for it
+    dropped_reason: str = ""
+    note: str = ""  # a warning of its code's

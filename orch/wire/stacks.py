@@ -14,18 +14,19 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from orch.wire._proto import orchestrator_pb2 as pb
+from orch.wire.model import Frame, Stack
 
 FrameKey = tuple[tuple[str, int, str], ...]
 
 
-def frame_location(frame: pb.Frame) -> str:
+def frame_location(frame: Frame) -> str:
     """Where a frame is, as a traceback says it: ``Cell In[3], line 12`` or ``File "x.py", line 4``."""
     if frame.file.startswith("Cell In["):
         return f"{frame.file}, line {frame.line}"
     return f'File "{frame.file}", line {frame.line}'
 
 
-def format_stack(stack: pb.Stack) -> str:
+def format_stack(stack: Stack) -> str:
     """A stack as a traceback writes one, outermost frame first (with its note, if any)."""
     lines = [
         f"  {frame_location(f)}, in {f.function}" + (f"\n    {f.code}" if f.code else "")
@@ -46,7 +47,7 @@ def ranks_text(ranks: Sequence[int]) -> str:
     return "ranks " + ", ".join(map(str, ranks))
 
 
-def where(stack: pb.Stack) -> str:
+def where(stack: Stack) -> str:
     """One line for a stack: the innermost line of the user's code, and the call it waits in.
 
     ``in `loss.backward()` (Cell In[3], line 12) → _engine_run_backward``; a stack without
@@ -100,7 +101,7 @@ class Stacks:
         printer.text(str(self))  # type: ignore[attr-defined]  # IPython's pretty printer
 
 
-def group(stacks: Mapping[int, pb.Stack], missing: Mapping[int, str] | None = None) -> Stacks:
+def group(stacks: Mapping[int, Stack], missing: Mapping[int, str] | None = None) -> Stacks:
     """Group ranks by the frames of their stacks: a summary line per group (the odd ranks out
     named), then each group's stack in full once."""
     missing = dict(missing or {})

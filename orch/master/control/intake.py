@@ -14,8 +14,7 @@ from typing import Any
 from orch.master.control.registry import RankRecord, Registry
 from orch.master.control.series import MAX_POINTS_IN_MEMORY, SeriesLog
 from orch.master.control.validate import Reject, check_id, check_run_id
-from orch.wire._proto import orchestrator_pb2 as pb
-from orch.wire.model import Registration
+from orch.wire.model import Beat, Registration
 from orch.wire.states import RankState, RunState
 
 
@@ -45,9 +44,7 @@ class Intake:
         check_run_id(run_id, ours)
         return self.registry.known(worker_id, ours)
 
-    def beat(
-        self, req: pb.HeartbeatRequest, run_id: str, attempt: int, now: float, wall: float
-    ) -> RankRecord:
+    def beat(self, req: Beat, run_id: str, attempt: int, now: float, wall: float) -> RankRecord:
         """Take one heartbeat (checked by ``check_heartbeat``) into its rank's record and the
         series: its progress, step times and points (points without times get ``wall``)."""
         rec = self.known(req.run_id, req.worker_id, run_id)
@@ -64,9 +61,9 @@ class Intake:
         key = _fingerprint(req.series)
         rec.resent = key is not None and key == rec.last_series
         rec.last_series = key
-        if req.HasField("timing"):
+        if req.timing is not None:
             rec.timing.add(now, req.timing)
-        if req.HasField("process"):
+        if req.process is not None:
             rec.memory.take(rec, req.process, now)
         if rec.resent:
             return rec
@@ -75,12 +72,13 @@ class Intake:
             rec.loss, rec.has_loss = loss, True
         return rec
 
-    def refused(self, req: pb.HeartbeatRequest, run_id: str, why: Reject, now: float) -> None:
-        """A heartbeat refused for what it carries (a bad field or a cap; not one out of order,
-        nor of another run): it still shows that its running rank lives."""
-        if why.kind != "invalid_argument" or req.run_id != run_id:
+    def refused(self, sender: tuple[str, str], run_id: str, why: Reject, now: float) -> None:
+        """A heartbeat of ``sender`` (its run id and worker id) refused for what it carries (a
+        bad field or a cap; not one out of order, nor of another run): it still shows that its
+        running rank lives."""
+        if why.kind != "invalid_argument" or sender[0] != run_id:
             return
-        rec = self.registry.get(req.worker_id)
+        rec = self.registry.get(sender[1])
         if rec is not None and rec.state is RankState.RUNNING:
             rec.refused(now, str(why))
 

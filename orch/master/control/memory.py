@@ -16,7 +16,7 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from orch._text import size_text
-from orch.wire._proto import orchestrator_pb2 as pb
+from orch.wire.model import ProcessStats
 from orch.wire.ranks import RankView
 
 SAMPLE_EVERY = 1.0  # seconds between two RSS samples kept (beats come four times a second)
@@ -60,7 +60,7 @@ class MemoryWindow:
     leak: str = ""  # the leak's note: once judged, it stays for the attempt
     told: set[str] = field(default_factory=set)  # warnings put in the event log
 
-    def take(self, rec: RankView, p: pb.ProcessStats, now: float) -> None:
+    def take(self, rec: RankView, p: ProcessStats, now: float) -> None:
         """One beat's reading, into the rank's record and the samples."""
         rec.rss_bytes, rec.cpu_percent = p.rss_bytes, p.cpu_percent
         rec.cuda_allocated, rec.cuda_reserved, rec.cuda_peak = p.cuda_allocated, p.cuda_reserved, p.cuda_peak

@@ -161,7 +161,7 @@ class ProgressWatch:
         """Every rank's last stack, grouped; kept as :attr:`stacks`, what the run's state shows."""
         # A rank asked again and yet to answer shows as missing, not with its older stack.
         asked = {r.rank for r in ranks if r.state is RankState.RUNNING and r.stack_wanted}
-        taken = {r.rank: r.stack_pb for r in ranks if r.stack_pb is not None and r.rank not in asked}
+        taken = {r.rank: r.stack_sent for r in ranks if r.stack_sent is not None and r.rank not in asked}
         missing = {
             r.rank: FROZEN if self._silent(r, now) else "it did not answer in time; its heartbeats go on"
             for r in ranks

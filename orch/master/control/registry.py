@@ -9,8 +9,7 @@ from dataclasses import dataclass, field
 from orch.master.control.memory import MemoryWindow
 from orch.master.control.stragglers import TimingWindow
 from orch.master.control.validate import Reject
-from orch.wire._proto import orchestrator_pb2 as pb
-from orch.wire.model import Barrier, Registration
+from orch.wire.model import Barrier, Registration, Stack
 from orch.wire.ranks import RankView
 from orch.wire.stacks import format_stack
 from orch.wire.states import RankState
@@ -39,7 +38,7 @@ class RankRecord(RankView):
     gaps: deque[float] = field(default_factory=lambda: deque(maxlen=32))
     # Its training thread's stack: asked for in its next heartbeat's reply, kept as sent.
     stack_wanted: bool = False
-    stack_pb: pb.Stack | None = None
+    stack_sent: Stack | None = None
     stack_at: float | None = None  # the master's clock when it arrived
     forced: bool = False  # ended by the master (a stop past its grace), not by its own report
     many_sections: bool = False  # it marked more ctx.section names than are timed apart
@@ -54,9 +53,9 @@ class RankRecord(RankView):
         (t0, s0), (t1, s1) = self.progress[0], self.progress[-1]
         return (s1 - s0) / (t1 - t0) if t1 > t0 else 0.0
 
-    def take_stack(self, stack: pb.Stack, now: float) -> None:
+    def take_stack(self, stack: Stack, now: float) -> None:
         """The stack its heartbeat carried (asked for, or sent on its own)."""
-        self.stack_pb = stack
+        self.stack_sent = stack
         self.stack = format_stack(stack)
         self.stack_at = now
         self.stack_wanted = False

@@ -15,6 +15,7 @@ from orch.record.metrics_log import Attempts
 from orch.wire._proto import orchestrator_pb2 as pb
 from orch.wire.codec import field_key, varint
 from orch.wire.limits import MAX_METRICS_PER_RANK
+from orch.wire.model import Points
 from orch.wire.ranks import loss_name
 
 # Points held in memory by one master, across all its series (24 bytes each: 23 MiB). Past it
@@ -101,10 +102,10 @@ class Series:
         values: Sequence[float],
         times: Sequence[float],
         attempt: int,
-        encoded: bytes | None = None,
+        chunk: bool = False,
     ) -> bool:
-        """Append points; True when a newer attempt rewound the series. ``encoded``: the
-        points as a serialized ``Series`` message of this series (their chunk).
+        """Append points; True when a newer attempt rewound the series. ``chunk``: encode
+        them once, as one ``Series`` message of this series, for every reply after (a beat's).
 
         A restarted group replays the steps after its last checkpoint: the new attempt's
         points replace those of the old one from its first step on, so no step is counted twice
@@ -122,7 +123,7 @@ class Series:
         self.values.extend(values)
         self.times.extend(times)
         chunks = self.chunks
-        if encoded is None or chunks.end != at:
+        if not chunk or not RAW_DOUBLES or chunks.end != at:
             self.chunks = Chunks(self.end)  # points without a chunk: the chunks start after them
         elif len(steps) > CHUNK_POINTS:
             # A backlog's beat: chunks of CHUNK_POINTS, so that a reply that starts or stops
@@ -132,7 +133,7 @@ class Series:
                 chunks.data.append(self.encode(self.rank, self.name, self.base, first, last))
                 chunks.ends.append(last)
         else:
-            chunks.data.append(encoded)
+            chunks.data.append(self.encode(self.rank, self.name, self.base, at, self.end))
             chunks.ends.append(self.end)
             chunks.loose += 1
             if chunks.loose >= MERGE_CHUNKS:
@@ -258,7 +259,7 @@ class SeriesLog:
         """True when some points are only in the run dir's metrics log, no longer in memory."""
         return any(s.base for s in self._series.values())
 
-    def check_names(self, rank: int, series: Sequence[pb.Series]) -> None:
+    def check_names(self, rank: int, series: Sequence[Points]) -> None:
         """A rank logs at most :data:`MAX_METRICS_PER_RANK` different metrics (a cap on what
         its beat carries, as the checks of :mod:`.validate`: the sender drops such a beat)."""
         known = self._names.get(rank, set())
@@ -269,7 +270,7 @@ class SeriesLog:
                 f"rank {rank} would log more than {MAX_METRICS_PER_RANK} different metrics",
             )
 
-    def add(self, rank: int, series: Sequence[pb.Series], attempt: int, wall: float) -> float | None:
+    def add(self, rank: int, series: Sequence[Points], attempt: int, wall: float) -> float | None:
         """Append one heartbeat's points (checked with :meth:`check_names` first); returns the
         last loss value it carried, if any. Points without times get ``wall``."""
         names = self._names.setdefault(rank, set())
@@ -281,17 +282,11 @@ class SeriesLog:
             if held_series is None:
                 held_series = self._series[(rank, s.name)] = Series(rank, s.name)
                 self._ordered = None
-            # The beat's own message is the points' chunk: its rank is the beat's (written
-            # last, so it wins over any the sender set), its times the arrival's if it had none.
-            encoded = s.SerializeToString() + RANK_TAG + varint(rank)
-            if s.times:
-                times: Sequence[float] = s.times
-            else:
-                times = [wall] * len(s.steps)
-                packed = array("d", times).tobytes()  # unused where doubles are not little-endian
-                encoded += TIMES_TAG + varint(len(packed)) + packed
+            # The beat's points are one chunk, with the beat's rank, and the arrival's time
+            # where they had none.
+            times: Sequence[float] = s.times if s.times else [wall] * len(s.steps)
             held = len(held_series)
-            if held_series.add(s.steps, s.values, times, attempt, encoded if RAW_DOUBLES else None):
+            if held_series.add(s.steps, s.values, times, attempt, chunk=True):
                 self.epoch += 1
             self.points_in_memory += len(held_series) - held
             if s.name == shown and s.values:

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import numpy.typing as npt
 
-from orch.wire._proto import orchestrator_pb2 as pb
+from orch.wire.model import StepTiming
 
 WINDOW = 3.0  # seconds of heartbeats a rank's per-step means cover ...
 MIN_BEATS = 4  # ... or its last beats that carried steps, when its steps are longer than that
@@ -98,7 +98,7 @@ class TimingWindow:
     _removed: int = 0
     timed_by: str = ""  # what marks the rank's steps, as its last beat said ("off": not timed)
 
-    def add(self, now: float, t: pb.StepTiming) -> None:
+    def add(self, now: float, t: StepTiming) -> None:
         if t.timed_by or t.steps > 0:
             self.timed_by = t.timed_by or "ctx.steps"  # an older worker times ctx.steps only
         if t.steps > 0:

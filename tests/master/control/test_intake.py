@@ -9,9 +9,8 @@ import pytest
 
 from orch.master.control.intake import Intake
 from orch.master.control.validate import Reject
-from orch.wire._proto import orchestrator_pb2 as pb
 from orch.wire.limits import MAX_METRICS_PER_RANK
-from orch.wire.model import Registration
+from orch.wire.model import Beat, Points, Registration, StepTiming
 from orch.wire.states import RankState, RunState
 
 
@@ -25,12 +24,10 @@ def registered(world: int = 2) -> Intake:
     return intake
 
 
-def beat(
-    worker_id: str = "w0", step: int = 1, run_id: str = "r1", **series: list[float]
-) -> pb.HeartbeatRequest:
-    req = pb.HeartbeatRequest(run_id=run_id, worker_id=worker_id, step=step, total_steps=10)
+def beat(worker_id: str = "w0", step: int = 1, run_id: str = "r1", **series: list[float]) -> Beat:
+    req = Beat(run_id=run_id, worker_id=worker_id, step=step, total_steps=10, series=[])
     for name, values in series.items():
-        req.series.append(pb.Series(name=name, steps=list(range(len(values))), values=values))
+        req.series.append(Points(name=name, steps=list(range(len(values))), values=values))
     return req
 
 
@@ -85,7 +82,7 @@ def test_a_heartbeat_without_loss_keeps_the_last_one_and_timing_is_windowed() ->
     intake = registered()
     intake.beat(beat(loss=[math.inf]), "r1", 1, 50.0, 0.0)
     req = beat(step=2, acc=[1.0])
-    req.timing.CopyFrom(pb.StepTiming(steps=5, step_seconds=0.5, collectives=True))
+    req.timing = StepTiming(steps=5, step_seconds=0.5, collectives=True)
     rec = intake.beat(req, "r1", 1, 51.0, 0.0)
     assert rec.loss == math.inf and len(rec.timing.beats) == 1
 

@@ -22,6 +22,8 @@ from orch.master.control.registry import RankRecord
 from orch.master.coordinator import Coordinator
 from orch.wire._proto import orchestrator_pb2 as pb
 from orch.wire.client import StateMirror
+from orch.wire.codec import encode
+from orch.wire.model import ProcessStats
 from orch.wire.states import RankState, RunState
 
 MB = 1_000_000
@@ -30,8 +32,8 @@ GB = 1_000_000_000
 
 def stats(
     rss: float, *, limit: float = 16 * GB, used: float = 0, kind: str = "machine", **kw: float
-) -> pb.ProcessStats:
-    return pb.ProcessStats(
+) -> ProcessStats:
+    return ProcessStats(
         rss_bytes=int(rss),
         cpu_percent=95.0,
         memory_limit=int(limit),
@@ -155,8 +157,8 @@ def running_coordinator() -> tuple[Coordinator, Clock]:
     return c, clock
 
 
-def beat(c: Coordinator, wid: str, step: int, p: pb.ProcessStats) -> None:
-    heartbeat(c, pb.HeartbeatRequest(run_id="r", worker_id=wid, step=step, process=p))
+def beat(c: Coordinator, wid: str, step: int, p: ProcessStats) -> None:
+    heartbeat(c, pb.HeartbeatRequest(run_id="r", worker_id=wid, step=step, process=encode(p)))
 
 
 def test_a_leaking_rank_gets_an_event_and_a_note_through_the_coordinator() -> None:

@@ -8,8 +8,7 @@ import pytest
 from orch.master.control.judge import CauseKind
 from orch.master.control.progress import HANG_FACTOR, HANG_FLOOR, ProgressWatch
 from orch.master.control.registry import RankRecord, Registry
-from orch.wire._proto import orchestrator_pb2 as pb
-from orch.wire.model import Registration
+from orch.wire.model import Frame, Registration, Stack
 from orch.wire.states import RankState, RunState
 
 RUNNING = RunState.RUNNING
@@ -31,10 +30,8 @@ def beat(recs: list[RankRecord], now: float, step: int) -> None:
         r.beat(now, step, 0, 0)
 
 
-def stack(*frames: tuple[str, int, str, str, bool]) -> pb.Stack:
-    return pb.Stack(
-        frames=[pb.Frame(file=f, line=n, function=fn, code=c, user=u) for f, n, fn, c, u in frames]
-    )
+def stack(*frames: tuple[str, int, str, str, bool]) -> Stack:
+    return Stack(frames=[Frame(file=f, line=n, function=fn, code=c, user=u) for f, n, fn, c, u in frames])
 
 
 def at_a_steady_pace(recs: list[RankRecord], gap: float = 0.5, steps: int = 20) -> float:

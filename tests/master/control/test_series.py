@@ -16,11 +16,12 @@ from orch.master.control.series import Series, SeriesLog, Slice, water_level
 from orch.master.control.validate import Reject
 from orch.wire._proto import orchestrator_pb2 as pb
 from orch.wire.limits import MAX_METRICS_PER_RANK
+from orch.wire.model import Points
 
 
-def points(name: str, steps: Sequence[int], times: Sequence[float] = ()) -> pb.Series:
+def points(name: str, steps: Sequence[int], times: Sequence[float] = ()) -> Points:
     """A series whose value at step ``s`` is ``s / 10`` (so values follow their steps)."""
-    return pb.Series(name=name, steps=list(steps), values=[s / 10 for s in steps], times=list(times))
+    return Points(name=name, steps=list(steps), values=[s / 10 for s in steps], times=list(times))
 
 
 def series(steps: Sequence[int], attempt: int = 1) -> Series:
@@ -419,7 +420,7 @@ def test_a_backlogs_beat_is_cut_into_chunks_of_at_most_chunk_points() -> None:
 
 def test_a_chunk_carries_the_beats_rank_and_the_arrival_time_where_the_sender_gave_none() -> None:
     log = SeriesLog()
-    log.add(5, [pb.Series(rank=99, name="acc", steps=[1, 2], values=[0.5, 0.25])], 1, 42.0)
+    log.add(5, [Points(rank=99, name="acc", steps=[1, 2], values=[0.5, 0.25])], 1, 42.0)
     got = _read(log)[(5, "acc")]
     assert got.rank == 5  # not the 99 the sender wrote
     assert list(got.times) == [42.0, 42.0] and list(got.values) == [0.5, 0.25]

@@ -18,7 +18,7 @@ from orch.master.control.validate import parse_cursor
 from orch.master.coordinator import Coordinator
 from orch.wire._proto import orchestrator_pb2 as pb
 from orch.wire.client import StateMirror
-from orch.wire.model import JobView, Registration
+from orch.wire.model import Beat, JobView, Points, Registration
 from orch.wire.states import RankState
 
 
@@ -43,8 +43,8 @@ class Run(Coordinator):
 
     def log_points(self, worker: str, first: int, n: int, now: float = 101.0) -> None:
         steps = list(range(first, first + n))
-        req = pb.HeartbeatRequest(run_id="r1", worker_id=worker, step=steps[-1], total_steps=50)
-        req.series.append(pb.Series(name="loss", steps=steps, values=[float(s) for s in steps]))
+        req = Beat(run_id="r1", worker_id=worker, step=steps[-1], total_steps=50, series=[])
+        req.series.append(Points(name="loss", steps=steps, values=[float(s) for s in steps]))
         self.intake.beat(req, "r1", self.attempt, now, 7.0)
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from orch.master.control.stragglers import WINDOW, Means, TimingWindow, judge, scores
-from orch.wire._proto import orchestrator_pb2 as pb
+from orch.wire.model import StepTiming
 
 
 def means(step: float, wait: float, data: float = 0.0, other: float = 0.0, **sections: float) -> Means:
@@ -122,14 +122,14 @@ def test_timing_turned_off_is_the_reason_it_cannot_be_judged() -> None:
 
 def test_the_window_learns_what_marks_the_steps_even_from_a_beat_without_steps() -> None:
     w = TimingWindow()
-    w.add(0.0, pb.StepTiming(timed_by="off"))
+    w.add(0.0, StepTiming(timed_by="off"))
     assert w.timed_by == "off" and w.means() is None
     w = TimingWindow()
-    w.add(0.0, pb.StepTiming(steps=5, step_seconds=0.5, collectives=True, timed_by="ctx.data"))
+    w.add(0.0, StepTiming(steps=5, step_seconds=0.5, collectives=True, timed_by="ctx.data"))
     m = w.means()
     assert m is not None and m.timed_by == "ctx.data"
     w = TimingWindow()
-    w.add(0.0, pb.StepTiming(steps=5, step_seconds=0.5, collectives=True))  # an older worker
+    w.add(0.0, StepTiming(steps=5, step_seconds=0.5, collectives=True))  # an older worker
     assert w.means() is not None and w.timed_by == "ctx.steps"
 
 
@@ -168,8 +168,8 @@ def test_one_rank_has_no_straggler() -> None:
 
 def test_the_window_keeps_the_last_seconds_and_the_best_compute() -> None:
     w = TimingWindow()
-    slow = pb.StepTiming(steps=10, step_seconds=0.5, collective_seconds=0.1, collectives=True)
-    fast = pb.StepTiming(steps=10, step_seconds=0.3, collective_seconds=0.1, collectives=True)
+    slow = StepTiming(steps=10, step_seconds=0.5, collective_seconds=0.1, collectives=True)
+    fast = StepTiming(steps=10, step_seconds=0.3, collective_seconds=0.1, collectives=True)
     w.add(0.0, fast)
     m = w.means()
     assert m is not None and round(m.compute, 6) == 0.02 and round(w.best_compute, 6) == 0.02
@@ -178,7 +178,7 @@ def test_the_window_keeps_the_last_seconds_and_the_best_compute() -> None:
     m = w.means()
     assert m is not None and round(m.compute, 6) == 0.04
     assert round(w.best_compute, 6) == 0.02  # the best stays
-    w.add(WINDOW + 1.5, pb.StepTiming(steps=0))  # a beat with no step adds nothing
+    w.add(WINDOW + 1.5, StepTiming(steps=0))  # a beat with no step adds nothing
     assert w.means() == m
     (relative, individual) = scores({0: m, 1: means(0.02, 0.01)}, {0: w})[0]
     assert (round(relative, 2), round(individual, 2)) == (4.0, 2.0)
@@ -187,7 +187,7 @@ def test_the_window_keeps_the_last_seconds_and_the_best_compute() -> None:
 def test_steps_longer_than_the_window_keep_their_last_beats() -> None:
     w = TimingWindow()
     for k in range(3):  # one 10 s step per beat
-        w.add(10.0 * k, pb.StepTiming(steps=1, step_seconds=10.0, collective_seconds=1.0, collectives=True))
+        w.add(10.0 * k, StepTiming(steps=1, step_seconds=10.0, collective_seconds=1.0, collectives=True))
     m = w.means()
     assert m is not None and m.steps == 3 and m.step == 10.0
 

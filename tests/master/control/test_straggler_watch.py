@@ -8,12 +8,12 @@ import pytest
 
 from orch.master.control.registry import RankRecord
 from orch.master.control.straggler_watch import JUDGE_EVERY, JUDGED_AT_ONCE, NOT_YET_JUDGED, StragglerWatch
-from orch.wire._proto import orchestrator_pb2 as pb
+from orch.wire.model import StepTiming
 from orch.wire.states import RankState, RunState
 
 R = RunState.RUNNING
-EVEN = pb.StepTiming(steps=10, step_seconds=0.400, collective_seconds=0.100, collectives=True)
-SLOW = pb.StepTiming(steps=10, step_seconds=0.400, collective_seconds=0.010, collectives=True)
+EVEN = StepTiming(steps=10, step_seconds=0.400, collective_seconds=0.100, collectives=True)
+SLOW = StepTiming(steps=10, step_seconds=0.400, collective_seconds=0.010, collectives=True)
 
 
 def ranks(n: int = 4) -> list[RankRecord]:
@@ -124,7 +124,7 @@ def test_a_run_that_ends_before_any_step_time_says_not_judged_never_cannot() -> 
 def test_ranks_with_their_timing_off_say_so() -> None:
     watch, recs = StragglerWatch(), ranks(2)
     for r in recs:
-        r.timing.add(0.0, pb.StepTiming(timed_by="off"))
+        r.timing.add(0.0, StepTiming(timed_by="off"))
     watch.look(R, recs, 2, 0.0)
     assert watch.verdict.note == (
         "stragglers cannot be judged: step timing is off (ORCH_STEP_TIMING=0) on rank 0, 1"
@@ -182,7 +182,7 @@ def test_a_rank_that_marks_no_step_while_its_peers_do_cannot_be_judged_not_too_f
     run once said "not judged yet: too few steps" for all of its 60 steps, and its record "the
     run ended after too few steps"."""
     watch, recs = StragglerWatch(), ranks(2)
-    logged = pb.StepTiming(
+    logged = StepTiming(
         steps=10, step_seconds=0.4, collective_seconds=0.1, collectives=True, timed_by="ctx.log"
     )
     recs[0].timing.add(0.0, logged)

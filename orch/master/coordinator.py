@@ -18,7 +18,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, cast
+from typing import TYPE_CHECKING
 
 from orch.master.control.cluster_job import JobWatch
 from orch.master.control.events import EventLog
@@ -237,7 +237,7 @@ class Coordinator:
                 backend=self.plan.backend,
                 now=self._clock(),
             )
-        return cast(pb.CanStartTrainingResponse, encode(barrier))
+        return encode(barrier)
 
     def accept_heartbeat(
         self, req: pb.HeartbeatRequest
@@ -637,8 +637,7 @@ class Coordinator:
             reply = pb.GetStacksResponse(grouped=str(grouped))
             for r in self.ranks:
                 if r.stack_sent is not None:
-                    stack = cast(pb.Stack, encode(r.stack_sent))
-                    reply.ranks.append(pb.RankStack(rank=r.rank, stack=stack, text=r.stack))
+                    reply.ranks.append(pb.RankStack(rank=r.rank, stack=encode(r.stack_sent), text=r.stack))
             return reply
 
     # -- the run's state, served (see control.snapshot) -------------------------------------------

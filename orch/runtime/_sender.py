@@ -36,7 +36,9 @@ from orch.runtime._children import say_last_words
 from orch.runtime.memory import ProcessReader
 from orch.wire._proto import orchestrator_pb2 as pb
 from orch.wire._proto import orchestrator_pb2_grpc as pb_grpc
+from orch.wire.codec import encode
 from orch.wire.limits import MAX_REASON_LEN, MAX_VALUES_PER_BEAT
+from orch.wire.model import Stack, StepTiming
 
 if TYPE_CHECKING:
     from orch.runtime._ddp_steps import Iterations
@@ -98,10 +100,10 @@ class HeartbeatSender:
         self.dropped_reason = ""  # why points were last dropped, told with the next beat
         self.note = ""  # a warning of the rank's code about its run (Context.warn), until the master has it
         self._untold = False  # points were dropped since the master last heard the count
-        self.timing: Callable[[], pb.StepTiming | None] | None = None  # ctx's step times, taken per beat
+        self.timing: Callable[[], StepTiming | None] | None = None  # ctx's step times, taken per beat
         # The training thread's stack, taken when the master asks (see orch.runtime._stack).
-        self.stack_of: Callable[[], pb.Stack] | None = None
-        self._stack: pb.Stack | None = None  # taken, to go in the next beat
+        self.stack_of: Callable[[], Stack] | None = None
+        self._stack: Stack | None = None  # taken, to go in the next beat
         self.process: ProcessReader | None = None  # this process's memory and CPU, read per beat
         self.watch: Callable[[], None] | None = None  # looked at before each beat (orch.runtime._world)
         self._closing = threading.Event()
@@ -309,14 +311,14 @@ class HeartbeatSender:
         )
         timing = self.timing() if self.timing is not None else None
         if timing is not None:
-            request.timing.CopyFrom(timing)
+            request.timing.CopyFrom(encode(timing))
         if self._stack is not None:
-            request.stack.CopyFrom(self._stack)
+            request.stack.CopyFrom(encode(self._stack))
             self._stack = None
         if self.process is not None:
             stats = self.process.read()
-            request.process.CopyFrom(stats)
-            request.series.extend(self.process.points(stats, reached, time.time()))
+            request.process.CopyFrom(encode(stats))
+            request.series.extend(encode(p) for p in self.process.points(stats, reached, time.time()))
         return request
 
     def _master_gone(self, e: grpc.RpcError) -> bool:

@@ -20,7 +20,7 @@ import sysconfig
 import time
 
 from orch.runtime.source import SourceMap
-from orch.wire._proto import orchestrator_pb2 as pb
+from orch.wire.model import Frame, Stack
 
 MAX_FRAMES = 200  # a deep recursion is cut at its innermost frames
 MAX_CODE = 200  # characters of a frame's source line
@@ -50,10 +50,11 @@ def sends_source() -> bool:
     return os.environ.get(SOURCE_ENV, "1").lower() not in ("0", "false", "no", "off")
 
 
-def capture(thread_id: int, sources: SourceMap | None, step: int) -> pb.Stack:
+def capture(thread_id: int, sources: SourceMap | None, step: int) -> Stack:
     """The stack of thread ``thread_id``, outermost frame first; orch's own frames around the
     training function (the worker's entry points) are left out."""
-    stack = pb.Stack(taken=time.time(), step=step)
+    frames: list[Frame] = []
+    stack = Stack(taken=time.time(), step=step, frames=frames)
     frame = sys._current_frames().get(thread_id)
     if frame is None:
         stack.note = "the training thread has ended"
@@ -72,11 +73,13 @@ def capture(thread_id: int, sources: SourceMap | None, step: int) -> pb.Stack:
     source = sends_source()
     for filename, line, function in raw[start:]:
         code = linecache.getline(filename, line).strip()[:MAX_CODE] if source else ""
-        stack.frames.add(
-            file=labels.get(filename, filename),
-            line=line,
-            function=function,
-            code=code,
-            user=filename in labels or is_user_code(filename),
+        frames.append(
+            Frame(
+                file=labels.get(filename, filename),
+                line=line,
+                function=function,
+                code=code,
+                user=filename in labels or is_user_code(filename),
+            )
         )
     return stack

@@ -31,8 +31,8 @@ import threading
 import time
 from typing import Any
 
-from orch.wire._proto import orchestrator_pb2 as pb
 from orch.wire.limits import MAX_SECTIONS, MORE_SECTIONS
+from orch.wire.model import StepTiming
 
 log = logging.getLogger(__name__)
 clock = time.perf_counter
@@ -119,18 +119,18 @@ class StepTimes:
         with self._lock:
             self.collective_s += seconds
 
-    def take(self) -> pb.StepTiming | None:
+    def take(self) -> StepTiming | None:
         """The sums since the last take (None when no step was timed), and start again."""
         with self._lock:
             if not self.steps:
                 return None
-            timing = pb.StepTiming(
+            timing = StepTiming(
                 steps=self.steps,
                 step_seconds=self.step_s,
                 data_seconds=self.data_s,
                 collective_seconds=self.collective_s,
                 other_seconds=self.other_s,
-                sections=self.sections,
+                sections=dict(self.sections),
                 collectives=self.collectives,
                 timed_by=self.timed_by,
             )
@@ -138,7 +138,7 @@ class StepTimes:
             return timing
 
 
-OFF = pb.StepTiming(timed_by="off")  # what a rank whose step timing is turned off tells the master
+OFF = StepTiming(timed_by="off")  # what a rank whose step timing is turned off tells the master
 
 
 class CollectiveWait:

@@ -29,8 +29,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from orch.wire._proto import orchestrator_pb2 as pb
 from orch.wire.limits import OWN_METRICS
+from orch.wire.model import Points, ProcessStats
 
 log = logging.getLogger(__name__)
 
@@ -128,7 +128,7 @@ class OomCounter:
 
 
 class ProcessReader:
-    """Reads this process's :class:`~pb.ProcessStats` at each beat, and its metric points."""
+    """Reads this process's :class:`~orch.wire.model.ProcessStats` at each beat, and its metric points."""
 
     def __init__(
         self,
@@ -146,9 +146,9 @@ class ProcessReader:
         self._point_step = -1
         self._failed = False
 
-    def read(self) -> pb.ProcessStats:
+    def read(self) -> ProcessStats:
         """The process now; what cannot be read is left 0 (a reading never fails a beat)."""
-        stats = pb.ProcessStats()
+        stats = ProcessStats()
         try:
             self._read_into(stats)
         except Exception as e:  # a heartbeat must go out whatever a reading does
@@ -157,7 +157,7 @@ class ProcessReader:
             self._failed = True
         return stats
 
-    def _read_into(self, stats: pb.ProcessStats) -> None:
+    def _read_into(self, stats: ProcessStats) -> None:
         size, rss = (_int(v) * PAGE for v in (_read(self.proc / "self/statm").split()[:2] or ["0", "0"]))
         stats.rss_bytes = rss
         stats.cpu_percent = self._cpu_percent()
@@ -181,7 +181,7 @@ class ProcessReader:
             kind, limit, used = max(limits, key=lambda k: (k[2] / k[1], -k[1]))
             stats.limit_kind, stats.memory_limit, stats.limit_used = kind, limit, used
 
-    def points(self, stats: pb.ProcessStats, step: int, now: float) -> list[pb.Series]:
+    def points(self, stats: ProcessStats, step: int, now: float) -> list[Points]:
         """The "rank/memory" point (RSS in MB) and, with CUDA, "rank/cuda_memory" (allocated,
         MB): at most one each every :data:`POINT_EVERY` seconds, and only once the step
         moved on, so that the metric has one point per step at most, as a logged one does."""
@@ -189,12 +189,12 @@ class ProcessReader:
             return []
         self._point_at, self._point_step = now, step
         points = [
-            pb.Series(name=f"{OWN_METRICS}memory", steps=[step], values=[stats.rss_bytes / MB], times=[now])
+            Points(name=f"{OWN_METRICS}memory", steps=[step], values=[stats.rss_bytes / MB], times=[now])
         ]
         if stats.cuda_total:
             allocated = stats.cuda_allocated / MB
             points.append(
-                pb.Series(name=f"{OWN_METRICS}cuda_memory", steps=[step], values=[allocated], times=[now])
+                Points(name=f"{OWN_METRICS}cuda_memory", steps=[step], values=[allocated], times=[now])
             )
         return points
 
@@ -205,7 +205,7 @@ class ProcessReader:
         self._cpu, self._wall = cpu, wall
         return max(percent, 0.0)
 
-    def _read_cuda(self, stats: pb.ProcessStats) -> None:
+    def _read_cuda(self, stats: ProcessStats) -> None:
         """torch.cuda's memory, only when the rank initialised CUDA itself: the heartbeat
         thread never starts a CUDA context of its own."""
         torch = sys.modules.get("torch")

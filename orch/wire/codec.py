@@ -13,7 +13,7 @@ from __future__ import annotations
 import dataclasses
 import operator
 from collections.abc import Iterable
-from typing import Any, TypeVar
+from typing import Any, TypeVar, overload
 
 from google.protobuf.descriptor import FieldDescriptor
 from google.protobuf.message import DecodeError, Message
@@ -213,6 +213,46 @@ def decode(kind: type[T], message: Message) -> T:
         else:  # rank_state
             values[i] = RANK_STATE_FROM_PB.get(v)
     return kind(*values)
+
+
+@overload
+def encode(value: Beat) -> pb.HeartbeatRequest: ...
+
+
+@overload
+def encode(value: Points) -> pb.Series: ...
+
+
+@overload
+def encode(value: StepTiming) -> pb.StepTiming: ...
+
+
+@overload
+def encode(value: ProcessStats) -> pb.ProcessStats: ...
+
+
+@overload
+def encode(value: Stack) -> pb.Stack: ...
+
+
+@overload
+def encode(value: Frame) -> pb.Frame: ...
+
+
+@overload
+def encode(value: Registration) -> pb.RegisterRequest: ...
+
+
+@overload
+def encode(value: Barrier) -> pb.CanStartTrainingResponse: ...
+
+
+@overload
+def encode(value: Completion) -> pb.CompletionRequest: ...
+
+
+@overload
+def encode(value: HostReport) -> pb.HostSyncRequest: ...
 
 
 def encode(value: Any) -> Message:

@@ -54,17 +54,18 @@ from orch.runtime.source import install, label_cells
 from orch.runtime.spec import WorkerSpec
 from orch.runtime.target import resolve_fn
 from orch.runtime.values import keep_value
-from orch.wire._proto import orchestrator_pb2 as pb
 from orch.wire._proto import orchestrator_pb2_grpc as pb_grpc
 from orch.wire.auth import open_channel, token_from_env
+from orch.wire.codec import encode
 from orch.wire.limits import clip
+from orch.wire.model import Completion
 from orch.wire.net import (
     DEFAULT_RENDEZVOUS_PORT,
     is_local_address,
     is_unix,
     split_address,
 )
-from orch.wire.states import EXIT_ABORTED
+from orch.wire.states import EXIT_ABORTED, RankState
 
 log = logging.getLogger(__name__)
 
@@ -173,7 +174,7 @@ def _report(
     stub: pb_grpc.OrchestratorStub,
     run_id: str,
     worker_id: str,
-    outcome: int,
+    outcome: RankState,
     error: str,
     checksum: str,
     step: int,
@@ -184,22 +185,13 @@ def _report(
     deadline = time.monotonic() + patience
     while True:
         try:
-            stub.ReportCompletion(
-                pb.CompletionRequest(
-                    run_id=run_id,
-                    worker_id=worker_id,
-                    outcome=outcome,  # type: ignore[arg-type]
-                    error=error,
-                    param_checksum=checksum,
-                    step=step,
-                ),
-                timeout=5.0,
-            )
+            done = Completion(run_id, worker_id, outcome, error, param_checksum=checksum, step=step)
+            stub.ReportCompletion(encode(done), timeout=5.0)
             return True
         except grpc.RpcError as e:
             busy = e.code() in (grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.UNAVAILABLE)
             if not busy or time.monotonic() > deadline:
-                said = pb.RankState.Name(outcome)
+                said = "RANK_" + outcome.value
                 log.warning("could not report %s to the master: %s", said, e.code().name)
                 return False
 
@@ -240,16 +232,12 @@ def run_worker(spec: WorkerSpec, session: Session | None = None) -> int:
         fn_name = spec.fn if spec.fn is not None else master_named_fn(spec, reg.fn)
     except WorkerError as e:
         with contextlib.suppress(grpc.RpcError):  # tell the master why (it may be a real one)
-            stub.ReportCompletion(
-                pb.CompletionRequest(
-                    run_id=run_id, worker_id=spec.worker_id, outcome=pb.RANK_FAILED, error=str(e)
-                ),
-                timeout=5.0,
-            )
+            failed = Completion(run_id, spec.worker_id, RankState.FAILED, error=str(e))
+            stub.ReportCompletion(encode(failed), timeout=5.0)
         channel.close()
         raise
     log.info("worker %s registered as rank %d of %d in run %s", spec.worker_id, rank, world, run_id)
-    outcome, error, checksum, step, code = pb.RANK_SUCCEEDED, "", "", 0, 0
+    outcome, error, checksum, step, code = RankState.SUCCEEDED, "", "", 0, 0
     reported = False
     sender: HeartbeatSender | None = None
     error_file = Path(spec.run_root) / run_id / "errors" / f"{spec.worker_id}.json"
@@ -412,27 +400,27 @@ def run_worker(spec: WorkerSpec, session: Session | None = None) -> int:
             )
         checksum = ctx.param_checksum()
         if ctx.stopped:
-            outcome = pb.RANK_STOPPED
+            outcome = RankState.STOPPED
     except StopTraining:  # a loop without ctx.steps, stopped at the step every rank stops at
         checksum = ctx.param_checksum()
-        outcome = pb.RANK_STOPPED
+        outcome = RankState.STOPPED
     except SystemExit as e:  # sys.exit(n) in the function: n is this process's exit code
         code = e.code if isinstance(e.code, int) else (0 if e.code is None else EXIT_FAILED)
         if code != 0:
-            outcome = pb.RANK_FAILED
+            outcome = RankState.FAILED
             who = "the script" if isinstance(fn_name, Script) else "the training function"
             said = f"{who} called sys.exit({e.code!r})\n"
             error = said + _format_exc(spec)
             _write_error(error_file, spec, rank, code, error, said + _format_exc(spec, whole=True))
     except BaseException as e:  # the rank's failure, whatever it is, goes to the master
-        outcome, code = pb.RANK_FAILED, EXIT_FAILED
+        outcome, code = RankState.FAILED, EXIT_FAILED
         if session is not None:
             session.collective_error = _mend.from_collective(e)
         error = _format_exc(spec)
         _write_error(error_file, spec, rank, code, error, _format_exc(spec, whole=True))
     if sender is not None:
         step = max(step, sender.progress)
-    if outcome == pb.RANK_FAILED:
+    if outcome == RankState.FAILED:
         # Report at once, before the peers' broken collectives do; then deliver the points
         # logged before the failure without obeying the ABORT the report brings.
         reported = _report(stub, run_id, spec.worker_id, outcome, error, checksum, step)
@@ -441,15 +429,15 @@ def run_worker(spec: WorkerSpec, session: Session | None = None) -> int:
     if sender is not None:
         sender.close()
         step = max(step, sender.progress)
-    log.info("rank %d: %s at step %d", rank, pb.RankState.Name(outcome), step)
-    if outcome != pb.RANK_FAILED or not reported:
+    log.info("rank %d: %s at step %d", rank, "RANK_" + outcome.value, step)
+    if outcome != RankState.FAILED or not reported:
         patience = BUSY_MASTER_WAIT if sender is not None and sender.owner_watched else 0.0
         _report(stub, run_id, spec.worker_id, outcome, error, checksum, step, patience)
     current.set_context(None)
     if session is not None:
         if "ctx" in locals():
             session.keep_models(ctx._models, ctx._ddp_models)
-    elif outcome != pb.RANK_FAILED:
+    elif outcome != RankState.FAILED:
         if adopter is not None:
             adopter.destroy_all()
         elif dist.is_initialized():
@@ -475,16 +463,16 @@ def _exit_reporting(
 
     def exit_now(status: int) -> NoReturn:
         os._exit = real_exit
-        outcome, error, total = pb.RANK_SUCCEEDED, "", ""
+        outcome, error, total = RankState.SUCCEEDED, "", ""
         try:
             with contextlib.suppress(Exception):
                 total = checksum()
             if status != 0:
-                outcome = pb.RANK_FAILED
+                outcome = RankState.FAILED
                 where = format_stack_from_user_code(sys._getframe(1), limit=8)
                 error = f"the script called os._exit({status})\n{where}"
             sender.close()
-            log.info("rank %d: %s at step %d (os._exit)", rank, pb.RankState.Name(outcome), sender.progress)
+            log.info("rank %d: %s at step %d (os._exit)", rank, "RANK_" + outcome.value, sender.progress)
             _report(stub, sender.run_id, spec.worker_id, outcome, error, total, sender.progress)
             sys.stdout.flush()
             sys.stderr.flush()

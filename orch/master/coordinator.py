@@ -254,17 +254,18 @@ class Coordinator:
             with self._lock:
                 self.intake.refused((req.run_id, req.worker_id), self.run_id, e, self._clock())
             raise
-        beat = decode(Beat, req)
+        beat, wire = _decoded(req)
         with self._lock:
-            return self._accept(beat, req.series)
+            return self._accept(beat, req.series, wire)
 
     def _accept(
-        self, beat: Beat, sent: Sequence[pb.Series]
+        self, beat: Beat, sent: Sequence[pb.Series], wire: list[bytes]
     ) -> tuple[pb.HeartbeatResponse, Callable[[], None] | None]:
-        """One beat, checked (``sent``: its series as they came, for the run dir's log)."""
+        """One beat, checked and decoded (``sent``: its series as they came, for the run dir's
+        log; ``wire``: each serialized, for the replies)."""
         now = self._clock()
         try:
-            rec = self.intake.beat(beat, self.run_id, self.attempt, now, self._wall())
+            rec = self.intake.beat(beat, self.run_id, self.attempt, now, self._wall(), wire)
         except Reject as e:
             self.intake.refused((beat.run_id, beat.worker_id), self.run_id, e, now)
             raise
@@ -503,15 +504,14 @@ class Coordinator:
         replies, in order, and one run dir write for all the batch's points."""
         checked = check_heartbeats(beats)
         decoded = [  # off the lock
-            decode(Beat, req) if refused is None else None
-            for req, refused in zip(beats, checked, strict=True)
+            _decoded(req) if refused is None else None for req, refused in zip(beats, checked, strict=True)
         ]
         replies, writes = [], []
         with self._lock:
-            for req, beat, refused in zip(beats, decoded, checked, strict=True):
-                if beat is not None:
+            for req, taken, refused in zip(beats, decoded, checked, strict=True):
+                if taken is not None:
                     try:
-                        reply, write = self._accept(beat, req.series)
+                        reply, write = self._accept(taken[0], req.series, taken[1])
                     except Reject as e:
                         refused = e
                 elif refused is not None:
@@ -720,6 +720,12 @@ class Coordinator:
         if self.store is not None:
             self.store.append_event(event)
         log.debug("run %s: %s rank=%d %s", self.run_id, kind, rank, message)
+
+
+def _decoded(req: pb.HeartbeatRequest) -> tuple[Beat, list[bytes]]:
+    """A checked heartbeat as the parts take it, and each of its series serialized as it came
+    (each beat's points are kept encoded once for every reply: see control.series)."""
+    return decode(Beat, req), [s.SerializeToString() for s in req.series]
 
 
 def _append_points(store: RunStore, rank: int, attempt: int, series: Sequence[pb.Series]) -> None:

@@ -9,6 +9,7 @@ it through is refused here, before anything is recorded.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from orch.master.control.registry import RankRecord, Registry
@@ -44,9 +45,18 @@ class Intake:
         check_run_id(run_id, ours)
         return self.registry.known(worker_id, ours)
 
-    def beat(self, req: Beat, run_id: str, attempt: int, now: float, wall: float) -> RankRecord:
+    def beat(
+        self,
+        req: Beat,
+        run_id: str,
+        attempt: int,
+        now: float,
+        wall: float,
+        wire: Sequence[bytes] | None = None,
+    ) -> RankRecord:
         """Take one heartbeat (checked by ``check_heartbeat``) into its rank's record and the
-        series: its progress, step times and points (points without times get ``wall``)."""
+        series: its progress, step times and points (points without times get ``wall``;
+        ``wire``: each series as the beat carried it, see :meth:`.series.SeriesLog.add`)."""
         rec = self.known(req.run_id, req.worker_id, run_id)
         if rec.state is RankState.REGISTERED:
             raise Reject(
@@ -67,7 +77,7 @@ class Intake:
             rec.memory.take(rec, req.process, now)
         if rec.resent:
             return rec
-        loss = self.points.add(rec.rank, req.series, attempt, wall)
+        loss = self.points.add(rec.rank, req.series, attempt, wall, wire)
         if loss is not None:
             rec.loss, rec.has_loss = loss, True
         return rec

@@ -103,9 +103,11 @@ class Series:
         times: Sequence[float],
         attempt: int,
         chunk: bool = False,
+        encoded: bytes | None = None,
     ) -> bool:
-        """Append points; True when a newer attempt rewound the series. ``chunk``: encode
-        them once, as one ``Series`` message of this series, for every reply after (a beat's).
+        """Append points; True when a newer attempt rewound the series. ``chunk``: keep them
+        encoded once, as one ``Series`` message of this series, for every reply after (a
+        beat's): ``encoded`` when given (the beat's own bytes), else encoded from the arrays.
 
         A restarted group replays the steps after its last checkpoint: the new attempt's
         points replace those of the old one from its first step on, so no step is counted twice
@@ -133,7 +135,9 @@ class Series:
                 chunks.data.append(self.encode(self.rank, self.name, self.base, first, last))
                 chunks.ends.append(last)
         else:
-            chunks.data.append(self.encode(self.rank, self.name, self.base, at, self.end))
+            if encoded is None:
+                encoded = self.encode(self.rank, self.name, self.base, at, self.end)
+            chunks.data.append(encoded)
             chunks.ends.append(self.end)
             chunks.loose += 1
             if chunks.loose >= MERGE_CHUNKS:
@@ -270,23 +274,41 @@ class SeriesLog:
                 f"rank {rank} would log more than {MAX_METRICS_PER_RANK} different metrics",
             )
 
-    def add(self, rank: int, series: Sequence[Points], attempt: int, wall: float) -> float | None:
+    def add(
+        self,
+        rank: int,
+        series: Sequence[Points],
+        attempt: int,
+        wall: float,
+        wire: Sequence[bytes] | None = None,
+    ) -> float | None:
         """Append one heartbeat's points (checked with :meth:`check_names` first); returns the
-        last loss value it carried, if any. Points without times get ``wall``."""
+        last loss value it carried, if any. Points without times get ``wall``. ``wire``: each
+        series' ``Series`` message as the beat carried it, which becomes its chunk (the master's
+        edge hands them in: encoding them again would cost a heartbeat more)."""
         names = self._names.setdefault(rank, set())
         names.update(s.name for s in series)
         shown = loss_name(names)
         loss = None
-        for s in series:
+        for i, s in enumerate(series):
             held_series = self._series.get((rank, s.name))
             if held_series is None:
                 held_series = self._series[(rank, s.name)] = Series(rank, s.name)
                 self._ordered = None
-            # The beat's points are one chunk, with the beat's rank, and the arrival's time
-            # where they had none.
-            times: Sequence[float] = s.times if s.times else [wall] * len(s.steps)
+            # The beat's points are one chunk, with the beat's rank (written last, so it wins over
+            # any the sender set), and the arrival's time where they had none.
+            encoded = None
+            if s.times:
+                times: Sequence[float] = s.times
+                if wire is not None:
+                    encoded = wire[i] + RANK_TAG + varint(rank)
+            else:
+                times = [wall] * len(s.steps)
+                if wire is not None:
+                    packed = array("d", times).tobytes()
+                    encoded = wire[i] + RANK_TAG + varint(rank) + TIMES_TAG + varint(len(packed)) + packed
             held = len(held_series)
-            if held_series.add(s.steps, s.values, times, attempt, chunk=True):
+            if held_series.add(s.steps, s.values, times, attempt, chunk=True, encoded=encoded):
                 self.epoch += 1
             self.points_in_memory += len(held_series) - held
             if s.name == shown and s.values:

@@ -15,6 +15,7 @@ import pytest
 from orch.master.control.series import Series, SeriesLog, Slice, water_level
 from orch.master.control.validate import Reject
 from orch.wire._proto import orchestrator_pb2 as pb
+from orch.wire.codec import encode
 from orch.wire.limits import MAX_METRICS_PER_RANK
 from orch.wire.model import Points
 
@@ -424,6 +425,18 @@ def test_a_chunk_carries_the_beats_rank_and_the_arrival_time_where_the_sender_ga
     got = _read(log)[(5, "acc")]
     assert got.rank == 5  # not the 99 the sender wrote
     assert list(got.times) == [42.0, 42.0] and list(got.values) == [0.5, 0.25]
+
+
+@pytest.mark.parametrize("times", [[], [7.0, 8.0]], ids=["no times", "times"])
+def test_a_beats_own_bytes_become_its_chunk_as_its_points_would(times: list[float]) -> None:
+    sent = Points(rank=99, name="acc", steps=[1, 2], values=[0.5, 0.25], times=times)
+    wire = encode(sent).SerializeToString()
+    from_wire, from_arrays = SeriesLog(), SeriesLog()
+    from_wire.add(5, [sent], 1, 42.0, wire=[wire])
+    from_arrays.add(5, [sent], 1, 42.0)
+    assert from_wire.get(5, "acc").chunks.data[0].startswith(wire)  # the beat's bytes, not encoded again
+    assert _read(from_wire) == _read(from_arrays)
+    assert list(_read(from_wire)[(5, "acc")].times) == (times or [42.0, 42.0])
 
 
 def test_loose_chunks_are_merged_and_trims_and_rewinds_drop_the_chunks_they_outdate() -> None:

@@ -13,17 +13,13 @@ import pytest
 
 import orch
 from conftest import ORCH
-from theirs import CODE, TORCHRUN, assert_same_training, clean_env
+from theirs import CODE, assert_same_training, clean_env, run_torchrun
 
 pytestmark = pytest.mark.timeout(300)
 
 
 def torchrun(script: Path, args: list[str], cwd: Path, **env: str) -> None:
-    proc = subprocess.run(
-        [TORCHRUN, "--standalone", "--nproc-per-node", "2", str(script), *args],
-        cwd=cwd, env=clean_env(**env), capture_output=True, text=True, timeout=240,
-    )  # fmt: skip
-    assert proc.returncode == 0, proc.stdout + proc.stderr
+    run_torchrun([str(script), *args], cwd, clean_env(**env))
 
 
 def orch_run(*args: str, cwd: Path, timeout: float = 240) -> subprocess.CompletedProcess[str]:

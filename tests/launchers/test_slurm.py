@@ -432,9 +432,8 @@ def test_a_torchrun_script_runs_on_both_nodes_as_torchrun_runs_it(
     arguments reach the nodes in the signed function file; each node's rank gets torchrun's
     numbering across hosts and trains as under torchrun on one host."""
     import shutil
-    import subprocess
 
-    from integrations.theirs import CODE, TORCHRUN, assert_same_training, clean_env
+    from integrations.theirs import CODE, assert_same_training, clean_env, run_torchrun
 
     script = Path(shutil.copy(CODE / "ddp_script.py", tmp_path / "train.py"))
     ours, theirs = tmp_path / "ours", tmp_path / "theirs"
@@ -455,12 +454,7 @@ def test_a_torchrun_script_runs_on_both_nodes_as_torchrun_runs_it(
         assert f"RANK={rank} LOCAL_RANK=0 WORLD_SIZE=2 LOCAL_WORLD_SIZE=1 GROUP_RANK={rank}" in env, env
     steps = {r: s["step"] for r, s in run.history()["train/loss"].items()}
     assert steps == {0: list(range(16)), 1: list(range(16))}, steps
-    proc = subprocess.run(
-        [TORCHRUN, "--standalone", "--nproc-per-node", "2", str(script), "--epochs", "2",
-         "--out", str(theirs)],
-        cwd=tmp_path, env=clean_env(), capture_output=True, text=True, timeout=240,
-    )  # fmt: skip
-    assert proc.returncode == 0, proc.stdout + proc.stderr
+    run_torchrun([str(script), "--epochs", "2", "--out", str(theirs)], tmp_path, clean_env())
     assert_same_training(ours, theirs)
     until(lambda: nothing_left(on_cluster), 20)
 
